@@ -1,0 +1,490 @@
+//! The producer API: schedule, cancel, reschedule and read orders.
+//!
+//! A [`Client`] is cheap to clone (an `Arc`); all clones share one multiplexed, self-healing
+//! connection ([`redis::aio::ConnectionManager`]), the clock, and the wake-up signals of
+//! dispatchers running in this process.
+
+use crate::clock::{Clock, RedisClock};
+use crate::error::{Error, InvalidInput, RedisContext, Result};
+use crate::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id};
+use crate::order::{
+    CancelOutcome, Mode, NewOrder, RescheduleOutcome, ScheduleOutcome, Scheduled, ScheduledOrder,
+    When, decode_stored,
+};
+use crate::scripts::{self, EnqueueArg};
+use crate::wake::WakeRegistry;
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Default payload limit: 64 KiB of JSON text.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Most orders per enqueue script call: amortises the ~15 µs fixed cost of a script call
+/// while keeping each call short (Redis runs one script at a time).
+const ENQUEUE_CHUNK_ORDERS: usize = 500;
+/// Most payload bytes per enqueue script call.
+const ENQUEUE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Options of a [`Client`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// Prefix of every key (default `dq`).
+    pub namespace: String,
+    /// Shards per queue (default 1). Every process using a queue must agree on it.
+    pub shards: u16,
+    /// Largest accepted payload, bytes of JSON text (default 64 KiB).
+    pub max_payload_bytes: usize,
+    /// How long a command may wait for its reply (default 10 s).
+    pub response_timeout: Duration,
+    /// How long connecting may take (default 5 s).
+    pub connect_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            namespace: "dq".into(),
+            shards: 1,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            response_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Sets the key namespace.
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = ns.into();
+        self
+    }
+
+    /// Sets the number of shards per queue (1..=1024).
+    pub fn shards(mut self, shards: u16) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Sets the payload limit in bytes.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+}
+
+/// A handle on one Redis (and one key namespace) for producing and administering orders.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// Opens new connections (workers need dedicated ones for blocking reads).
+    redis: redis::Client,
+    /// The shared multiplexed connection; reconnects by itself.
+    conn: ConnectionManager,
+    keyspace: Keyspace,
+    opts: ClientOptions,
+    clock: Arc<dyn Clock>,
+    /// The Redis clock when `clock` is one, so long-running loops can re-sync it.
+    redis_clock: Option<Arc<RedisClock>>,
+    /// Wakes this process's dispatchers when an earlier order is scheduled.
+    wake: WakeRegistry,
+    /// Queues already recorded in the `<ns>:queues` set by this client.
+    known_queues: Mutex<HashSet<String>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("namespace", &self.inner.keyspace.namespace())
+            .field("shards", &self.inner.opts.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects with default options. `url` is `redis://[user:pass@]host:port[/db]`, or
+    /// `rediss://` for TLS.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects with `opts`, using the Redis server's clock.
+    pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<Client> {
+        Self::build(url, opts, None).await
+    }
+
+    /// Connects with `opts` and a clock of the caller's (tests).
+    pub async fn connect_with_clock(
+        url: &str,
+        opts: ClientOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Client> {
+        Self::build(url, opts, Some(clock)).await
+    }
+
+    async fn build(
+        url: &str,
+        opts: ClientOptions,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<Client> {
+        let keyspace = Keyspace::new(&opts.namespace)?;
+        if !(1..=1024).contains(&opts.shards) {
+            return Err(InvalidInput::Option {
+                name: "shards",
+                reason: format!("must be 1..=1024, got {}", opts.shards),
+            }
+            .into());
+        }
+        if opts.max_payload_bytes == 0 {
+            return Err(InvalidInput::Option {
+                name: "max_payload_bytes",
+                reason: "must be at least 1".into(),
+            }
+            .into());
+        }
+        let redis = redis::Client::open(url).map_err(|e| InvalidInput::RedisUrl {
+            reason: e.to_string(),
+        })?;
+        let mut conn = managed_connection(&redis, opts.response_timeout, opts.connect_timeout)
+            .await
+            .ctx("connecting")?;
+        let (clock, redis_clock): (Arc<dyn Clock>, _) = match clock {
+            Some(c) => (c, None),
+            None => {
+                let rc = Arc::new(RedisClock::new(&mut conn).await?);
+                (rc.clone(), Some(rc))
+            }
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                redis,
+                conn,
+                keyspace,
+                opts,
+                clock,
+                redis_clock,
+                wake: WakeRegistry::default(),
+                known_queues: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// Schedules one order (upsert: a known id gets the new due time and payload).
+    pub async fn schedule(
+        &self,
+        queue: &str,
+        id: &str,
+        when: impl Into<When>,
+        payload: impl Into<crate::Payload>,
+    ) -> Result<Scheduled> {
+        self.schedule_with(queue, NewOrder::new(id, when, payload), Mode::Upsert)
+            .await
+    }
+
+    /// Schedules one order with an explicit [`Mode`].
+    pub async fn schedule_with(
+        &self,
+        queue: &str,
+        order: NewOrder,
+        mode: Mode,
+    ) -> Result<Scheduled> {
+        let mut out = self
+            .schedule_many(queue, std::slice::from_ref(&order), mode)
+            .await
+            .map_err(|e| match e {
+                // A single order's error names no batch index.
+                Error::Invalid(InvalidInput::InBatch { source, .. }) => Error::Invalid(*source),
+                other => other,
+            })?;
+        out.pop().ok_or(Error::Protocol {
+            context: "scheduling an order",
+            detail: "no outcome".into(),
+        })
+    }
+
+    /// Schedules a batch. The whole batch is validated first: one invalid order refuses the
+    /// batch ([`InvalidInput::InBatch`] names its index) and nothing is written. Orders are
+    /// sent many per script call; each order is atomic, and a batch interrupted by a Redis
+    /// failure may be partly applied (scheduling is idempotent: retry it).
+    ///
+    /// Returns one result per order, in order. An id repeated in one batch is applied in
+    /// order (the last upsert wins).
+    pub async fn schedule_many(
+        &self,
+        queue: &str,
+        orders: &[NewOrder],
+        mode: Mode,
+    ) -> Result<Vec<Scheduled>> {
+        let queue = QueueName::new(queue)?;
+        let now = self.now_ms();
+        let mut dues = Vec::with_capacity(orders.len());
+        for (index, o) in orders.iter().enumerate() {
+            let due = o
+                .validate(now, self.inner.opts.max_payload_bytes)
+                .map_err(|e| InvalidInput::InBatch {
+                    index,
+                    source: Box::new(e),
+                })?;
+            dues.push(due);
+        }
+        if orders.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.register_queue(&queue).await?;
+
+        // Group by shard (keeping batch order within a shard), then cut into chunks.
+        let shards = self.inner.opts.shards;
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); usize::from(shards)];
+        for (i, o) in orders.iter().enumerate() {
+            by_shard[usize::from(shard_of(&o.id, shards))].push(i);
+        }
+        let mut calls = Vec::new();
+        for (shard, idxs) in by_shard.iter().enumerate() {
+            let keys = self.shard_keys(&queue, u16::try_from(shard).unwrap_or(0));
+            let mut start = 0;
+            while start < idxs.len() {
+                let mut end = start;
+                let mut bytes = 0;
+                while end < idxs.len()
+                    && end - start < ENQUEUE_CHUNK_ORDERS
+                    && (end == start
+                        || bytes + orders[idxs[end]].payload.len() <= ENQUEUE_CHUNK_BYTES)
+                {
+                    bytes += orders[idxs[end]].payload.len();
+                    end += 1;
+                }
+                calls.push((keys.clone(), &idxs[start..end]));
+                start = end;
+            }
+        }
+        let if_absent = mode == Mode::IfAbsent;
+        let outcomes = try_join_all(calls.iter().map(|(keys, idxs)| {
+            let mut conn = self.inner.conn.clone();
+            let args: Vec<EnqueueArg<'_>> = idxs
+                .iter()
+                .map(|&i| EnqueueArg {
+                    id: &orders[i].id,
+                    due_ms: dues[i],
+                    payload: orders[i].payload.as_str(),
+                })
+                .collect();
+            async move { scripts::enqueue(&mut conn, keys, if_absent, now, &args).await }
+        }))
+        .await?;
+
+        let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
+        for ((_, idxs), outs) in calls.iter().zip(outcomes) {
+            for (&i, o) in idxs.iter().zip(outs) {
+                results[i] = Some(o);
+            }
+        }
+        let earliest = results
+            .iter()
+            .zip(&dues)
+            .filter(|(o, _)| o.is_some_and(|o| o != ScheduleOutcome::Unchanged))
+            .map(|(_, &d)| d)
+            .min();
+        if let Some(due) = earliest {
+            self.inner.wake.scheduled(queue.as_str(), due);
+        }
+        results
+            .into_iter()
+            .zip(orders.iter().zip(dues))
+            .map(|(o, (order, due))| {
+                Ok(Scheduled {
+                    id: order.id.clone(),
+                    due_at_ms: due,
+                    outcome: o.ok_or(Error::Protocol {
+                        context: "scheduling orders",
+                        detail: "an order got no outcome".into(),
+                    })?,
+                })
+            })
+            .collect()
+    }
+
+    /// Cancels a scheduled order (e.g. the customer paid). `NotFound` when it was never
+    /// scheduled, was already cancelled, or was already dispatched.
+    pub async fn cancel(&self, queue: &str, id: &str) -> Result<CancelOutcome> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let mut conn = self.inner.conn.clone();
+        Ok(if scripts::cancel(&mut conn, &keys, id).await? {
+            CancelOutcome::Cancelled
+        } else {
+            CancelOutcome::NotFound
+        })
+    }
+
+    /// Moves a scheduled order to a new due time, keeping its payload.
+    pub async fn reschedule(
+        &self,
+        queue: &str,
+        id: &str,
+        when: impl Into<When>,
+    ) -> Result<RescheduleOutcome> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let due = when.into().resolve(self.now_ms())?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let mut conn = self.inner.conn.clone();
+        if scripts::reschedule(&mut conn, &keys, id, due).await? {
+            self.inner.wake.scheduled(queue.as_str(), due);
+            Ok(RescheduleOutcome::Rescheduled)
+        } else {
+            Ok(RescheduleOutcome::NotFound)
+        }
+    }
+
+    /// Reads a scheduled order: its due time and payload. `None` when it is not scheduled.
+    pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduledOrder>> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let mut conn = self.inner.conn.clone();
+        let (score, raw): (Option<f64>, Option<String>) = redis::pipe()
+            .atomic()
+            .zscore(&keys.due, id)
+            .hget(&keys.payload, id)
+            .query_async(&mut conn)
+            .await
+            .ctx("reading an order")?;
+        let Some(score) = score else { return Ok(None) };
+        let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
+            Some((enq, json)) => (
+                enq,
+                serde_json::from_str(json).unwrap_or(serde_json::Value::String(json.to_owned())),
+            ),
+            None => (None, serde_json::Value::Null),
+        };
+        Ok(Some(ScheduledOrder {
+            id: id.to_owned(),
+            due_at_ms: scripts::score_to_ms(score),
+            enqueued_at_ms,
+            payload,
+        }))
+    }
+
+    /// Names of the queues ever scheduled into in this namespace.
+    pub async fn queues(&self) -> Result<Vec<String>> {
+        let mut conn = self.inner.conn.clone();
+        let mut names: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.queues_key())
+            .query_async(&mut conn)
+            .await
+            .ctx("listing queues")?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// "Now" from this client's clock (the Redis server's, by default), unix ms.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Re-anchors the Redis clock on `TIME` (no-op for a clock supplied by the caller).
+    pub async fn sync_clock(&self) -> Result<()> {
+        if let Some(rc) = &self.inner.redis_clock {
+            let mut conn = self.inner.conn.clone();
+            rc.sync(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// The options this client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// The key namespace.
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.inner.keyspace
+    }
+
+    /// The keys of every shard of `queue`.
+    pub fn queue_keys(&self, queue: &QueueName) -> Vec<ShardKeys> {
+        self.inner.keyspace.shards(queue, self.inner.opts.shards)
+    }
+
+    /// A clone of the shared multiplexed connection (for admin commands and tests).
+    pub fn connection(&self) -> ConnectionManager {
+        self.inner.conn.clone()
+    }
+
+    /// Opens a new, dedicated connection whose replies may take up to `response_timeout`
+    /// (blocking reads must neither share a multiplexed connection nor hit the default
+    /// 500 ms timeout).
+    pub(crate) async fn dedicated_connection(
+        &self,
+        response_timeout: Duration,
+    ) -> Result<ConnectionManager> {
+        managed_connection(
+            &self.inner.redis,
+            response_timeout,
+            self.inner.opts.connect_timeout,
+        )
+        .await
+        .ctx("opening a dedicated connection")
+    }
+
+    pub(crate) fn wake(&self) -> &WakeRegistry {
+        &self.inner.wake
+    }
+
+    fn shard_keys(&self, queue: &QueueName, shard: u16) -> ShardKeys {
+        self.inner.keyspace.shard(queue, shard)
+    }
+
+    fn queues_key(&self) -> String {
+        format!("{}:queues", self.inner.keyspace.namespace())
+    }
+
+    /// Records `queue` in the namespace's queue set, once per client.
+    async fn register_queue(&self, queue: &QueueName) -> Result<()> {
+        let known = self
+            .inner
+            .known_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(queue.as_str());
+        if !known {
+            let mut conn = self.inner.conn.clone();
+            let _: i64 = redis::cmd("SADD")
+                .arg(self.queues_key())
+                .arg(queue.as_str())
+                .query_async(&mut conn)
+                .await
+                .ctx("recording the queue name")?;
+            self.inner
+                .known_queues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(queue.as_str().to_owned());
+        }
+        Ok(())
+    }
+}
+
+async fn managed_connection(
+    client: &redis::Client,
+    response_timeout: Duration,
+    connect_timeout: Duration,
+) -> redis::RedisResult<ConnectionManager> {
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(Some(response_timeout))
+        .set_connection_timeout(Some(connect_timeout))
+        .set_number_of_retries(3)
+        .set_max_delay(Duration::from_secs(2));
+    ConnectionManager::new_with_config(client.clone(), config).await
+}

@@ -1,0 +1,195 @@
+//! The dispatcher (poller): moves due orders from the schedule into the queue's streams.
+//!
+//! Each pass runs `dequeue.lua` once per shard, round robin, so a backlog in one shard
+//! cannot starve another. While any shard returns a full batch it keeps draining; otherwise
+//! it sleeps until the earliest next due time (capped by `max_idle`), and wakes early when
+//! this process schedules an earlier order. The script is atomic, so any number of
+//! dispatchers may run on one queue at once.
+
+use crate::client::Client;
+use crate::error::{InvalidInput, Result};
+use crate::keys::{QueueName, ShardKeys};
+use crate::scripts::{self, MAX_DEQUEUE_BATCH};
+use crate::wake::Wake;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Options of a [`Dispatcher`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DispatcherOptions {
+    /// Orders moved per script call, 1..=1000 (default 1000).
+    pub batch: usize,
+    /// Longest sleep between passes when nothing is due soon (default 250 ms). Bounds the
+    /// lateness of orders scheduled by other processes while this one sleeps.
+    pub max_idle: Duration,
+    /// How often the Redis clock is re-read to bound drift (default 30 s).
+    pub clock_sync_every: Duration,
+}
+
+impl Default for DispatcherOptions {
+    fn default() -> Self {
+        DispatcherOptions {
+            batch: MAX_DEQUEUE_BATCH,
+            max_idle: Duration::from_millis(250),
+            clock_sync_every: Duration::from_secs(30),
+        }
+    }
+}
+
+impl DispatcherOptions {
+    /// Sets the batch size.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets the longest idle sleep.
+    pub fn max_idle(mut self, d: Duration) -> Self {
+        self.max_idle = d;
+        self
+    }
+}
+
+/// What one pass over all shards did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Orders moved into streams.
+    pub moved: usize,
+    /// True when some shard returned a full batch (more may be due right now).
+    pub more: bool,
+    /// Earliest due time still scheduled, over all shards.
+    pub next_due_ms: Option<i64>,
+}
+
+/// Moves due orders of one queue into its streams. See the module docs.
+#[derive(Debug)]
+pub struct Dispatcher {
+    client: Client,
+    queue: QueueName,
+    shards: Vec<ShardKeys>,
+    opts: DispatcherOptions,
+    wake: Arc<Wake>,
+}
+
+impl Dispatcher {
+    /// A dispatcher for `queue`.
+    pub fn new(client: &Client, queue: &str, opts: DispatcherOptions) -> Result<Self> {
+        let queue = QueueName::new(queue)?;
+        if !(1..=MAX_DEQUEUE_BATCH).contains(&opts.batch) {
+            return Err(InvalidInput::Option {
+                name: "batch",
+                reason: format!("must be 1..={MAX_DEQUEUE_BATCH}, got {}", opts.batch),
+            }
+            .into());
+        }
+        if opts.max_idle.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "max_idle",
+                reason: "must be more than zero".into(),
+            }
+            .into());
+        }
+        Ok(Dispatcher {
+            shards: client.queue_keys(&queue),
+            wake: client.wake().get(queue.as_str()),
+            client: client.clone(),
+            queue,
+            opts,
+        })
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// One pass: one `dequeue.lua` call per shard with the clock's "now".
+    pub async fn pass(&self) -> Result<Pass> {
+        let now = self.client.now_ms();
+        let mut conn = self.client.connection();
+        let mut pass = Pass::default();
+        for keys in &self.shards {
+            let r = scripts::dequeue(&mut conn, keys, now, self.opts.batch).await?;
+            pass.moved += r.moved;
+            pass.more |= r.moved >= self.opts.batch;
+            pass.next_due_ms = match (pass.next_due_ms, r.next_due_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        if pass.moved > 0 {
+            tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
+        }
+        Ok(pass)
+    }
+
+    /// Passes until no shard returns a full batch; returns the orders moved and the next
+    /// due time.
+    pub async fn drain(&self) -> Result<Pass> {
+        let mut total = Pass::default();
+        loop {
+            let p = self.pass().await?;
+            total.moved += p.moved;
+            total.next_due_ms = p.next_due_ms;
+            if !p.more {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires. Redis errors are logged and retried with backoff; the
+    /// loop never gives up on its own.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        let mut last_sync = Instant::now();
+        tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            // Mark busy: schedules during the pass need no wake-up (the pass or the next
+            // sleep computation sees them).
+            self.wake.next_look_ms.store(i64::MAX, Ordering::Release);
+            let next = match self.drain().await {
+                Ok(p) => {
+                    backoff = Duration::from_millis(50);
+                    p.next_due_ms
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %self.queue, error = %e, retry_in = ?backoff, "dispatch failed");
+                    self.wake.next_look_ms.store(0, Ordering::Release);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = cancel.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            if last_sync.elapsed() >= self.opts.clock_sync_every {
+                last_sync = Instant::now();
+                if let Err(e) = self.client.sync_clock().await {
+                    tracing::warn!(error = %e, "clock sync failed");
+                }
+            }
+            let now = self.client.now_ms();
+            let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
+            let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
+            self.wake.next_look_ms.store(look_at, Ordering::Release);
+            let wait_ms = u64::try_from(look_at.saturating_sub(self.client.now_ms())).unwrap_or(0);
+            if wait_ms == 0 {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
+                _ = self.wake.notify.notified() => {}
+                _ = cancel.cancelled() => break,
+            }
+        }
+        tracing::info!(queue = %self.queue, "dispatcher stopped");
+    }
+}

@@ -1,0 +1,77 @@
+//! Human durations: `500ms`, `30s`, `15m`, `1h30m`, `2d`.
+
+use crate::error::InvalidInput;
+use std::time::Duration;
+
+/// Parses a duration made of `<integer><unit>` parts, units `ms`, `s`, `m`, `h`, `d`
+/// (e.g. `1h30m`, `500ms`). `field` names the input in the error.
+pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, InvalidInput> {
+    let bad = |reason: String| InvalidInput::Option {
+        name: field,
+        reason,
+    };
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(bad(
+            "empty duration (use e.g. 500ms, 30s, 15m, 1h30m)".into()
+        ));
+    }
+    let mut total: u128 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad(format!(
+                "{t:?} is not a duration (use e.g. 500ms, 30s, 15m, 1h30m; negative values are not allowed)"
+            )));
+        }
+        let n: u128 = rest[..digits]
+            .parse()
+            .map_err(|_| bad(format!("{t:?}: number too large")))?;
+        rest = &rest[digits..];
+        let unit_len = rest.bytes().take_while(u8::is_ascii_alphabetic).count();
+        let ms_per = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => {
+                return Err(bad(format!(
+                    "{t:?}: missing unit after {n} (ms, s, m, h, d)"
+                )));
+            }
+            u => return Err(bad(format!("{t:?}: unknown unit {u:?} (ms, s, m, h, d)"))),
+        };
+        rest = &rest[unit_len..];
+        total = total
+            .checked_add(n.saturating_mul(ms_per))
+            .ok_or_else(|| bad(format!("{t:?}: too large")))?;
+    }
+    let ms = u64::try_from(total).map_err(|_| bad(format!("{t:?}: too large")))?;
+    Ok(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses() {
+        assert_eq!(parse_duration("d", "500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("d", "1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("d", "15m"), Ok(Duration::from_secs(900)));
+        assert_eq!(parse_duration("d", "0s"), Ok(Duration::ZERO));
+        for bad in [
+            "",
+            "-5s",
+            "5",
+            "5x",
+            "s",
+            "1.5s",
+            "99999999999999999999999d",
+        ] {
+            assert!(parse_duration("d", bad).is_err(), "{bad}");
+        }
+    }
+}

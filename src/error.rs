@@ -1,0 +1,197 @@
+//! Errors: one enum for the library, one for rejected input.
+//!
+//! Input errors ([`InvalidInput`]) are raised before anything is sent to Redis, so a
+//! rejected call never changes anything. Each variant names the field that is wrong and
+//! has a stable machine-readable [`code`](InvalidInput::code) for APIs.
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in delayq.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed something invalid; nothing was written.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// Redis failed or could not be reached while doing `context`.
+    #[error("redis error while {context}: {source}")]
+    Redis {
+        /// What delayq was doing.
+        context: &'static str,
+        /// The error from the redis crate.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// Redis answered something delayq did not expect (a key of the wrong type, a script
+    /// from another version).
+    #[error("unexpected reply from redis while {context}: {detail}")]
+    Protocol {
+        /// What delayq was doing.
+        context: &'static str,
+        /// What was unexpected.
+        detail: String,
+    },
+    /// A throwaway local `redis-server` could not be started.
+    #[error("could not start a local redis-server: {0}")]
+    LocalRedis(String),
+}
+
+impl Error {
+    /// True when retrying the same call later may succeed (connection refused, reset or
+    /// timed out, server loading, cluster redirections, a failover in progress).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Redis { source, .. } => is_transient_redis(source),
+            _ => false,
+        }
+    }
+
+    /// The input error, when this is one.
+    pub fn as_invalid(&self) -> Option<&InvalidInput> {
+        match self {
+            Error::Invalid(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a redis error is worth retrying (the connection or the server's role may recover).
+pub(crate) fn is_transient_redis(e: &redis::RedisError) -> bool {
+    if e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+    {
+        return true;
+    }
+    matches!(
+        e.code(),
+        Some(
+            "LOADING"
+                | "BUSY"
+                | "TRYAGAIN"
+                | "CLUSTERDOWN"
+                | "MASTERDOWN"
+                | "UNBLOCKED"
+                | "READONLY"
+        )
+    )
+}
+
+/// Attaches "what delayq was doing" to a redis error.
+pub(crate) trait RedisContext<T> {
+    /// Wraps the error as [`Error::Redis`] with `context`.
+    fn ctx(self, context: &'static str) -> Result<T>;
+}
+
+impl<T> RedisContext<T> for redis::RedisResult<T> {
+    fn ctx(self, context: &'static str) -> Result<T> {
+        self.map_err(|source| Error::Redis { context, source })
+    }
+}
+
+/// Input that delayq refuses. Nothing is written to Redis when one of these is returned.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// A queue name outside `[A-Za-z0-9._-]{1,64}`.
+    #[error("invalid queue name {name:?}: {reason}")]
+    QueueName {
+        /// The name as given.
+        name: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A key namespace outside `[A-Za-z0-9._-]{1,64}`.
+    #[error("invalid namespace {name:?}: {reason}")]
+    Namespace {
+        /// The namespace as given.
+        name: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An order id that is empty, longer than 256 bytes or holds a control character.
+    #[error("invalid id: {reason}")]
+    Id {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A consumer group or consumer name that is empty, too long or holds a control character.
+    #[error("invalid {field}: {reason}")]
+    Name {
+        /// Which name ("group", "consumer").
+        field: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A payload that is not one valid JSON value.
+    #[error("invalid payload: {reason}")]
+    Payload {
+        /// The JSON parser's message.
+        reason: String,
+    },
+    /// A payload larger than the configured limit.
+    #[error("payload too large: {size} bytes, the limit is {limit} bytes")]
+    PayloadTooLarge {
+        /// The payload's size in bytes (as JSON text).
+        size: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A negative or absurdly long delay.
+    #[error("invalid delay: {reason}")]
+    Delay {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An absolute due time that does not parse, is before 1970 or too far ahead.
+    #[error("invalid due time: {reason}")]
+    DueTime {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A Redis URL that does not parse.
+    #[error("invalid redis url: {reason}")]
+    RedisUrl {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An option with a value out of range.
+    #[error("invalid option {name}: {reason}")]
+    Option {
+        /// The option's name.
+        name: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// One message of a batch is invalid; the whole batch was refused.
+    #[error("message {index}: {source}")]
+    InBatch {
+        /// The message's index in the batch, from 0.
+        index: usize,
+        /// What is wrong with it.
+        #[source]
+        source: Box<InvalidInput>,
+    },
+}
+
+impl InvalidInput {
+    /// A stable snake_case code for APIs, e.g. `invalid_id`, `payload_too_large`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            InvalidInput::QueueName { .. } => "invalid_queue",
+            InvalidInput::Namespace { .. } => "invalid_namespace",
+            InvalidInput::Id { .. } => "invalid_id",
+            InvalidInput::Name { .. } => "invalid_name",
+            InvalidInput::Payload { .. } => "invalid_payload",
+            InvalidInput::PayloadTooLarge { .. } => "payload_too_large",
+            InvalidInput::Delay { .. } => "invalid_delay",
+            InvalidInput::DueTime { .. } => "invalid_due_time",
+            InvalidInput::RedisUrl { .. } => "invalid_redis_url",
+            InvalidInput::Option { .. } => "invalid_option",
+            InvalidInput::InBatch { source, .. } => source.code(),
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Names: validated queue names, and the one place where Redis key names are made.
+//!
+//! Every key of one shard of one queue shares the hash tag `{<ns>:<queue>:<shard>}`, so a
+//! script touching them runs on one Redis Cluster slot. See ARCHITECTURE.md for the layout.
+
+use crate::error::InvalidInput;
+use std::fmt;
+
+/// Longest queue name or namespace, in bytes.
+pub const MAX_NAME_LEN: usize = 64;
+/// Longest order id, in bytes.
+pub const MAX_ID_LEN: usize = 256;
+
+/// A queue name: `[A-Za-z0-9._-]{1,64}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueName(String);
+
+impl QueueName {
+    /// Validates `name`.
+    pub fn new(name: &str) -> Result<Self, InvalidInput> {
+        check_name(name).map_err(|reason| InvalidInput::QueueName {
+            name: name.to_owned(),
+            reason,
+        })?;
+        Ok(QueueName(name.to_owned()))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Checks the `[A-Za-z0-9._-]{1,64}` rule shared by queue names and namespaces.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(format!(
+            "must be at most {MAX_NAME_LEN} bytes, got {}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "character {c:?} is not allowed (use A-Z a-z 0-9 . _ -)"
+        ));
+    }
+    Ok(())
+}
+
+/// Validates an order id: 1..=256 bytes of UTF-8 with no control characters.
+pub fn validate_id(id: &str) -> Result<(), InvalidInput> {
+    validate_text(id, MAX_ID_LEN).map_err(|reason| InvalidInput::Id { reason })
+}
+
+/// Validates a consumer group or consumer name (same rule as ids, at most 128 bytes).
+pub fn validate_member_name(field: &'static str, name: &str) -> Result<(), InvalidInput> {
+    validate_text(name, 128).map_err(|reason| InvalidInput::Name { field, reason })
+}
+
+fn validate_text(s: &str, max: usize) -> Result<(), String> {
+    if s.is_empty() {
+        return Err("must not be empty".into());
+    }
+    if s.len() > max {
+        return Err(format!("must be at most {max} bytes, got {}", s.len()));
+    }
+    if let Some(pos) = s.chars().position(char::is_control) {
+        return Err(format!("control character at position {pos}"));
+    }
+    Ok(())
+}
+
+/// The key namespace (default `dq`) that prefixes every key delayq writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyspace {
+    ns: String,
+}
+
+impl Keyspace {
+    /// Validates `namespace` (`[A-Za-z0-9._-]{1,64}`).
+    pub fn new(namespace: &str) -> Result<Self, InvalidInput> {
+        check_name(namespace).map_err(|reason| InvalidInput::Namespace {
+            name: namespace.to_owned(),
+            reason,
+        })?;
+        Ok(Keyspace {
+            ns: namespace.to_owned(),
+        })
+    }
+
+    /// The namespace.
+    pub fn namespace(&self) -> &str {
+        &self.ns
+    }
+
+    /// The keys of one shard of `queue`.
+    pub fn shard(&self, queue: &QueueName, shard: u16) -> ShardKeys {
+        let tag = format!("{{{}:{}:{}}}", self.ns, queue, shard);
+        ShardKeys {
+            due: format!("{tag}:due"),
+            payload: format!("{tag}:payload"),
+            stream: format!("{tag}:stream"),
+            shard,
+        }
+    }
+
+    /// The keys of every shard of `queue`, shard 0 first.
+    pub fn shards(&self, queue: &QueueName, count: u16) -> Vec<ShardKeys> {
+        (0..count).map(|s| self.shard(queue, s)).collect()
+    }
+}
+
+/// The keys of one shard of one queue. All share one hash tag.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardKeys {
+    /// ZSET: order id scored by due time (unix ms).
+    pub due: String,
+    /// HASH: order id -> `"<enqueued_ms>:<payload JSON>"`.
+    pub payload: String,
+    /// STREAM: dispatched orders, read by consumer groups.
+    pub stream: String,
+    /// The shard's index.
+    pub shard: u16,
+}
+
+/// The shard of an order id: FNV-1a (64-bit) of the id's UTF-8 bytes, modulo `shards`.
+///
+/// Stable across processes, versions and languages (documented in ARCHITECTURE.md), so
+/// cancel, get and reschedule go straight to the order's shard.
+pub fn shard_of(id: &str, shards: u16) -> u16 {
+    if shards <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in id.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    // The remainder is < shards <= u16::MAX, so the conversion cannot fail.
+    u16::try_from(h % u64::from(shards)).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_names() {
+        assert!(QueueName::new("order-close.v2_x").is_ok());
+        assert!(QueueName::new("").is_err());
+        assert!(QueueName::new("a:b").is_err());
+        assert!(QueueName::new("a b").is_err());
+        assert!(QueueName::new(&"x".repeat(65)).is_err());
+        assert!(QueueName::new(&"x".repeat(64)).is_ok());
+    }
+
+    #[test]
+    fn ids() {
+        assert!(validate_id("order-1234").is_ok());
+        assert!(validate_id("заказ:42 ✓").is_ok());
+        assert!(validate_id("").is_err());
+        assert!(validate_id("a\nb").is_err());
+        assert!(validate_id(&"x".repeat(257)).is_err());
+        assert!(validate_id(&"x".repeat(256)).is_ok());
+    }
+
+    #[test]
+    fn key_layout() {
+        let ks = Keyspace::new("dq").unwrap();
+        let q = QueueName::new("order-close").unwrap();
+        let k = ks.shard(&q, 7);
+        assert_eq!(k.due, "{dq:order-close:7}:due");
+        assert_eq!(k.payload, "{dq:order-close:7}:payload");
+        assert_eq!(k.stream, "{dq:order-close:7}:stream");
+    }
+
+    #[test]
+    fn shard_function_is_fnv1a() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (published test vector).
+        assert_eq!(shard_of("a", 1), 0);
+        assert_eq!(
+            u64::from(shard_of("a", 1000)),
+            0xaf63_dc4c_8601_ec8c_u64 % 1000
+        );
+        let counts = (0..8000).fold([0u32; 8], |mut acc, i| {
+            acc[usize::from(shard_of(&format!("order-{i}"), 8))] += 1;
+            acc
+        });
+        assert!(counts.iter().all(|&c| c > 800), "skewed: {counts:?}");
+    }
+}

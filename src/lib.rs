@@ -1,0 +1,59 @@
+//! # delayq
+//!
+//! An order-expiry delay queue on Redis. A checkout service schedules "close order 1234 at
+//! 10:30"; if the customer pays it cancels that event; when the time comes delayq hands the
+//! event to every subscribed business handler (a Redis Streams consumer group each), at least
+//! once, on time to the millisecond.
+//!
+//! ```no_run
+//! # async fn example() -> delayq::Result<()> {
+//! let client = delayq::Client::connect("redis://127.0.0.1:6379").await?;
+//! client.schedule("order-close", "order-1234", std::time::Duration::from_secs(15 * 60),
+//!                 serde_json::json!({"user": 42})).await?;
+//! client.cancel("order-close", "order-1234").await?; // paid in time
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//!
+//! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
+//! - [`keys`]: queue-name and id validation; the Redis key layout and the shard function.
+//! - [`clock`]: the one clock ("now" is the Redis server's `TIME`), replaceable in tests.
+//! - [`order`]: what producers send ([`NewOrder`], [`When`], [`Payload`]) and get back.
+//! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
+//! - [`client`]: the producer API ([`Client`]: schedule, cancel, reschedule, get).
+//! - [`dispatcher`]: the poller moving due orders into the streams ([`Dispatcher`]).
+//! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
+//! - [`duration`]: human durations (`500ms`, `1h30m`).
+//! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
+//! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
+//! - `wake` (private): in-process wake-ups of sleeping dispatchers.
+//!
+//! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
+
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod dispatcher;
+pub mod duration;
+pub mod error;
+pub mod keys;
+pub mod local_redis;
+pub mod order;
+pub mod scripts;
+mod wake;
+pub mod worker;
+
+pub use client::{Client, ClientOptions};
+pub use clock::{Clock, ManualClock, RedisClock};
+pub use dispatcher::{Dispatcher, DispatcherOptions, Pass};
+pub use error::{Error, InvalidInput, Result};
+pub use local_redis::LocalRedis;
+pub use order::{
+    CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,
+    ScheduledOrder, When,
+};
+pub use worker::{
+    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Worker, WorkerOptions,
+    WorkerStats,
+};

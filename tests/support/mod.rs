@@ -1,0 +1,128 @@
+//! Test harness: every test starts its own `redis-server` (free port, temp dir, killed on
+//! drop, its log printed when the test panics). Nothing here touches a shared Redis.
+#![allow(dead_code, missing_docs, clippy::unwrap_used)]
+
+use delayq::{Client, ClientOptions, Clock, Delivery, HandlerResult, LocalRedis};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A fresh server and a client on it using the server's clock.
+pub async fn start() -> (LocalRedis, Client) {
+    start_with(ClientOptions::default()).await
+}
+
+pub async fn start_with(opts: ClientOptions) -> (LocalRedis, Client) {
+    let server = LocalRedis::start().expect("start redis-server");
+    let client = Client::connect_with(&server.url(), opts)
+        .await
+        .expect("connect");
+    (server, client)
+}
+
+/// A fresh server and a client on it driven by `clock`.
+pub async fn start_with_clock(clock: Arc<dyn Clock>) -> (LocalRedis, Client) {
+    let server = LocalRedis::start().expect("start redis-server");
+    let client = Client::connect_with_clock(&server.url(), ClientOptions::default(), clock)
+        .await
+        .expect("connect");
+    (server, client)
+}
+
+/// Runs a raw command on the client's connection.
+pub async fn raw<T: redis::FromRedisValue>(client: &Client, args: &[&str]) -> T {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd.query_async(&mut client.connection())
+        .await
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// Every key and its serialized value (DUMP) in the server: a snapshot to compare.
+pub async fn snapshot(client: &Client) -> Vec<(String, Vec<u8>)> {
+    let mut keys: Vec<String> = raw(client, &["KEYS", "*"]).await;
+    keys.sort();
+    let mut out = Vec::new();
+    for k in keys {
+        let dump: Vec<u8> = raw(client, &["DUMP", &k]).await;
+        out.push((k, dump));
+    }
+    out
+}
+
+/// Polls `cond` every 10 ms until it holds; panics with `what` after `within`.
+pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if cond().await {
+            return;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out after {within:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A handler that records every delivery.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    pub seen: Arc<Mutex<Vec<Delivery>>>,
+}
+
+impl Recorder {
+    pub fn handler(
+        &self,
+    ) -> impl Fn(Delivery) -> std::future::Ready<HandlerResult> + Send + Sync + 'static {
+        let seen = self.seen.clone();
+        move |d: Delivery| {
+            seen.lock().unwrap().push(d);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    pub fn deliveries(&self) -> Vec<Delivery> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Deliveries per order id.
+    pub fn counts(&self) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for d in self.seen.lock().unwrap().iter() {
+            *m.entry(d.id.clone()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    pub async fn wait_len(&self, n: usize, within: Duration) {
+        let me = self.clone();
+        wait_for(&format!("{n} deliveries"), within, move || {
+            let l = me.len();
+            async move { l >= n }
+        })
+        .await;
+    }
+}
+
+/// Number of pending entries of `group` on `stream`.
+pub async fn pending(client: &Client, stream: &str, group: &str) -> i64 {
+    let v: redis::Value = raw(client, &["XPENDING", stream, group]).await;
+    match v {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING reply {other:?}"),
+        },
+        other => panic!("XPENDING reply {other:?}"),
+    }
+}
