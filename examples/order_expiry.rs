@@ -28,7 +28,10 @@ async fn main() -> anyhow::Result<()> {
         (None, wanted)
     } else {
         let s = LocalRedis::start()?;
-        println!("no Redis at {wanted}: started a throwaway redis-server at {}", s.url());
+        println!(
+            "no Redis at {wanted}: started a throwaway redis-server at {}",
+            s.url()
+        );
         let url = s.url();
         (Some(s), url)
     };
@@ -62,10 +65,14 @@ async fn main() -> anyhow::Result<()> {
     let closed = Arc::new(AtomicUsize::new(0));
     let all_closed = CancellationToken::new();
     let handler = {
-        let (closed, all_closed, clock) = (closed.clone(), all_closed.clone(), client.clock().clone());
+        let (closed, all_closed, clock) =
+            (closed.clone(), all_closed.clone(), client.clock().clone());
         move |d: Delivery| {
             let late = clock.now_ms() - d.due_at_ms;
-            println!("  {} expired: closing it (handler started {late} ms after due)", d.id);
+            println!(
+                "  {} expired: closing it (handler started {late} ms after due)",
+                d.id
+            );
             if closed.fetch_add(1, Ordering::SeqCst) + 1 == unpaid {
                 all_closed.cancel();
             }
@@ -74,7 +81,13 @@ async fn main() -> anyhow::Result<()> {
     };
     let stop = CancellationToken::new();
     let dispatcher = Dispatcher::new(&client, QUEUE, DispatcherOptions::default())?;
-    let worker = Worker::new(&client, QUEUE, "close-order", handler, WorkerOptions::default())?;
+    let worker = Worker::new(
+        &client,
+        QUEUE,
+        "close-order",
+        handler,
+        WorkerOptions::default(),
+    )?;
     let d = tokio::spawn(dispatcher.run(stop.clone()));
     let w = tokio::spawn(worker.run(stop.clone()));
 

@@ -67,6 +67,31 @@ pub enum Command {
         /// Order id.
         id: String,
     },
+    /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
+    /// redis-server when none is reachable). Prints one JSON line per scenario.
+    Bench {
+        /// Scenarios: enqueue, dispatch, steady (comma separated).
+        #[arg(long, default_value = "enqueue,dispatch,steady")]
+        scenario: String,
+        /// Orders per scenario.
+        #[arg(long, default_value_t = 100_000)]
+        orders: usize,
+        /// Orders per schedule_many call.
+        #[arg(long, default_value_t = 1000)]
+        batch: usize,
+        /// steady: orders scheduled per second.
+        #[arg(long, default_value_t = 5000)]
+        rate: u64,
+        /// steady: time from scheduling to due.
+        #[arg(long, default_value = "2s")]
+        lead: String,
+        /// Payload size, bytes.
+        #[arg(long, default_value_t = 150)]
+        payload_bytes: usize,
+        /// Worker concurrency.
+        #[arg(long, default_value_t = 50)]
+        concurrency: usize,
+    },
 }
 
 /// A verb's failure, mapped to an exit code.
@@ -176,6 +201,42 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 }
                 CancelOutcome::NotFound => Err(Failure::NotFound(json!({"outcome": "not_found"}))),
             }
+        }
+        Command::Bench {
+            scenario,
+            orders,
+            batch,
+            rate,
+            lead,
+            payload_bytes,
+            concurrency,
+        } => {
+            let opts = crate::bench::BenchOptions {
+                orders,
+                batch,
+                rate,
+                lead: parse_duration("--lead", &lead)?,
+                payload_bytes,
+                concurrency,
+            };
+            let (_server, url) = if crate::local_redis::reachable(&cli.redis_url) {
+                (None, cli.redis_url.clone())
+            } else {
+                let s = crate::LocalRedis::start()?;
+                eprintln!(
+                    "no Redis at {}: using a throwaway redis-server",
+                    cli.redis_url
+                );
+                let url = s.url();
+                (Some(s), url)
+            };
+            for sc in scenario.split(',') {
+                let report = crate::bench::run(&url, sc.trim(), &opts)
+                    .await
+                    .map_err(|e| Failure::Runtime(format!("bench {sc}: {e:#}")))?;
+                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+            }
+            Ok(())
         }
     }
 }

@@ -14,6 +14,11 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + 'static {
     /// The current time, unix milliseconds.
     fn now_ms(&self) -> i64;
+
+    /// The current time, unix microseconds (for measuring lateness finer than 1 ms).
+    fn now_us(&self) -> i64 {
+        self.now_ms().saturating_mul(1000)
+    }
 }
 
 /// The Redis server's clock: `TIME` read at [`sync`](RedisClock::sync), advanced locally with
@@ -55,9 +60,13 @@ async fn read_time<C: redis::aio::ConnectionLike>(conn: &mut C) -> Result<(Insta
 
 impl Clock for RedisClock {
     fn now_ms(&self) -> i64 {
+        self.now_us() / 1000
+    }
+
+    fn now_us(&self) -> i64 {
         let (at, micros) = *self.base.lock().unwrap_or_else(|p| p.into_inner());
         let elapsed = i64::try_from(at.elapsed().as_micros()).unwrap_or(i64::MAX / 2);
-        (micros + elapsed) / 1000
+        micros + elapsed
     }
 }
 

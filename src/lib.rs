@@ -26,11 +26,13 @@
 //! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
+//! - [`bench`]: the `delayq bench` load generator.
 //! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 //!
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod clock;
