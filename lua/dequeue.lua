@@ -4,17 +4,19 @@
 -- KEYS[2]  the shard's payload HASH field = order id, value = "<enqueued_ms>:<payload JSON>"
 -- KEYS[3]  the shard's STREAM       one entry per dispatched order
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
--- ARGV[2]  batch limit, 1..1000 (each order costs ~5 us of Redis time; keep calls short)
+-- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 --
 -- Returns: { moved, next_due_ms }  moved = orders written to the stream by this call,
 --          next_due_ms = score of the earliest order still scheduled (nil when none).
 --
--- Stream entry fields: id, due_ms, enqueued_ms, payload
---   plus flag = "payload_missing" (no HASH field: tampered; payload is "null", enqueued_ms "")
---          or flag = "bad_encoding" (HASH value without "<ms>:" prefix; payload is the raw value).
--- ZREM, HDEL and XADD happen in this one script, so no crash can lose an order between
--- "removed from the schedule" and "written to the stream". An order with no payload is still
--- forwarded, flagged, never dropped.
+-- Stream entry fields: id, due_ms, data = the HASH value as stored ("<enqueued_ms>:<json>",
+-- split by the consumer so Redis does no string work), or, when the HASH field is missing
+-- (tampered with), id, due_ms, flag = "payload_missing" and no data: still forwarded, never
+-- dropped.
+--
+-- The due orders are exactly the lowest scores, so ZCOUNT + ZPOPMIN take them earliest first
+-- in one pass (ties in member order, as ZRANGE would). ZPOPMIN, HDEL and XADD happen in this
+-- one script, so no crash can lose an order between "removed" and "written".
 local now = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 if not now then
@@ -24,29 +26,20 @@ if not limit or limit < 1 or limit > 1000 then
   return redis.error_reply('ERR delayq dequeue: limit must be 1..1000')
 end
 
-local due = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-local n = #due / 2
+local n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+if n > limit then n = limit end
 if n > 0 then
+  local popped = redis.call('ZPOPMIN', KEYS[1], n)
   local ids = {}
-  for i = 1, n do ids[i] = due[2 * i - 1] end
+  for i = 1, n do ids[i] = popped[2 * i - 1] end
   local vals = redis.call('HMGET', KEYS[2], unpack(ids))
-  redis.call('ZREM', KEYS[1], unpack(ids))
   redis.call('HDEL', KEYS[2], unpack(ids))
   for i = 1, n do
     local v = vals[i]
     if v then
-      local sep = string.find(v, ':', 1, true)
-      local enq = sep and string.sub(v, 1, sep - 1)
-      if enq and tonumber(enq) then
-        redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', due[2 * i],
-          'enqueued_ms', enq, 'payload', string.sub(v, sep + 1))
-      else
-        redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', due[2 * i],
-          'enqueued_ms', '', 'payload', v, 'flag', 'bad_encoding')
-      end
+      redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v)
     else
-      redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', due[2 * i],
-        'enqueued_ms', '', 'payload', 'null', 'flag', 'payload_missing')
+      redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing')
     end
   end
 end

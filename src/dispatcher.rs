@@ -180,12 +180,18 @@ impl Dispatcher {
             let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
             let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
             self.wake.next_look_ms.store(look_at, Ordering::Release);
-            let wait_ms = u64::try_from(look_at.saturating_sub(self.client.now_ms())).unwrap_or(0);
-            if wait_ms == 0 {
+            // Sleep to the start of the due millisecond, measured in microseconds.
+            let wait_us = look_at
+                .saturating_mul(1000)
+                .saturating_sub(self.client.clock().now_us());
+            let Ok(wait_us) = u64::try_from(wait_us) else {
+                continue;
+            };
+            if wait_us == 0 {
                 continue;
             }
             tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
+                _ = tokio::time::sleep(Duration::from_micros(wait_us)) => {}
                 _ = self.wake.notify.notified() => {}
                 _ = cancel.cancelled() => break,
             }

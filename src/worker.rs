@@ -654,31 +654,32 @@ pub(crate) fn parse_delivery(
 ) -> Option<Delivery> {
     let mut id = None;
     let mut due = None;
-    let mut enq = None;
-    let mut payload_text = None;
+    let mut data = None;
     let mut flag = None;
     for (f, v) in fields {
         match f.as_str() {
             "id" => id = Some(v),
             "due_ms" => due = v.parse::<f64>().ok().map(crate::scripts::score_to_ms),
-            "enqueued_ms" => enq = v.parse::<i64>().ok(),
-            "payload" => payload_text = Some(v),
-            "flag" => {
-                flag = match v.as_str() {
-                    "payload_missing" => Some(DeliveryFlag::PayloadMissing),
-                    "bad_encoding" => Some(DeliveryFlag::BadEncoding),
-                    _ => flag,
-                }
-            }
+            "data" => data = Some(v),
+            "flag" if v == "payload_missing" => flag = Some(DeliveryFlag::PayloadMissing),
             _ => {}
         }
     }
-    let text = payload_text.unwrap_or_else(|| "null".into());
-    let payload = match serde_json::from_str(&text) {
+    let (enq, text) = match &data {
+        Some(d) => match crate::order::decode_stored(d) {
+            (Some(enq), json) => (Some(enq), json),
+            (None, raw) => {
+                flag = flag.or(Some(DeliveryFlag::BadEncoding));
+                (None, raw)
+            }
+        },
+        None => (None, "null"),
+    };
+    let payload = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(_) => {
             flag = flag.or(Some(DeliveryFlag::InvalidJson));
-            serde_json::Value::String(text)
+            serde_json::Value::String(text.to_owned())
         }
     };
     let dispatched_at_ms = entry_id
