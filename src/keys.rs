@@ -112,6 +112,8 @@ impl Keyspace {
             due: format!("{tag}:due"),
             payload: format!("{tag}:payload"),
             stream: format!("{tag}:stream"),
+            dead: format!("{tag}:dead"),
+            tag,
             shard,
         }
     }
@@ -131,8 +133,20 @@ pub struct ShardKeys {
     pub payload: String,
     /// STREAM: dispatched orders, read by consumer groups.
     pub stream: String,
+    /// STREAM: dead letters of every group of this shard.
+    pub dead: String,
+    /// The hash tag, `{<ns>:<queue>:<shard>}`.
+    pub tag: String,
     /// The shard's index.
     pub shard: u16,
+}
+
+impl ShardKeys {
+    /// ZSET of `group`'s timers in this shard: entry id scored by the unix ms after which it
+    /// may be taken (lease end of an entry being handled, or the time of its next attempt).
+    pub fn timers(&self, group: &str) -> String {
+        format!("{}:timers:{group}", self.tag)
+    }
 }
 
 /// The shard of an order id: FNV-1a (64-bit) of the id's UTF-8 bytes, modulo `shards`.
@@ -184,6 +198,8 @@ mod tests {
         assert_eq!(k.due, "{dq:order-close:7}:due");
         assert_eq!(k.payload, "{dq:order-close:7}:payload");
         assert_eq!(k.stream, "{dq:order-close:7}:stream");
+        assert_eq!(k.dead, "{dq:order-close:7}:dead");
+        assert_eq!(k.timers("close"), "{dq:order-close:7}:timers:close");
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
 //! - [`client`]: the producer API ([`Client`]: schedule, cancel, reschedule, get).
 //! - [`dispatcher`]: the poller moving due orders into the streams ([`Dispatcher`]).
+//! - [`backoff`]: retry backoff policies (fixed, linear, exponential with jitter).
+//! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
@@ -32,10 +34,12 @@
 //!
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
 
+pub mod backoff;
 pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod dead;
 pub mod dispatcher;
 pub mod duration;
 pub mod error;
@@ -46,8 +50,10 @@ pub mod scripts;
 mod wake;
 pub mod worker;
 
+pub use backoff::Backoff;
 pub use client::{Client, ClientOptions};
 pub use clock::{Clock, ManualClock, RedisClock};
+pub use dead::{DeadLetter, Selection};
 pub use dispatcher::{Dispatcher, DispatcherOptions, Pass};
 pub use error::{Error, InvalidInput, Result};
 pub use local_redis::LocalRedis;
@@ -56,6 +62,6 @@ pub use order::{
     ScheduledOrder, When,
 };
 pub use worker::{
-    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Worker, WorkerOptions,
-    WorkerStats,
+    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
+    WorkerOptions, WorkerStats,
 };

@@ -143,3 +143,155 @@ pub(crate) fn score_to_ms(score: f64) -> i64 {
     // Scores are written from i64 milliseconds below 2^53, so they are exact integers.
     score.round() as i64
 }
+
+/// Source of `lua/read.lua`.
+pub const READ_LUA: &str = include_str!("../lua/read.lua");
+/// Source of `lua/reclaim.lua`.
+pub const RECLAIM_LUA: &str = include_str!("../lua/reclaim.lua");
+/// Source of `lua/ack.lua`.
+pub const ACK_LUA: &str = include_str!("../lua/ack.lua");
+/// Source of `lua/retry.lua`.
+pub const RETRY_LUA: &str = include_str!("../lua/retry.lua");
+/// Source of `lua/dead.lua`.
+pub const DEAD_LUA: &str = include_str!("../lua/dead.lua");
+/// Source of `lua/replay.lua`.
+pub const REPLAY_LUA: &str = include_str!("../lua/replay.lua");
+
+static READ: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(READ_LUA));
+static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RECLAIM_LUA));
+static ACK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ACK_LUA));
+static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RETRY_LUA));
+static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEAD_LUA));
+static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REPLAY_LUA));
+
+/// Runs `read.lua`: returns the raw entries (`[[id, [f, v, ...]], ...]`) and the stream's
+/// last entry id.
+pub(crate) async fn read<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    lease_until_ms: i64,
+) -> Result<(redis::Value, String)> {
+    READ.key(&keys.stream)
+        .key(keys.timers(group))
+        .arg(group)
+        .arg(consumer)
+        .arg(count.clamp(1, 1000))
+        .arg(lease_until_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("reading the stream (read.lua)")
+}
+
+/// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`) and
+/// the earliest remaining timer.
+pub(crate) async fn reclaim<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    now_ms: i64,
+    lease_until_ms: i64,
+    limit: usize,
+) -> Result<(redis::Value, Option<f64>)> {
+    RECLAIM
+        .key(&keys.stream)
+        .key(keys.timers(group))
+        .arg(group)
+        .arg(consumer)
+        .arg(now_ms)
+        .arg(lease_until_ms)
+        .arg(limit.clamp(1, 1000))
+        .invoke_async(conn)
+        .await
+        .ctx("reclaiming due entries (reclaim.lua)")
+}
+
+/// Runs `ack.lua`; returns how many entries were acknowledged.
+pub(crate) async fn ack<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    entry_ids: &[String],
+) -> Result<u64> {
+    ACK.key(&keys.stream)
+        .key(keys.timers(group))
+        .arg(group)
+        .arg(entry_ids)
+        .invoke_async(conn)
+        .await
+        .ctx("acknowledging entries (ack.lua)")
+}
+
+/// Runs `retry.lua`; false when the entry is no longer this consumer's.
+pub(crate) async fn retry<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    entry_id: &str,
+    at_ms: i64,
+) -> Result<bool> {
+    let n: i64 = RETRY
+        .key(&keys.stream)
+        .key(keys.timers(group))
+        .arg(group)
+        .arg(consumer)
+        .arg(entry_id)
+        .arg(at_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("scheduling a retry (retry.lua)")?;
+    Ok(n == 1)
+}
+
+/// What to record with a dead letter.
+pub(crate) struct DeadArgs<'a> {
+    pub group: &'a str,
+    pub consumer: &'a str,
+    pub entry_id: &'a str,
+    pub attempts: u32,
+    pub error: &'a str,
+    pub now_ms: i64,
+}
+
+/// Runs `dead.lua`; false when the entry is no longer this consumer's.
+pub(crate) async fn dead_letter<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    a: &DeadArgs<'_>,
+) -> Result<bool> {
+    let n: i64 = DEAD
+        .key(&keys.stream)
+        .key(keys.timers(a.group))
+        .key(&keys.dead)
+        .arg(a.group)
+        .arg(a.consumer)
+        .arg(a.entry_id)
+        .arg(a.attempts)
+        .arg(a.error)
+        .arg(a.now_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("dead-lettering an entry (dead.lua)")?;
+    Ok(n == 1)
+}
+
+/// Runs `replay.lua`; returns how many dead letters were replayed.
+pub(crate) async fn replay<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: Option<&str>,
+    dead_ids: &[String],
+) -> Result<u64> {
+    REPLAY
+        .key(&keys.dead)
+        .key(&keys.stream)
+        .arg(group.unwrap_or(""))
+        .arg(dead_ids)
+        .invoke_async(conn)
+        .await
+        .ctx("replaying dead letters (replay.lua)")
+}

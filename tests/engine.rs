@@ -449,7 +449,7 @@ async fn shutdown_grace_abandons_stuck_handlers_and_leaves_them_pending() {
 }
 
 #[tokio::test]
-async fn failing_panicking_and_slow_handlers_leave_entries_pending() {
+async fn failed_panicked_and_timed_out_attempts_stay_pending_permanent_ones_die() {
     let (_s, client) = start().await;
     let handler = |d: Delivery| async move {
         match d.id.as_str() {
@@ -457,13 +457,16 @@ async fn failing_panicking_and_slow_handlers_leave_entries_pending() {
             "permanent" => Err(HandlerError::permanent("bad order")),
             "panic" => panic!("handler bug"),
             "slow" => {
-                tokio::time::sleep(Duration::from_secs(3600)).await;
+                std::future::pending::<()>().await;
                 Ok(())
             }
             _ => Ok(()),
         }
     };
-    let opts = fast_worker().handler_timeout(Duration::from_millis(200));
+    // Retries an hour away: this test sees only the first attempt of each.
+    let opts = fast_worker()
+        .handler_timeout(Duration::from_millis(200))
+        .backoff(delayq::Backoff::Fixed(Duration::from_secs(3600)));
     let w = Worker::new(&client, Q, "close", handler, opts).unwrap();
     let stats = w.stats();
     let cancel = CancellationToken::new();
@@ -480,19 +483,27 @@ async fn failing_panicking_and_slow_handlers_leave_entries_pending() {
         .await
         .unwrap();
     let st = stats.clone();
-    wait_for("all six handled", WAIT, move || {
-        let done = st.succeeded.load(Ordering::SeqCst)
-            + st.failed.load(Ordering::SeqCst)
-            + st.panicked.load(Ordering::SeqCst)
-            + st.timed_out.load(Ordering::SeqCst);
+    wait_for("all six settled", WAIT, move || {
+        let retried = st.retried.load(Ordering::SeqCst);
+        let dead = st.dead_lettered.load(Ordering::SeqCst);
         let acked = st.acked.load(Ordering::SeqCst);
-        async move { done == 6 && acked == 2 }
+        async move { retried == 3 && dead == 1 && acked == 2 }
     })
     .await;
     assert_eq!(stats.failed.load(Ordering::SeqCst), 2);
     assert_eq!(stats.panicked.load(Ordering::SeqCst), 1);
     assert_eq!(stats.timed_out.load(Ordering::SeqCst), 1);
-    assert_eq!(pending(&client, STREAM, "close").await, 4);
+    assert_eq!(
+        pending(&client, STREAM, "close").await,
+        3,
+        "retries wait in the pending list"
+    );
+    let dead = client.dead_list(Q, None, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].id.as_str(), dead[0].last_error.as_str()),
+        ("permanent", "bad order")
+    );
     cancel.cancel();
     run.await.unwrap().unwrap();
 }

@@ -1,0 +1,38 @@
+-- read.lua: take new entries of a shard's stream for one consumer and lease them, atomically.
+--
+-- KEYS[1]  the shard's STREAM
+-- KEYS[2]  the group's timers ZSET for this shard   member = entry id, score = unix ms after
+--          which the entry may be taken by another consumer (lease end, or retry time)
+-- ARGV[1]  group
+-- ARGV[2]  consumer
+-- ARGV[3]  count, 1..1000
+-- ARGV[4]  lease end, unix ms (now + visibility timeout)
+--
+-- Returns: { entries, last_id }
+--   entries = XREADGROUP's entries for this stream ([id, [field, value, ...]], ...), or {}
+--   last_id = id of the stream's last entry ("0-0" when empty): a consumer that got fewer than
+--             count entries may block with XREAD on entries after it.
+--
+-- XREADGROUP (which puts the entries in the consumer's pending list) and the lease (ZADD into
+-- the timers ZSET) happen together, so no crash can leave a pending entry without a timer:
+-- every pending entry is reclaimed in O(log n) through the timers, never by scanning.
+local count = tonumber(ARGV[3])
+if not count or count < 1 or count > 1000 then
+  return redis.error_reply('ERR delayq read: count must be 1..1000')
+end
+local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count,
+  'STREAMS', KEYS[1], '>')
+local entries = {}
+if reply and reply[1] then
+  entries = reply[1][2]
+  local z = {}
+  for i, e in ipairs(entries) do
+    z[2 * i - 1] = ARGV[4]
+    z[2 * i] = e[1]
+  end
+  if #z > 0 then redis.call('ZADD', KEYS[2], unpack(z)) end
+end
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local last_id = '0-0'
+if last[1] then last_id = last[1][1] end
+return { entries, last_id }

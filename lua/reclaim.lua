@@ -1,0 +1,52 @@
+-- reclaim.lua: claim entries whose timer is due (a dead consumer's lease ran out, or a retry's
+-- backoff elapsed) for this consumer, and lease them again.
+--
+-- KEYS[1]  the shard's STREAM
+-- KEYS[2]  the group's timers ZSET for this shard (see read.lua)
+-- ARGV[1]  group
+-- ARGV[2]  consumer
+-- ARGV[3]  now, unix ms
+-- ARGV[4]  lease end, unix ms (now + visibility timeout)
+-- ARGV[5]  limit, 1..1000
+--
+-- Returns: { claimed, next_timer_ms }
+--   claimed = { {entry_id, [field, value, ...], delivery_count}, ... } (delivery_count after
+--             the claim: XCLAIM adds one, so it counts this delivery)
+--   next_timer_ms = the earliest remaining timer (nil when none)
+-- Cost: O(log n) per claimed entry (ZRANGE BYSCORE LIMIT, XCLAIM by id, XPENDING by id).
+-- Timers of entries that are no longer pending (acked, or deleted from the stream) are dropped.
+local limit = tonumber(ARGV[5])
+if not limit or limit < 1 or limit > 1000 then
+  return redis.error_reply('ERR delayq reclaim: limit must be 1..1000')
+end
+local due = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', 0, limit)
+local out = {}
+if #due > 0 then
+  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, unpack(due))
+  local live = {}
+  for _, e in ipairs(claimed) do
+    if e and e[2] then
+      live[e[1]] = true
+      local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+      local n = 1
+      if p[1] then n = p[1][4] end
+      out[#out + 1] = { e[1], e[2], n }
+    elseif e then
+      -- Pending but deleted from the stream: nothing left to deliver.
+      redis.call('XACK', KEYS[1], ARGV[1], e[1])
+    end
+  end
+  local lease, gone = {}, {}
+  for _, id in ipairs(due) do
+    if live[id] then
+      lease[#lease + 1] = ARGV[4]
+      lease[#lease + 1] = id
+    else
+      gone[#gone + 1] = id
+    end
+  end
+  if #lease > 0 then redis.call('ZADD', KEYS[2], unpack(lease)) end
+  if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+end
+local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+return { out, head[2] or false }

@@ -1,0 +1,15 @@
+-- retry.lua: schedule the next attempt of a failed entry (the entry stays pending).
+--
+-- KEYS[1]  the shard's STREAM
+-- KEYS[2]  the group's timers ZSET for this shard
+-- ARGV[1]  group
+-- ARGV[2]  consumer that failed it
+-- ARGV[3]  entry id
+-- ARGV[4]  next attempt, unix ms
+--
+-- Returns: 1 = scheduled; 0 = the entry is no longer this consumer's (acked, or reclaimed by
+-- another consumer after this one's lease ran out): nothing is changed.
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+return 1
