@@ -64,6 +64,10 @@ pub struct BenchReport {
     pub late_max_ms: Option<f64>,
     /// Redis memory per pending order, bytes (used_memory delta / n after enqueue).
     pub mem_per_order_bytes: Option<f64>,
+    /// Dispatch lateness (stream entry time − due, the dispatcher's share), p50 / p99 ms.
+    pub dispatch_late_p50_ms: Option<f64>,
+    /// 99th percentile of the dispatch lateness.
+    pub dispatch_late_p99_ms: Option<f64>,
 }
 
 fn payload(bytes: usize, i: usize) -> Payload {
@@ -171,16 +175,24 @@ async fn steady(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRep
     let hist = Arc::new(Mutex::new(
         Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("histogram")?,
     ));
+    let dhist = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).context("histogram")?,
+    ));
     let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let all_done = CancellationToken::new();
     let n = opts.orders;
     let handler = {
         let (hist, handled, all_done) = (hist.clone(), handled.clone(), all_done.clone());
+        let dhist = dhist.clone();
         let clock = client.clock().clone();
         move |d: Delivery| {
             let late_us = clock.now_us() - d.due_at_ms * 1000;
             if let Ok(mut h) = hist.lock() {
                 let _ = h.record(u64::try_from(late_us.max(1)).unwrap_or(1));
+            }
+            if let Ok(mut h) = dhist.lock() {
+                let late_ms = (d.dispatched_at_ms - d.due_at_ms).max(0);
+                let _ = h.record(u64::try_from(late_ms * 1000).unwrap_or(0).max(1));
             }
             if handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n {
                 all_done.cancel();
@@ -237,6 +249,9 @@ async fn steady(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRep
     let h = hist
         .lock()
         .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let dh = dhist
+        .lock()
+        .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(BenchReport {
         scenario: "steady".into(),
@@ -247,6 +262,8 @@ async fn steady(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRep
         late_p90_ms: Some(ms(h.value_at_quantile(0.90))),
         late_p99_ms: Some(ms(h.value_at_quantile(0.99))),
         late_max_ms: Some(ms(h.max())),
+        dispatch_late_p50_ms: Some(ms(dh.value_at_quantile(0.50))),
+        dispatch_late_p99_ms: Some(ms(dh.value_at_quantile(0.99))),
         ..Default::default()
     })
 }
