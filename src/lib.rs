@@ -29,6 +29,7 @@
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
 //! - [`bench`]: the `delayq bench` load generator.
+//! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 //!
@@ -43,6 +44,7 @@ pub mod dead;
 pub mod dispatcher;
 pub mod duration;
 pub mod error;
+pub mod housekeeping;
 pub mod keys;
 pub mod local_redis;
 pub mod order;
@@ -56,6 +58,7 @@ pub use clock::{Clock, ManualClock, RedisClock};
 pub use dead::{DeadLetter, Selection};
 pub use dispatcher::{Dispatcher, DispatcherOptions, Pass};
 pub use error::{Error, InvalidInput, Result};
+pub use housekeeping::{Housekeeper, HousekeepingOptions};
 pub use local_redis::LocalRedis;
 pub use order::{
     CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,

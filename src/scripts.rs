@@ -295,3 +295,35 @@ pub(crate) async fn replay<C: ConnectionLike>(
         .await
         .ctx("replaying dead letters (replay.lua)")
 }
+
+/// Source of `lua/trim.lua`.
+pub const TRIM_LUA: &str = include_str!("../lua/trim.lua");
+/// Source of `lua/consumers.lua`.
+pub const CONSUMERS_LUA: &str = include_str!("../lua/consumers.lua");
+
+static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TRIM_LUA));
+static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONSUMERS_LUA));
+
+/// Runs `trim.lua`; returns how many entries were removed.
+pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<u64> {
+    let (removed, _point): (u64, Option<String>) = TRIM
+        .key(&keys.stream)
+        .invoke_async(conn)
+        .await
+        .ctx("trimming the stream (trim.lua)")?;
+    Ok(removed)
+}
+
+/// Runs `consumers.lua`; returns how many consumers were deleted.
+pub(crate) async fn remove_idle_consumers<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    min_idle_ms: i64,
+) -> Result<u64> {
+    CONSUMERS
+        .key(&keys.stream)
+        .arg(min_idle_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("removing idle consumers (consumers.lua)")
+}

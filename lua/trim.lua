@@ -1,0 +1,31 @@
+-- trim.lua: trim a stream below what every consumer group still needs, atomically.
+--
+-- KEYS[1]  the shard's STREAM
+--
+-- The safe trim point is the minimum over all groups of (oldest pending id, last-delivered
+-- id): every entry before it has been delivered to and acknowledged by every group. Entries
+-- at or after it are kept (XTRIM MINID removes ids strictly below). A stream without groups
+-- is not trimmed (a group created later reads from the start).
+-- Returns: { removed, trim_point or false }
+local function less(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am < bm or (am == bm and as < bs)
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then return { 0, false } end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return { 0, false } end
+local min = nil
+for _, g in ipairs(groups) do
+  local name, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local cand = last
+  local p = redis.call('XPENDING', KEYS[1], name)
+  if p[1] > 0 and less(p[2], cand) then cand = p[2] end
+  if not min or less(cand, min) then min = cand end
+end
+local removed = redis.call('XTRIM', KEYS[1], 'MINID', min)
+return { removed, min }
