@@ -41,10 +41,15 @@ pub enum Command {
         /// Order id.
         id: String,
         /// Delay from now: 500ms, 30s, 15m, 1h30m.
-        #[arg(long = "in", conflicts_with = "at", required_unless_present = "at")]
+        #[arg(
+            long = "in",
+            conflicts_with = "at",
+            required_unless_present = "at",
+            allow_hyphen_values = true
+        )]
         delay: Option<String>,
         /// Absolute time: RFC 3339 with an offset, or unix milliseconds.
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         at: Option<String>,
         /// Payload as JSON (default null).
         #[arg(long, default_value = "null")]
@@ -66,6 +71,23 @@ pub enum Command {
         queue: String,
         /// Order id.
         id: String,
+    },
+    /// Queue statistics: scheduled, overdue, stream, per-group pending / lag / consumers, dead.
+    Stats {
+        /// One queue (default: every queue of the namespace).
+        queue: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Redraw every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Dead letters: list, replay to the group that failed them, purge.
+    Dead {
+        /// What to do.
+        #[command(subcommand)]
+        action: DeadAction,
     },
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
     /// redis-server when none is reachable). Prints one JSON line per scenario.
@@ -91,6 +113,51 @@ pub enum Command {
         /// Worker concurrency.
         #[arg(long, default_value_t = 50)]
         concurrency: usize,
+    },
+}
+
+/// The `dead` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum DeadAction {
+    /// List dead letters, oldest first.
+    List {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Redeliver dead letters to the group that failed them (attempts start again at 1).
+    Replay {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// Every dead letter (of the group, if given).
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+        /// Dead-letter entry ids (as listed).
+        entry_ids: Vec<String>,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// Every dead letter (of the group, if given).
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+        /// Dead-letter entry ids (as listed).
+        entry_ids: Vec<String>,
     },
 }
 
@@ -202,6 +269,31 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 CancelOutcome::NotFound => Err(Failure::NotFound(json!({"outcome": "not_found"}))),
             }
         }
+        Command::Stats { queue, json, watch } => {
+            if let Some(q) = &queue {
+                crate::keys::QueueName::new(q)?;
+            }
+            let client = Client::connect_with(&cli.redis_url, opts).await?;
+            loop {
+                let all = match &queue {
+                    Some(q) => vec![client.stats(q).await?],
+                    None => client.stats_all().await?,
+                };
+                if json {
+                    println!("{}", json!({ "queues": all }));
+                } else {
+                    if watch {
+                        print!("\x1b[2J\x1b[H");
+                    }
+                    print!("{}", stats_table(&all, client.now_ms()));
+                }
+                if !watch {
+                    return Ok(());
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        }
+        Command::Dead { action } => dead(&cli.redis_url, opts, action).await,
         Command::Bench {
             scenario,
             orders,
@@ -239,4 +331,103 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+async fn dead(url: &str, opts: ClientOptions, action: DeadAction) -> Result<(), Failure> {
+    use crate::dead::Selection;
+    let selection = |all: bool, ids: Vec<String>| -> Result<Selection, Failure> {
+        match (all, ids.is_empty()) {
+            (true, _) => Ok(Selection::All),
+            (false, false) => Ok(Selection::Ids(ids)),
+            (false, true) => Err(Failure::Invalid(
+                "give --all or at least one ENTRY_ID".into(),
+            )),
+        }
+    };
+    let check = |queue: &str, group: &Option<String>| -> Result<(), Failure> {
+        crate::keys::QueueName::new(queue)?;
+        if let Some(g) = group {
+            crate::keys::validate_member_name("group", g)?;
+        }
+        Ok(())
+    };
+    match action {
+        DeadAction::List {
+            queue,
+            group,
+            limit,
+            json,
+        } => {
+            check(&queue, &group)?;
+            let client = Client::connect_with(url, opts).await?;
+            let list = client.dead_list(&queue, group.as_deref(), limit).await?;
+            for d in &list {
+                if json {
+                    println!("{}", serde_json::to_string(d).unwrap_or_default());
+                } else {
+                    println!(
+                        "{}  {}  group={}  attempts={}  error={}",
+                        d.entry_id, d.id, d.group, d.attempts, d.last_error
+                    );
+                }
+            }
+            Ok(())
+        }
+        DeadAction::Replay {
+            queue,
+            group,
+            all,
+            entry_ids,
+        } => {
+            check(&queue, &group)?;
+            let sel = selection(all, entry_ids)?;
+            let client = Client::connect_with(url, opts).await?;
+            let n = client.dead_replay(&queue, group.as_deref(), &sel).await?;
+            println!("{}", json!({"replayed": n}));
+            Ok(())
+        }
+        DeadAction::Purge {
+            queue,
+            group,
+            all,
+            entry_ids,
+        } => {
+            check(&queue, &group)?;
+            let sel = selection(all, entry_ids)?;
+            let client = Client::connect_with(url, opts).await?;
+            let n = client.dead_purge(&queue, group.as_deref(), &sel).await?;
+            println!("{}", json!({"purged": n}));
+            Ok(())
+        }
+    }
+}
+
+/// A human-readable table of queue statistics.
+fn stats_table(all: &[crate::stats::QueueStats], now_ms: i64) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:>8} {:>12} {:>12} {:>10} {:>6}",
+        "QUEUE", "SCHEDULED", "OVERDUE", "OLDEST_LATE", "NEXT_DUE_IN", "STREAM", "DEAD"
+    );
+    for q in all {
+        let next = q
+            .next_due_at_ms
+            .map_or("-".to_owned(), |n| format!("{}ms", (n - now_ms).max(0)));
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>8} {:>10}ms {:>12} {:>10} {:>6}",
+            q.queue, q.scheduled, q.overdue, q.oldest_overdue_ms, next, q.stream_length, q.dead
+        );
+        for g in &q.groups {
+            let lag = g.lag.map_or("?".to_owned(), |l| l.to_string());
+            let _ = writeln!(
+                out,
+                "  group {:<16} pending={} lag={} consumers={}",
+                g.group, g.pending, lag, g.consumers
+            );
+        }
+    }
+    out
 }

@@ -24,6 +24,7 @@
 //! - [`client`]: the producer API ([`Client`]: schedule, cancel, reschedule, get).
 //! - [`dispatcher`]: the poller moving due orders into the streams ([`Dispatcher`]).
 //! - [`backoff`]: retry backoff policies (fixed, linear, exponential with jitter).
+//! - [`stats`]: queue statistics (scheduled, overdue, stream, pending per group, dead).
 //! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
@@ -49,6 +50,7 @@ pub mod keys;
 pub mod local_redis;
 pub mod order;
 pub mod scripts;
+pub mod stats;
 mod wake;
 pub mod worker;
 
@@ -64,6 +66,7 @@ pub use order::{
     CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,
     ScheduledOrder, When,
 };
+pub use stats::{GroupStats, QueueStats};
 pub use worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
     WorkerOptions, WorkerStats,

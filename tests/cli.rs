@@ -1,0 +1,310 @@
+//! The `delayq` command line, run as a real process against a private redis-server: output
+//! and exit code of every verb, including invalid input (exit 2, nothing written) and an
+//! unreachable Redis (exit 3).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use delayq::{Delivery, Dispatcher, DispatcherOptions, HandlerError, When, Worker, WorkerOptions};
+use serde_json::{Value, json};
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use support::{raw, start, wait_for};
+use tokio_util::sync::CancellationToken;
+
+const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("{e}: {:?}", self.stdout))
+    }
+}
+
+fn run(url: &str, args: &[&str]) -> Out {
+    let o = Command::new(BIN)
+        .arg("--redis-url")
+        .arg(url)
+        .args(args)
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .output()
+        .unwrap();
+    Out {
+        code: o.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn schedule_get_cancel() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let o = run(
+        &url,
+        &[
+            "schedule",
+            "order-close",
+            "o1",
+            "--in",
+            "15m",
+            "--payload",
+            r#"{"user":7}"#,
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let j = o.json();
+    assert_eq!(
+        (&j["queue"], &j["id"], &j["outcome"]),
+        (&json!("order-close"), &json!("o1"), &json!("created"))
+    );
+    let due = j["due_at_ms"].as_i64().unwrap();
+    assert!((due - client.now_ms() - 900_000).abs() < 60_000, "{due}");
+
+    let o = run(
+        &url,
+        &[
+            "schedule",
+            "order-close",
+            "o1",
+            "--at",
+            "2030-01-01T00:00:00+01:00",
+        ],
+    );
+    assert_eq!((o.code, o.json()["outcome"].clone()), (0, json!("updated")));
+    assert_eq!(o.json()["due_at_ms"], json!(1_893_452_400_000_i64));
+    let o = run(
+        &url,
+        &[
+            "schedule",
+            "order-close",
+            "o1",
+            "--at",
+            "1893452400000",
+            "--if-absent",
+        ],
+    );
+    assert_eq!(
+        (o.code, o.json()["outcome"].clone()),
+        (0, json!("unchanged"))
+    );
+
+    let o = run(&url, &["get", "order-close", "o1"]);
+    assert_eq!(o.code, 0);
+    assert_eq!(
+        o.json(),
+        json!({"queue": "order-close", "id": "o1", "due_at_ms": 1_893_452_400_000_i64, "payload": null})
+    );
+    assert_eq!(run(&url, &["get", "order-close", "nope"]).code, 1);
+
+    let o = run(&url, &["cancel", "order-close", "o1"]);
+    assert_eq!((o.code, o.json()), (0, json!({"outcome": "cancelled"})));
+    let o = run(&url, &["cancel", "order-close", "o1"]);
+    assert_eq!((o.code, o.json()), (1, json!({"outcome": "not_found"})));
+}
+
+#[tokio::test]
+async fn invalid_input_exits_2_names_the_problem_and_writes_nothing() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let cases: &[(&[&str], &str)] = &[
+        (&["schedule", "bad:queue", "o", "--in", "1s"], "queue"),
+        (&["schedule", "q", "", "--in", "1s"], "id"),
+        (&["schedule", "q", "o", "--in", "-5s"], "--in"),
+        (&["schedule", "q", "o", "--in", "soon"], "--in"),
+        (&["schedule", "q", "o", "--at", "1795000000"], "seconds"),
+        (
+            &["schedule", "q", "o", "--at", "2030-01-01T00:00:00"],
+            "ambiguous",
+        ),
+        (
+            &["schedule", "q", "o", "--at", "2040-13-01T00:00:00Z"],
+            "due time",
+        ),
+        (
+            &["schedule", "q", "o", "--in", "1s", "--payload", "{nope"],
+            "payload",
+        ),
+        (&["schedule", "q", "o", "--in", "20y"], "--in"),
+        (&["schedule", "q", "o"], "--in"),
+        (&["get", "q", "a\u{1}b"], "id"),
+        (&["cancel", "", "o"], "queue"),
+        (&["dead", "replay", "q"], "--all"),
+        (&["dead", "list", "q", "--group", ""], "group"),
+        (&["stats", "bad queue"], "queue"),
+    ];
+    for (args, needle) in cases {
+        let o = run(&url, args);
+        assert_eq!(o.code, 2, "{args:?}: {} {}", o.stdout, o.stderr);
+        assert!(
+            o.stderr.contains(needle),
+            "{args:?}: stderr {:?} lacks {needle:?}",
+            o.stderr
+        );
+    }
+    let n: i64 = raw(&client, &["DBSIZE"]).await;
+    assert_eq!(n, 0, "invalid input wrote something");
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_exits_3() {
+    let o = run("redis://127.0.0.1:1", &["get", "q", "o"]);
+    assert_eq!(o.code, 3, "{}", o.stderr);
+    assert!(!o.stderr.is_empty());
+}
+
+#[tokio::test]
+async fn stats_as_json_and_table() {
+    let (s, client) = start().await;
+    let url = s.url();
+    client
+        .schedule("order-close", "late", When::in_ms(0), json!(1))
+        .await
+        .unwrap();
+    client
+        .schedule("order-close", "later", When::in_ms(3_600_000), json!(1))
+        .await
+        .unwrap();
+    client
+        .schedule("notify", "n1", When::in_ms(3_600_000), json!(1))
+        .await
+        .unwrap();
+    let w = Worker::new(
+        &client,
+        "order-close",
+        "close",
+        |_d: Delivery| async { Ok(()) },
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+
+    let o = run(&url, &["stats", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let j = o.json();
+    let queues = j["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 2);
+    let q = queues.iter().find(|q| q["queue"] == "order-close").unwrap();
+    assert_eq!(
+        (q["scheduled"].clone(), q["overdue"].clone()),
+        (json!(2), json!(1))
+    );
+    assert!(q["oldest_overdue_ms"].as_i64().unwrap() >= 0);
+    assert!(q["next_due_at_ms"].as_i64().is_some());
+    assert_eq!(
+        (q["stream_length"].clone(), q["dead"].clone()),
+        (json!(0), json!(0))
+    );
+    assert_eq!(
+        q["groups"],
+        json!([{"group": "close", "pending": 0, "lag": 0, "consumers": 0}])
+    );
+
+    let o = run(&url, &["stats", "notify", "--json"]);
+    assert_eq!(o.json()["queues"].as_array().unwrap().len(), 1);
+    let o = run(&url, &["stats"]);
+    assert_eq!(o.code, 0);
+    assert!(
+        o.stdout.contains("order-close") && o.stdout.contains("group close"),
+        "{}",
+        o.stdout
+    );
+}
+
+#[tokio::test]
+async fn dead_list_replay_purge() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let w = Worker::new(
+        &client,
+        "order-close",
+        "webhook",
+        |_d: Delivery| async { Err(HandlerError::permanent("partner said 410")) },
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let st = w.stats();
+    let cancel = CancellationToken::new();
+    w.ensure_groups().await.unwrap();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    for id in ["o1", "o2", "o3"] {
+        client
+            .schedule("order-close", id, When::in_ms(0), json!({"id": id}))
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(&client, "order-close", DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    wait_for("three dead letters", Duration::from_secs(60), || {
+        let n = st.dead_lettered.load(Ordering::SeqCst);
+        async move { n == 3 }
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+
+    let o = run(&url, &["dead", "list", "order-close", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let lines: Vec<Value> = o
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        for k in [
+            "entry_id",
+            "queue",
+            "id",
+            "group",
+            "attempts",
+            "last_error",
+            "dead_at_ms",
+            "due_at_ms",
+            "payload",
+        ] {
+            assert!(l.get(k).is_some(), "{k} missing in {l}");
+        }
+        assert_eq!(
+            (l["group"].clone(), l["last_error"].clone()),
+            (json!("webhook"), json!("partner said 410"))
+        );
+        assert_eq!(l["payload"]["id"], l["id"]);
+    }
+    let o = run(
+        &url,
+        &["dead", "list", "order-close", "--group", "other", "--json"],
+    );
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""));
+
+    let first = lines[0]["entry_id"].as_str().unwrap();
+    let o = run(&url, &["dead", "replay", "order-close", first]);
+    assert_eq!((o.code, o.json()), (0, json!({"replayed": 1})));
+    let o = run(
+        &url,
+        &[
+            "dead",
+            "purge",
+            "order-close",
+            "--group",
+            "webhook",
+            "--all",
+        ],
+    );
+    assert_eq!((o.code, o.json()), (0, json!({"purged": 2})));
+    let o = run(&url, &["dead", "list", "order-close"]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""));
+    let len: i64 = raw(&client, &["XLEN", "{dq:order-close:0}:stream"]).await;
+    assert_eq!(len, 4, "three dispatched + one replayed");
+}
