@@ -199,7 +199,8 @@ impl Housekeeper {
     }
 }
 
-fn validate_cron(name: &'static str, cron: &str) -> Result<(), InvalidInput> {
+/// Checks a six-field cron expression (seconds first).
+pub fn validate_cron(name: &'static str, cron: &str) -> Result<(), InvalidInput> {
     let fields = cron.split_whitespace().count();
     if fields != 6 {
         return Err(InvalidInput::Option {

@@ -28,6 +28,7 @@
 //! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
+//! - [`config`]: `delayq serve`'s TOML configuration, env overrides, validation.
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
 //! - [`bench`]: the `delayq bench` load generator.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
@@ -41,6 +42,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod config;
 pub mod dead;
 pub mod dispatcher;
 pub mod duration;
