@@ -72,6 +72,13 @@ pub enum Command {
         /// Order id.
         id: String,
     },
+    /// Run the service: dispatchers, housekeeping, handlers and the HTTP API, as configured.
+    /// Redis URL and namespace come from the file (or DELAYQ_REDIS_URL / DELAYQ_NAMESPACE).
+    Serve {
+        /// The TOML configuration file.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
     /// Queue statistics: scheduled, overdue, stream, per-group pending / lag / consumers, dead.
     Stats {
         /// One queue (default: every queue of the namespace).
@@ -294,6 +301,13 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Dead { action } => dead(&cli.redis_url, opts, action).await,
+        Command::Serve { config } => {
+            let settings =
+                crate::config::load(&config).map_err(|e| Failure::Invalid(e.to_string()))?;
+            let cancel = crate::serve::shutdown_on_signals();
+            crate::serve::run(settings, cancel).await?;
+            Ok(())
+        }
         Command::Bench {
             scenario,
             orders,

@@ -292,6 +292,12 @@ impl Client {
         if let Some(due) = earliest {
             self.inner.wake.scheduled(queue.as_str(), due);
         }
+        let written = results
+            .iter()
+            .filter(|o| o.is_some_and(|o| o != ScheduleOutcome::Unchanged))
+            .count();
+        metrics::counter!("delayq_scheduled_total", "queue" => queue.as_str().to_owned())
+            .increment(written as u64);
         results
             .into_iter()
             .zip(orders.iter().zip(dues))
@@ -316,6 +322,8 @@ impl Client {
         let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
         let mut conn = self.inner.conn.clone();
         Ok(if scripts::cancel(&mut conn, &keys, id).await? {
+            metrics::counter!("delayq_cancelled_total", "queue" => queue.as_str().to_owned())
+                .increment(1);
             CancelOutcome::Cancelled
         } else {
             CancelOutcome::NotFound

@@ -123,6 +123,8 @@ impl Dispatcher {
         }
         if pass.moved > 0 {
             tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
+            metrics::counter!("delayq_dispatched_total", "queue" => self.queue.as_str().to_owned())
+                .increment(pass.moved as u64);
         }
         Ok(pass)
     }

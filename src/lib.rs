@@ -28,7 +28,11 @@
 //! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
 //! - [`duration`]: human durations (`500ms`, `1h30m`).
+//! - [`builtin`]: the built-in handlers of `delayq serve` (webhook, log).
+//! - [`metrics`]: Prometheus metrics (names, recorder, gauges).
+//! - [`http`]: the HTTP API (`http::app(state) -> Router`).
 //! - [`config`]: `delayq serve`'s TOML configuration, env overrides, validation.
+//! - [`serve`]: `delayq serve`: dispatchers, housekeeping, workers and the HTTP API together.
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
 //! - [`bench`]: the `delayq bench` load generator.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
@@ -39,6 +43,7 @@
 
 pub mod backoff;
 pub mod bench;
+pub mod builtin;
 pub mod cli;
 pub mod client;
 pub mod clock;
@@ -48,10 +53,13 @@ pub mod dispatcher;
 pub mod duration;
 pub mod error;
 pub mod housekeeping;
+pub mod http;
 pub mod keys;
 pub mod local_redis;
+pub mod metrics;
 pub mod order;
 pub mod scripts;
+pub mod serve;
 pub mod stats;
 mod wake;
 pub mod worker;

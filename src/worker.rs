@@ -641,11 +641,15 @@ async fn process<H: Handler>(
     {
         // A dead-letter replay for another group: not ours to handle.
         s.stats.skipped.fetch_add(1, Ordering::Relaxed);
+        handled_metric(s, "skipped");
         s.in_flight.lock().await.remove(&key);
         let _ = ack_tx.send(key);
         return;
     }
     let d = t.delivery;
+    let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
+    metrics::histogram!("delayq_lateness_seconds", "queue" => s.queue.as_str().to_owned(), "group" => s.group.clone())
+        .record(late_s.max(0.0));
     let outcome = if d.attempt > s.opts.max_attempts {
         // Delivered more often than allowed without a result: its consumers kept dying.
         Err(HandlerError::permanent(format!(
@@ -658,6 +662,7 @@ async fn process<H: Handler>(
     match outcome {
         Ok(()) => {
             s.in_flight.lock().await.remove(&key);
+            handled_metric(s, "success");
             s.hooks.on_success(&d);
             // The acker outlives every task; a closed channel means shutdown already gave up
             // on this entry, which then stays pending and is delivered again.
@@ -665,6 +670,7 @@ async fn process<H: Handler>(
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
+            handled_metric(s, "retry");
             s.hooks.on_failure(&d, &message, Some(delay));
             let keys = &s.shards[usize::from(d.shard)];
             let mut in_flight = s.in_flight.lock().await;
@@ -713,6 +719,9 @@ async fn process<H: Handler>(
             match r {
                 Ok(true) => {
                     s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    handled_metric(s, "dead");
+                    metrics::counter!("delayq_dead_lettered_total", "queue" => s.queue.as_str().to_owned(), "group" => s.group.clone())
+                        .increment(1);
                     tracing::warn!(id = %d.id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
                     s.hooks.on_dead(&d, &message);
                 }
@@ -723,6 +732,16 @@ async fn process<H: Handler>(
             }
         }
     }
+}
+
+fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
+    metrics::counter!(
+        "delayq_handled_total",
+        "queue" => s.queue.as_str().to_owned(),
+        "group" => s.group.clone(),
+        "outcome" => outcome
+    )
+    .increment(1);
 }
 
 /// Runs `f` up to 5 times while it fails with a transient Redis error.

@@ -1,0 +1,361 @@
+//! The HTTP API driven in-process (no socket) against a private redis-server: every status
+//! code, the error envelope, bearer tokens, body limits, Redis down.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use delayq::http::{AppState, app};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use support::{raw, start};
+use tower::ServiceExt;
+
+const TOKEN: &str = "change-me-please";
+
+async fn call(
+    router: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+    token: Option<&str>,
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri);
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let body = match body {
+        Some(v) => {
+            req = req.header("content-type", "application/json");
+            Body::from(v.to_string())
+        }
+        None => Body::empty(),
+    };
+    raw_call(router, req.body(body).unwrap()).await
+}
+
+async fn raw_call(router: &axum::Router, req: Request<Body>) -> (StatusCode, Value) {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, v)
+}
+
+fn code(v: &Value) -> &str {
+    v["error"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error envelope: {v}"))
+}
+
+#[tokio::test]
+async fn messages_put_get_delete() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]), 1 << 20);
+    let t = Some(TOKEN);
+    let uri = "/v1/queues/order-close/messages/o1";
+    let (st, v) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(json!({"delay_ms": 60000, "payload": {"user": 7}})),
+        t,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        (v["queue"].clone(), v["id"].clone(), v["outcome"].clone()),
+        (json!("order-close"), json!("o1"), json!("created"))
+    );
+    let (st, v) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(json!({"due_at": "2030-01-01T00:00:00Z", "payload": 1})),
+        t,
+    )
+    .await;
+    assert_eq!(
+        (st, v["outcome"].clone(), v["due_at_ms"].clone()),
+        (
+            StatusCode::OK,
+            json!("updated"),
+            json!(1_893_456_000_000_i64)
+        )
+    );
+    let (st, v) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(json!({"due_at": 1_893_456_000_001_i64, "if_absent": true})),
+        t,
+    )
+    .await;
+    assert_eq!(
+        (st, v["outcome"].clone()),
+        (StatusCode::OK, json!("unchanged"))
+    );
+    let (st, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(
+        v,
+        json!({"queue": "order-close", "id": "o1", "due_at_ms": 1_893_456_000_000_i64, "payload": 1})
+    );
+    let (st, v) = call(&r, "DELETE", uri, None, t).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"outcome": "cancelled"})));
+    let (st, v) = call(&r, "DELETE", uri, None, t).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    let (st, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    let (st, v) = call(&r, "GET", "/v1/queues", None, t).await;
+    assert_eq!(
+        (st, v),
+        (StatusCode::OK, json!({"queues": ["order-close"]}))
+    );
+    let (st, v) = call(&r, "GET", "/v1/queues/order-close/stats", None, t).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["queues"][0]["queue"], json!("order-close"));
+}
+
+#[tokio::test]
+async fn bad_input_is_400_with_a_code_and_writes_nothing() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let big = "x".repeat(70 * 1024);
+    let cases: Vec<(&str, &str, Option<Value>, &str)> = vec![
+        (
+            "PUT",
+            "/v1/queues/bad:queue/messages/o",
+            Some(json!({"delay_ms": 1})),
+            "invalid_queue",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"delay_ms": -1})),
+            "invalid_delay",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({})),
+            "invalid_due_time",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"delay_ms": 1, "due_at": 5})),
+            "invalid_due_time",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"due_at": "2030-01-01T00:00:00"})),
+            "invalid_due_time",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"due_at": 1_795_000_000})),
+            "invalid_due_time",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"delay_ms": 1, "colour": "red"})),
+            "invalid_json",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"delay_ms": 1, "payload": big})),
+            "payload_too_large",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q/messages/%01",
+            Some(json!({"delay_ms": 1})),
+            "invalid_id",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/messages:batch",
+            Some(json!({"messages": [{"id": "a", "delay_ms": 1}, {"id": "", "delay_ms": 1}]})),
+            "invalid_id",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/messages:batch",
+            Some(json!({"messages": [{"id": "a", "delay_ms": 1}, {"id": "b"}]})),
+            "invalid_due_time",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/dead/replay",
+            Some(json!({})),
+            "invalid_body",
+        ),
+        ("GET", "/v1/queues/q/dead?limit=x", None, "invalid_query"),
+    ];
+    for (m, uri, body, want) in cases {
+        let (st, v) = call(&r, m, uri, body, None).await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::BAD_REQUEST, want),
+            "{m} {uri}: {v}"
+        );
+    }
+    // Not JSON at all.
+    let req = Request::builder()
+        .method("PUT")
+        .uri("/v1/queues/q/messages/o")
+        .body(Body::from("{nope"))
+        .unwrap();
+    let (st, v) = raw_call(&r, req).await;
+    assert_eq!((st, code(&v)), (StatusCode::BAD_REQUEST, "invalid_json"));
+    // A batch names the index of the bad message.
+    let (_, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/q/messages:batch",
+        Some(json!({"messages": [{"id": "a", "delay_ms": 1}, {"id": "b", "delay_ms": -5}]})),
+        None,
+    )
+    .await;
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("message 1:"),
+        "{v}"
+    );
+    // Over 10,000 messages.
+    let many: Vec<Value> = (0..10_001)
+        .map(|i| json!({"id": format!("m{i}"), "delay_ms": 1}))
+        .collect();
+    let r_big = app(AppState::new(client.clone(), vec![]), 4 << 20);
+    let (st, v) = call(
+        &r_big,
+        "POST",
+        "/v1/queues/q/messages:batch",
+        Some(json!({"messages": many})),
+        None,
+    )
+    .await;
+    assert_eq!((st, code(&v)), (StatusCode::BAD_REQUEST, "batch_too_large"));
+    let n: i64 = raw(&client, &["DBSIZE"]).await;
+    assert_eq!(n, 0, "a rejected request wrote something");
+}
+
+#[tokio::test]
+async fn batches_return_one_result_per_message_in_order() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    client
+        .schedule("q", "b", delayq::When::in_ms(60_000), json!(0))
+        .await
+        .unwrap();
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/q/messages:batch",
+        Some(json!({"messages": [
+            {"id": "a", "delay_ms": 1000, "payload": {"n": 1}},
+            {"id": "b", "due_at": "2030-01-01T00:00:00Z"},
+            {"id": "c", "due_at": 1_893_456_000_000_i64}
+        ]})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let outcomes: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    let ids: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (ids, outcomes),
+        (vec!["a", "b", "c"], vec!["created", "updated", "created"])
+    );
+    assert_eq!(
+        client.get("q", "a").await.unwrap().unwrap().payload,
+        json!({"n": 1})
+    );
+}
+
+#[tokio::test]
+async fn tokens_bodies_routes_and_probes() {
+    // As serve does: the recorder first, so every metric from here on is kept.
+    assert!(delayq::metrics::handle().is_some());
+    let (mut s, client) = start().await;
+    let r = app(
+        AppState::new(client.clone(), vec![TOKEN.into(), "second-token".into()]),
+        2048,
+    );
+    let body = Some(json!({"delay_ms": 1}));
+    for token in [None, Some("wrong-token"), Some("change-me-pleasE")] {
+        let (st, v) = call(&r, "PUT", "/v1/queues/q/messages/o", body.clone(), token).await;
+        assert_eq!((st, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    }
+    let (st, _) = call(
+        &r,
+        "PUT",
+        "/v1/queues/q/messages/o",
+        body.clone(),
+        Some("second-token"),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    // Probes and docs need no token.
+    let (st, v) = call(&r, "GET", "/healthz", None, None).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"status": "ok"})));
+    let (st, _) = call(&r, "GET", "/readyz", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = call(&r, "GET", "/openapi.json", None, None).await;
+    assert_eq!((st, v["openapi"].clone()), (StatusCode::OK, json!("3.0.3")));
+    assert!(v["paths"]["/v1/queues/{queue}/messages:batch"]["post"].is_object());
+    let (st, v) = call(&r, "GET", "/metrics", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    assert!(
+        text.contains("delayq_scheduled_total") && text.contains("delayq_scheduled{"),
+        "{text}"
+    );
+    // Unknown route.
+    let (st, v) = call(&r, "GET", "/v2/nothing", None, Some(TOKEN)).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    // Body over max_body_bytes.
+    let big = json!({"delay_ms": 1, "payload": "y".repeat(4096)});
+    let (st, v) = call(&r, "PUT", "/v1/queues/q/messages/o", Some(big), Some(TOKEN)).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large")
+    );
+    // Redis down: 503, with nothing internal in the body.
+    s.kill();
+    let (st, v) = call(&r, "GET", "/readyz", None, None).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable")
+    );
+    let (st, v) = call(&r, "PUT", "/v1/queues/q/messages/o2", body, Some(TOKEN)).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable"),
+        "{v}"
+    );
+    let text = v.to_string();
+    assert!(
+        !text.contains("127.0.0.1") && !text.contains("redis://") && !text.contains("os error"),
+        "{text}"
+    );
+}
