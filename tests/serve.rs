@@ -1,0 +1,290 @@
+//! `delayq serve` as a real process: schedule over HTTP, receive signed webhooks on a local
+//! test server, a retry after a 500, cancel before due and receive nothing, SIGTERM stops it
+//! cleanly; config errors exit 2 naming the key.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use delayq::builtin::Webhook;
+use serde_json::{Value, json};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::wait_for;
+
+const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+const TOKEN: &str = "serve-test-token";
+const SECRET: &str = "hmac-key";
+
+/// One webhook call: its headers and body.
+type Call = (HeaderMap, Vec<u8>);
+
+#[derive(Clone, Default)]
+struct Received {
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+async fn receive(
+    State(r): State<Received>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let mut calls = r.calls.lock().unwrap();
+    calls.push((headers, body.to_vec()));
+    // The flaky partner fails the first attempt.
+    if v["id"] == "flaky" && v["attempt"] == 1 {
+        StatusCode::INTERNAL_SERVER_ERROR
+    } else {
+        StatusCode::OK
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn serve_end_to_end_with_webhooks() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let received = Received::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route("/orders/close", post(receive))
+        .with_state(received.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    let api_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+redis_url = "{}"
+namespace = "dq"
+[http]
+listen = "127.0.0.1:{api_port}"
+tokens = ["{TOKEN}"]
+[[handlers]]
+queue = "order-close"
+group = "close-order"
+kind = "webhook"
+url = "http://127.0.0.1:{hook_port}/orders/close"
+secret = "{SECRET}"
+concurrency = 4
+timeout = "5s"
+max_attempts = 5
+backoff = "fixed:200ms"
+visibility_timeout = "5s"
+[[handlers]]
+queue = "order-close"
+group = "audit"
+kind = "log"
+"#,
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{api_port}");
+    wait_for("serve to answer /readyz", Duration::from_secs(60), || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            matches!(http.get(format!("{base}/readyz")).send().await, Ok(r) if r.status() == 200)
+        }
+    })
+    .await;
+    let put = |id: &str, body: Value| {
+        http.put(format!("{base}/v1/queues/order-close/messages/{id}"))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let r = put(
+        "o1",
+        json!({"delay_ms": 100, "payload": {"order": "o1", "amount_cents": 1999}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 201);
+    assert_eq!(
+        put("flaky", json!({"delay_ms": 100}))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(
+        put("paid", json!({"delay_ms": 1500}))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let r = http
+        .delete(format!("{base}/v1/queues/order-close/messages/paid"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Due after "paid" would have been: once it arrives, "paid" would have too.
+    assert_eq!(
+        put("sentinel", json!({"delay_ms": 2000}))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    assert_eq!(
+        put("o2", json!({"delay_ms": 100})).await.unwrap().status(),
+        201
+    );
+
+    let rc = received.clone();
+    wait_for(
+        "o1, o2, flaky twice and the sentinel",
+        Duration::from_secs(60),
+        move || {
+            let ids: Vec<String> = rc
+                .calls
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(_, b)| {
+                    serde_json::from_slice::<Value>(b).unwrap()["id"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned()
+                })
+                .collect();
+            let done = ids.iter().filter(|i| *i == "flaky").count() == 2
+                && ids.contains(&"sentinel".to_string());
+            async move { done }
+        },
+    )
+    .await;
+
+    let calls = received.calls.lock().unwrap().clone();
+    let bodies: Vec<Value> = calls
+        .iter()
+        .map(|(_, b)| serde_json::from_slice(b).unwrap())
+        .collect();
+    assert!(
+        !bodies.iter().any(|b| b["id"] == "paid"),
+        "a cancelled order was delivered"
+    );
+    for (headers, raw) in &calls {
+        let sig = headers["x-delayq-signature"].to_str().unwrap();
+        assert_eq!(
+            sig,
+            Webhook::signature(SECRET.as_bytes(), raw),
+            "bad signature"
+        );
+        let b: Value = serde_json::from_slice(raw).unwrap();
+        for k in ["queue", "id", "group", "due_at_ms", "payload", "attempt"] {
+            assert!(b.get(k).is_some(), "{k} missing: {b}");
+        }
+        assert_eq!(
+            (b["queue"].clone(), b["group"].clone()),
+            (json!("order-close"), json!("close-order"))
+        );
+        assert_eq!(
+            headers["x-delayq-attempt"].to_str().unwrap(),
+            b["attempt"].to_string()
+        );
+        assert_eq!(headers["idempotency-key"].to_str().unwrap().len(), 64);
+    }
+    let o1 = bodies.iter().find(|b| b["id"] == "o1").unwrap();
+    assert_eq!(
+        o1["payload"],
+        json!({"order": "o1", "amount_cents": 1999}),
+        "payload is JSON, not a string"
+    );
+    let flaky: Vec<&Call> = calls
+        .iter()
+        .filter(|(_, b)| serde_json::from_slice::<Value>(b).unwrap()["id"] == "flaky")
+        .collect();
+    let attempts: Vec<String> = flaky
+        .iter()
+        .map(|(h, _)| h["x-delayq-attempt"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(attempts, vec!["1", "2"], "retried after the 500");
+    assert_eq!(
+        flaky[0].0["idempotency-key"], flaky[1].0["idempotency-key"],
+        "stable across attempts"
+    );
+
+    // SIGTERM: a clean, graceful exit.
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        std::fs::read_to_string(dir.path().join("serve.log")).unwrap()
+    );
+}
+
+#[tokio::test]
+async fn config_errors_exit_2_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("namespace = \"dq\"\nnamespaec = \"x\"\n", "namespaec"),
+        ("[http]\nlisten = \"nowhere\"\n", "http.listen"),
+        (
+            "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"webhook\"\n",
+            "handlers[0].url",
+        ),
+        (
+            "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nbackoff = \"sometimes\"\n",
+            "handlers[0].backoff",
+        ),
+    ];
+    for (i, (text, key)) in cases.iter().enumerate() {
+        let p = dir.path().join(format!("c{i}.toml"));
+        std::fs::write(&p, text).unwrap();
+        let o = Command::new(BIN)
+            .args(["serve", "--config", p.to_str().unwrap()])
+            .env_remove("DELAYQ_REDIS_URL")
+            .env_remove("DELAYQ_NAMESPACE")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{key}: {stderr}");
+        assert!(stderr.contains(key), "{key}: {stderr}");
+    }
+    let o = Command::new(BIN)
+        .args(["serve", "--config", "/nonexistent/delayq.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
+}
