@@ -79,6 +79,19 @@ pub enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// The whole flow with zero configuration: a simulated checkout service, a dispatcher and
+    /// two handler groups; uses --redis-url when it answers, else a throwaway redis-server.
+    Demo {
+        /// Orders to create.
+        #[arg(long, default_value_t = 2000)]
+        orders: usize,
+        /// Orders expire uniformly within this window (after a 1 s lead).
+        #[arg(long, default_value = "10s")]
+        window: String,
+        /// Share of customers who pay in time, percent.
+        #[arg(long, default_value_t = 30)]
+        paid_percent: u32,
+    },
     /// Queue statistics: scheduled, overdue, stream, per-group pending / lag / consumers, dead.
     Stats {
         /// One queue (default: every queue of the namespace).
@@ -301,6 +314,37 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             }
         }
         Command::Dead { action } => dead(&cli.redis_url, opts, action).await,
+        Command::Demo {
+            orders,
+            window,
+            paid_percent,
+        } => {
+            let opts = crate::demo::DemoOptions {
+                orders,
+                window: parse_duration("--window", &window)?,
+                paid_percent,
+            };
+            if orders == 0 || paid_percent > 100 {
+                return Err(Failure::Invalid(
+                    "--orders must be >= 1 and --paid-percent 0..=100".into(),
+                ));
+            }
+            let s = crate::demo::run(&cli.redis_url, &opts)
+                .await
+                .map_err(|e| Failure::Runtime(format!("demo: {e:#}")))?;
+            println!(
+                "summary: created {}, paid {}, closed {}, notified {}; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                s.created,
+                s.paid,
+                s.closed,
+                s.notified,
+                s.late_p50_ms,
+                s.late_p99_ms,
+                s.late_max_ms
+            );
+            println!("{}", serde_json::to_string(&s).unwrap_or_default());
+            Ok(())
+        }
         Command::Serve { config } => {
             let settings =
                 crate::config::load(&config).map_err(|e| Failure::Invalid(e.to_string()))?;

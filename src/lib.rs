@@ -34,6 +34,7 @@
 //! - [`config`]: `delayq serve`'s TOML configuration, env overrides, validation.
 //! - [`serve`]: `delayq serve`: dispatchers, housekeeping, workers and the HTTP API together.
 //! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
+//! - [`demo`]: `delayq demo`, the zero-configuration walk-through.
 //! - [`bench`]: the `delayq bench` load generator.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
@@ -49,6 +50,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod dead;
+pub mod demo;
 pub mod dispatcher;
 pub mod duration;
 pub mod error;

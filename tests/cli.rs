@@ -308,3 +308,23 @@ async fn dead_list_replay_purge() {
     let len: i64 = raw(&client, &["XLEN", "{dq:order-close:0}:stream"]).await;
     assert_eq!(len, 4, "three dispatched + one replayed");
 }
+
+#[tokio::test]
+async fn demo_with_no_redis_starts_its_own_and_handles_every_unpaid_order() {
+    // Nothing listens on port 1: the demo must start a throwaway redis-server.
+    let o = run(
+        "redis://127.0.0.1:1",
+        &["demo", "--orders", "300", "--window", "1s"],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stderr.contains("throwaway"), "{}", o.stderr);
+    let last = o.stdout.lines().last().unwrap();
+    let s: Value = serde_json::from_str(last).unwrap();
+    let (created, paid) = (s["created"].as_u64().unwrap(), s["paid"].as_u64().unwrap());
+    assert_eq!(created, 300);
+    assert!(paid > 0 && paid < 300, "{s}");
+    assert_eq!(s["closed"].as_u64().unwrap(), created - paid);
+    assert_eq!(s["notified"].as_u64().unwrap(), created - paid);
+    let o = run("redis://127.0.0.1:1", &["demo", "--paid-percent", "101"]);
+    assert_eq!(o.code, 2);
+}

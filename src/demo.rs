@@ -1,0 +1,198 @@
+//! `delayq demo`: the whole flow with zero configuration.
+//!
+//! Uses the Redis at `--redis-url` when it answers, else starts a throwaway `redis-server`.
+//! A simulated checkout service creates orders that expire within a window, a share of the
+//! customers pay in time (their close event is cancelled), and a dispatcher with two handler
+//! groups (`close-order`, `notify-user`) handles the rest. Progress is shown every second;
+//! the run ends with a summary. Keys live in a namespace of their own, removed at the end.
+
+use crate::{
+    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, LocalRedis, Mode, NewOrder,
+    When, Worker, WorkerOptions,
+};
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const QUEUE: &str = "order-close";
+
+/// Demo options.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Orders to create.
+    pub orders: usize,
+    /// Orders expire uniformly within this window after creation.
+    pub window: Duration,
+    /// Share of customers who pay in time, 0..=100 percent.
+    pub paid_percent: u32,
+}
+
+/// The demo's summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoSummary {
+    /// Orders created.
+    pub created: usize,
+    /// Orders paid in time (close event cancelled).
+    pub paid: usize,
+    /// Orders closed by the close-order group.
+    pub closed: usize,
+    /// Users notified by the notify-user group.
+    pub notified: usize,
+    /// Handler lateness (start − due), p50 ms.
+    pub late_p50_ms: f64,
+    /// Handler lateness p99 ms.
+    pub late_p99_ms: f64,
+    /// Handler lateness max ms.
+    pub late_max_ms: f64,
+}
+
+/// Runs the demo; `url` may be unreachable (a throwaway redis-server is started then).
+pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
+    anyhow::ensure!(opts.orders > 0, "--orders must be at least 1");
+    anyhow::ensure!(opts.paid_percent <= 100, "--paid-percent must be 0..=100");
+    let (_server, url) = if crate::local_redis::reachable(url) {
+        eprintln!("using Redis at {url}");
+        (None, url.to_owned())
+    } else {
+        let s = LocalRedis::start().context("no Redis reachable, and no throwaway one either")?;
+        eprintln!(
+            "no Redis at {url}: started a throwaway redis-server at {}",
+            s.url()
+        );
+        let u = s.url();
+        (Some(s), u)
+    };
+    let ns = format!("dq-demo-{}", std::process::id());
+    let client = Client::connect_with(&url, ClientOptions::default().namespace(&ns)).await?;
+    let result = demo(&client, opts).await;
+    cleanup(&client, &ns).await;
+    result
+}
+
+async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
+    let stop = CancellationToken::new();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let notified = Arc::new(AtomicUsize::new(0));
+    let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
+        1,
+        3_600_000_000,
+        3,
+    )?));
+    let close = {
+        let (closed, hist, clock) = (closed.clone(), hist.clone(), client.clock().clone());
+        move |d: Delivery| {
+            let late_us = clock.now_us() - d.due_at_ms * 1000;
+            if let Ok(mut h) = hist.lock() {
+                let _ = h.record(u64::try_from(late_us).unwrap_or(0).max(1));
+            }
+            closed.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(()))
+        }
+    };
+    let notify = {
+        let notified = notified.clone();
+        move |_d: Delivery| {
+            notified.fetch_add(1, Ordering::SeqCst);
+            std::future::ready(Ok(()))
+        }
+    };
+    let wopts = WorkerOptions::default().concurrency(32);
+    let w1 = Worker::new(client, QUEUE, "close-order", close, wopts.clone())?;
+    let w2 = Worker::new(client, QUEUE, "notify-user", notify, wopts)?;
+    w1.ensure_groups().await?;
+    w2.ensure_groups().await?;
+    let h1 = tokio::spawn(w1.run(stop.clone()));
+    let h2 = tokio::spawn(w2.run(stop.clone()));
+    let hd = tokio::spawn(
+        Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
+    );
+
+    // The checkout service: orders expiring uniformly over the window.
+    let window_ms = i64::try_from(opts.window.as_millis())
+        .unwrap_or(10_000)
+        .max(1);
+    let n = opts.orders;
+    let orders: Vec<NewOrder> = (0..n)
+        .map(|i| {
+            let expires = 1000 + window_ms * i64::try_from(i).unwrap_or(0) / i64::try_from(n).unwrap_or(1);
+            NewOrder::new(
+                format!("order-{i:06}"),
+                When::in_ms(expires),
+                serde_json::json!({"order_id": format!("order-{i:06}"), "user_id": i % 977, "amount_cents": 1000 + i % 9000}),
+            )
+        })
+        .collect();
+    for chunk in orders.chunks(1000) {
+        client.schedule_many(QUEUE, chunk, Mode::Upsert).await?;
+    }
+    // Customers who pay in time: the checkout service cancels their close event.
+    let mut paid = 0;
+    for (i, o) in orders.iter().enumerate() {
+        if (i * 7919 % 100) < opts.paid_percent as usize
+            && client.cancel(QUEUE, &o.id).await? == crate::CancelOutcome::Cancelled
+        {
+            paid += 1;
+        }
+    }
+    let unpaid = n - paid;
+    eprintln!(
+        "created {n} orders expiring over {:?}; {paid} paid in time",
+        opts.window
+    );
+
+    let started = Instant::now();
+    let deadline = opts.window + Duration::from_secs(60);
+    loop {
+        let (c, nt) = (
+            closed.load(Ordering::SeqCst),
+            notified.load(Ordering::SeqCst),
+        );
+        eprintln!(
+            "  closed {c}/{unpaid}, notified {nt}/{unpaid}, {:.0} s",
+            started.elapsed().as_secs_f64()
+        );
+        if c >= unpaid && nt >= unpaid {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < deadline,
+            "not every expired order was handled within {deadline:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    stop.cancel();
+    h1.await??;
+    h2.await??;
+    hd.await?;
+    let h = hist
+        .lock()
+        .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let ms = |us: u64| us as f64 / 1000.0;
+    Ok(DemoSummary {
+        created: n,
+        paid,
+        closed: closed.load(Ordering::SeqCst),
+        notified: notified.load(Ordering::SeqCst),
+        late_p50_ms: ms(h.value_at_quantile(0.5)),
+        late_p99_ms: ms(h.value_at_quantile(0.99)),
+        late_max_ms: ms(h.max()),
+    })
+}
+
+async fn cleanup(client: &Client, ns: &str) {
+    let mut conn = client.connection();
+    let keys: redis::RedisResult<Vec<String>> = redis::cmd("KEYS")
+        .arg(format!("*{ns}*"))
+        .query_async(&mut conn)
+        .await;
+    if let Ok(keys) = keys {
+        for chunk in keys.chunks(500) {
+            let _: redis::RedisResult<i64> =
+                redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
+        }
+    }
+}
