@@ -133,3 +133,77 @@ impl Webhook {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderMap;
+    use std::sync::{Arc, Mutex};
+
+    fn delivery() -> Delivery {
+        Delivery {
+            queue: "order-close".into(),
+            group: "close-order".into(),
+            id: "o1".into(),
+            payload: serde_json::json!({"amount_cents": 1999}),
+            due_at_ms: 1_800_000_000_000,
+            enqueued_at_ms: Some(1_799_999_000_000),
+            dispatched_at_ms: 1_800_000_000_001,
+            entry_id: "1800000000001-0".into(),
+            shard: 0,
+            attempt: 3,
+            flag: None,
+        }
+    }
+
+    #[test]
+    fn signature_is_hex_hmac_sha256() {
+        // RFC 4231 test case 2.
+        assert_eq!(
+            Webhook::signature(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    #[test]
+    fn idempotency_key_is_stable_per_queue_id_and_due_time() {
+        let a = delivery();
+        let mut b = delivery();
+        b.attempt = 9;
+        b.entry_id = "1800000009999-0".into();
+        assert_eq!(Webhook::idempotency_key(&a), Webhook::idempotency_key(&b));
+        b.due_at_ms += 1;
+        assert_ne!(Webhook::idempotency_key(&a), Webhook::idempotency_key(&b));
+    }
+
+    #[tokio::test]
+    async fn without_a_secret_there_is_no_signature_header() {
+        let seen: Arc<Mutex<Vec<HeaderMap>>> = Arc::default();
+        let s2 = seen.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(move |h: HeaderMap| {
+                let s = s2.clone();
+                async move {
+                    s.lock().map(|mut v| v.push(h)).ok();
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let w = Webhook::new(
+            &format!("http://127.0.0.1:{port}/hook"),
+            None,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        Builtin::Webhook(w).handle(delivery()).await.unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].get("x-delayq-signature").is_none());
+        assert_eq!(seen[0]["x-delayq-attempt"], "3");
+        assert_eq!(seen[0]["content-type"], "application/json");
+    }
+}

@@ -359,3 +359,24 @@ async fn tokens_bodies_routes_and_probes() {
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn an_id_that_was_already_dispatched_is_created_anew() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let uri = "/v1/queues/q/messages/o1";
+    let (st, _) = call(&r, "PUT", uri, Some(json!({"delay_ms": 0})), None).await;
+    assert_eq!(st, StatusCode::CREATED);
+    let moved = delayq::Dispatcher::new(&client, "q", delayq::DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap()
+        .moved;
+    assert_eq!(moved, 1);
+    let (st, v) = call(&r, "PUT", uri, Some(json!({"delay_ms": 0})), None).await;
+    assert_eq!(
+        (st, v["outcome"].clone()),
+        (StatusCode::CREATED, json!("created"))
+    );
+}
