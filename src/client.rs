@@ -235,7 +235,7 @@ impl Client {
         if orders.is_empty() {
             return Ok(Vec::new());
         }
-        self.register_queue(&queue).await?;
+        self.ensure_queue(&queue, true).await?;
 
         // Group by shard (keeping batch order within a shard), then cut into chunks.
         let shards = self.inner.opts.shards;
@@ -319,6 +319,7 @@ impl Client {
     pub async fn cancel(&self, queue: &str, id: &str) -> Result<CancelOutcome> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
+        self.ensure_queue(&queue, false).await?;
         let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
         let mut conn = self.inner.conn.clone();
         Ok(if scripts::cancel(&mut conn, &keys, id).await? {
@@ -340,6 +341,7 @@ impl Client {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let due = when.into().resolve(self.now_ms())?;
+        self.ensure_queue(&queue, false).await?;
         let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
         let mut conn = self.inner.conn.clone();
         if scripts::reschedule(&mut conn, &keys, id, due).await? {
@@ -354,6 +356,7 @@ impl Client {
     pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduledOrder>> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
+        self.ensure_queue(&queue, false).await?;
         let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
         let mut conn = self.inner.conn.clone();
         let (score, raw): (Option<f64>, Option<String>) = redis::pipe()
@@ -458,29 +461,72 @@ impl Client {
         format!("{}:queues", self.inner.keyspace.namespace())
     }
 
-    /// Records `queue` in the namespace's queue set, once per client.
-    async fn register_queue(&self, queue: &QueueName) -> Result<()> {
+    /// The HASH recording a queue's settings (`shards`), fixed when the queue is first used.
+    pub fn queue_meta_key(&self, queue: &QueueName) -> String {
+        format!("{}:queue:{}", self.inner.keyspace.namespace(), queue)
+    }
+
+    /// Makes sure `queue` is usable by this client, once per client: records the queue name
+    /// and, the first time anyone uses the queue, its shard count; refuses the queue when it
+    /// was created with another shard count. With `create = false` (read paths) nothing is
+    /// written: an unknown queue passes.
+    pub(crate) async fn ensure_queue(&self, queue: &QueueName, create: bool) -> Result<()> {
         let known = self
             .inner
             .known_queues
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(queue.as_str());
-        if !known {
-            let mut conn = self.inner.conn.clone();
-            let _: i64 = redis::cmd("SADD")
+        if known {
+            return Ok(());
+        }
+        let mut conn = self.inner.conn.clone();
+        let meta = self.queue_meta_key(queue);
+        let want = self.inner.opts.shards;
+        let stored: Option<u16> = if create {
+            let (_, _, stored): (i64, i64, Option<u16>) = redis::pipe()
+                .cmd("HSETNX")
+                .arg(&meta)
+                .arg("shards")
+                .arg(want)
+                .cmd("SADD")
                 .arg(self.queues_key())
                 .arg(queue.as_str())
+                .cmd("HGET")
+                .arg(&meta)
+                .arg("shards")
                 .query_async(&mut conn)
                 .await
-                .ctx("recording the queue name")?;
-            self.inner
-                .known_queues
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(queue.as_str().to_owned());
+                .ctx("recording the queue")?;
+            stored
+        } else {
+            redis::cmd("HGET")
+                .arg(&meta)
+                .arg("shards")
+                .query_async(&mut conn)
+                .await
+                .ctx("reading the queue's settings")?
+        };
+        match stored {
+            Some(n) if n != want => Err(InvalidInput::Option {
+                name: "shards",
+                reason: format!(
+                    "queue {queue} was created with {n} shards; this client is configured with {want} \
+                     (the shard count of a queue is fixed at creation)"
+                ),
+            }
+            .into()),
+            Some(_) => {
+                self.inner
+                    .known_queues
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(queue.as_str().to_owned());
+                Ok(())
+            }
+            // Not created yet (read path): check again next time.
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

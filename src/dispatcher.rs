@@ -109,6 +109,7 @@ impl Dispatcher {
 
     /// One pass: one `dequeue.lua` call per shard with the clock's "now".
     pub async fn pass(&self) -> Result<Pass> {
+        self.client.ensure_queue(&self.queue, true).await?;
         let now = self.client.now_ms();
         let mut conn = self.client.connection();
         let mut pass = Pass::default();
@@ -160,6 +161,11 @@ impl Dispatcher {
                 Ok(p) => {
                     backoff = Duration::from_millis(50);
                     p.next_due_ms
+                }
+                Err(e) if e.as_invalid().is_some() => {
+                    // A configuration mismatch (e.g. the shard count) does not heal by waiting.
+                    tracing::error!(queue = %self.queue, error = %e, "dispatcher refused the queue; stopping");
+                    break;
                 }
                 Err(e) => {
                     tracing::warn!(queue = %self.queue, error = %e, retry_in = ?backoff, "dispatch failed");

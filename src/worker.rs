@@ -426,11 +426,13 @@ impl<H: Handler> Worker<H> {
         let reader_timeout = s.opts.block + Duration::from_secs(10);
         let mut reader = loop {
             let attempt = async {
+                s.client.ensure_queue(&s.queue, true).await?;
                 ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await?;
                 s.client.dedicated_connection(reader_timeout).await
             };
             match attempt.await {
                 Ok(c) => break c,
+                Err(e) if e.as_invalid().is_some() => return Err(e),
                 Err(e) => {
                     tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "worker start failed; retrying");
                     tokio::select! {
