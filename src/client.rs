@@ -41,6 +41,8 @@ pub struct ClientOptions {
     pub response_timeout: Duration,
     /// How long connecting may take (default 5 s).
     pub connect_timeout: Duration,
+    /// When a schedule counts as done (default [`Durability::Leader`]).
+    pub durability: Durability,
 }
 
 impl Default for ClientOptions {
@@ -51,6 +53,7 @@ impl Default for ClientOptions {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             response_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
+            durability: Durability::Leader,
         }
     }
 }
@@ -68,6 +71,12 @@ impl ClientOptions {
         self
     }
 
+    /// Sets the durability of schedules.
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
     /// Sets the payload limit in bytes.
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.max_payload_bytes = bytes;
@@ -79,6 +88,37 @@ impl ClientOptions {
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
+    /// How schedules are acknowledged (per client handle: see [`Client::with_durability`]).
+    durability: Durability,
+}
+
+/// When a schedule counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// As soon as the leader (master) has it. Fast; a failover or a crash of a master without
+    /// persistence can lose it (see ARCHITECTURE.md, "Durability").
+    #[default]
+    Leader,
+    /// Only once `replicas` replicas confirm it (`WAIT`), within `timeout`; otherwise the call
+    /// fails with [`Error::NotReplicated`](crate::Error::NotReplicated) and the order, already
+    /// on the leader, may still fire.
+    Replicated {
+        /// Replicas that must confirm.
+        replicas: u32,
+        /// How long to wait for them.
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// One replica within one second.
+    pub fn replicated() -> Self {
+        Durability::Replicated {
+            replicas: 1,
+            timeout: Duration::from_secs(1),
+        }
+    }
 }
 
 struct Inner {
@@ -93,6 +133,9 @@ struct Inner {
     redis_clock: Option<Arc<RedisClock>>,
     /// Wakes this process's dispatchers when an earlier order is scheduled.
     wake: WakeRegistry,
+    /// The connection durable schedules use: `WAIT` blocks its connection, so it gets its own,
+    /// opened on first use, one durable batch at a time.
+    durable_conn: tokio::sync::Mutex<Option<ConnectionManager>>,
     /// Queues already recorded in the `<ns>:queues` set by this client.
     known_queues: Mutex<HashSet<String>>,
 }
@@ -160,7 +203,9 @@ impl Client {
                 (rc.clone(), Some(rc))
             }
         };
+        let durability = opts.durability;
         Ok(Client {
+            durability,
             inner: Arc::new(Inner {
                 redis,
                 conn,
@@ -169,6 +214,7 @@ impl Client {
                 clock,
                 redis_clock,
                 wake: WakeRegistry::default(),
+                durable_conn: tokio::sync::Mutex::new(None),
                 known_queues: Mutex::new(HashSet::new()),
             }),
         })
@@ -263,8 +309,23 @@ impl Client {
             }
         }
         let if_absent = mode == Mode::IfAbsent;
+        // Durable schedules write and WAIT on a connection of their own.
+        let mut durable_guard = match self.durability {
+            Durability::Leader => None,
+            Durability::Replicated { .. } => {
+                let mut g = self.inner.durable_conn.lock().await;
+                if g.is_none() {
+                    *g = Some(self.dedicated_connection(Duration::from_secs(60)).await?);
+                }
+                Some(g)
+            }
+        };
+        let base_conn = match durable_guard.as_ref().and_then(|g| g.as_ref()) {
+            Some(c) => c.clone(),
+            None => self.inner.conn.clone(),
+        };
         let outcomes = try_join_all(calls.iter().map(|(keys, idxs)| {
-            let mut conn = self.inner.conn.clone();
+            let mut conn = base_conn.clone();
             let args: Vec<EnqueueArg<'_>> = idxs
                 .iter()
                 .map(|&i| EnqueueArg {
@@ -276,6 +337,25 @@ impl Client {
             async move { scripts::enqueue(&mut conn, keys, if_absent, now, &args).await }
         }))
         .await?;
+        if let (Durability::Replicated { replicas, timeout }, Some(g)) =
+            (self.durability, durable_guard.as_mut())
+            && let Some(conn) = g.as_mut()
+        {
+            let acked: u32 = redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1))
+                .query_async(conn)
+                .await
+                .ctx("waiting for replicas (WAIT)")?;
+            if acked < replicas {
+                return Err(Error::NotReplicated {
+                    acked,
+                    wanted: replicas,
+                    timeout,
+                });
+            }
+        }
+        drop(durable_guard);
 
         let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
         for ((_, idxs), outs) in calls.iter().zip(outcomes) {
@@ -411,6 +491,15 @@ impl Client {
             rc.sync(&mut conn).await?;
         }
         Ok(())
+    }
+
+    /// A handle on the same client whose schedules have durability `d` (cheap: shares the
+    /// connections).
+    pub fn with_durability(&self, d: Durability) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            durability: d,
+        }
     }
 
     /// The options this client was built with.

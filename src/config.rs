@@ -25,6 +25,9 @@ pub struct Config {
     pub shards: u16,
     /// Largest accepted payload, bytes.
     pub max_payload_bytes: usize,
+    /// `leader` (acknowledge once the master has it) or `replicated` (once a replica confirms
+    /// it, within one second; else the API answers 503 `not_replicated`).
+    pub durability: String,
     /// Extra queues to dispatch (queues of handlers are dispatched anyway).
     pub queues: Vec<String>,
     /// The HTTP API.
@@ -44,6 +47,7 @@ impl Default for Config {
             namespace: "dq".into(),
             shards: 1,
             max_payload_bytes: crate::client::DEFAULT_MAX_PAYLOAD_BYTES,
+            durability: "leader".into(),
             queues: Vec::new(),
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
@@ -263,6 +267,12 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     }
     if config.max_payload_bytes == 0 {
         return Err(key_err("max_payload_bytes", "must be at least 1"));
+    }
+    if !matches!(config.durability.as_str(), "leader" | "replicated") {
+        return Err(key_err(
+            "durability",
+            format!("{:?} is not leader or replicated", config.durability),
+        ));
     }
     let listen: SocketAddr = config
         .http

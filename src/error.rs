@@ -32,6 +32,19 @@ pub enum Error {
         /// What was unexpected.
         detail: String,
     },
+    /// A durable schedule reached the leader but not enough replicas in time. The order is
+    /// on the leader and may still fire; retrying the schedule is safe (idempotent).
+    #[error(
+        "the schedule reached the leader but only {acked} of {wanted} replicas confirmed it within {timeout:?}; it may still fire"
+    )]
+    NotReplicated {
+        /// Replicas that confirmed.
+        acked: u32,
+        /// Replicas required.
+        wanted: u32,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
     /// A throwaway local `redis-server` could not be started.
     #[error("could not start a local redis-server: {0}")]
     LocalRedis(String),

@@ -106,6 +106,11 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         match e {
             Error::Invalid(i) => i.into(),
+            e @ Error::NotReplicated { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_replicated",
+                e.to_string(),
+            ),
             e if e.is_transient() => {
                 tracing::warn!(error = %e, "redis unavailable");
                 ApiError::new(

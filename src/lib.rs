@@ -67,7 +67,7 @@ mod wake;
 pub mod worker;
 
 pub use backoff::Backoff;
-pub use client::{Client, ClientOptions};
+pub use client::{Client, ClientOptions, Durability};
 pub use clock::{Clock, ManualClock, RedisClock};
 pub use dead::{DeadLetter, Selection};
 pub use dispatcher::{Dispatcher, DispatcherOptions, Pass};

@@ -21,7 +21,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let opts = ClientOptions::default()
         .namespace(cfg.namespace.clone())
         .shards(cfg.shards)
-        .max_payload_bytes(cfg.max_payload_bytes);
+        .max_payload_bytes(cfg.max_payload_bytes)
+        .durability(if cfg.durability == "replicated" {
+            crate::client::Durability::replicated()
+        } else {
+            crate::client::Durability::Leader
+        });
     // Bind first: a port in use is a start-up failure, not something to retry.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

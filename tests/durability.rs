@@ -1,0 +1,77 @@
+//! Durable enqueue against a real master and replica: a replicated schedule is acknowledged
+//! only once the replica has it; without a replica it fails clearly (and may still fire).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use delayq::{Client, ClientOptions, Durability, Error, LocalRedis, Mode, NewOrder, When};
+use serde_json::json;
+use std::time::Duration;
+use support::wait_for;
+
+#[tokio::test]
+async fn replicated_schedules_wait_for_a_replica() {
+    let master = LocalRedis::start().unwrap();
+    let port = master.port().to_string();
+    let mut replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let replica_client = Client::connect(&replica.url()).await.unwrap();
+    wait_for("the replica to sync", Duration::from_secs(60), || {
+        let c = replica_client.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c.connection())
+                .await
+                .unwrap();
+            info.contains("master_link_status:up")
+        }
+    })
+    .await;
+
+    let durable = Durability::Replicated {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    };
+    let client = Client::connect_with(&master.url(), ClientOptions::default().durability(durable))
+        .await
+        .unwrap();
+    let orders: Vec<NewOrder> = (0..500)
+        .map(|i| NewOrder::new(format!("o{i}"), When::in_ms(60_000), json!(i)))
+        .collect();
+    client
+        .schedule_many("q", &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    // Acknowledged means the replica has it, now.
+    let on_replica: i64 = redis::cmd("ZCARD")
+        .arg("{dq:q:0}:due")
+        .query_async(&mut replica_client.connection())
+        .await
+        .unwrap();
+    assert_eq!(on_replica, 500);
+
+    // No replica: a clear error, and the order is on the leader (it may still fire).
+    replica.kill();
+    let e = client
+        .schedule("q", "late", When::in_ms(60_000), json!(1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("may still fire"));
+    assert!(client.get("q", "late").await.unwrap().is_some());
+    // The default durability does not wait.
+    let fast = client.with_durability(Durability::Leader);
+    fast.schedule("q", "fast", When::in_ms(60_000), json!(1))
+        .await
+        .unwrap();
+}
