@@ -1,10 +1,11 @@
 //! The producer API: schedule, cancel, reschedule and read orders.
 //!
 //! A [`Client`] is cheap to clone (an `Arc`); all clones share one multiplexed, self-healing
-//! connection ([`redis::aio::ConnectionManager`]), the clock, and the wake-up signals of
+//! connection ([`Conn`]: one server or a cluster), the clock, and the wake-up signals of
 //! dispatchers running in this process.
 
 use crate::clock::{Clock, RedisClock};
+use crate::conn::{Backend, Conn};
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use crate::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id};
 use crate::order::{
@@ -14,7 +15,6 @@ use crate::order::{
 use crate::scripts::{self, EnqueueArg};
 use crate::wake::WakeRegistry;
 use futures_util::future::try_join_all;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -123,9 +123,9 @@ impl Durability {
 
 struct Inner {
     /// Opens new connections (workers need dedicated ones for blocking reads).
-    redis: redis::Client,
+    redis: Backend,
     /// The shared multiplexed connection; reconnects by itself.
-    conn: ConnectionManager,
+    conn: Conn,
     keyspace: Keyspace,
     opts: ClientOptions,
     clock: Arc<dyn Clock>,
@@ -135,7 +135,7 @@ struct Inner {
     wake: WakeRegistry,
     /// The connection durable schedules use: `WAIT` blocks its connection, so it gets its own,
     /// opened on first use, one durable batch at a time.
-    durable_conn: tokio::sync::Mutex<Option<ConnectionManager>>,
+    durable_conn: tokio::sync::Mutex<Option<Conn>>,
     /// Queues already recorded in the `<ns>:queues` set by this client.
     known_queues: Mutex<HashSet<String>>,
 }
@@ -190,10 +190,9 @@ impl Client {
             }
             .into());
         }
-        let redis = redis::Client::open(url).map_err(|e| InvalidInput::RedisUrl {
-            reason: e.to_string(),
-        })?;
-        let mut conn = managed_connection(&redis, opts.response_timeout, opts.connect_timeout)
+        let redis = Backend::open(url)?;
+        let mut conn = redis
+            .connect(opts.response_timeout, opts.connect_timeout)
             .await
             .ctx("connecting")?;
         let (clock, redis_clock): (Arc<dyn Clock>, _) = match clock {
@@ -341,12 +340,22 @@ impl Client {
             (self.durability, durable_guard.as_mut())
             && let Some(conn) = g.as_mut()
         {
-            let acked: u32 = redis::cmd("WAIT")
-                .arg(replicas)
-                .arg(u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1))
-                .query_async(conn)
-                .await
-                .ctx("waiting for replicas (WAIT)")?;
+            // Each shard written lives on its own node (in a cluster): wait on each.
+            let mut acked = u32::MAX;
+            let mut waited = std::collections::HashSet::new();
+            for (keys, _) in &calls {
+                if waited.insert(keys.shard) {
+                    let n = conn
+                        .wait_for_replicas(
+                            &keys.due,
+                            replicas,
+                            u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1),
+                        )
+                        .await
+                        .ctx("waiting for replicas (WAIT)")?;
+                    acked = acked.min(n);
+                }
+            }
             if acked < replicas {
                 return Err(Error::NotReplicated {
                     acked,
@@ -439,13 +448,7 @@ impl Client {
         self.ensure_queue(&queue, false).await?;
         let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
         let mut conn = self.inner.conn.clone();
-        let (score, raw): (Option<f64>, Option<String>) = redis::pipe()
-            .atomic()
-            .zscore(&keys.due, id)
-            .hget(&keys.payload, id)
-            .query_async(&mut conn)
-            .await
-            .ctx("reading an order")?;
+        let (score, raw) = scripts::get(&mut conn, &keys, id).await?;
         let Some(score) = score else { return Ok(None) };
         let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
             Some((enq, json)) => (
@@ -518,24 +521,24 @@ impl Client {
     }
 
     /// A clone of the shared multiplexed connection (for admin commands and tests).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Conn {
         self.inner.conn.clone()
     }
 
     /// Opens a new, dedicated connection whose replies may take up to `response_timeout`
     /// (blocking reads must neither share a multiplexed connection nor hit the default
     /// 500 ms timeout).
-    pub(crate) async fn dedicated_connection(
-        &self,
-        response_timeout: Duration,
-    ) -> Result<ConnectionManager> {
-        managed_connection(
-            &self.inner.redis,
-            response_timeout,
-            self.inner.opts.connect_timeout,
-        )
-        .await
-        .ctx("opening a dedicated connection")
+    pub(crate) async fn dedicated_connection(&self, response_timeout: Duration) -> Result<Conn> {
+        self.inner
+            .redis
+            .connect(response_timeout, self.inner.opts.connect_timeout)
+            .await
+            .ctx("opening a dedicated connection")
+    }
+
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.redis.is_cluster()
     }
 
     pub(crate) fn wake(&self) -> &WakeRegistry {
@@ -547,12 +550,12 @@ impl Client {
     }
 
     fn queues_key(&self) -> String {
-        format!("{}:queues", self.inner.keyspace.namespace())
+        format!("{{{}}}:queues", self.inner.keyspace.namespace())
     }
 
     /// The HASH recording a queue's settings (`shards`), fixed when the queue is first used.
     pub fn queue_meta_key(&self, queue: &QueueName) -> String {
-        format!("{}:queue:{}", self.inner.keyspace.namespace(), queue)
+        format!("{{{}}}:queue:{}", self.inner.keyspace.namespace(), queue)
     }
 
     /// Makes sure `queue` is usable by this client, once per client: records the queue name
@@ -617,17 +620,4 @@ impl Client {
             None => Ok(()),
         }
     }
-}
-
-async fn managed_connection(
-    client: &redis::Client,
-    response_timeout: Duration,
-    connect_timeout: Duration,
-) -> redis::RedisResult<ConnectionManager> {
-    let config = ConnectionManagerConfig::new()
-        .set_response_timeout(Some(response_timeout))
-        .set_connection_timeout(Some(connect_timeout))
-        .set_number_of_retries(3)
-        .set_max_delay(Duration::from_secs(2));
-    ConnectionManager::new_with_config(client.clone(), config).await
 }

@@ -260,7 +260,7 @@ fn duration(key: &str, v: &str) -> Result<Duration, ConfigError> {
 
 /// Checks every value of `config`.
 pub fn check(config: Config) -> Result<Settings, ConfigError> {
-    redis::Client::open(config.redis_url.as_str()).map_err(|e| key_err("redis_url", e))?;
+    crate::conn::Backend::open(&config.redis_url).map_err(|e| key_err("redis_url", e))?;
     Keyspace::new(&config.namespace).map_err(|e| key_err("namespace", e))?;
     if !(1..=1024).contains(&config.shards) {
         return Err(key_err("shards", "must be 1..=1024"));

@@ -18,6 +18,7 @@
 //!
 //! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
 //! - [`keys`]: queue-name and id validation; the Redis key layout and the shard function.
+//! - [`conn`]: one connection type for a single Redis or a Redis Cluster.
 //! - [`clock`]: the one clock ("now" is the Redis server's `TIME`), replaceable in tests.
 //! - [`order`]: what producers send ([`NewOrder`], [`When`], [`Payload`]) and get back.
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
@@ -49,6 +50,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod conn;
 pub mod dead;
 pub mod demo;
 pub mod dispatcher;

@@ -327,3 +327,21 @@ pub(crate) async fn remove_idle_consumers<C: ConnectionLike>(
         .await
         .ctx("removing idle consumers (consumers.lua)")
 }
+
+/// Source of `lua/get.lua`.
+pub const GET_LUA: &str = include_str!("../lua/get.lua");
+static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GET_LUA));
+
+/// Runs `get.lua`: the order's score and stored value, read together.
+pub(crate) async fn get<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    id: &str,
+) -> Result<(Option<f64>, Option<String>)> {
+    GET.key(&keys.due)
+        .key(&keys.payload)
+        .arg(id)
+        .invoke_async(conn)
+        .await
+        .ctx("reading an order (get.lua)")
+}

@@ -20,12 +20,12 @@
 
 use crate::backoff::Backoff;
 use crate::client::Client;
+use crate::conn::Conn;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use crate::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::scripts::{self, DeadArgs};
 use futures_util::FutureExt;
 use redis::Value;
-use redis::aio::ConnectionManager;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -423,15 +423,13 @@ impl<H: Handler> Worker<H> {
     /// the worker does not give up on its own.
     pub async fn run(self, cancel: CancellationToken) -> Result<()> {
         let s = self.shared;
-        let reader_timeout = s.opts.block + Duration::from_secs(10);
-        let mut reader = loop {
+        loop {
             let attempt = async {
                 s.client.ensure_queue(&s.queue, true).await?;
-                ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await?;
-                s.client.dedicated_connection(reader_timeout).await
+                ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
             };
             match attempt.await {
-                Ok(c) => break c,
+                Ok(()) => break,
                 Err(e) if e.as_invalid().is_some() => return Err(e),
                 Err(e) => {
                     tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "worker start failed; retrying");
@@ -441,102 +439,63 @@ impl<H: Handler> Worker<H> {
                     }
                 }
             }
-        };
+        }
         tracing::info!(queue = %s.queue, group = %s.group, consumer = %s.consumer, "worker started");
 
         let (ack_tx, ack_rx) = mpsc::unbounded_channel::<(u16, String)>();
         let acker = tokio::spawn(ack_loop(s.clone(), ack_rx));
-        let mut tasks = JoinSet::new();
         // Background loops stop on their own token once handlers are done, or when this
         // future is dropped (the guard cancels it).
         let bg = CancellationToken::new();
         let _bg_guard = bg.clone().drop_guard();
         let leases = tokio::spawn(lease_loop(s.clone(), bg.clone()));
-        // The reclaimer stops with `cancel`, or when this future is dropped.
+        // Readers and the reclaimer stop with `cancel`, or when this future is dropped.
         let reading = cancel.child_token();
         let _reading_guard = reading.clone().drop_guard();
         let reclaimer = {
             let (s, ack_tx, reading) = (s.clone(), ack_tx.clone(), reading.clone());
             tokio::spawn(async move { reclaim_loop(s, ack_tx, reading).await })
         };
-        let mut backoff = Duration::from_millis(100);
-
-        'read: loop {
-            while tasks.try_join_next().is_some() {}
-            let first = tokio::select! {
-                p = s.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'read },
-                _ = cancel.cancelled() => break 'read,
-            };
-            let mut permits = vec![first];
-            while permits.len() < s.opts.concurrency.min(1000) {
-                match s.sem.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
-            match take_new(&s, permits.len()).await {
-                Ok((taken, last_ids)) if taken.is_empty() => {
-                    drop(permits);
-                    backoff = Duration::from_millis(100);
-                    // Nothing new: wait for the next entry (or the block time) without taking it.
-                    if let Err(e) = wait_for_new(&s, &mut reader, &last_ids).await {
-                        tracing::warn!(queue = %s.queue, error = %e, "blocking read failed");
-                        tokio::select! {
-                            _ = tokio::time::sleep(backoff) => {}
-                            _ = cancel.cancelled() => break 'read,
-                        }
-                    }
-                }
-                Ok((taken, _)) => {
-                    backoff = Duration::from_millis(100);
-                    for t in taken {
-                        let permit = match permits.pop() {
-                            Some(p) => p,
-                            None => match s.sem.clone().acquire_owned().await {
-                                Ok(p) => p,
-                                Err(_) => break 'read,
-                            },
-                        };
-                        spawn_process(&mut tasks, &s, &ack_tx, t, permit).await;
-                    }
-                }
-                Err(e) => {
-                    drop(permits);
-                    if is_nogroup(&e) {
-                        tracing::warn!(queue = %s.queue, group = %s.group, "consumer group vanished; recreating");
-                        if let Err(e) =
-                            ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
-                        {
-                            tracing::warn!(error = %e, "recreating the group failed");
-                        }
-                    } else {
-                        tracing::warn!(queue = %s.queue, group = %s.group, error = %e, retry_in = ?backoff, "read failed");
-                    }
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = cancel.cancelled() => break 'read,
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-            }
-        }
+        // One reader for every shard on one server (one multi-key XREAD); one reader per
+        // shard on a cluster, where a multi-key read must stay in one slot.
+        let shard_sets: Vec<Vec<ShardKeys>> = if s.client.is_cluster() {
+            s.shards.iter().map(|k| vec![k.clone()]).collect()
+        } else {
+            vec![s.shards.clone()]
+        };
+        let readers: Vec<_> = shard_sets
+            .into_iter()
+            .map(|set| tokio::spawn(reader_loop(s.clone(), set, ack_tx.clone(), reading.clone())))
+            .collect();
+        reading.cancelled().await;
 
         // Shutdown: no more reads or reclaims; let in-flight handlers finish within the grace.
+        let mut task_sets = Vec::new();
+        for r in readers {
+            if let Ok(set) = r.await {
+                task_sets.push(set);
+            }
+        }
         let reclaimed_tasks = reclaimer.await.unwrap_or_default();
         let grace = tokio::time::timeout(s.opts.shutdown_grace, async {
-            while tasks.join_next().await.is_some() {}
+            for set in task_sets.iter_mut() {
+                while set.join_next().await.is_some() {}
+            }
             for t in reclaimed_tasks {
                 let _ = t.await;
             }
         })
         .await;
         if grace.is_err() {
+            let abandoned: usize = task_sets.iter().map(JoinSet::len).sum();
             tracing::warn!(
-                queue = %s.queue, group = %s.group, abandoned = tasks.len(),
+                queue = %s.queue, group = %s.group, abandoned,
                 "shutdown grace period over; abandoned handlers stay pending"
             );
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
+            for set in task_sets.iter_mut() {
+                set.abort_all();
+                while set.join_next().await.is_some() {}
+            }
         }
         bg.cancel();
         let _ = leases.await;
@@ -549,14 +508,103 @@ impl<H: Handler> Worker<H> {
     }
 }
 
+/// Takes and handles new entries of `shards` until `cancel`; returns the handler tasks still
+/// running (shutdown waits for them).
+async fn reader_loop<H: Handler>(
+    s: Arc<Shared<H>>,
+    shards: Vec<ShardKeys>,
+    ack_tx: mpsc::UnboundedSender<(u16, String)>,
+    cancel: CancellationToken,
+) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    let reader_timeout = s.opts.block + Duration::from_secs(10);
+    let mut reader = loop {
+        match s.client.dedicated_connection(reader_timeout).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!(queue = %s.queue, error = %e, "reader connection failed; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = cancel.cancelled() => return tasks,
+                }
+            }
+        }
+    };
+    let mut backoff = Duration::from_millis(100);
+    'read: loop {
+        while tasks.try_join_next().is_some() {}
+        let first = tokio::select! {
+            p = s.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'read },
+            _ = cancel.cancelled() => break 'read,
+        };
+        let mut permits = vec![first];
+        while permits.len() < s.opts.concurrency.min(1000) {
+            match s.sem.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        match take_new(&s, &shards, permits.len()).await {
+            Ok((taken, last_ids)) if taken.is_empty() => {
+                drop(permits);
+                backoff = Duration::from_millis(100);
+                // Nothing new: wait for the next entry (or the block time) without taking it.
+                if let Err(e) = wait_for_new(&s, &shards, &mut reader, &last_ids).await {
+                    tracing::warn!(queue = %s.queue, error = %e, "blocking read failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = cancel.cancelled() => break 'read,
+                    }
+                }
+            }
+            Ok((taken, _)) => {
+                backoff = Duration::from_millis(100);
+                for t in taken {
+                    let permit = match permits.pop() {
+                        Some(p) => p,
+                        None => match s.sem.clone().acquire_owned().await {
+                            Ok(p) => p,
+                            Err(_) => break 'read,
+                        },
+                    };
+                    spawn_process(&mut tasks, &s, &ack_tx, t, permit).await;
+                }
+            }
+            Err(e) => {
+                drop(permits);
+                if is_nogroup(&e) {
+                    tracing::warn!(queue = %s.queue, group = %s.group, "consumer group vanished; recreating");
+                    if let Err(e) =
+                        ensure_groups(&mut s.client.connection(), &shards, &s.group).await
+                    {
+                        tracing::warn!(error = %e, "recreating the group failed");
+                    }
+                } else {
+                    tracing::warn!(queue = %s.queue, group = %s.group, error = %e, retry_in = ?backoff, "read failed");
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = cancel.cancelled() => break 'read,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+    tasks
+}
+
 /// Takes up to `count` new entries per shard (leased atomically); returns them and each
 /// shard's last stream id.
-async fn take_new<H: Handler>(s: &Shared<H>, count: usize) -> Result<(Vec<Taken>, Vec<String>)> {
+async fn take_new<H: Handler>(
+    s: &Shared<H>,
+    shards: &[ShardKeys],
+    count: usize,
+) -> Result<(Vec<Taken>, Vec<String>)> {
     let mut conn = s.client.connection();
     let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let mut out = Vec::new();
-    let mut last_ids = Vec::with_capacity(s.shards.len());
-    for keys in &s.shards {
+    let mut last_ids = Vec::with_capacity(shards.len());
+    for keys in shards {
         let (entries, last) =
             scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
         for (entry_id, fields) in entries_of(entries)? {
@@ -573,7 +621,8 @@ async fn take_new<H: Handler>(s: &Shared<H>, count: usize) -> Result<(Vec<Taken>
 /// the block time passes. Takes nothing: `read.lua` does.
 async fn wait_for_new<H: Handler>(
     s: &Shared<H>,
-    reader: &mut ConnectionManager,
+    shards: &[ShardKeys],
+    reader: &mut Conn,
     last_ids: &[String],
 ) -> Result<()> {
     let mut cmd = redis::cmd("XREAD");
@@ -582,7 +631,7 @@ async fn wait_for_new<H: Handler>(
         .arg("BLOCK")
         .arg(ms(s.opts.block).max(1))
         .arg("STREAMS");
-    for k in &s.shards {
+    for k in shards {
         cmd.arg(&k.stream);
     }
     cmd.arg(last_ids);
@@ -959,7 +1008,7 @@ fn ms(d: Duration) -> i64 {
 
 /// Creates `group` on each shard's stream from id 0 with MKSTREAM; an existing group is fine.
 pub(crate) async fn ensure_groups(
-    conn: &mut ConnectionManager,
+    conn: &mut Conn,
     shards: &[ShardKeys],
     group: &str,
 ) -> Result<()> {

@@ -265,14 +265,32 @@ async fn survive(mut server: LocalRedis, outage: Duration) -> (usize, usize) {
     server.restart().unwrap();
     let failures = producer.await.unwrap();
     let acked: HashSet<String> = acked.lock().unwrap().clone();
-    let r = rec.clone();
-    let want = acked.clone();
-    wait_for("every acknowledged schedule delivered", WAIT, move || {
-        let got: HashSet<String> = r.counts().into_keys().collect();
-        let done = want.is_subset(&got);
-        async move { done }
-    })
-    .await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let got: HashSet<String> = rec.counts().into_keys().collect();
+        let missing: Vec<&String> = acked.difference(&got).collect();
+        if missing.is_empty() {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            // Say where the missing orders are: lost by Redis, not dispatched, or not handled.
+            let mut where_ = Vec::new();
+            for id in missing.iter().take(5) {
+                let g = client.get(Q, id).await;
+                where_.push(format!("{id}: scheduled={:?}", g.map(|o| o.is_some())));
+            }
+            let len: Result<i64, _> = redis::cmd("XLEN")
+                .arg("{dq:order-close:0}:stream")
+                .query_async(&mut client.connection())
+                .await;
+            panic!(
+                "{} of {} acknowledged schedules never delivered; stream length {len:?}; {where_:?}",
+                missing.len(),
+                acked.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(!wh.is_finished() && !dh.is_finished(), "nothing crashed");
     cancel.cancel();
     wh.await.unwrap().unwrap();
@@ -297,8 +315,11 @@ async fn a_redis_restart_with_aof_always_loses_no_acknowledged_schedule() {
 
 #[tokio::test]
 async fn redis_unreachable_for_five_seconds_everyone_reconnects_and_catches_up() {
+    // `always`: this test is about reconnecting and catching up. (With `everysec`, Redis may
+    // postpone AOF writes for up to 2 s while an fsync is slow and still acknowledge, so a
+    // kill -9 under load can lose acknowledged writes: see ARCHITECTURE.md, Durability.)
     let server =
-        LocalRedis::start_with(&["--appendonly", "yes", "--appendfsync", "everysec"]).unwrap();
+        LocalRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
     let (acked, lost) = survive(server, Duration::from_secs(5)).await;
     eprintln!("redis down 5 s: {acked} acknowledged schedules, {lost} lost");
     assert_eq!(lost, 0);

@@ -21,7 +21,7 @@ async fn a_client_with_another_shard_count_is_refused() {
     four.schedule(Q, "o1", When::in_ms(60_000), json!(1))
         .await
         .unwrap();
-    let stored: String = raw(&four, &["HGET", "dq:queue:order-close", "shards"]).await;
+    let stored: String = raw(&four, &["HGET", "{dq}:queue:order-close", "shards"]).await;
     assert_eq!(stored, "4");
 
     let eight = Client::connect_with(&s.url(), ClientOptions::default().shards(8))
@@ -59,7 +59,7 @@ async fn a_client_with_another_shard_count_is_refused() {
     assert_eq!(sum, 1, "only o1");
     // A queue created by nobody yet accepts any client; reads create nothing.
     assert!(eight.get("other", "x").await.unwrap().is_none());
-    let exists: i64 = raw(&four, &["EXISTS", "dq:queue:other"]).await;
+    let exists: i64 = raw(&four, &["EXISTS", "{dq}:queue:other"]).await;
     assert_eq!(exists, 0);
 }
 

@@ -2,6 +2,8 @@
 //! drop, its log printed when the test panics). Nothing here touches a shared Redis.
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
+pub mod cluster;
+
 use delayq::{Client, ClientOptions, Clock, Delivery, HandlerResult, LocalRedis};
 use std::collections::HashMap;
 use std::future::Future;
