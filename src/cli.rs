@@ -110,29 +110,32 @@ pub enum Command {
         action: DeadAction,
     },
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
-    /// redis-server when none is reachable). Prints one JSON line per scenario.
+    /// redis-server when none is reachable).
     Bench {
-        /// Scenarios: enqueue, dispatch, steady (comma separated).
-        #[arg(long, default_value = "enqueue,dispatch,steady")]
+        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch.
+        #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.
         #[arg(long, default_value_t = 100_000)]
         orders: usize,
-        /// Orders per schedule_many call.
-        #[arg(long, default_value_t = 1000)]
-        batch: usize,
-        /// steady: orders scheduled per second.
-        #[arg(long, default_value_t = 5000)]
-        rate: u64,
-        /// steady: time from scheduling to due.
-        #[arg(long, default_value = "2s")]
+        /// Time from the start to the first due order.
+        #[arg(long, default_value = "3s")]
         lead: String,
-        /// Payload size, bytes.
-        #[arg(long, default_value_t = 150)]
-        payload_bytes: usize,
+        /// Spread of the due times (spread).
+        #[arg(long, default_value = "10s")]
+        window: String,
         /// Worker concurrency.
         #[arg(long, default_value_t = 50)]
         concurrency: usize,
+        /// Payload size, bytes.
+        #[arg(long, default_value_t = 150)]
+        payload_bytes: usize,
+        /// Shards per queue.
+        #[arg(long, default_value_t = 1)]
+        shards: u16,
+        /// Print one JSON line per scenario (the last line of stdout).
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -355,20 +358,26 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
         Command::Bench {
             scenario,
             orders,
-            batch,
-            rate,
             lead,
-            payload_bytes,
+            window,
             concurrency,
+            payload_bytes,
+            shards,
+            json,
         } => {
             let opts = crate::bench::BenchOptions {
                 orders,
-                batch,
-                rate,
                 lead: parse_duration("--lead", &lead)?,
-                payload_bytes,
+                window: parse_duration("--window", &window)?,
                 concurrency,
+                payload_bytes,
+                shards,
             };
+            if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
+                return Err(Failure::Invalid(
+                    "--orders and --concurrency must be >= 1, --shards 1..=1024".into(),
+                ));
+            }
             let (_server, url) = if crate::local_redis::reachable(&cli.redis_url) {
                 (None, cli.redis_url.clone())
             } else {
@@ -381,10 +390,24 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 (Some(s), url)
             };
             for sc in scenario.split(',') {
+                eprintln!("bench {}: {} orders ...", sc.trim(), orders);
                 let report = crate::bench::run(&url, sc.trim(), &opts)
                     .await
                     .map_err(|e| Failure::Runtime(format!("bench {sc}: {e:#}")))?;
-                println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                let line = serde_json::to_string(&report).unwrap_or_default();
+                if json {
+                    println!("{line}");
+                } else {
+                    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+                    if let Some(m) = v.as_object() {
+                        println!("{}:", report.scenario);
+                        for (k, val) in m {
+                            if !val.is_null() && k != "scenario" {
+                                println!("  {k:<24} {val}");
+                            }
+                        }
+                    }
+                }
             }
             Ok(())
         }

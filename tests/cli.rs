@@ -328,3 +328,83 @@ async fn demo_with_no_redis_starts_its_own_and_handles_every_unpaid_order() {
     let o = run("redis://127.0.0.1:1", &["demo", "--paid-percent", "101"]);
     assert_eq!(o.code, 2);
 }
+
+#[tokio::test]
+async fn bench_reports_every_field_and_loses_nothing() {
+    let (s, client) = start().await;
+    let o = run(
+        &s.url(),
+        &[
+            "bench",
+            "--scenario",
+            "spread,storm,enqueue,ceiling",
+            "--orders",
+            "2000",
+            "--lead",
+            "1s",
+            "--window",
+            "1s",
+            "--json",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let lines: Vec<Value> = o
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    for l in &lines {
+        for k in [
+            "scenario",
+            "n",
+            "enqueue_s",
+            "enqueue_rate",
+            "enqueue_done_offset_ms",
+            "mem_before",
+            "mem_after",
+            "mem_per_order_bytes",
+            "processed",
+            "handled",
+            "duplicates",
+            "missing",
+            "early_count",
+            "late_min_ms",
+            "late_p50_ms",
+            "late_p90_ms",
+            "late_p99_ms",
+            "late_max_ms",
+            "first_handled_ms",
+            "last_handled_ms",
+            "drain_s",
+            "drain_rate",
+            "redis_cpu_us_per_order",
+            "timed_out",
+            "notes",
+        ] {
+            assert!(l.get(k).is_some(), "{k} missing in {l}");
+        }
+    }
+    for l in &lines[..2] {
+        assert_eq!(
+            (
+                l["handled"].clone(),
+                l["duplicates"].clone(),
+                l["missing"].clone()
+            ),
+            (json!(2000), json!(0), json!(0)),
+            "{l}"
+        );
+        assert_eq!(l["timed_out"], json!(false));
+    }
+    assert!(lines[1]["drain_rate"].as_f64().unwrap() > 0.0);
+    assert!(
+        lines[3]["notes"]
+            .as_str()
+            .unwrap()
+            .contains("raw pipelined ZADD")
+    );
+    // It cleaned up after itself.
+    let n: i64 = raw(&client, &["DBSIZE"]).await;
+    assert_eq!(n, 0);
+}
