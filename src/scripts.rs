@@ -148,8 +148,6 @@ pub(crate) fn score_to_ms(score: f64) -> i64 {
 pub const READ_LUA: &str = include_str!("../lua/read.lua");
 /// Source of `lua/reclaim.lua`.
 pub const RECLAIM_LUA: &str = include_str!("../lua/reclaim.lua");
-/// Source of `lua/ack.lua`.
-pub const ACK_LUA: &str = include_str!("../lua/ack.lua");
 /// Source of `lua/retry.lua`.
 pub const RETRY_LUA: &str = include_str!("../lua/retry.lua");
 /// Source of `lua/dead.lua`.
@@ -159,7 +157,6 @@ pub const REPLAY_LUA: &str = include_str!("../lua/replay.lua");
 
 static READ: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(READ_LUA));
 static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RECLAIM_LUA));
-static ACK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ACK_LUA));
 static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RETRY_LUA));
 static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEAD_LUA));
 static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REPLAY_LUA));
@@ -207,22 +204,6 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
         .invoke_async(conn)
         .await
         .ctx("reclaiming due entries (reclaim.lua)")
-}
-
-/// Runs `ack.lua`; returns how many entries were acknowledged.
-pub(crate) async fn ack<C: ConnectionLike>(
-    conn: &mut C,
-    keys: &ShardKeys,
-    group: &str,
-    entry_ids: &[String],
-) -> Result<u64> {
-    ACK.key(&keys.stream)
-        .key(keys.timers(group))
-        .arg(group)
-        .arg(entry_ids)
-        .invoke_async(conn)
-        .await
-        .ctx("acknowledging entries (ack.lua)")
 }
 
 /// Runs `retry.lua`; false when the entry is no longer this consumer's.

@@ -6,7 +6,7 @@
 //! redis crate's default 500 ms response timeout would cut it off). It runs the handler with a
 //! concurrency limit and a timeout and settles each entry:
 //!
-//! - success: `ack.lua` (XACK + drop the timer), batched;
+//! - success: XACK and drop the timer (one pipeline), batched;
 //! - retryable failure (error, panic, timeout): `retry.lua` sets the timer to the next attempt
 //!   (backoff policy, or the handler's own retry-after); the entry stays pending;
 //! - permanent failure, or the last attempt failed: `dead.lua` moves it to the dead-letter
@@ -531,8 +531,34 @@ async fn reader_loop<H: Handler>(
         }
     };
     let mut backoff = Duration::from_millis(100);
+    // Which shards to read next (indexes into `shards`): all at first; then only those the
+    // blocking wait reported new entries in, or whose last read came back full. Each shard's
+    // last seen stream id, for the blocking wait.
+    let mut to_read: Vec<usize> = (0..shards.len()).collect();
+    let mut last_ids: Vec<String> = vec!["0-0".to_owned(); shards.len()];
     'read: loop {
         while tasks.try_join_next().is_some() {}
+        if cancel.is_cancelled() {
+            break 'read;
+        }
+        if to_read.is_empty() {
+            // Nothing known to be waiting: block until a shard has a new entry (or the block
+            // time passes: then look at every shard once, e.g. after a restart of Redis).
+            match wait_for_new(&s, &shards, &mut reader, &last_ids).await {
+                Ok(ready) if ready.is_empty() => to_read = (0..shards.len()).collect(),
+                Ok(ready) => to_read = ready,
+                Err(e) => {
+                    tracing::warn!(queue = %s.queue, error = %e, "blocking read failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = cancel.cancelled() => break 'read,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    to_read = (0..shards.len()).collect();
+                }
+            }
+            continue;
+        }
         let first = tokio::select! {
             p = s.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break 'read },
             _ = cancel.cancelled() => break 'read,
@@ -544,21 +570,20 @@ async fn reader_loop<H: Handler>(
                 Err(_) => break,
             }
         }
-        match take_new(&s, &shards, permits.len()).await {
-            Ok((taken, last_ids)) if taken.is_empty() => {
-                drop(permits);
+        let count = permits.len();
+        let reading: Vec<&ShardKeys> = to_read.iter().map(|&i| &shards[i]).collect();
+        match take_new(&s, &reading, count).await {
+            Ok((taken, reads)) => {
                 backoff = Duration::from_millis(100);
-                // Nothing new: wait for the next entry (or the block time) without taking it.
-                if let Err(e) = wait_for_new(&s, &shards, &mut reader, &last_ids).await {
-                    tracing::warn!(queue = %s.queue, error = %e, "blocking read failed");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = cancel.cancelled() => break 'read,
+                // Read again at once only the shards whose read came back full.
+                let mut again = Vec::new();
+                for (&i, (n, last)) in to_read.iter().zip(reads) {
+                    last_ids[i] = last;
+                    if n >= count {
+                        again.push(i);
                     }
                 }
-            }
-            Ok((taken, _)) => {
-                backoff = Duration::from_millis(100);
+                to_read = again;
                 for t in taken {
                     let permit = match permits.pop() {
                         Some(p) => p,
@@ -572,6 +597,7 @@ async fn reader_loop<H: Handler>(
             }
             Err(e) => {
                 drop(permits);
+                to_read = (0..shards.len()).collect();
                 if is_nogroup(&e) {
                     tracing::warn!(queue = %s.queue, group = %s.group, "consumer group vanished; recreating");
                     if let Err(e) =
@@ -593,38 +619,41 @@ async fn reader_loop<H: Handler>(
     tasks
 }
 
-/// Takes up to `count` new entries per shard (leased atomically); returns them and each
-/// shard's last stream id.
+/// Takes up to `count` new entries from each of `shards` (leased atomically); returns them
+/// and, per shard, how many it got and the stream's last id.
 async fn take_new<H: Handler>(
     s: &Shared<H>,
-    shards: &[ShardKeys],
+    shards: &[&ShardKeys],
     count: usize,
-) -> Result<(Vec<Taken>, Vec<String>)> {
+) -> Result<(Vec<Taken>, Vec<(usize, String)>)> {
     let mut conn = s.client.connection();
     let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let mut out = Vec::new();
-    let mut last_ids = Vec::with_capacity(shards.len());
+    let mut reads = Vec::with_capacity(shards.len());
     for keys in shards {
         let (entries, last) =
             scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
-        for (entry_id, fields) in entries_of(entries)? {
+        let entries = entries_of(entries)?;
+        let n = entries.len();
+        for (entry_id, fields) in entries {
             if let Some(t) = to_taken(s, keys.shard, &entry_id, fields, 1) {
                 out.push(t);
             }
         }
-        last_ids.push(last);
+        reads.push((n, last));
     }
-    Ok((out, last_ids))
+    Ok((out, reads))
 }
 
 /// Blocks (dedicated connection) until some shard's stream has an entry after `last_ids`, or
-/// the block time passes. Takes nothing: `read.lua` does.
+/// the block time passes; returns the indexes of the shards with new entries (empty on
+/// timeout). Takes nothing: `read.lua` does.
 async fn wait_for_new<H: Handler>(
     s: &Shared<H>,
     shards: &[ShardKeys],
     reader: &mut Conn,
     last_ids: &[String],
-) -> Result<()> {
+) -> Result<Vec<usize>> {
     let mut cmd = redis::cmd("XREAD");
     cmd.arg("COUNT")
         .arg(1)
@@ -635,11 +664,30 @@ async fn wait_for_new<H: Handler>(
         cmd.arg(&k.stream);
     }
     cmd.arg(last_ids);
-    let _: Value = cmd
+    let reply: Value = cmd
         .query_async(reader)
         .await
         .ctx("waiting for new entries (XREAD BLOCK)")?;
-    Ok(())
+    let streams: Vec<(Value, Value)> = match reply {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|st| match st {
+                Value::Array(mut kv) if kv.len() == 2 => {
+                    let v = kv.pop().unwrap_or(Value::Nil);
+                    let k = kv.pop().unwrap_or(Value::Nil);
+                    Some((k, v))
+                }
+                _ => None,
+            })
+            .collect(),
+        Value::Map(kv) => kv,
+        _ => Vec::new(),
+    };
+    Ok(streams
+        .iter()
+        .filter_map(|(k, _)| as_string(k))
+        .filter_map(|key| shards.iter().position(|k| k.stream == key))
+        .collect())
 }
 
 /// Turns a raw entry into a [`Taken`]; an entry without an order id is dead-lettered later
@@ -862,9 +910,25 @@ async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<(u16, St
         for (shard, ids) in by_shard {
             let keys = &s.shards[usize::from(shard)];
             let (group, ids, client) = (&s.group, &ids, &s.client);
-            let r = with_retries("ack.lua", || {
+            // XACK then drop the timers, pipelined (two plain commands cost less Redis time than
+            // a script call; a crash between them only leaves a stale timer, which
+            // reclaim.lua drops when it finds the entry no longer pending).
+            let r = with_retries("XACK", || {
                 let mut conn = client.connection();
-                async move { scripts::ack(&mut conn, keys, group, ids).await }
+                async move {
+                    let (n, _): (u64, i64) = redis::pipe()
+                        .cmd("XACK")
+                        .arg(&keys.stream)
+                        .arg(group)
+                        .arg(ids)
+                        .cmd("ZREM")
+                        .arg(keys.timers(group))
+                        .arg(ids)
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("acknowledging entries (XACK + ZREM)")?;
+                    Ok(n)
+                }
             })
             .await;
             match r {
