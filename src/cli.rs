@@ -432,6 +432,11 @@ async fn dead(url: &str, opts: ClientOptions, action: DeadAction) -> Result<(), 
         }
         Ok(())
     };
+    let action_kind = match &action {
+        DeadAction::List { .. } => "list",
+        DeadAction::Replay { .. } => "replay",
+        DeadAction::Purge { .. } => "purge",
+    };
     match action {
         DeadAction::List {
             queue,
@@ -459,25 +464,24 @@ async fn dead(url: &str, opts: ClientOptions, action: DeadAction) -> Result<(), 
             group,
             all,
             entry_ids,
-        } => {
-            check(&queue, &group)?;
-            let sel = selection(all, entry_ids)?;
-            let client = Client::connect_with(url, opts).await?;
-            let n = client.dead_replay(&queue, group.as_deref(), &sel).await?;
-            println!("{}", json!({"replayed": n}));
-            Ok(())
         }
-        DeadAction::Purge {
+        | DeadAction::Purge {
             queue,
             group,
             all,
             entry_ids,
         } => {
+            let replay = matches!(action_kind, "replay");
             check(&queue, &group)?;
             let sel = selection(all, entry_ids)?;
             let client = Client::connect_with(url, opts).await?;
-            let n = client.dead_purge(&queue, group.as_deref(), &sel).await?;
-            println!("{}", json!({"purged": n}));
+            let n = if replay {
+                client.dead_replay(&queue, group.as_deref(), &sel).await?
+            } else {
+                client.dead_purge(&queue, group.as_deref(), &sel).await?
+            };
+            let word = if replay { "replayed" } else { "purged" };
+            println!("{}", json!({ word: n }));
             Ok(())
         }
     }
