@@ -107,13 +107,6 @@ async fn main() -> anyhow::Result<()> {
     );
 
     // Leave nothing behind in a shared Redis.
-    let mut conn = client.connection();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{namespace}*"))
-        .query_async(&mut conn)
-        .await?;
-    if !keys.is_empty() {
-        let _: i64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-    }
+    client.delete_namespace().await?;
     Ok(())
 }

@@ -128,19 +128,6 @@ async fn redis_cpu_s(client: &Client) -> anyhow::Result<f64> {
         + info_field::<f64>(client, "cpu", "used_cpu_sys").await?)
 }
 
-async fn cleanup(client: &Client) -> anyhow::Result<()> {
-    let mut conn = client.connection();
-    let ns = client.keyspace().namespace().to_owned();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{ns}*"))
-        .query_async(&mut conn)
-        .await?;
-    for k in keys {
-        let _: i64 = redis::cmd("DEL").arg(k).query_async(&mut conn).await?;
-    }
-    Ok(())
-}
-
 /// Schedules `orders` (4 calls of 1,000 in flight); returns the elapsed time.
 async fn enqueue_all(client: &Client, orders: &[NewOrder]) -> anyhow::Result<Duration> {
     use futures_util::StreamExt;
@@ -169,7 +156,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         ClientOptions::default().namespace(ns).shards(opts.shards),
     )
     .await?;
-    cleanup(&client).await?;
+    client.delete_namespace().await?;
     let result = match scenario {
         "spread" => timed(&client, opts, false).await,
         "storm" => timed(&client, opts, true).await,
@@ -180,7 +167,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
             "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch)"
         )),
     };
-    cleanup(&client).await?;
+    client.delete_namespace().await?;
     result
 }
 

@@ -496,6 +496,43 @@ impl Client {
         Ok(())
     }
 
+    /// Deletes every key of this client's namespace (`{<ns>:*` and `{<ns>}:*`) with `SCAN`,
+    /// never `KEYS`, so a large shared Redis is not blocked. For throwaway namespaces (demo,
+    /// bench, examples); returns how many keys were deleted. On a cluster it covers the node
+    /// the SCAN reaches.
+    pub async fn delete_namespace(&self) -> Result<u64> {
+        let ns = self.inner.keyspace.namespace();
+        let mut conn = self.inner.conn.clone();
+        let mut deleted = 0;
+        for pattern in [format!("{{{ns}:*"), format!("{{{ns}}}:*")] {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await
+                    .ctx("listing the namespace's keys (SCAN)")?;
+                for k in keys {
+                    let n: u64 = redis::cmd("DEL")
+                        .arg(&k)
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("deleting the namespace's keys")?;
+                    deleted += n;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(deleted)
+    }
+
     /// A handle on the same client whose schedules have durability `d` (cheap: shares the
     /// connections).
     pub fn with_durability(&self, d: Durability) -> Client {

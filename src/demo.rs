@@ -69,7 +69,9 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
     let ns = format!("dq-demo-{}", std::process::id());
     let client = Client::connect_with(&url, ClientOptions::default().namespace(&ns)).await?;
     let result = demo(&client, opts).await;
-    cleanup(&client, &ns).await;
+    if let Err(e) = client.delete_namespace().await {
+        eprintln!("could not remove the demo's keys: {e}");
+    }
     result
 }
 
@@ -181,18 +183,4 @@ async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary
         late_p99_ms: ms(h.value_at_quantile(0.99)),
         late_max_ms: ms(h.max()),
     })
-}
-
-async fn cleanup(client: &Client, ns: &str) {
-    let mut conn = client.connection();
-    let keys: redis::RedisResult<Vec<String>> = redis::cmd("KEYS")
-        .arg(format!("*{ns}*"))
-        .query_async(&mut conn)
-        .await;
-    if let Ok(keys) = keys {
-        for chunk in keys.chunks(500) {
-            let _: redis::RedisResult<i64> =
-                redis::cmd("DEL").arg(chunk).query_async(&mut conn).await;
-        }
-    }
 }
