@@ -1,5 +1,6 @@
-//! Built-in handlers for `delayq serve`: `webhook` (POST each order to a URL, signed) and
-//! `log` (write each order to the log and acknowledge it).
+//! Built-in handlers for `delayq serve`: `webhook` (POST each order to a URL, signed),
+//! `log` (write each order to the log and acknowledge it) and `order-close` (close the order
+//! in the orders database: [`crate::order_close`]).
 
 use crate::error::{Error, Result};
 use crate::worker::{Delivery, Handler, HandlerError, HandlerResult};
@@ -14,6 +15,8 @@ pub enum Builtin {
     Webhook(Webhook),
     /// Log and acknowledge.
     Log,
+    /// Close the order in the orders database.
+    OrderClose(crate::order_close::OrderClose),
 }
 
 impl Handler for Builtin {
@@ -27,6 +30,7 @@ impl Handler for Builtin {
                 );
                 Ok(())
             }
+            Builtin::OrderClose(h) => h.handle(d).await,
         }
     }
 }

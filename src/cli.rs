@@ -92,6 +92,13 @@ pub enum Command {
         #[arg(long, default_value_t = 30)]
         paid_percent: u32,
     },
+    /// Apply the orders schema (the embedded migrations) to a database. Idempotent; creates a
+    /// missing SQLite file; refuses a database whose applied migrations were modified.
+    Migrate {
+        /// postgres://user@host/db or sqlite://file.
+        #[arg(long, env = "DELAYQ_DATABASE_URL")]
+        database_url: String,
+    },
     /// Queue statistics: scheduled, overdue, stream, per-group pending / lag / consumers, dead.
     Stats {
         /// One queue (default: every queue of the namespace).
@@ -346,6 +353,20 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 s.late_max_ms
             );
             println!("{}", serde_json::to_string(&s).unwrap_or_default());
+            Ok(())
+        }
+        Command::Migrate { database_url } => {
+            crate::db::check_url(&database_url)?;
+            let db = crate::db::Db::connect(&database_url).await?;
+            let r = db.migrate().await;
+            db.close().await;
+            r?;
+            let version = crate::db::MIGRATOR.iter().map(|m| m.version).max();
+            println!(
+                "{}",
+                json!({"outcome": "migrated", "backend": db.backend(),
+                       "database": crate::db::redact(&database_url), "version": version})
+            );
             Ok(())
         }
         Command::Serve { config } => {

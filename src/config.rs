@@ -38,6 +38,8 @@ pub struct Config {
     pub housekeeping: HousekeepingConfig,
     /// Business handlers: one consumer group each.
     pub handlers: Vec<HandlerConfig>,
+    /// The reconciliation job (orders database → Redis).
+    pub reconciliation: ReconciliationConfig,
 }
 
 impl Default for Config {
@@ -53,8 +55,57 @@ impl Default for Config {
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
             handlers: Vec::new(),
+            reconciliation: ReconciliationConfig::default(),
         }
     }
+}
+
+/// `[reconciliation]`: reschedules the close event of every order still pending in the
+/// database well past its expiry (see [`crate::reconcile`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconciliationConfig {
+    /// On or off; unset = on when an `order-close` handler is configured.
+    pub enabled: Option<bool>,
+    /// The orders database; unset = the first `order-close` handler's.
+    pub database_url: Option<String>,
+    /// The queue of close events; unset = the first `order-close` handler's.
+    pub queue: Option<String>,
+    /// When to run (six fields, seconds first, UTC).
+    pub cron: String,
+    /// How long past its expiry a pending order must be to be rescheduled.
+    pub grace: String,
+    /// Orders per query and per schedule call, 1..=1000.
+    pub batch: usize,
+}
+
+impl Default for ReconciliationConfig {
+    fn default() -> Self {
+        let d = crate::reconcile::ReconcileOptions::default();
+        ReconciliationConfig {
+            enabled: None,
+            database_url: None,
+            queue: None,
+            cron: d.cron,
+            grace: "60s".into(),
+            batch: d.batch,
+        }
+    }
+}
+
+/// The reconciliation job's settings, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReconcileSpec {
+    /// The orders database.
+    pub database_url: String,
+    /// The queue of close events.
+    pub queue: String,
+    /// Cron expression.
+    pub cron: String,
+    /// Grace period.
+    pub grace: Duration,
+    /// Batch size.
+    pub batch: usize,
 }
 
 /// `[http]`.
@@ -134,6 +185,9 @@ pub struct HandlerConfig {
     pub group: String,
     /// `webhook` or `log`.
     pub kind: String,
+    /// The orders database (kind = order-close): `postgres://...` or `sqlite://file`.
+    #[serde(default)]
+    pub database_url: Option<String>,
     /// Webhook URL (kind = webhook).
     #[serde(default)]
     pub url: Option<String>,
@@ -206,6 +260,11 @@ pub enum HandlerKind {
     },
     /// Write each order to the log and acknowledge it.
     Log,
+    /// Close the order in the orders database (see [`crate::order_close`]).
+    OrderClose {
+        /// The orders database.
+        database_url: String,
+    },
 }
 
 /// The configuration, checked: what `serve` runs.
@@ -223,6 +282,8 @@ pub struct Settings {
     pub handlers: Vec<HandlerSpec>,
     /// Every queue to dispatch (handlers' and extra), sorted, unique.
     pub queues: Vec<String>,
+    /// The reconciliation job, when on.
+    pub reconciliation: Option<ReconcileSpec>,
 }
 
 /// A configuration problem, naming the key.
@@ -339,22 +400,33 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
                     secret: h.secret.clone(),
                 }
             }
-            "log" => {
-                if h.url.is_some() || h.secret.is_some() {
-                    return Err(key_err(
-                        &k("url"),
-                        "url and secret are for kind = \"webhook\" only",
-                    ));
-                }
-                HandlerKind::Log
+            "log" => HandlerKind::Log,
+            "order-close" => {
+                let url = h.database_url.clone().ok_or_else(|| {
+                    key_err(&k("database_url"), "required for kind = \"order-close\"")
+                })?;
+                crate::db::check_url(&url).map_err(|e| key_err(&k("database_url"), e))?;
+                HandlerKind::OrderClose { database_url: url }
             }
             other => {
                 return Err(key_err(
                     &k("kind"),
-                    format!("{other:?} is not a handler kind (webhook, log)"),
+                    format!("{other:?} is not a handler kind (webhook, log, order-close)"),
                 ));
             }
         };
+        if !matches!(kind, HandlerKind::Webhook { .. }) && (h.url.is_some() || h.secret.is_some()) {
+            return Err(key_err(
+                &k("url"),
+                "url and secret are for kind = \"webhook\" only",
+            ));
+        }
+        if !matches!(kind, HandlerKind::OrderClose { .. }) && h.database_url.is_some() {
+            return Err(key_err(
+                &k("database_url"),
+                "database_url is for kind = \"order-close\" only",
+            ));
+        }
         if !(1..=10_000).contains(&h.concurrency) {
             return Err(key_err(&k("concurrency"), "must be 1..=10000"));
         }
@@ -385,6 +457,10 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
             visibility_timeout,
         });
     }
+    let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
+    if let Some(r) = &reconciliation {
+        queues.push(r.queue.clone());
+    }
     queues.sort();
     queues.dedup();
     Ok(Settings {
@@ -394,7 +470,62 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         consumer_max_idle,
         handlers,
         queues,
+        reconciliation,
     })
+}
+
+fn check_reconciliation(
+    r: &ReconciliationConfig,
+    handlers: &[HandlerSpec],
+) -> Result<Option<ReconcileSpec>, ConfigError> {
+    let close = handlers.iter().find_map(|h| match &h.kind {
+        HandlerKind::OrderClose { database_url } => Some((h.queue.clone(), database_url.clone())),
+        _ => None,
+    });
+    if !r.enabled.unwrap_or(close.is_some()) {
+        return Ok(None);
+    }
+    let database_url = match (&r.database_url, &close) {
+        (Some(u), _) => {
+            crate::db::check_url(u).map_err(|e| key_err("reconciliation.database_url", e))?;
+            u.clone()
+        }
+        (None, Some((_, u))) => u.clone(),
+        (None, None) => {
+            return Err(key_err(
+                "reconciliation.database_url",
+                "required when no order-close handler is configured",
+            ));
+        }
+    };
+    let queue = match (&r.queue, &close) {
+        (Some(q), _) => {
+            QueueName::new(q).map_err(|e| key_err("reconciliation.queue", e))?;
+            q.clone()
+        }
+        (None, Some((q, _))) => q.clone(),
+        (None, None) => {
+            return Err(key_err(
+                "reconciliation.queue",
+                "required when no order-close handler is configured",
+            ));
+        }
+    };
+    crate::housekeeping::validate_cron("cron", &r.cron).map_err(|e| match e {
+        InvalidInput::Option { reason, .. } => key_err("reconciliation.cron", reason),
+        other => key_err("reconciliation.cron", other),
+    })?;
+    let grace = duration("reconciliation.grace", &r.grace)?;
+    if !(1..=1000).contains(&r.batch) {
+        return Err(key_err("reconciliation.batch", "must be 1..=1000"));
+    }
+    Ok(Some(ReconcileSpec {
+        database_url,
+        queue,
+        cron: r.cron.clone(),
+        grace,
+        batch: r.batch,
+    }))
 }
 
 #[cfg(test)]
@@ -478,6 +609,76 @@ visibility_timeout = "30s"
             (
                 GOOD.replace("http://127.0.0.1:9000/orders/close", "ftp://x"),
                 "handlers[0].url",
+            ),
+        ];
+        for (text, key) in cases {
+            let e = load_str(&text, env()).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+    }
+
+    const CLOSE: &str = r#"
+[[handlers]]
+queue = "order-close"
+group = "close-order"
+kind = "order-close"
+database_url = "sqlite://orders.db"
+"#;
+
+    #[test]
+    fn an_order_close_handler_turns_reconciliation_on() {
+        let s = load_str(CLOSE, env()).unwrap();
+        assert_eq!(
+            s.handlers[0].kind,
+            HandlerKind::OrderClose {
+                database_url: "sqlite://orders.db".into()
+            }
+        );
+        let r = s.reconciliation.unwrap();
+        assert_eq!(
+            (r.queue.as_str(), r.database_url.as_str()),
+            ("order-close", "sqlite://orders.db")
+        );
+        assert_eq!(
+            (r.cron.as_str(), r.grace),
+            ("*/30 * * * * *", Duration::from_secs(60))
+        );
+        let off = format!("{CLOSE}\n[reconciliation]\nenabled = false\n");
+        assert!(load_str(&off, env()).unwrap().reconciliation.is_none());
+        // Without an order-close handler it is off unless asked for.
+        assert!(load_str(GOOD, env()).unwrap().reconciliation.is_none());
+    }
+
+    #[test]
+    fn order_close_errors_name_the_key() {
+        let cases = [
+            (
+                CLOSE.replace("database_url = \"sqlite://orders.db\"", ""),
+                "handlers[0].database_url",
+            ),
+            (
+                CLOSE.replace("sqlite://orders.db", "mysql://db/orders"),
+                "handlers[0].database_url",
+            ),
+            (
+                format!("{CLOSE}\n[reconciliation]\ngrace = \"soon\"\n"),
+                "reconciliation.grace",
+            ),
+            (
+                format!("{CLOSE}\n[reconciliation]\ncron = \"* * * * *\"\n"),
+                "reconciliation.cron",
+            ),
+            (
+                format!("{CLOSE}\n[reconciliation]\ngrase = \"1m\"\n"),
+                "grase",
+            ),
+            (
+                "[reconciliation]\nenabled = true\n".to_owned(),
+                "reconciliation.database_url",
+            ),
+            (
+                GOOD.replace("secret = \"hmac-key\"", "database_url = \"sqlite://x.db\""),
+                "handlers[0].database_url",
             ),
         ];
         for (text, key) in cases {

@@ -45,6 +45,19 @@ pub enum Error {
         /// How long was waited.
         timeout: std::time::Duration,
     },
+    /// The orders database failed or could not be reached while doing `context`.
+    #[error("database error while {context}: {source}")]
+    Database {
+        /// What delayq was doing.
+        context: &'static str,
+        /// The error from sqlx.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Applying the orders schema failed, or the database holds an applied migration that
+    /// differs from the embedded one.
+    #[error("migrating the orders database: {0}")]
+    Migrate(#[source] Box<sqlx::migrate::MigrateError>),
     /// A throwaway local `redis-server` could not be started.
     #[error("could not start a local redis-server: {0}")]
     LocalRedis(String),

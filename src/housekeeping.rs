@@ -151,52 +151,91 @@ impl Housekeeper {
 
     /// Schedules the chores and runs them until `cancel`; then waits for running chores.
     pub async fn run(self, cancel: CancellationToken) -> Result<()> {
-        let mut sched = JobScheduler::new().await.map_err(sched_err)?;
         let this = Arc::new(self);
-        let mut locks = Vec::new();
+        let mut chores = Vec::new();
         for (name, cron) in [
             ("trim", this.opts.trim_cron.clone()),
             ("consumers", this.opts.consumers_cron.clone()),
             ("sweep", this.opts.sweep_cron.clone()),
         ] {
-            let lock = Arc::new(Mutex::new(()));
-            locks.push(lock.clone());
             let this = this.clone();
-            let job = Job::new_async(cron.as_str(), move |_id, _sched| {
-                let (this, lock) = (this.clone(), lock.clone());
-                Box::pin(async move {
-                    // Skip this tick if the previous run is still going.
-                    let Ok(_guard) = lock.try_lock() else {
-                        tracing::debug!(chore = name, "still running; tick skipped");
-                        return;
-                    };
-                    let r = match name {
+            chores.push(Chore::new(name, cron, move || {
+                let this = this.clone();
+                async move {
+                    match name {
                         "trim" => this.trim().await,
                         "consumers" => this.remove_idle_consumers().await,
                         _ => this.sweep().await,
-                    };
-                    match r {
-                        Ok(rep) if rep.count > 0 => {
-                            tracing::info!(chore = name, count = rep.count, "housekeeping")
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(chore = name, error = %e, "housekeeping failed"),
                     }
-                }) as Pin<Box<dyn Future<Output = ()> + Send>>
-            })
-            .map_err(sched_err)?;
-            sched.add(job).await.map_err(sched_err)?;
+                }
+            }));
         }
-        sched.start().await.map_err(sched_err)?;
-        cancel.cancelled().await;
-        if let Err(e) = sched.shutdown().await {
-            tracing::warn!(error = %e, "scheduler shutdown");
-        }
-        for l in locks {
-            let _ = l.lock().await;
-        }
-        Ok(())
+        run_chores(chores, cancel).await
     }
+}
+
+type ChoreFn = dyn Fn() -> Pin<Box<dyn Future<Output = Result<ChoreReport>> + Send>> + Send + Sync;
+
+/// A named job on a cron schedule.
+pub(crate) struct Chore {
+    name: &'static str,
+    cron: String,
+    run: Arc<ChoreFn>,
+}
+
+impl Chore {
+    /// `run` on `cron` (six fields, seconds first).
+    pub(crate) fn new<F, Fut>(name: &'static str, cron: String, run: F) -> Chore
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ChoreReport>> + Send + 'static,
+    {
+        Chore {
+            name,
+            cron,
+            run: Arc::new(move || Box::pin(run())),
+        }
+    }
+}
+
+/// Runs `chores` on their schedules (tokio-cron-scheduler) until `cancel`, then waits for
+/// the running ones. A chore still running when its next tick comes skips that tick.
+pub(crate) async fn run_chores(chores: Vec<Chore>, cancel: CancellationToken) -> Result<()> {
+    let mut sched = JobScheduler::new().await.map_err(sched_err)?;
+    let mut locks = Vec::new();
+    for chore in chores {
+        let lock = Arc::new(Mutex::new(()));
+        locks.push(lock.clone());
+        let (name, run) = (chore.name, chore.run);
+        let job = Job::new_async(chore.cron.as_str(), move |_id, _sched| {
+            let (run, lock) = (run.clone(), lock.clone());
+            Box::pin(async move {
+                // Skip this tick if the previous run is still going.
+                let Ok(_guard) = lock.try_lock() else {
+                    tracing::debug!(chore = name, "still running; tick skipped");
+                    return;
+                };
+                match run().await {
+                    Ok(rep) if rep.count > 0 => {
+                        tracing::info!(chore = name, count = rep.count, "housekeeping")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(chore = name, error = %e, "housekeeping failed"),
+                }
+            }) as Pin<Box<dyn Future<Output = ()> + Send>>
+        })
+        .map_err(sched_err)?;
+        sched.add(job).await.map_err(sched_err)?;
+    }
+    sched.start().await.map_err(sched_err)?;
+    cancel.cancelled().await;
+    if let Err(e) = sched.shutdown().await {
+        tracing::warn!(error = %e, "scheduler shutdown");
+    }
+    for l in locks {
+        let _ = l.lock().await;
+    }
+    Ok(())
 }
 
 /// Checks a six-field cron expression (seconds first).

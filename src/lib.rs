@@ -39,6 +39,11 @@
 //! - [`bench`]: the `delayq bench` load generator.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
+//! - [`db`]: the orders database pool (PostgreSQL or SQLite) and the embedded migrations.
+//! - [`orders`]: the `orders` table: create, pay, extend, conditional close, overdue scan.
+//! - [`order_close`]: the `order-close` built-in handler ([`OrderClose`]).
+//! - [`reconcile`]: the reconciliation job that reschedules overdue pending orders
+//!   ([`Reconciler`]).
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 //!
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
@@ -51,6 +56,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod conn;
+pub mod db;
 pub mod dead;
 pub mod demo;
 pub mod dispatcher;
@@ -62,6 +68,9 @@ pub mod keys;
 pub mod local_redis;
 pub mod metrics;
 pub mod order;
+pub mod order_close;
+pub mod orders;
+pub mod reconcile;
 pub mod scripts;
 pub mod serve;
 pub mod stats;
@@ -80,6 +89,9 @@ pub use order::{
     CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,
     ScheduledOrder, When,
 };
+pub use order_close::OrderClose;
+pub use orders::{CloseOutcome, OrderRow, OrderStatus, Orders, PayOutcome};
+pub use reconcile::{ReconcileOptions, Reconciler};
 pub use stats::{GroupStats, QueueStats};
 pub use worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,

@@ -1,15 +1,21 @@
 //! `delayq serve`: runs the dispatcher of every configured queue, the housekeeping chores,
-//! one worker per configured handler and the HTTP API, until cancelled; then stops them all
+//! one worker per configured handler, the reconciliation job (when on) and the HTTP API,
+//! until cancelled; then stops them all
 //! gracefully (in-flight handlers finish and are acknowledged).
 
 use crate::builtin::{Builtin, Webhook};
 use crate::client::{Client, ClientOptions};
 use crate::config::{HandlerKind, Settings};
+use crate::db::Db;
 use crate::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::error::Result;
 use crate::housekeeping::{Housekeeper, HousekeepingOptions};
 use crate::http::{AppState, app};
+use crate::order_close::OrderClose;
+use crate::orders::Orders;
+use crate::reconcile::{ReconcileOptions, Reconciler};
 use crate::worker::{Worker, WorkerOptions};
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -78,12 +84,26 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             .consumer_max_idle(settings.consumer_max_idle),
     )?;
     tasks.spawn(housekeeper.run(cancel.clone()));
+    // One pool per orders database, shared by its handlers and the reconciliation job.
+    let mut dbs: HashMap<String, Db> = HashMap::new();
+    let mut db_for = |url: &str, conns: usize| -> Result<Orders> {
+        if let Some(db) = dbs.get(url) {
+            return Ok(Orders::new(db.clone()));
+        }
+        let db = Db::connect_lazy(url, u32::try_from(conns.clamp(2, 64)).unwrap_or(8))?;
+        dbs.insert(url.to_owned(), db.clone());
+        Ok(Orders::new(db))
+    };
     for h in &settings.handlers {
         let handler = match &h.kind {
             HandlerKind::Webhook { url, secret } => {
                 Builtin::Webhook(Webhook::new(url, secret.as_deref(), h.timeout)?)
             }
             HandlerKind::Log => Builtin::Log,
+            HandlerKind::OrderClose { database_url } => Builtin::OrderClose(OrderClose::new(
+                db_for(database_url, h.concurrency)?,
+                &client,
+            )),
         };
         let w = Worker::new(
             &client,
@@ -98,6 +118,18 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
                 .visibility_timeout(h.visibility_timeout),
         )?;
         tasks.spawn(w.run(cancel.clone()));
+    }
+    if let Some(r) = &settings.reconciliation {
+        let reconciler = Reconciler::new(
+            db_for(&r.database_url, 2)?,
+            &client,
+            &r.queue,
+            ReconcileOptions::default()
+                .cron(r.cron.clone())
+                .grace(r.grace)
+                .batch(r.batch),
+        )?;
+        tasks.spawn(reconciler.run(cancel.clone()));
     }
     let router = app(
         AppState::new(client.clone(), cfg.http.tokens.clone()),
