@@ -91,6 +91,10 @@ pub enum Command {
         /// Share of customers who pay in time, percent.
         #[arg(long, default_value_t = 30)]
         paid_percent: u32,
+        /// The orders database (postgres://... or sqlite://file); default: a temporary
+        /// SQLite file.
+        #[arg(long, env = "DELAYQ_DATABASE_URL")]
+        database_url: Option<String>,
     },
     /// Apply the orders schema (the embedded migrations) to a database. Idempotent; creates a
     /// missing SQLite file; refuses a database whose applied migrations were modified.
@@ -328,11 +332,16 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
             orders,
             window,
             paid_percent,
+            database_url,
         } => {
+            if let Some(u) = &database_url {
+                crate::db::check_url(u)?;
+            }
             let opts = crate::demo::DemoOptions {
                 orders,
                 window: parse_duration("--window", &window)?,
                 paid_percent,
+                database_url,
             };
             if orders == 0 || paid_percent > 100 {
                 return Err(Failure::Invalid(
@@ -343,10 +352,11 @@ async fn dispatch(cli: Cli) -> Result<(), Failure> {
                 .await
                 .map_err(|e| Failure::Runtime(format!("demo: {e:#}")))?;
             println!(
-                "summary: created {}, paid {}, closed {}, notified {}; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                "summary: created {}, paid {}, closed {} (in the database, {} still pending), notified {}; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
                 s.created,
                 s.paid,
                 s.closed,
+                s.pending,
                 s.notified,
                 s.late_p50_ms,
                 s.late_p99_ms,

@@ -1,14 +1,19 @@
 //! `delayq demo`: the whole flow with zero configuration.
 //!
-//! Uses the Redis at `--redis-url` when it answers, else starts a throwaway `redis-server`.
-//! A simulated checkout service creates orders that expire within a window, a share of the
-//! customers pay in time (their close event is cancelled), and a dispatcher with two handler
-//! groups (`close-order`, `notify-user`) handles the rest. Progress is shown every second;
-//! the run ends with a summary. Keys live in a namespace of their own, removed at the end.
+//! Uses the Redis at `--redis-url` when it answers, else starts a throwaway `redis-server`;
+//! uses the orders database at `--database-url` when given, else a temporary SQLite file.
+//! A simulated checkout service creates orders in the database (expiring within a window)
+//! and schedules their close events; a share of the customers pay in time (the order is
+//! marked paid and its close event cancelled). A dispatcher and two handler groups run:
+//! `close-order` (the built-in [`OrderClose`] handler, closing orders in the database) and
+//! `notify-user`. Progress is shown every second; the run ends with a summary read back
+//! from the database. Redis keys live in a namespace of their own, removed at the end.
 
+use crate::db::Db;
+use crate::orders::{Orders, PayOutcome};
 use crate::{
-    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, LocalRedis, Mode, NewOrder,
-    When, Worker, WorkerOptions,
+    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Handler, LocalRedis, Mode,
+    NewOrder, OrderClose, When, Worker, WorkerOptions,
 };
 use anyhow::Context;
 use hdrhistogram::Histogram;
@@ -29,6 +34,8 @@ pub struct DemoOptions {
     pub window: Duration,
     /// Share of customers who pay in time, 0..=100 percent.
     pub paid_percent: u32,
+    /// The orders database (default: a temporary SQLite file).
+    pub database_url: Option<String>,
 }
 
 /// The demo's summary.
@@ -38,8 +45,12 @@ pub struct DemoSummary {
     pub created: usize,
     /// Orders paid in time (close event cancelled).
     pub paid: usize,
-    /// Orders closed by the close-order group.
+    /// Orders closed in the database.
     pub closed: usize,
+    /// Orders still pending in the database (0 when all went well).
+    pub pending: usize,
+    /// The orders database (password redacted).
+    pub database: String,
     /// Users notified by the notify-user group.
     pub notified: usize,
     /// Handler lateness (start − due), p50 ms.
@@ -66,33 +77,57 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
         let u = s.url();
         (Some(s), u)
     };
+    let (_dir, db_url) = match &opts.database_url {
+        Some(u) => (None, u.clone()),
+        None => {
+            let dir = tempfile::tempdir().context("creating a temporary directory")?;
+            let u = format!("sqlite://{}", dir.path().join("orders.db").display());
+            (Some(dir), u)
+        }
+    };
+    let db = Db::connect(&db_url)
+        .await
+        .with_context(|| format!("opening {}", crate::db::redact(&db_url)))?;
+    db.migrate().await?;
+    eprintln!("orders database: {}", crate::db::redact(&db_url));
     let ns = format!("dq-demo-{}", std::process::id());
     let client = Client::connect_with(&url, ClientOptions::default().namespace(&ns)).await?;
-    let result = demo(&client, opts).await;
+    let result = demo(&client, Orders::new(db.clone()), &ns, opts).await;
+    db.close().await;
+    let result = result.map(|s| DemoSummary {
+        database: crate::db::redact(&db_url),
+        ..s
+    });
     if let Err(e) = client.delete_namespace().await {
         eprintln!("could not remove the demo's keys: {e}");
     }
     result
 }
 
-async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
+async fn demo(
+    client: &Client,
+    orders: Orders,
+    prefix: &str,
+    opts: &DemoOptions,
+) -> anyhow::Result<DemoSummary> {
     let stop = CancellationToken::new();
-    let closed = Arc::new(AtomicUsize::new(0));
     let notified = Arc::new(AtomicUsize::new(0));
     let hist = Arc::new(Mutex::new(Histogram::<u64>::new_with_bounds(
         1,
         3_600_000_000,
         3,
     )?));
+    // close-order: the built-in handler, timed.
     let close = {
-        let (closed, hist, clock) = (closed.clone(), hist.clone(), client.clock().clone());
+        let (hist, clock) = (hist.clone(), client.clock().clone());
+        let handler = Arc::new(OrderClose::new(orders.clone(), client));
         move |d: Delivery| {
             let late_us = clock.now_us() - d.due_at_ms * 1000;
             if let Ok(mut h) = hist.lock() {
                 let _ = h.record(u64::try_from(late_us).unwrap_or(0).max(1));
             }
-            closed.fetch_add(1, Ordering::SeqCst);
-            std::future::ready(Ok(()))
+            let handler = handler.clone();
+            async move { handler.handle(d).await }
         }
     };
     let notify = {
@@ -113,30 +148,37 @@ async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary
         Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
     );
 
-    // The checkout service: orders expiring uniformly over the window.
+    // The checkout service: each order is committed in the database, then its close event
+    // is scheduled for its expiry (the reconciliation job of `delayq serve` covers a crash
+    // in between).
     let window_ms = i64::try_from(opts.window.as_millis())
         .unwrap_or(10_000)
         .max(1);
     let n = opts.orders;
-    let orders: Vec<NewOrder> = (0..n)
-        .map(|i| {
-            let expires = 1000 + window_ms * i64::try_from(i).unwrap_or(0) / i64::try_from(n).unwrap_or(1);
-            NewOrder::new(
-                format!("order-{i:06}"),
-                When::in_ms(expires),
-                serde_json::json!({"order_id": format!("order-{i:06}"), "user_id": i % 977, "amount_cents": 1000 + i % 9000}),
-            )
-        })
-        .collect();
-    for chunk in orders.chunks(1000) {
+    let now = client.now_ms();
+    let mut events = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("{prefix}-order-{i:06}");
+        let expires =
+            now + 1000 + window_ms * i64::try_from(i).unwrap_or(0) / i64::try_from(n).unwrap_or(1);
+        let amount = 1000 + i64::try_from(i % 9000).unwrap_or(0);
+        orders.create(&id, amount, now, expires).await?;
+        events.push(NewOrder::new(
+            id,
+            When::AtMs(expires),
+            serde_json::json!({"user_id": i % 977, "amount_cents": amount}),
+        ));
+    }
+    for chunk in events.chunks(1000) {
         client.schedule_many(QUEUE, chunk, Mode::Upsert).await?;
     }
-    // Customers who pay in time: the checkout service cancels their close event.
+    // Customers who pay in time: the order is marked paid, then its close event cancelled.
     let mut paid = 0;
-    for (i, o) in orders.iter().enumerate() {
+    for (i, o) in events.iter().enumerate() {
         if (i * 7919 % 100) < opts.paid_percent as usize
-            && client.cancel(QUEUE, &o.id).await? == crate::CancelOutcome::Cancelled
+            && orders.pay(&o.id, client.now_ms()).await? == PayOutcome::Paid
         {
+            client.cancel(QUEUE, &o.id).await?;
             paid += 1;
         }
     }
@@ -149,15 +191,14 @@ async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary
     let started = Instant::now();
     let deadline = opts.window + Duration::from_secs(60);
     loop {
-        let (c, nt) = (
-            closed.load(Ordering::SeqCst),
-            notified.load(Ordering::SeqCst),
-        );
+        let c = orders.counts().await?;
+        let nt = notified.load(Ordering::SeqCst);
         eprintln!(
-            "  closed {c}/{unpaid}, notified {nt}/{unpaid}, {:.0} s",
+            "  closed {}/{unpaid} in the database, notified {nt}/{unpaid}, {:.0} s",
+            c.closed,
             started.elapsed().as_secs_f64()
         );
-        if c >= unpaid && nt >= unpaid {
+        if c.pending == 0 && nt >= unpaid {
             break;
         }
         anyhow::ensure!(
@@ -170,14 +211,17 @@ async fn demo(client: &Client, opts: &DemoOptions) -> anyhow::Result<DemoSummary
     h1.await??;
     h2.await??;
     hd.await?;
+    let c = orders.counts().await?;
     let h = hist
         .lock()
         .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
     let ms = |us: u64| us as f64 / 1000.0;
     Ok(DemoSummary {
         created: n,
-        paid,
-        closed: closed.load(Ordering::SeqCst),
+        paid: usize::try_from(c.paid).unwrap_or(usize::MAX),
+        closed: usize::try_from(c.closed).unwrap_or(usize::MAX),
+        pending: usize::try_from(c.pending).unwrap_or(usize::MAX),
+        database: String::new(),
         notified: notified.load(Ordering::SeqCst),
         late_p50_ms: ms(h.value_at_quantile(0.5)),
         late_p99_ms: ms(h.value_at_quantile(0.99)),

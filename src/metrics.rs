@@ -3,7 +3,9 @@
 //!
 //! Counters: `delayq_scheduled_total{queue}`, `delayq_cancelled_total{queue}`,
 //! `delayq_dispatched_total{queue}`, `delayq_handled_total{queue,group,outcome}` (outcome =
-//! success, retry, dead, skipped), `delayq_dead_lettered_total{queue,group}`.
+//! success, retry, dead, skipped), `delayq_dead_lettered_total{queue,group}`,
+//! `delayq_order_close_total{queue,group,outcome}` (outcome = closed, already_paid,
+//! already_closed, not_yet_expired, unknown_order), `delayq_reconciled_total{queue}`.
 //! Histogram: `delayq_lateness_seconds{queue,group}` (handler start − due time).
 //! Gauges (refreshed by `serve`): `delayq_scheduled{queue}`, `delayq_overdue{queue}`,
 //! `delayq_oldest_overdue_seconds{queue}`, `delayq_pending{queue,group}`,

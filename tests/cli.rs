@@ -323,10 +323,61 @@ async fn demo_with_no_redis_starts_its_own_and_handles_every_unpaid_order() {
     let (created, paid) = (s["created"].as_u64().unwrap(), s["paid"].as_u64().unwrap());
     assert_eq!(created, 300);
     assert!(paid > 0 && paid < 300, "{s}");
+    // Read back from the orders database (a temporary SQLite file by default).
     assert_eq!(s["closed"].as_u64().unwrap(), created - paid);
+    assert_eq!(s["pending"].as_u64().unwrap(), 0);
+    assert!(
+        s["database"].as_str().unwrap().starts_with("sqlite://"),
+        "{s}"
+    );
     assert_eq!(s["notified"].as_u64().unwrap(), created - paid);
     let o = run("redis://127.0.0.1:1", &["demo", "--paid-percent", "101"]);
     assert_eq!(o.code, 2);
+    let o = run(
+        "redis://127.0.0.1:1",
+        &["demo", "--database-url", "mysql://db/orders"],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("database_url"), "{}", o.stderr);
+}
+
+#[tokio::test]
+async fn migrate_applies_the_schema_idempotently_on_both_backends() {
+    for t in support::db::TestDb::all().await {
+        for _ in 0..2 {
+            let o = run(
+                "redis://127.0.0.1:1",
+                &["migrate", "--database-url", &t.url],
+            );
+            assert_eq!(o.code, 0, "{}: {}", t.backend, o.stderr);
+            let v = o.json();
+            assert_eq!(v["outcome"], "migrated");
+            assert_eq!(v["backend"], t.backend);
+        }
+        // The schema is there: the orders table accepts a row.
+        let db = delayq::db::Db::connect(&t.url).await.unwrap();
+        let orders = delayq::Orders::new(db.clone());
+        assert!(orders.create("o-1", 1, 1, 2).await.unwrap());
+        db.close().await;
+    }
+    let o = run(
+        "redis://127.0.0.1:1",
+        &["migrate", "--database-url", "mysql://db/orders"],
+    );
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = run(
+        "redis://127.0.0.1:1",
+        &[
+            "migrate",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/none",
+        ],
+    );
+    assert_eq!(
+        o.code, 3,
+        "an unreachable database is a runtime failure: {}",
+        o.stderr
+    );
 }
 
 #[tokio::test]

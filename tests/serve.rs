@@ -288,3 +288,121 @@ async fn config_errors_exit_2_naming_the_key() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
 }
+
+#[tokio::test]
+async fn serve_closes_orders_in_the_database_and_reconciles_lost_events() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let t = support::db::TestDb::sqlite();
+    let orders = delayq::Orders::new(t.migrated().await);
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    let now = client.now_ms();
+    // due: an unpaid order whose close event is scheduled; paid: paid, but its cancel was
+    // lost; orphan: committed, expired, and its event never scheduled.
+    orders.create("due", 100, now, now + 300).await.unwrap();
+    orders.create("paid", 100, now, now + 300).await.unwrap();
+    orders
+        .create("orphan", 100, now - 60_000, now - 5_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        orders.pay("paid", now).await.unwrap(),
+        delayq::PayOutcome::Paid
+    );
+    for id in ["due", "paid"] {
+        client
+            .schedule("order-close", id, delayq::When::AtMs(now + 300), json!({}))
+            .await
+            .unwrap();
+    }
+
+    let api_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+redis_url = "{}"
+[http]
+listen = "127.0.0.1:{api_port}"
+[[handlers]]
+queue = "order-close"
+group = "close-order"
+kind = "order-close"
+database_url = "{}"
+backoff = "fixed:200ms"
+[reconciliation]
+cron = "* * * * * *"
+grace = "1s"
+"#,
+            redis.url(),
+            t.url
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let o = orders.clone();
+    wait_for(
+        "due and orphan closed in the database",
+        Duration::from_secs(60),
+        move || {
+            let o = o.clone();
+            async move { o.counts().await.unwrap().closed == 2 }
+        },
+    )
+    .await;
+    let reason = |id: &'static str| {
+        let o = orders.clone();
+        async move { o.get(id).await.unwrap().unwrap().close_reason }
+    };
+    assert_eq!(reason("due").await.as_deref(), Some("expired"));
+    assert_eq!(reason("orphan").await.as_deref(), Some("reconciled"));
+    let paid = orders.get("paid").await.unwrap().unwrap();
+    assert_eq!(paid.status, delayq::OrderStatus::Paid);
+
+    // The outcomes are counted apart (the paid order's event was acknowledged unclosed).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let url = format!("http://127.0.0.1:{api_port}/metrics");
+    wait_for(
+        "closed and already_paid counted",
+        Duration::from_secs(30),
+        move || {
+            let url = url.clone();
+            async move {
+                let Ok(r) = reqwest::get(&url).await else {
+                    return false;
+                };
+                let text = r.text().await.unwrap_or_default();
+                ["closed", "already_paid"].iter().all(|outcome| {
+                    text.lines().any(|l| {
+                        l.starts_with("delayq_order_close_total")
+                            && l.contains(&format!("outcome=\"{outcome}\""))
+                    })
+                })
+            }
+        },
+    )
+    .await;
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = child.wait().unwrap();
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        std::fs::read_to_string(dir.path().join("serve.log")).unwrap()
+    );
+}
