@@ -12,6 +12,9 @@
 //! - `ceiling`: this Redis's raw limits in the same run (pipelined ZADD, a trivial script),
 //!   and delayq's enqueue rate as a fraction of them.
 //! - `dispatch`: N orders already due, drained by one dispatcher: orders/s into the streams.
+//! - `depth`: N orders pending (due in an hour) beside 10,000 due ones; the due ones are
+//!   drained by one dispatcher: Redis CPU per dispatched order at that depth (compare
+//!   `--orders 10000` with `--orders 10000000`).
 //!
 //! Everything runs in a namespace of its own (`dq-bench-<pid>`), deleted at the end; nothing
 //! else in the Redis is touched (never FLUSHALL).
@@ -163,8 +166,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "enqueue" => enqueue(&client, opts).await,
         "ceiling" => ceiling(&client, opts).await,
         "dispatch" => dispatch(&client, opts).await,
+        "depth" => depth(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch)"
+            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth)"
         )),
     };
     client.delete_namespace().await?;
@@ -230,6 +234,60 @@ async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchR
         drain_rate: Some(moved as f64 / took.as_secs_f64()),
         redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / opts.orders as f64),
         notes: "orders already due, drained by one dispatcher into the stream (no worker)".into(),
+        ..Default::default()
+    })
+}
+
+/// Due orders drained in the `depth` scenario.
+const DEPTH_DUE: usize = 10_000;
+
+async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let now = client.now_ms();
+    // The pending background, generated in chunks to keep the client's memory flat.
+    let mut start = 0;
+    while start < opts.orders {
+        let end = (start + 100_000).min(opts.orders);
+        let chunk: Vec<NewOrder> = (start..end)
+            .map(|i| {
+                let due = now + 3_600_000 + (i % 600_000) as i64;
+                NewOrder::new(
+                    format!("bg-{i}"),
+                    When::at_ms(due),
+                    payload(opts.payload_bytes, i, due),
+                )
+            })
+            .collect();
+        enqueue_all(client, &chunk).await?;
+        start = end;
+    }
+    let due: Vec<NewOrder> = (0..DEPTH_DUE)
+        .map(|i| {
+            let due = now - 1 - (i % 1000) as i64;
+            NewOrder::new(
+                format!("due-{i}"),
+                When::at_ms(due),
+                payload(opts.payload_bytes, i, due),
+            )
+        })
+        .collect();
+    enqueue_all(client, &due).await?;
+    let d = Dispatcher::new(client, QUEUE, DispatcherOptions::default())?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let started = Instant::now();
+    let moved = d.drain().await?.moved;
+    let took = started.elapsed();
+    let cpu1 = redis_cpu_s(client).await?;
+    anyhow::ensure!(moved == DEPTH_DUE, "moved {moved} of {DEPTH_DUE}");
+    Ok(BenchReport {
+        scenario: "depth".into(),
+        n: opts.orders,
+        drain_s: Some(took.as_secs_f64()),
+        drain_rate: Some(moved as f64 / took.as_secs_f64()),
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / moved as f64),
+        notes: format!(
+            "{DEPTH_DUE} due orders drained by one dispatcher with n orders pending beside them; \
+             CPU is per dispatched order"
+        ),
         ..Default::default()
     })
 }

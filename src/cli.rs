@@ -123,7 +123,7 @@ pub enum Command {
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
     /// redis-server when none is reachable).
     Bench {
-        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch.
+        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth.
         #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.

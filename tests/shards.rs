@@ -99,3 +99,76 @@ async fn a_backlog_in_one_shard_does_not_starve_another() {
     let s0_left: i64 = raw(&client, &["ZCARD", "{dq:order-close:0}:due"]).await;
     assert_eq!(s0_left, 19_900);
 }
+
+/// A producer in another language, doing exactly what ARCHITECTURE.md says (TIME, SCRIPT
+/// LOAD lua/enqueue.lua, FNV-1a shard, EVALSHA): `tests/producers/checkout.py`, standard
+/// library only. The Rust side finds every order in the shard it computes and delivers it.
+#[tokio::test]
+async fn a_python_producer_following_architecture_md_is_delivered() {
+    let (s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let mut orders: Vec<serde_json::Value> = (0..40)
+        .map(|i| json!({"id": format!("py-{i}"), "delay_ms": 200, "payload": {"n": i, "note": "créé"}}))
+        .collect();
+    orders.push(json!({"id": "py-later", "delay_ms": 3_600_000, "payload": {"later": true}}));
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new("python3")
+        .arg(format!("{root}/tests/producers/checkout.py"))
+        .args(["127.0.0.1", &s.port().to_string(), "dq", Q, "4"])
+        .arg(format!("{root}/lua/enqueue.lua"))
+        .arg(serde_json::Value::Array(orders).to_string())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let codes = reply["codes"].as_object().unwrap();
+    assert_eq!(codes.len(), 41);
+    assert!(codes.values().all(|c| c == 1), "{reply}");
+    let shards_used: std::collections::HashSet<u16> =
+        (0..40).map(|i| shard_of(&format!("py-{i}"), 4)).collect();
+    assert!(shards_used.len() > 1, "the ids should spread over shards");
+
+    // The Rust client computes the same shard: it finds the later order where Python put it.
+    let later = client.get(Q, "py-later").await.unwrap().expect("found");
+    assert_eq!(later.payload, json!({"later": true}));
+    assert_eq!(
+        later.due_at_ms,
+        reply["now_ms"].as_i64().unwrap() + 3_600_000
+    );
+    assert_eq!(later.enqueued_at_ms, reply["now_ms"].as_i64());
+
+    let seen = support::Recorder::default();
+    let stop = CancellationToken::new();
+    let w = Worker::new(
+        &client,
+        Q,
+        "close-order",
+        seen.handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let hw = tokio::spawn(w.run(stop.clone()));
+    let hd = tokio::spawn(
+        Dispatcher::new(&client, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+    seen.wait_len(40, std::time::Duration::from_secs(30)).await;
+    let got = seen.deliveries();
+    for d in &got {
+        let i: usize = d.id.strip_prefix("py-").unwrap().parse().unwrap();
+        assert_eq!(d.payload, json!({"n": i, "note": "créé"}), "{}", d.id);
+        assert_eq!(d.shard, shard_of(&d.id, 4));
+        assert_eq!(d.flag, None);
+        assert_eq!(d.enqueued_at_ms, reply["now_ms"].as_i64());
+    }
+    assert_eq!(seen.counts().len(), 40);
+    assert!(client.cancel(Q, "py-later").await.is_ok());
+    stop.cancel();
+    hw.await.unwrap().unwrap();
+    hd.await.unwrap();
+}
