@@ -11,6 +11,10 @@ use tokio::sync::Notify;
 pub(crate) struct Wake {
     /// The time the dispatcher will next look (unix ms); `i64::MAX` while it is busy.
     pub(crate) next_look_ms: AtomicI64,
+    /// The earliest due time scheduled in this process since a pass last took it
+    /// (`i64::MAX` = none): a dispatcher that skips shards it believes are not due yet
+    /// calls every shard once this comes due.
+    pub(crate) early_ms: AtomicI64,
     pub(crate) notify: Notify,
 }
 
@@ -30,6 +34,7 @@ impl WakeRegistry {
             .or_insert_with(|| {
                 Arc::new(Wake {
                     next_look_ms: AtomicI64::new(0),
+                    early_ms: AtomicI64::new(i64::MAX),
                     notify: Notify::new(),
                 })
             })
@@ -45,10 +50,13 @@ impl WakeRegistry {
             .unwrap_or_else(|p| p.into_inner())
             .get(queue)
             .cloned();
-        if let Some(w) = wake
-            && due_ms < w.next_look_ms.load(Ordering::Acquire)
-        {
-            w.notify.notify_one();
+        // Record first, then look: with the dispatcher storing its next look first and then
+        // reading `early_ms` (both SeqCst), one of the two always sees the other.
+        if let Some(w) = wake {
+            w.early_ms.fetch_min(due_ms, Ordering::SeqCst);
+            if due_ms < w.next_look_ms.load(Ordering::SeqCst) {
+                w.notify.notify_one();
+            }
         }
     }
 }

@@ -172,3 +172,53 @@ async fn a_python_producer_following_architecture_md_is_delivered() {
     hw.await.unwrap().unwrap();
     hd.await.unwrap();
 }
+
+/// The dispatcher skips shards whose earliest order is not due yet; an earlier order that
+/// this process schedules into such a shard is still dispatched at once, not after
+/// `max_idle` (set to a minute here, so waiting for it would time the test out).
+#[tokio::test]
+async fn an_earlier_order_in_a_skipped_shard_is_dispatched_at_once() {
+    let (_s, client) = start_with(ClientOptions::default().shards(8)).await;
+    let stop = CancellationToken::new();
+    let d = Dispatcher::new(
+        &client,
+        Q,
+        DispatcherOptions::default().max_idle(std::time::Duration::from_secs(60)),
+    )
+    .unwrap();
+    let seen = support::Recorder::default();
+    let w = Worker::new(&client, Q, "g", seen.handler(), WorkerOptions::default()).unwrap();
+    w.ensure_groups().await.unwrap();
+    let hw = tokio::spawn(w.run(stop.clone()));
+    // Every shard holds an order due in an hour, and one due now to prove the loop runs.
+    for i in 0..64 {
+        client
+            .schedule(Q, &format!("later-{i}"), When::in_ms(3_600_000), json!(i))
+            .await
+            .unwrap();
+    }
+    client
+        .schedule(Q, "first", When::in_ms(0), json!(0))
+        .await
+        .unwrap();
+    let hd = tokio::spawn(d.run(stop.clone()));
+    seen.wait_len(1, std::time::Duration::from_secs(30)).await;
+    // Now every shard is known to be due in an hour; schedule into each of them again.
+    for i in 0..8 {
+        client
+            .schedule(Q, &format!("soon-{i}"), When::in_ms(50), json!(i))
+            .await
+            .unwrap();
+    }
+    seen.wait_len(9, std::time::Duration::from_secs(30)).await;
+    let ids: std::collections::HashSet<String> =
+        seen.deliveries().into_iter().map(|d| d.id).collect();
+    assert!(
+        (0..8).all(|i| ids.contains(&format!("soon-{i}"))),
+        "{ids:?}"
+    );
+    assert!(!ids.iter().any(|i| i.starts_with("later-")));
+    stop.cancel();
+    hw.await.unwrap().unwrap();
+    hd.await.unwrap();
+}
