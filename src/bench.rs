@@ -12,7 +12,7 @@
 //! - `ceiling`: this Redis's raw limits in the same run (pipelined ZADD, a trivial script),
 //!   and delayq's enqueue rate as a fraction of them.
 //! - `dispatch`: N orders already due, drained by one dispatcher: orders/s into the streams.
-//! - `depth`: N orders pending (due in an hour) beside 10,000 due ones; the due ones are
+//! - `depth`: N orders pending (due in an hour) beside 100,000 due ones; the due ones are
 //!   drained by one dispatcher: Redis CPU per dispatched order at that depth (compare
 //!   `--orders 10000` with `--orders 10000000`).
 //!
@@ -111,19 +111,35 @@ fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
     Payload::from_value(&serde_json::json!({"order": i, "due_ms": due_ms, "pad": "x".repeat(pad)}))
 }
 
-async fn info_field<T: std::str::FromStr>(
+/// `field` of `INFO section`, summed over every node that answered (a Redis Cluster
+/// answers once per node; a single server once).
+async fn info_field<T: std::str::FromStr + std::iter::Sum>(
     client: &Client,
     section: &str,
     field: &str,
 ) -> anyhow::Result<T> {
-    let info: String = redis::cmd("INFO")
+    let reply: redis::Value = redis::cmd("INFO")
         .arg(section)
         .query_async(&mut client.connection())
         .await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .with_context(|| format!("INFO {section} has no {field}"))
+    let texts: Vec<String> = match reply {
+        redis::Value::Map(nodes) => nodes
+            .into_iter()
+            .filter_map(|(_, v)| redis::from_redis_value(v).ok())
+            .collect(),
+        other => vec![redis::from_redis_value(other)?],
+    };
+    let values = texts
+        .iter()
+        .map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:")))
+                .and_then(|v| v.trim().parse::<T>().ok())
+                .with_context(|| format!("INFO {section} has no {field}"))
+        })
+        .collect::<anyhow::Result<Vec<T>>>()?;
+    anyhow::ensure!(!values.is_empty(), "INFO {section}: no answer");
+    Ok(values.into_iter().sum())
 }
 
 async fn redis_cpu_s(client: &Client) -> anyhow::Result<f64> {
@@ -239,7 +255,7 @@ async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchR
 }
 
 /// Due orders drained in the `depth` scenario.
-const DEPTH_DUE: usize = 10_000;
+const DEPTH_DUE: usize = 100_000;
 
 async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let now = client.now_ms();
@@ -271,6 +287,9 @@ async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepo
         })
         .collect();
     enqueue_all(client, &due).await?;
+    // Let Redis finish growing its hash tables (incremental rehashing after millions of
+    // inserts): the steady state of a deep queue, not the moment after it filled up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let d = Dispatcher::new(client, QUEUE, DispatcherOptions::default())?;
     let cpu0 = redis_cpu_s(client).await?;
     let started = Instant::now();
@@ -285,8 +304,8 @@ async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepo
         drain_rate: Some(moved as f64 / took.as_secs_f64()),
         redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / moved as f64),
         notes: format!(
-            "{DEPTH_DUE} due orders drained by one dispatcher with n orders pending beside them; \
-             CPU is per dispatched order"
+            "{DEPTH_DUE} due orders drained by one dispatcher with n orders pending beside them \
+             (after a 3 s settle); CPU is per dispatched order"
         ),
         ..Default::default()
     })

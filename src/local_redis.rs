@@ -18,14 +18,22 @@ pub struct LocalRedis {
     extra_args: Vec<String>,
 }
 
-/// True when a Redis at `url` answers PING within half a second.
+/// True when a Redis at `url` (or, for a `redis+cluster://` URL, one of its seed nodes)
+/// answers PING within half a second.
 pub fn reachable(url: &str) -> bool {
-    redis::Client::open(url)
-        .and_then(|c| {
-            let mut conn = c.get_connection_with_timeout(Duration::from_millis(500))?;
-            redis::cmd("PING").query::<String>(&mut conn)
-        })
-        .is_ok()
+    let ping = |u: &str| {
+        redis::Client::open(u)
+            .and_then(|c| {
+                let mut conn = c.get_connection_with_timeout(Duration::from_millis(500))?;
+                redis::cmd("PING").query::<String>(&mut conn)
+            })
+            .is_ok()
+    };
+    match crate::conn::Backend::open(url) {
+        // A cluster is reachable when one of its seed nodes answers.
+        Ok(crate::conn::Backend::Cluster(nodes)) => nodes.iter().any(|n| ping(n)),
+        _ => ping(url),
+    }
 }
 
 impl LocalRedis {
