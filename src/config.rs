@@ -209,6 +209,9 @@ pub struct HandlerConfig {
     /// Pending longer than this with no live lease = reclaimed.
     #[serde(default = "default_visibility")]
     pub visibility_timeout: String,
+    /// Entries taken ahead of free handler slots (default three times `concurrency`).
+    #[serde(default)]
+    pub prefetch: Option<usize>,
 }
 
 fn default_concurrency() -> usize {
@@ -246,6 +249,8 @@ pub struct HandlerSpec {
     pub backoff: Backoff,
     /// Visibility timeout.
     pub visibility_timeout: Duration,
+    /// Prefetch (`None` = the default).
+    pub prefetch: Option<usize>,
 }
 
 /// The built-in handler kinds.
@@ -445,6 +450,9 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         if visibility_timeout < Duration::from_millis(100) {
             return Err(key_err(&k("visibility_timeout"), "must be at least 100ms"));
         }
+        if h.prefetch.is_some_and(|p| p > 10_000) {
+            return Err(key_err(&k("prefetch"), "must be 0..=10000"));
+        }
         queues.push(h.queue.clone());
         handlers.push(HandlerSpec {
             queue: h.queue.clone(),
@@ -455,6 +463,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
             max_attempts: h.max_attempts,
             backoff,
             visibility_timeout,
+            prefetch: h.prefetch,
         });
     }
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;

@@ -105,12 +105,16 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
                 &client,
             )),
         };
+        let mut wopts = WorkerOptions::default();
+        if let Some(p) = h.prefetch {
+            wopts = wopts.prefetch(p);
+        }
         let w = Worker::new(
             &client,
             &h.queue,
             &h.group,
             handler,
-            WorkerOptions::default()
+            wopts
                 .concurrency(h.concurrency)
                 .handler_timeout(h.timeout)
                 .max_attempts(h.max_attempts)

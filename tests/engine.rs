@@ -867,3 +867,83 @@ fn parse_xrange(v: redis::Value) -> Vec<(String, Vec<(String, String)>)> {
         })
         .collect()
 }
+
+/// Prefetch: a worker with concurrency 2 and prefetch 3 takes (and leases) 5 entries at once
+/// under a backlog, but never runs more than 2 handlers at a time; all 12 are handled.
+#[tokio::test]
+async fn prefetched_entries_are_leased_but_wait_for_a_handler_slot() {
+    let (_s, client) = start().await;
+    let orders: Vec<delayq::NewOrder> = (0..12)
+        .map(|i| delayq::NewOrder::new(format!("p{i}"), delayq::When::in_ms(0), json!(i)))
+        .collect();
+    client
+        .schedule_many("q", &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    delayq::Dispatcher::new(&client, "q", delayq::DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let running = Arc::new(AtomicUsize::new(0));
+    let max_running = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let handler = {
+        let (running, max_running, done, gate) = (
+            running.clone(),
+            max_running.clone(),
+            done.clone(),
+            gate.clone(),
+        );
+        move |_d: delayq::Delivery| {
+            let (running, max_running, done, gate) = (
+                running.clone(),
+                max_running.clone(),
+                done.clone(),
+                gate.clone(),
+            );
+            async move {
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                max_running.fetch_max(now, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                running.fetch_sub(1, Ordering::SeqCst);
+                done.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        }
+    };
+    let w = delayq::Worker::new(
+        &client,
+        "q",
+        "g",
+        handler,
+        delayq::WorkerOptions::default().concurrency(2).prefetch(3),
+    )
+    .unwrap();
+    let stop = CancellationToken::new();
+    let h = tokio::spawn(w.run(stop.clone()));
+    // Two handlers start and block; five entries are taken (pending) in all.
+    let r = running.clone();
+    wait_for("two handlers running", Duration::from_secs(10), move || {
+        let n = r.load(Ordering::SeqCst);
+        async move { n == 2 }
+    })
+    .await;
+    let c = client.clone();
+    wait_for("five entries taken", Duration::from_secs(10), move || {
+        let c = c.clone();
+        async move { pending(&c, "{dq:q:0}:stream", "g").await == 5 }
+    })
+    .await;
+    gate.add_permits(12);
+    let d = done.clone();
+    wait_for("all twelve handled", Duration::from_secs(10), move || {
+        let n = d.load(Ordering::SeqCst);
+        async move { n == 12 }
+    })
+    .await;
+    assert_eq!(max_running.load(Ordering::SeqCst), 2);
+    stop.cancel();
+    h.await.unwrap().unwrap();
+}
