@@ -651,13 +651,19 @@ async fn take_new<H: Handler>(
     shards: &[&ShardKeys],
     count: usize,
 ) -> Result<(Vec<Taken>, Vec<(usize, String)>)> {
-    let mut conn = s.client.connection();
     let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let mut out = Vec::new();
     let mut reads = Vec::with_capacity(shards.len());
-    for keys in shards {
-        let (entries, last) =
-            scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
+    // One read per shard, all in flight together on the multiplexed connection.
+    let replies =
+        futures_util::future::try_join_all(shards.iter().map(|keys| {
+            let mut conn = s.client.connection();
+            async move {
+                scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await
+            }
+        }))
+        .await?;
+    for (keys, (entries, last)) in shards.iter().zip(replies) {
         let entries = entries_of(entries)?;
         let n = entries.len();
         for (entry_id, fields) in entries {
