@@ -236,20 +236,28 @@ async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchR
         })
         .collect();
     enqueue_all(client, &orders).await?;
+    Ok(BenchReport {
+        scenario: "dispatch".into(),
+        n: opts.orders,
+        notes: "orders already due, drained by one dispatcher into the stream (no worker)".into(),
+        ..drain_due(client, opts.orders).await?
+    })
+}
+
+/// Drains the `expected` due orders with one dispatcher; reports the drain time, rate and
+/// Redis CPU per dispatched order.
+async fn drain_due(client: &Client, expected: usize) -> anyhow::Result<BenchReport> {
     let d = Dispatcher::new(client, QUEUE, DispatcherOptions::default())?;
     let cpu0 = redis_cpu_s(client).await?;
     let started = Instant::now();
     let moved = d.drain().await?.moved;
     let took = started.elapsed();
     let cpu1 = redis_cpu_s(client).await?;
-    anyhow::ensure!(moved == opts.orders, "moved {moved} of {}", opts.orders);
+    anyhow::ensure!(moved == expected, "moved {moved} of {expected}");
     Ok(BenchReport {
-        scenario: "dispatch".into(),
-        n: opts.orders,
         drain_s: Some(took.as_secs_f64()),
         drain_rate: Some(moved as f64 / took.as_secs_f64()),
-        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / opts.orders as f64),
-        notes: "orders already due, drained by one dispatcher into the stream (no worker)".into(),
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / moved as f64),
         ..Default::default()
     })
 }
@@ -290,24 +298,15 @@ async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepo
     // Let Redis finish growing its hash tables (incremental rehashing after millions of
     // inserts): the steady state of a deep queue, not the moment after it filled up.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let d = Dispatcher::new(client, QUEUE, DispatcherOptions::default())?;
-    let cpu0 = redis_cpu_s(client).await?;
-    let started = Instant::now();
-    let moved = d.drain().await?.moved;
-    let took = started.elapsed();
-    let cpu1 = redis_cpu_s(client).await?;
-    anyhow::ensure!(moved == DEPTH_DUE, "moved {moved} of {DEPTH_DUE}");
+    let drained = drain_due(client, DEPTH_DUE).await?;
     Ok(BenchReport {
         scenario: "depth".into(),
         n: opts.orders,
-        drain_s: Some(took.as_secs_f64()),
-        drain_rate: Some(moved as f64 / took.as_secs_f64()),
-        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / moved as f64),
         notes: format!(
             "{DEPTH_DUE} due orders drained by one dispatcher with n orders pending beside them \
              (after a 3 s settle); CPU is per dispatched order"
         ),
-        ..Default::default()
+        ..drained
     })
 }
 

@@ -100,12 +100,8 @@ pub struct ReconcileSpec {
     pub database_url: String,
     /// The queue of close events.
     pub queue: String,
-    /// Cron expression.
-    pub cron: String,
-    /// Grace period.
-    pub grace: Duration,
-    /// Batch size.
-    pub batch: usize,
+    /// Schedule, grace and batch size.
+    pub options: crate::reconcile::ReconcileOptions,
 }
 
 /// `[http]`.
@@ -531,9 +527,10 @@ fn check_reconciliation(
     Ok(Some(ReconcileSpec {
         database_url,
         queue,
-        cron: r.cron.clone(),
-        grace,
-        batch: r.batch,
+        options: crate::reconcile::ReconcileOptions::default()
+            .cron(r.cron.clone())
+            .grace(grace)
+            .batch(r.batch),
     }))
 }
 
@@ -649,7 +646,7 @@ database_url = "sqlite://orders.db"
             ("order-close", "sqlite://orders.db")
         );
         assert_eq!(
-            (r.cron.as_str(), r.grace),
+            (r.options.cron.as_str(), r.options.grace),
             ("*/30 * * * * *", Duration::from_secs(60))
         );
         let off = format!("{CLOSE}\n[reconciliation]\nenabled = false\n");

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Options of the [`Reconciler`].
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ReconcileOptions {
     /// When to run (six-field cron, seconds first; default every 30 s).

@@ -13,7 +13,7 @@ use crate::housekeeping::{Housekeeper, HousekeepingOptions};
 use crate::http::{AppState, app};
 use crate::order_close::OrderClose;
 use crate::orders::Orders;
-use crate::reconcile::{ReconcileOptions, Reconciler};
+use crate::reconcile::Reconciler;
 use crate::worker::{Worker, WorkerOptions};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -105,10 +105,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
                 &client,
             )),
         };
-        let mut wopts = WorkerOptions::default();
-        if let Some(p) = h.prefetch {
-            wopts = wopts.prefetch(p);
-        }
+        let wopts = WorkerOptions {
+            prefetch: h.prefetch,
+            ..WorkerOptions::default()
+        };
         let w = Worker::new(
             &client,
             &h.queue,
@@ -128,10 +128,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             db_for(&r.database_url, 2)?,
             &client,
             &r.queue,
-            ReconcileOptions::default()
-                .cron(r.cron.clone())
-                .grace(r.grace)
-                .batch(r.batch),
+            r.options.clone(),
         )?;
         tasks.spawn(reconciler.run(cancel.clone()));
     }
