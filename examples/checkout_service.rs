@@ -16,7 +16,7 @@
 //! Uses `REDIS_URL` (or a throwaway redis-server) and `DATABASE_URL` (or a temporary SQLite
 //! file). Run: `cargo run --example checkout_service`
 
-use delayq::db::Db;
+use delayq::orders::db::Db;
 use delayq::{
     Client, ClientOptions, LocalRedis, Mode, NewOrder, Orders, PayOutcome, ReconcileOptions,
     Reconciler, When,
@@ -80,7 +80,7 @@ async fn extend(orders: &Orders, client: &Client, id: &str, by_ms: i64) -> anyho
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let wanted = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let (_server, redis_url) = if delayq::local_redis::reachable(&wanted) {
+    let (_server, redis_url) = if delayq::testing::local_redis::reachable(&wanted) {
         (None, wanted)
     } else {
         let s = LocalRedis::start()?;

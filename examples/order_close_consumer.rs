@@ -12,7 +12,7 @@
 //! Uses `REDIS_URL` (or a throwaway redis-server) and `DATABASE_URL` (or a temporary SQLite
 //! file). Run: `cargo run --example order_close_consumer`
 
-use delayq::db::Db;
+use delayq::orders::db::Db;
 use delayq::{
     Backoff, Client, ClientOptions, CloseOutcome, Delivery, Dispatcher, DispatcherOptions, Handler,
     HandlerError, HandlerResult, LocalRedis, Mode, NewOrder, Orders, When, Worker, WorkerOptions,
@@ -60,7 +60,7 @@ impl Handler for CloseExpiredOrders {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let wanted = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let (_server, redis_url) = if delayq::local_redis::reachable(&wanted) {
+    let (_server, redis_url) = if delayq::testing::local_redis::reachable(&wanted) {
         (None, wanted)
     } else {
         let s = LocalRedis::start()?;

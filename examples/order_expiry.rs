@@ -23,7 +23,7 @@ const ORDERS: usize = 20;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let wanted = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let (_server, url) = if delayq::local_redis::reachable(&wanted) {
+    let (_server, url) = if delayq::testing::local_redis::reachable(&wanted) {
         println!("using Redis at {wanted}");
         (None, wanted)
     } else {

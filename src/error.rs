@@ -26,10 +26,28 @@ pub enum Error {
     /// Redis answered something delayq did not expect (a key of the wrong type, a script
     /// from another version).
     #[error("unexpected reply from redis while {context}: {detail}")]
-    Protocol {
+    Reply {
         /// What delayq was doing.
         context: &'static str,
         /// What was unexpected.
+        detail: String,
+    },
+    /// A local resource could not be set up or used: binding a listener, building an HTTP
+    /// client (TLS), serving connections.
+    #[error("{context}: {source}")]
+    Io {
+        /// What delayq was doing.
+        context: String,
+        /// The operating system's (or the library's) error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The cron scheduler that runs housekeeping and reconciliation failed.
+    #[error("cron scheduler error while {context}: {detail}")]
+    Scheduler {
+        /// What delayq was doing.
+        context: &'static str,
+        /// The scheduler's message.
         detail: String,
     },
     /// A durable schedule reached the leader but not enough replicas in time. The order is
@@ -46,6 +64,7 @@ pub enum Error {
         timeout: std::time::Duration,
     },
     /// The orders database failed or could not be reached while doing `context`.
+    #[cfg(feature = "orders")]
     #[error("database error while {context}: {source}")]
     Database {
         /// What delayq was doing.
@@ -56,9 +75,30 @@ pub enum Error {
     },
     /// Applying the orders schema failed, or the database holds an applied migration that
     /// differs from the embedded one.
+    #[cfg(feature = "orders")]
     #[error("migrating the orders database: {0}")]
     Migrate(#[source] Box<sqlx::migrate::MigrateError>),
+    /// An order's row kept changing while delayq tried to change it (concurrent writers);
+    /// retrying the call is safe.
+    #[cfg(feature = "orders")]
+    #[error("{context}: order {id:?} kept changing under concurrent updates")]
+    Contention {
+        /// What delayq was doing.
+        context: &'static str,
+        /// The order id.
+        id: String,
+    },
+    /// The orders database holds a value delayq does not know (e.g. an unknown status).
+    #[cfg(feature = "orders")]
+    #[error("unexpected value in the orders database while {context}: {detail}")]
+    Data {
+        /// What delayq was doing.
+        context: &'static str,
+        /// What was unexpected.
+        detail: String,
+    },
     /// A throwaway local `redis-server` could not be started.
+    #[cfg(feature = "test-util")]
     #[error("could not start a local redis-server: {0}")]
     LocalRedis(String),
 }
@@ -192,6 +232,21 @@ pub enum InvalidInput {
         /// Why it was refused.
         reason: String,
     },
+    /// A dead-letter replay or purge that names neither every dead letter nor a list of
+    /// entry ids (or both).
+    #[error("invalid selection: {reason}")]
+    Selection {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A batch with more messages than one call accepts.
+    #[error("{size} messages; at most {limit} per call")]
+    BatchTooLarge {
+        /// Messages given.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// One message of a batch is invalid; the whole batch was refused.
     #[error("message {index}: {source}")]
     InBatch {
@@ -217,6 +272,8 @@ impl InvalidInput {
             InvalidInput::DueTime { .. } => "invalid_due_time",
             InvalidInput::RedisUrl { .. } => "invalid_redis_url",
             InvalidInput::Option { .. } => "invalid_option",
+            InvalidInput::Selection { .. } => "invalid_body",
+            InvalidInput::BatchTooLarge { .. } => "batch_too_large",
             InvalidInput::InBatch { source, .. } => source.code(),
         }
     }

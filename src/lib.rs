@@ -16,84 +16,74 @@
 //!
 //! # Layout
 //!
+//! The folders are the layers; each depends only on those above it.
+//!
 //! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
-//! - [`keys`]: queue-name and id validation; the Redis key layout and the shard function.
-//! - [`conn`]: one connection type for a single Redis or a Redis Cluster.
-//! - [`clock`]: the one clock ("now" is the Redis server's `TIME`), replaceable in tests.
-//! - [`order`]: what producers send ([`NewOrder`], [`When`], [`Payload`]) and get back.
-//! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
-//! - [`client`]: the producer API ([`Client`]: schedule, cancel, reschedule, get).
-//! - [`dispatcher`]: the poller moving due orders into the streams ([`Dispatcher`]).
-//! - [`backoff`]: retry backoff policies (fixed, linear, exponential with jitter).
-//! - [`stats`]: queue statistics (scheduled, overdue, stream, pending per group, dead).
-//! - [`dead`]: dead letters: list, replay to the failing group, purge.
-//! - [`worker`]: consumer groups running business handlers ([`Worker`], [`Handler`]).
-//! - [`duration`]: human durations (`500ms`, `1h30m`).
-//! - [`builtin`]: the built-in handlers of `delayq serve` (webhook, log).
-//! - [`metrics`]: Prometheus metrics (names, recorder, gauges).
-//! - [`http`]: the HTTP API (`http::app(state) -> Router`).
-//! - [`config`]: `delayq serve`'s TOML configuration, env overrides, validation.
-//! - [`serve`]: `delayq serve`: dispatchers, housekeeping, workers and the HTTP API together.
-//! - [`cli`]: the `delayq` command line (`main.rs` only parses and calls it).
-//! - [`demo`]: `delayq demo`, the zero-configuration walk-through.
-//! - [`bench`]: the `delayq bench` load generator.
-//! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
-//! - [`local_redis`]: a throwaway `redis-server` for demos and tests ([`LocalRedis`]).
-//! - [`db`]: the orders database pool (PostgreSQL or SQLite) and the embedded migrations.
-//! - [`orders`]: the `orders` table: create, pay, extend, conditional close, overdue scan.
-//! - [`order_close`]: the `order-close` built-in handler ([`OrderClose`]).
-//! - [`reconcile`]: the reconciliation job that reschedules overdue pending orders
-//!   ([`Reconciler`]).
-//! - `wake` (private): in-process wake-ups of sleeping dispatchers.
+//! - [`engine`]: keys, connections, the clock, the Lua scripts, the producer
+//!   [`Client`], the [`Dispatcher`], the [`Worker`], housekeeping, dead letters, statistics.
+//!   Always built.
+//! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
+//!   handler and the reconciliation job.
+//! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
+//!   HTTP, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
+//! - [`cli`] (feature `cli`): the `delayq` command line, one file per verb (`main.rs` only
+//!   parses and calls it).
+//! - [`testing`] (feature `test-util`): a throwaway `redis-server` ([`LocalRedis`]) for
+//!   tests, the demo and the bench; [`ManualClock`].
+//!
+//! # Features
+//!
+//! | feature | adds | pulls in |
+//! |---|---|---|
+//! | (none) | the engine | redis, tokio, serde, serde_json, chrono, tracing, tokio-cron-scheduler, metrics (facade) |
+//! | `orders` | [`orders`] | sqlx (PostgreSQL, SQLite) |
+//! | `server` | [`service`] (implies `orders`) | axum, reqwest (rustls), figment, metrics-exporter-prometheus |
+//! | `test-util` | [`testing`], [`ManualClock`] | tempfile |
+//! | `cli` (default) | [`cli`] and the `delayq` binary (implies all the above) | clap, tracing-subscriber, hdrhistogram, anyhow |
+//!
+//! A service that only schedules and cancels depends on
+//! `delayq = { version = "0.1", default-features = false }`.
 //!
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
 
-pub mod backoff;
-pub mod bench;
-pub mod builtin;
-pub mod cli;
-pub mod client;
-pub mod clock;
-pub mod config;
-pub mod conn;
-pub mod db;
-pub mod dead;
-pub mod demo;
-pub mod dispatcher;
-pub mod duration;
+pub mod engine;
 pub mod error;
-pub mod housekeeping;
-pub mod http;
-pub mod keys;
-pub mod local_redis;
-pub mod metrics;
-pub mod order;
-pub mod order_close;
-pub mod orders;
-pub mod reconcile;
-pub mod scripts;
-pub mod serve;
-pub mod stats;
-mod wake;
-pub mod worker;
 
-pub use backoff::Backoff;
-pub use client::{Client, ClientOptions, Durability};
-pub use clock::{Clock, ManualClock, RedisClock};
-pub use dead::{DeadLetter, Selection};
-pub use dispatcher::{Dispatcher, DispatcherOptions, Pass};
-pub use error::{Error, InvalidInput, Result};
-pub use housekeeping::{Housekeeper, HousekeepingOptions};
-pub use local_redis::LocalRedis;
-pub use order::{
+#[cfg(feature = "orders")]
+pub mod orders;
+
+#[cfg(feature = "server")]
+pub mod service;
+
+#[cfg(feature = "cli")]
+pub mod cli;
+
+#[cfg(feature = "test-util")]
+pub mod testing;
+
+pub use engine::backoff::Backoff;
+pub use engine::client::{Client, ClientOptions, Durability};
+#[cfg(feature = "test-util")]
+pub use engine::clock::ManualClock;
+pub use engine::clock::{Clock, RedisClock};
+pub use engine::dead::{DeadLetter, Selection};
+pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
+pub use engine::housekeeping::{Housekeeper, HousekeepingOptions};
+pub use engine::message::{
     CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,
     ScheduledOrder, When,
 };
-pub use order_close::OrderClose;
-pub use orders::{CloseOutcome, OrderRow, OrderStatus, Orders, PayOutcome};
-pub use reconcile::{ReconcileOptions, Reconciler};
-pub use stats::{GroupStats, QueueStats};
-pub use worker::{
+pub use engine::stats::{GroupStats, QueueStats};
+pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
     WorkerOptions, WorkerStats,
 };
+pub use error::{Error, InvalidInput, Result};
+#[cfg(feature = "orders")]
+pub use orders::close::OrderClose;
+#[cfg(feature = "orders")]
+pub use orders::reconcile::{ReconcileOptions, Reconciler};
+#[cfg(feature = "orders")]
+pub use orders::repo::{CloseOutcome, OrderRow, OrderStatus, Orders, PayOutcome};
+#[cfg(feature = "test-util")]
+pub use testing::local_redis::LocalRedis;

@@ -355,7 +355,7 @@ async fn migrate_applies_the_schema_idempotently_on_both_backends() {
             assert_eq!(v["backend"], t.backend);
         }
         // The schema is there: the orders table accepts a row.
-        let db = delayq::db::Db::connect(&t.url).await.unwrap();
+        let db = delayq::orders::db::Db::connect(&t.url).await.unwrap();
         let orders = delayq::Orders::new(db.clone());
         assert!(orders.create("o-1", 1, 1, 2).await.unwrap());
         db.close().await;

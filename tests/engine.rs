@@ -678,7 +678,7 @@ async fn bad_input_is_refused_with_its_error_and_changes_nothing() {
 async fn the_scripts_refuse_malformed_arguments_without_writing() {
     // Producers in other languages call enqueue.lua directly: it checks before writing.
     let (_s, client) = start().await;
-    let script = redis::Script::new(delayq::scripts::ENQUEUE_LUA);
+    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
     let mut conn = client.connection();
     let r: redis::RedisResult<Vec<i64>> = script
         .key("{dq:q:0}:due")
@@ -831,7 +831,7 @@ async fn sharded_queue_spreads_orders_and_delivers_all() {
     let shards: HashSet<u16> = rec.deliveries().iter().map(|d| d.shard).collect();
     assert_eq!(shards.len(), 4, "every shard used");
     for d in rec.deliveries() {
-        assert_eq!(d.shard, delayq::keys::shard_of(&d.id, 4));
+        assert_eq!(d.shard, delayq::engine::keys::shard_of(&d.id, 4));
     }
     // get and cancel find the order's shard.
     client

@@ -6,7 +6,7 @@ mod support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use delayq::http::{AppState, app};
+use delayq::service::http::{AppState, app};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::{raw, start};
@@ -295,7 +295,7 @@ async fn batches_return_one_result_per_message_in_order() {
 #[tokio::test]
 async fn tokens_bodies_routes_and_probes() {
     // As serve does: the recorder first, so every metric from here on is kept.
-    assert!(delayq::metrics::handle().is_some());
+    assert!(delayq::service::metrics::handle().is_some());
     let (mut s, client) = start().await;
     let r = app(
         AppState::new(client.clone(), vec![TOKEN.into(), "second-token".into()]),

@@ -5,7 +5,7 @@
 
 mod support;
 
-use delayq::db::Db;
+use delayq::orders::db::Db;
 use delayq::{
     Backoff, CloseOutcome, Dispatcher, DispatcherOptions, OrderClose, OrderStatus, Orders,
     PayOutcome, ReconcileOptions, Reconciler, When, Worker, WorkerOptions,

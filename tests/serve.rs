@@ -8,7 +8,7 @@ mod support;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use delayq::builtin::Webhook;
+use delayq::service::handlers::Webhook;
 use serde_json::{Value, json};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 
 mod support;
 
-use delayq::keys::shard_of;
+use delayq::engine::keys::shard_of;
 use delayq::{
     Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Mode, NewOrder, When, Worker,
     WorkerOptions,

@@ -4,7 +4,7 @@
 //! required: a test fails when it is unreachable, unless `DELAYQ_SKIP_POSTGRES=1` is set
 //! (then the PostgreSQL half of a test is skipped, with a line on stderr).
 
-use delayq::db::Db;
+use delayq::orders::db::Db;
 use sqlx::Connection;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -3,6 +3,7 @@
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
 pub mod cluster;
+#[cfg(feature = "orders")]
 pub mod db;
 
 use delayq::{Client, ClientOptions, Clock, Delivery, HandlerResult, LocalRedis};

@@ -1,0 +1,188 @@
+//! The command line's arguments (clap): the global flags and one variant per verb.
+
+use clap::{Parser, Subcommand};
+
+/// delayq: an order-expiry delay queue on Redis.
+#[derive(Debug, Parser)]
+#[command(name = "delayq", version, about)]
+pub struct Cli {
+    /// Redis URL (redis://, rediss:// for TLS; user:password@ for auth).
+    #[arg(
+        long,
+        global = true,
+        env = "DELAYQ_REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+    /// Key namespace.
+    #[arg(long, global = true, env = "DELAYQ_NAMESPACE", default_value = "dq")]
+    pub namespace: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The verbs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Schedule an order.
+    Schedule {
+        /// Queue name.
+        queue: String,
+        /// Order id.
+        id: String,
+        /// Delay from now: 500ms, 30s, 15m, 1h30m.
+        #[arg(
+            long = "in",
+            conflicts_with = "at",
+            required_unless_present = "at",
+            allow_hyphen_values = true
+        )]
+        delay: Option<String>,
+        /// Absolute time: RFC 3339 with an offset, or unix milliseconds.
+        #[arg(long, allow_hyphen_values = true)]
+        at: Option<String>,
+        /// Payload as JSON (default null).
+        #[arg(long, default_value = "null")]
+        payload: String,
+        /// Leave an already scheduled id untouched.
+        #[arg(long)]
+        if_absent: bool,
+    },
+    /// Show a scheduled order (exit 1 when not scheduled).
+    Get {
+        /// Queue name.
+        queue: String,
+        /// Order id.
+        id: String,
+    },
+    /// Cancel a scheduled order (exit 1 when not found).
+    Cancel {
+        /// Queue name.
+        queue: String,
+        /// Order id.
+        id: String,
+    },
+    /// Run the service: dispatchers, housekeeping, handlers and the HTTP API, as configured.
+    /// Redis URL and namespace come from the file (or DELAYQ_REDIS_URL / DELAYQ_NAMESPACE).
+    Serve {
+        /// The TOML configuration file.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// The whole flow with zero configuration: a simulated checkout service, a dispatcher and
+    /// two handler groups; uses --redis-url when it answers, else a throwaway redis-server.
+    Demo {
+        /// Orders to create.
+        #[arg(long, default_value_t = 2000)]
+        orders: usize,
+        /// Orders expire uniformly within this window (after a 1 s lead).
+        #[arg(long, default_value = "10s")]
+        window: String,
+        /// Share of customers who pay in time, percent.
+        #[arg(long, default_value_t = 30)]
+        paid_percent: u32,
+        /// The orders database (postgres://... or sqlite://file); default: a temporary
+        /// SQLite file.
+        #[arg(long, env = "DELAYQ_DATABASE_URL", hide_env_values = true)]
+        database_url: Option<String>,
+    },
+    /// Apply the orders schema (the embedded migrations) to a database. Idempotent; creates a
+    /// missing SQLite file; refuses a database whose applied migrations were modified.
+    Migrate {
+        /// postgres://user@host/db or sqlite://file.
+        #[arg(long, env = "DELAYQ_DATABASE_URL", hide_env_values = true)]
+        database_url: String,
+    },
+    /// Queue statistics: scheduled, overdue, stream, per-group pending / lag / consumers, dead.
+    Stats {
+        /// One queue (default: every queue of the namespace).
+        queue: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Redraw every second until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Dead letters: list, replay to the group that failed them, purge.
+    Dead {
+        /// What to do.
+        #[command(subcommand)]
+        action: DeadAction,
+    },
+    /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
+    /// redis-server when none is reachable).
+    Bench {
+        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth.
+        #[arg(long, default_value = "spread")]
+        scenario: String,
+        /// Orders per scenario.
+        #[arg(long, default_value_t = 100_000)]
+        orders: usize,
+        /// Time from the start to the first due order.
+        #[arg(long, default_value = "3s")]
+        lead: String,
+        /// Spread of the due times (spread).
+        #[arg(long, default_value = "10s")]
+        window: String,
+        /// Worker concurrency.
+        #[arg(long, default_value_t = 50)]
+        concurrency: usize,
+        /// Payload size, bytes.
+        #[arg(long, default_value_t = 150)]
+        payload_bytes: usize,
+        /// Shards per queue.
+        #[arg(long, default_value_t = 1)]
+        shards: u16,
+        /// Print one JSON line per scenario (the last line of stdout).
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The `dead` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum DeadAction {
+    /// List dead letters, oldest first.
+    List {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Redeliver dead letters to the group that failed them (attempts start again at 1).
+    Replay {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// Every dead letter (of the group, if given).
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+        /// Dead-letter entry ids (as listed).
+        entry_ids: Vec<String>,
+    },
+    /// Delete dead letters for good.
+    Purge {
+        /// Queue name.
+        queue: String,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// Every dead letter (of the group, if given).
+        #[arg(long, conflicts_with = "entry_ids")]
+        all: bool,
+        /// Dead-letter entry ids (as listed).
+        entry_ids: Vec<String>,
+    },
+}

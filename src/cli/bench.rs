@@ -1,0 +1,552 @@
+//! `delayq bench`: a load generator to measure delayq on a Redis of the user's choosing.
+//!
+//! Scenarios (order i is due at start + lead + window·i/N and carries its due time in its
+//! payload; lateness = handler start − that due time, on the Redis clock):
+//! - `spread`: N orders due uniformly over `window`, starting `lead` after the start; one
+//!   worker group (`concurrency`, no-op handler). Lateness, duplicates, missing, memory per
+//!   pending order, Redis CPU per order.
+//! - `storm`: N orders all due at one instant; drain rate from that instant to the last one
+//!   handled (dispatched, handled, acked), and lateness.
+//! - `enqueue`: N orders due in an hour, no worker: producer rate and memory per pending
+//!   order.
+//! - `ceiling`: this Redis's raw limits in the same run (pipelined ZADD, a trivial script),
+//!   and delayq's enqueue rate as a fraction of them.
+//! - `dispatch`: N orders already due, drained by one dispatcher: orders/s into the streams.
+//! - `depth`: N orders pending (due in an hour) beside 100,000 due ones; the due ones are
+//!   drained by one dispatcher: Redis CPU per dispatched order at that depth (compare
+//!   `--orders 10000` with `--orders 10000000`).
+//!
+//! Everything runs in a namespace of its own (`dq-bench-<pid>`), deleted at the end; nothing
+//! else in the Redis is touched (never FLUSHALL).
+
+use crate::{
+    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Mode, NewOrder, Payload, When,
+    Worker, WorkerOptions,
+};
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const QUEUE: &str = "bench";
+
+/// Options of a run.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Orders in the run.
+    pub orders: usize,
+    /// Time from the start to the first due order.
+    pub lead: Duration,
+    /// Spread of the due times (spread).
+    pub window: Duration,
+    /// Worker concurrency.
+    pub concurrency: usize,
+    /// Payload size in bytes (approximate, JSON).
+    pub payload_bytes: usize,
+    /// Shards per queue.
+    pub shards: u16,
+}
+
+/// One scenario's result, printed as one JSON line.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct BenchReport {
+    /// The scenario.
+    pub scenario: String,
+    /// Orders.
+    pub n: usize,
+    /// Seconds to schedule all orders.
+    pub enqueue_s: Option<f64>,
+    /// Orders scheduled per second.
+    pub enqueue_rate: Option<f64>,
+    /// When scheduling finished, ms after the start.
+    pub enqueue_done_offset_ms: Option<f64>,
+    /// Redis used_memory before scheduling.
+    pub mem_before: Option<i64>,
+    /// Redis used_memory right after scheduling.
+    pub mem_after: Option<i64>,
+    /// (mem_after − mem_before) / n.
+    pub mem_per_order_bytes: Option<f64>,
+    /// Handler calls.
+    pub processed: Option<usize>,
+    /// Distinct orders handled.
+    pub handled: Option<usize>,
+    /// Handler calls beyond the first per order.
+    pub duplicates: Option<usize>,
+    /// Orders never handled.
+    pub missing: Option<usize>,
+    /// Orders handled before their due time.
+    pub early_count: Option<usize>,
+    /// Lateness minimum, ms.
+    pub late_min_ms: Option<f64>,
+    /// Lateness p50, ms.
+    pub late_p50_ms: Option<f64>,
+    /// Lateness p90, ms.
+    pub late_p90_ms: Option<f64>,
+    /// Lateness p99, ms.
+    pub late_p99_ms: Option<f64>,
+    /// Lateness maximum, ms.
+    pub late_max_ms: Option<f64>,
+    /// First handler start, ms after the start.
+    pub first_handled_ms: Option<f64>,
+    /// Last handler start, ms after the start.
+    pub last_handled_ms: Option<f64>,
+    /// Storm: seconds from the due instant to the last handled.
+    pub drain_s: Option<f64>,
+    /// Storm: orders per second over drain_s (dispatch rate, for `dispatch`).
+    pub drain_rate: Option<f64>,
+    /// Redis CPU (user + sys) over the run / n, µs.
+    pub redis_cpu_us_per_order: Option<f64>,
+    /// True when not every order was handled in time.
+    pub timed_out: bool,
+    /// Free text: what was measured and how.
+    pub notes: String,
+}
+
+fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
+    let base = 60;
+    let pad = bytes.saturating_sub(base);
+    Payload::from_value(&serde_json::json!({"order": i, "due_ms": due_ms, "pad": "x".repeat(pad)}))
+}
+
+/// `field` of `INFO section`, summed over every node that answered (a Redis Cluster
+/// answers once per node; a single server once).
+async fn info_field<T: std::str::FromStr + std::iter::Sum>(
+    client: &Client,
+    section: &str,
+    field: &str,
+) -> anyhow::Result<T> {
+    let reply: redis::Value = redis::cmd("INFO")
+        .arg(section)
+        .query_async(&mut client.connection())
+        .await?;
+    let texts: Vec<String> = match reply {
+        redis::Value::Map(nodes) => nodes
+            .into_iter()
+            .filter_map(|(_, v)| redis::from_redis_value(v).ok())
+            .collect(),
+        other => vec![redis::from_redis_value(other)?],
+    };
+    let values = texts
+        .iter()
+        .map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(&format!("{field}:")))
+                .and_then(|v| v.trim().parse::<T>().ok())
+                .with_context(|| format!("INFO {section} has no {field}"))
+        })
+        .collect::<anyhow::Result<Vec<T>>>()?;
+    anyhow::ensure!(!values.is_empty(), "INFO {section}: no answer");
+    Ok(values.into_iter().sum())
+}
+
+async fn redis_cpu_s(client: &Client) -> anyhow::Result<f64> {
+    Ok(info_field::<f64>(client, "cpu", "used_cpu_user").await?
+        + info_field::<f64>(client, "cpu", "used_cpu_sys").await?)
+}
+
+/// Schedules `orders` (4 calls of 1,000 in flight); returns the elapsed time.
+async fn enqueue_all(client: &Client, orders: &[NewOrder]) -> anyhow::Result<Duration> {
+    use futures_util::StreamExt;
+    let started = Instant::now();
+    let mut in_flight = futures_util::stream::FuturesUnordered::new();
+    for chunk in orders.chunks(1000) {
+        if in_flight.len() >= 4
+            && let Some(r) = in_flight.next().await
+        {
+            let _: Vec<_> = r?;
+        }
+        in_flight.push(client.schedule_many(QUEUE, chunk, Mode::Upsert));
+    }
+    while let Some(r) = in_flight.next().await {
+        r?;
+    }
+    Ok(started.elapsed())
+}
+
+/// Runs `scenario` against the Redis at `url`.
+pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    anyhow::ensure!(opts.orders > 0, "--orders must be at least 1");
+    let ns = format!("dq-bench-{}", std::process::id());
+    let client = Client::connect_with(
+        url,
+        ClientOptions::default().namespace(ns).shards(opts.shards),
+    )
+    .await?;
+    client.delete_namespace().await?;
+    let result = match scenario {
+        "spread" => timed(&client, opts, false).await,
+        "storm" => timed(&client, opts, true).await,
+        "enqueue" => enqueue(&client, opts).await,
+        "ceiling" => ceiling(&client, opts).await,
+        "dispatch" => dispatch(&client, opts).await,
+        "depth" => depth(&client, opts).await,
+        other => Err(anyhow::anyhow!(
+            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth)"
+        )),
+    };
+    client.delete_namespace().await?;
+    result
+}
+
+async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let now = client.now_ms();
+    let orders: Vec<NewOrder> = (0..opts.orders)
+        .map(|i| {
+            let due = now + 3_600_000;
+            NewOrder::new(
+                format!("order-{i}"),
+                When::at_ms(due),
+                payload(opts.payload_bytes, i, due),
+            )
+        })
+        .collect();
+    let before = info_field::<i64>(client, "memory", "used_memory").await?;
+    let took = enqueue_all(client, &orders).await?;
+    let after = info_field::<i64>(client, "memory", "used_memory").await?;
+    let n = opts.orders as f64;
+    Ok(BenchReport {
+        scenario: "enqueue".into(),
+        n: opts.orders,
+        enqueue_s: Some(took.as_secs_f64()),
+        enqueue_rate: Some(n / took.as_secs_f64()),
+        mem_before: Some(before),
+        mem_after: Some(after),
+        mem_per_order_bytes: Some((after - before) as f64 / n),
+        notes: format!(
+            "schedule_many, 1,000 orders per call, 4 calls in flight, {} shard(s)",
+            opts.shards
+        ),
+        ..Default::default()
+    })
+}
+
+async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let now = client.now_ms();
+    let orders: Vec<NewOrder> = (0..opts.orders)
+        .map(|i| {
+            let due = now - 1 - (i % 1000) as i64;
+            NewOrder::new(
+                format!("order-{i}"),
+                When::at_ms(due),
+                payload(opts.payload_bytes, i, due),
+            )
+        })
+        .collect();
+    enqueue_all(client, &orders).await?;
+    Ok(BenchReport {
+        scenario: "dispatch".into(),
+        n: opts.orders,
+        notes: "orders already due, drained by one dispatcher into the stream (no worker)".into(),
+        ..drain_due(client, opts.orders).await?
+    })
+}
+
+/// Drains the `expected` due orders with one dispatcher; reports the drain time, rate and
+/// Redis CPU per dispatched order.
+async fn drain_due(client: &Client, expected: usize) -> anyhow::Result<BenchReport> {
+    let d = Dispatcher::new(client, QUEUE, DispatcherOptions::default())?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let started = Instant::now();
+    let moved = d.drain().await?.moved;
+    let took = started.elapsed();
+    let cpu1 = redis_cpu_s(client).await?;
+    anyhow::ensure!(moved == expected, "moved {moved} of {expected}");
+    Ok(BenchReport {
+        drain_s: Some(took.as_secs_f64()),
+        drain_rate: Some(moved as f64 / took.as_secs_f64()),
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / moved as f64),
+        ..Default::default()
+    })
+}
+
+/// Due orders drained in the `depth` scenario.
+const DEPTH_DUE: usize = 100_000;
+
+async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let now = client.now_ms();
+    // The pending background, generated in chunks to keep the client's memory flat.
+    let mut start = 0;
+    while start < opts.orders {
+        let end = (start + 100_000).min(opts.orders);
+        let chunk: Vec<NewOrder> = (start..end)
+            .map(|i| {
+                let due = now + 3_600_000 + (i % 600_000) as i64;
+                NewOrder::new(
+                    format!("bg-{i}"),
+                    When::at_ms(due),
+                    payload(opts.payload_bytes, i, due),
+                )
+            })
+            .collect();
+        enqueue_all(client, &chunk).await?;
+        start = end;
+    }
+    let due: Vec<NewOrder> = (0..DEPTH_DUE)
+        .map(|i| {
+            let due = now - 1 - (i % 1000) as i64;
+            NewOrder::new(
+                format!("due-{i}"),
+                When::at_ms(due),
+                payload(opts.payload_bytes, i, due),
+            )
+        })
+        .collect();
+    enqueue_all(client, &due).await?;
+    // Let Redis finish growing its hash tables (incremental rehashing after millions of
+    // inserts): the steady state of a deep queue, not the moment after it filled up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let drained = drain_due(client, DEPTH_DUE).await?;
+    Ok(BenchReport {
+        scenario: "depth".into(),
+        n: opts.orders,
+        notes: format!(
+            "{DEPTH_DUE} due orders drained by one dispatcher with n orders pending beside them \
+             (after a 3 s settle); CPU is per dispatched order"
+        ),
+        ..drained
+    })
+}
+
+async fn ceiling(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    let n = opts.orders;
+    let key = format!("{{{}}}:ceiling", client.keyspace().namespace());
+    let mut conn = client.connection();
+    // Pipelined ZADD, 1,000 per pipeline.
+    let started = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut p = redis::pipe();
+        for i in chunk {
+            p.cmd("ZADD").arg(&key).arg(*i).arg(*i).ignore();
+        }
+        let () = p.query_async(&mut conn).await?;
+    }
+    let zadd_rate = n as f64 / started.elapsed().as_secs_f64();
+    // A trivial script, 1,000 calls per pipeline.
+    let script = redis::Script::new("return 1");
+    let _: String = script.prepare_invoke().load_async(&mut conn).await?;
+    let started = Instant::now();
+    for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {
+        let mut p = redis::pipe();
+        for _ in chunk {
+            p.cmd("EVALSHA").arg(script.get_hash()).arg(0).ignore();
+        }
+        let () = p.query_async(&mut conn).await?;
+    }
+    let script_rate = n as f64 / started.elapsed().as_secs_f64();
+    let e = enqueue(client, opts).await?;
+    let rate = e.enqueue_rate.unwrap_or(0.0);
+    Ok(BenchReport {
+        scenario: "ceiling".into(),
+        n,
+        enqueue_rate: Some(rate),
+        mem_per_order_bytes: e.mem_per_order_bytes,
+        notes: format!(
+            "raw pipelined ZADD {zadd_rate:.0}/s, trivial script calls {script_rate:.0}/s; \
+             delayq enqueue {rate:.0}/s = {:.2} of raw ZADD, {:.2}x one-script-call-per-order",
+            rate / zadd_rate,
+            rate / script_rate
+        ),
+        ..Default::default()
+    })
+}
+
+/// spread (due over the window) or storm (all due at one instant).
+async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Result<BenchReport> {
+    let n = opts.orders;
+    let start = client.now_ms();
+    let lead = i64::try_from(opts.lead.as_millis()).unwrap_or(3000);
+    let window = if storm {
+        0
+    } else {
+        i64::try_from(opts.window.as_millis()).unwrap_or(10_000)
+    };
+    let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
+    let orders: Vec<NewOrder> = (0..n)
+        .map(|i| {
+            NewOrder::new(
+                format!("order-{i}"),
+                When::at_ms(due_of(i)),
+                payload(opts.payload_bytes, i, due_of(i)),
+            )
+        })
+        .collect();
+
+    // (order index) -> handler start times, µs on the Redis clock.
+    let seen: Arc<Mutex<HashMap<usize, Vec<i64>>>> = Arc::default();
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let all_done = CancellationToken::new();
+    let handler = {
+        let (seen, handled, all_done) = (seen.clone(), handled.clone(), all_done.clone());
+        let clock = client.clock().clone();
+        move |d: Delivery| {
+            let at = clock.now_us();
+            let i = d.payload["order"]
+                .as_u64()
+                .and_then(|i| usize::try_from(i).ok())
+                .unwrap_or(usize::MAX);
+            if let Ok(mut m) = seen.lock() {
+                let v = m.entry(i).or_default();
+                v.push(at);
+                if v.len() == 1
+                    && handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n
+                {
+                    all_done.cancel();
+                }
+            }
+            std::future::ready(Ok(()))
+        }
+    };
+    let stop = CancellationToken::new();
+    let worker = Worker::new(
+        client,
+        QUEUE,
+        "bench",
+        handler,
+        WorkerOptions::default().concurrency(opts.concurrency),
+    )?;
+    worker.ensure_groups().await?;
+    let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let took = enqueue_all(client, &orders).await?;
+    let enqueue_done = client.now_ms();
+    let mem_after = info_field::<i64>(client, "memory", "used_memory").await?;
+    let w = tokio::spawn(worker.run(stop.clone()));
+    let d = tokio::spawn(
+        Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
+    );
+    let limit = opts.lead + opts.window + Duration::from_secs(120);
+    let timed_out = tokio::select! {
+        _ = all_done.cancelled() => false,
+        _ = tokio::time::sleep(limit) => true,
+    };
+    stop.cancel();
+    d.await?;
+    w.await??;
+    let cpu1 = redis_cpu_s(client).await?;
+
+    let seen = seen.lock().map_err(|_| anyhow::anyhow!("lock poisoned"))?;
+    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
+    let (mut early, mut min_late, mut processed) = (0usize, i64::MAX, 0usize);
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    for (i, times) in seen.iter() {
+        processed += times.len();
+        let t = times[0];
+        let late = t - due_of(*i) * 1000;
+        if late < 0 {
+            early += 1;
+        }
+        min_late = min_late.min(late);
+        let _ = h.record(u64::try_from(late).unwrap_or(0).max(1));
+        first = first.min(t);
+        last = last.max(t);
+    }
+    let ms = |us: u64| us as f64 / 1000.0;
+    let distinct = seen.len();
+    let since_start = |us: i64| (us - start * 1000) as f64 / 1000.0;
+    let (drain_s, drain_rate) = if storm && distinct > 0 {
+        let s = ((last - (start + lead) * 1000) as f64 / 1e6).max(1e-6);
+        (Some(s), Some(distinct as f64 / s))
+    } else {
+        (None, None)
+    };
+    Ok(BenchReport {
+        scenario: if storm { "storm" } else { "spread" }.into(),
+        n,
+        enqueue_s: Some(took.as_secs_f64()),
+        enqueue_rate: Some(n as f64 / took.as_secs_f64()),
+        enqueue_done_offset_ms: Some((enqueue_done - start) as f64),
+        mem_before: Some(mem_before),
+        mem_after: Some(mem_after),
+        mem_per_order_bytes: Some((mem_after - mem_before) as f64 / n as f64),
+        processed: Some(processed),
+        handled: Some(distinct),
+        duplicates: Some(processed - distinct),
+        missing: Some(n - distinct),
+        early_count: Some(early),
+        late_min_ms: (distinct > 0).then(|| min_late as f64 / 1000.0),
+        late_p50_ms: Some(ms(h.value_at_quantile(0.50))),
+        late_p90_ms: Some(ms(h.value_at_quantile(0.90))),
+        late_p99_ms: Some(ms(h.value_at_quantile(0.99))),
+        late_max_ms: Some(ms(h.max())),
+        first_handled_ms: (distinct > 0).then(|| since_start(first)),
+        last_handled_ms: (distinct > 0).then(|| since_start(last)),
+        drain_s,
+        drain_rate,
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / n as f64),
+        timed_out,
+        notes: format!(
+            "{} shard(s), worker concurrency {}, payload ~{} B; lateness = handler start - due, Redis clock",
+            opts.shards, opts.concurrency, opts.payload_bytes
+        ),
+    })
+}
+
+/// `delayq bench`: runs the named scenarios and prints one report each (`c` is a
+/// [`Command::Bench`](super::Command::Bench)).
+pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbResult {
+    use super::Failure;
+    use crate::engine::duration::parse_duration;
+    let super::Command::Bench {
+        scenario,
+        orders,
+        lead,
+        window,
+        concurrency,
+        payload_bytes,
+        shards,
+        json,
+    } = c
+    else {
+        return Err(Failure::Runtime("not a bench command".into()));
+    };
+    let opts = BenchOptions {
+        orders,
+        lead: parse_duration("--lead", &lead)?,
+        window: parse_duration("--window", &window)?,
+        concurrency,
+        payload_bytes,
+        shards,
+    };
+    if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
+        return Err(Failure::Invalid(
+            "--orders and --concurrency must be >= 1, --shards 1..=1024".into(),
+        ));
+    }
+    let (_server, url) = if crate::testing::local_redis::reachable(&g.redis_url) {
+        (None, g.redis_url.clone())
+    } else {
+        let s = crate::testing::local_redis::LocalRedis::start()?;
+        eprintln!("no Redis at the given URL: using a throwaway redis-server");
+        let url = s.url();
+        (Some(s), url)
+    };
+    for sc in scenario.split(',') {
+        eprintln!("bench {}: {} orders ...", sc.trim(), orders);
+        let report = run(&url, sc.trim(), &opts)
+            .await
+            .map_err(|e| Failure::Runtime(format!("bench {sc}: {e:#}")))?;
+        print_report(&report, json);
+    }
+    Ok(())
+}
+
+/// One report: a JSON line, or `key value` lines for people.
+fn print_report(report: &BenchReport, json: bool) {
+    let line = super::json_line(report);
+    if json {
+        println!("{line}");
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+    if let Some(m) = v.as_object() {
+        println!("{}:", report.scenario);
+        for (k, val) in m {
+            if !val.is_null() && k != "scenario" {
+                println!("  {k:<24} {val}");
+            }
+        }
+    }
+}

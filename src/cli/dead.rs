@@ -1,0 +1,54 @@
+//! `delayq dead list|replay|purge QUEUE ...`.
+
+use super::{DeadAction, Global, VerbResult, json_line, print_json};
+use crate::service::admin::{self, Admin};
+
+/// Runs the verb.
+pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
+    match action {
+        DeadAction::List {
+            queue,
+            group,
+            limit,
+            json,
+        } => {
+            admin::check_queue_group(&queue, group.as_deref())?;
+            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+            for d in a.dead_list(&queue, group.as_deref(), Some(limit)).await? {
+                if json {
+                    println!("{}", json_line(&d));
+                } else {
+                    println!(
+                        "{}  {}  group={}  attempts={}  error={}",
+                        d.entry_id, d.id, d.group, d.attempts, d.last_error
+                    );
+                }
+            }
+            Ok(())
+        }
+        DeadAction::Replay {
+            queue,
+            group,
+            all,
+            entry_ids,
+        } => {
+            admin::check_queue_group(&queue, group.as_deref())?;
+            let sel = admin::selection(all, entry_ids)?;
+            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+            print_json(&a.dead_replay(&queue, group.as_deref(), &sel).await?);
+            Ok(())
+        }
+        DeadAction::Purge {
+            queue,
+            group,
+            all,
+            entry_ids,
+        } => {
+            admin::check_queue_group(&queue, group.as_deref())?;
+            let sel = admin::selection(all, entry_ids)?;
+            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+            print_json(&a.dead_purge(&queue, group.as_deref(), &sel).await?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The `delayq` command line (feature `cli`): one file per verb.
+//!
+//! Output is one JSON line per result on stdout; errors go to stderr. Exit codes: 0 success,
+//! 1 not found, 2 invalid input, 3 Redis unreachable or another runtime failure. The verbs
+//! that touch queues go through [`crate::service::admin`], as the HTTP API does.
+
+mod args;
+pub mod bench;
+mod cancel;
+mod dead;
+pub mod demo;
+mod get;
+mod migrate;
+mod schedule;
+mod serve;
+mod stats;
+
+pub use args::{Cli, Command, DeadAction};
+
+use crate::error::{Error, InvalidInput};
+use serde::Serialize;
+use std::process::ExitCode;
+
+/// A verb's failure, mapped to an exit code.
+pub(crate) enum Failure {
+    /// Exit 1, printing this answer on stdout.
+    NotFound(String),
+    /// Exit 2.
+    Invalid(String),
+    /// Exit 3.
+    Runtime(String),
+}
+
+impl Failure {
+    /// Exit 1 with `answer` printed as one JSON line.
+    pub(crate) fn not_found(answer: &impl Serialize) -> Self {
+        Failure::NotFound(json_line(answer))
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        match e {
+            Error::Invalid(i) => Failure::Invalid(i.to_string()),
+            other => Failure::Runtime(other.to_string()),
+        }
+    }
+}
+
+impl From<InvalidInput> for Failure {
+    fn from(e: InvalidInput) -> Self {
+        Failure::Invalid(e.to_string())
+    }
+}
+
+/// What a verb returns.
+pub(crate) type VerbResult = Result<(), Failure>;
+
+/// One value as one JSON line.
+pub(crate) fn json_line(v: &impl Serialize) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// Prints one value as one JSON line on stdout.
+pub(crate) fn print_json(v: &impl Serialize) {
+    println!("{}", json_line(v));
+}
+
+/// Runs the parsed command line; returns the process exit code.
+pub async fn run(cli: Cli) -> ExitCode {
+    match dispatch(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::NotFound(out)) => {
+            println!("{out}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Invalid(msg)) => {
+            eprintln!("delayq: invalid input: {msg}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Runtime(msg)) => {
+            eprintln!("delayq: {msg}");
+            ExitCode::from(3)
+        }
+    }
+}
+
+/// The global flags every verb that talks to Redis uses.
+pub(crate) struct Global {
+    /// The Redis URL.
+    pub redis_url: String,
+    /// The key namespace.
+    pub namespace: String,
+}
+
+async fn dispatch(cli: Cli) -> VerbResult {
+    let g = Global {
+        redis_url: cli.redis_url,
+        namespace: cli.namespace,
+    };
+    match cli.command {
+        c @ Command::Schedule { .. } => schedule::run(&g, c).await,
+        Command::Get { queue, id } => get::run(&g, &queue, &id).await,
+        Command::Cancel { queue, id } => cancel::run(&g, &queue, &id).await,
+        Command::Stats { queue, json, watch } => {
+            stats::run(&g, queue.as_deref(), json, watch).await
+        }
+        Command::Dead { action } => dead::run(&g, action).await,
+        c @ Command::Demo { .. } => demo::verb(&g, c).await,
+        Command::Migrate { database_url } => migrate::run(&database_url).await,
+        Command::Serve { config } => serve::run(&config).await,
+        c @ Command::Bench { .. } => bench::verb(&g, c).await,
+    }
+}

@@ -1,0 +1,58 @@
+//! `delayq stats [QUEUE] [--json] [--watch]`.
+
+use super::{Global, VerbResult, print_json};
+use crate::engine::stats::QueueStats;
+use crate::service::admin::{self, Admin};
+
+/// Runs the verb.
+pub(super) async fn run(g: &Global, queue: Option<&str>, json: bool, watch: bool) -> VerbResult {
+    if let Some(q) = queue {
+        admin::check_queue_group(q, None)?;
+    }
+    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    loop {
+        let answer = a.stats(queue).await?;
+        if json {
+            print_json(&answer);
+        } else {
+            if watch {
+                print!("\x1b[2J\x1b[H");
+            }
+            print!("{}", table(&answer.queues, a.client().now_ms()));
+        }
+        if !watch {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
+}
+
+/// A human-readable table of queue statistics.
+fn table(all: &[QueueStats], now_ms: i64) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<24} {:>10} {:>8} {:>12} {:>12} {:>10} {:>6}",
+        "QUEUE", "SCHEDULED", "OVERDUE", "OLDEST_LATE", "NEXT_DUE_IN", "STREAM", "DEAD"
+    );
+    for q in all {
+        let next = q
+            .next_due_at_ms
+            .map_or("-".to_owned(), |n| format!("{}ms", (n - now_ms).max(0)));
+        let _ = writeln!(
+            out,
+            "{:<24} {:>10} {:>8} {:>10}ms {:>12} {:>10} {:>6}",
+            q.queue, q.scheduled, q.overdue, q.oldest_overdue_ms, next, q.stream_length, q.dead
+        );
+        for g in &q.groups {
+            let lag = g.lag.map_or("?".to_owned(), |l| l.to_string());
+            let _ = writeln!(
+                out,
+                "  group {:<16} pending={} lag={} consumers={}",
+                g.group, g.pending, lag, g.consumers
+            );
+        }
+    }
+    out
+}

@@ -1,0 +1,257 @@
+//! Dead letters: orders a group gave up on, kept per shard in `{ns:q:s}:dead` with the group,
+//! the attempts made, the last error and when. List, replay (to the failing group only) and
+//! purge.
+
+use crate::engine::client::Client;
+use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
+use crate::engine::message::decode_stored;
+use crate::engine::scripts;
+use crate::error::{InvalidInput, RedisContext, Result};
+use serde::Serialize;
+
+/// One dead letter.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its id in the dead-letter stream: the stream id, prefixed by `<shard>/` when the queue
+    /// has more than one shard. Pass it to replay and purge.
+    pub entry_id: String,
+    /// The queue.
+    pub queue: String,
+    /// The order id.
+    pub id: String,
+    /// The group that gave up on it.
+    pub group: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// The last error.
+    pub last_error: String,
+    /// When it was dead-lettered, unix ms.
+    pub dead_at_ms: i64,
+    /// When the order was due, unix ms.
+    pub due_at_ms: i64,
+    /// Its payload.
+    pub payload: serde_json::Value,
+}
+
+/// Which dead letters an operation applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    /// Every dead letter (of the group, if one is given).
+    All,
+    /// These entry ids (as in [`DeadLetter::entry_id`]).
+    Ids(Vec<String>),
+}
+
+impl Client {
+    /// Dead letters of `queue` (of one group, or all), oldest first, at most `limit`.
+    pub async fn dead_list(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<DeadLetter>> {
+        let q = QueueName::new(queue)?;
+        if let Some(g) = group {
+            validate_member_name("group", g)?;
+        }
+        let shards = self.queue_keys(&q);
+        let many = shards.len() > 1;
+        let mut out = Vec::new();
+        for keys in &shards {
+            let mut start = "-".to_owned();
+            'page: loop {
+                let page: redis::Value = redis::cmd("XRANGE")
+                    .arg(&keys.dead)
+                    .arg(&start)
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(500)
+                    .query_async(&mut self.connection())
+                    .await
+                    .ctx("listing dead letters")?;
+                let entries = crate::engine::worker::entries_of(page)?;
+                let n = entries.len();
+                for (sid, fields) in entries {
+                    start = format!("({sid}");
+                    let Some(fields) = fields else { continue };
+                    let d = to_dead(&q, keys, many, &sid, fields);
+                    if group.is_none_or(|g| g == d.group) {
+                        out.push(d);
+                        if out.len() >= limit {
+                            break 'page;
+                        }
+                    }
+                }
+                if n < 500 {
+                    break;
+                }
+            }
+            if out.len() >= limit {
+                break;
+            }
+        }
+        out.sort_by_key(|d| d.dead_at_ms);
+        out.truncate(limit);
+        Ok(out)
+    }
+
+    /// Replays dead letters: each goes back to the group that failed it (and only to it),
+    /// starting again at attempt 1, and leaves the dead list. Each script call moves its
+    /// entries atomically, so an interrupted replay loses nothing. Returns how many were
+    /// replayed.
+    pub async fn dead_replay(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        which: &Selection,
+    ) -> Result<u64> {
+        let mut n = 0;
+        for (keys, ids) in self.select_dead(queue, group, which).await? {
+            for chunk in ids.chunks(200) {
+                n += scripts::replay(&mut self.connection(), &keys, group, chunk).await?;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Deletes dead letters for good. Returns how many were deleted.
+    pub async fn dead_purge(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        which: &Selection,
+    ) -> Result<u64> {
+        let mut n = 0;
+        for (keys, ids) in self.select_dead(queue, group, which).await? {
+            for chunk in ids.chunks(500) {
+                let d: u64 = redis::cmd("XDEL")
+                    .arg(&keys.dead)
+                    .arg(chunk)
+                    .query_async(&mut self.connection())
+                    .await
+                    .ctx("purging dead letters")?;
+                n += d;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Resolves a selection into stream ids per shard, keeping only `group`'s.
+    async fn select_dead(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        which: &Selection,
+    ) -> Result<Vec<(ShardKeys, Vec<String>)>> {
+        let q = QueueName::new(queue)?;
+        let shards = self.queue_keys(&q);
+        match which {
+            Selection::All => {
+                let all = self.dead_list(queue, group, usize::MAX).await?;
+                let mut per: Vec<(ShardKeys, Vec<String>)> =
+                    shards.into_iter().map(|k| (k, Vec::new())).collect();
+                for d in all {
+                    let (shard, sid) = split_entry_id(&d.entry_id)?;
+                    if let Some(slot) = per.get_mut(usize::from(shard)) {
+                        slot.1.push(sid.to_owned());
+                    }
+                }
+                Ok(per)
+            }
+            Selection::Ids(ids) => {
+                let mut per: Vec<(ShardKeys, Vec<String>)> =
+                    shards.iter().cloned().map(|k| (k, Vec::new())).collect();
+                for id in ids {
+                    let (shard, sid) = split_entry_id(id)?;
+                    let slot = per
+                        .get_mut(usize::from(shard))
+                        .ok_or_else(|| InvalidInput::Id {
+                            reason: format!(
+                                "dead-letter id {id:?} names shard {shard}, the queue has {}",
+                                shards.len()
+                            ),
+                        })?;
+                    if group.is_some() {
+                        // replay.lua filters by group; purge must too.
+                        let e: redis::Value = redis::cmd("XRANGE")
+                            .arg(&slot.0.dead)
+                            .arg(sid)
+                            .arg(sid)
+                            .query_async(&mut self.connection())
+                            .await
+                            .ctx("reading a dead letter")?;
+                        let keep =
+                            crate::engine::worker::entries_of(e)?
+                                .into_iter()
+                                .any(|(_, f)| {
+                                    f.is_some_and(|f| {
+                                        f.iter()
+                                            .any(|(k, v)| k == "group" && Some(v.as_str()) == group)
+                                    })
+                                });
+                        if !keep {
+                            continue;
+                        }
+                    }
+                    slot.1.push(sid.to_owned());
+                }
+                Ok(per)
+            }
+        }
+    }
+}
+
+/// `"<shard>/<stream id>"` or `"<stream id>"` (shard 0) → (shard, stream id).
+fn split_entry_id(id: &str) -> Result<(u16, &str), InvalidInput> {
+    let (shard, sid) = match id.split_once('/') {
+        Some((s, sid)) => (
+            s.parse::<u16>().map_err(|_| InvalidInput::Id {
+                reason: format!("dead-letter id {id:?}: shard before '/' is not a number"),
+            })?,
+            sid,
+        ),
+        None => (0, id),
+    };
+    let valid = sid
+        .split_once('-')
+        .is_some_and(|(a, b)| a.parse::<u64>().is_ok() && b.parse::<u64>().is_ok());
+    if !valid {
+        return Err(InvalidInput::Id {
+            reason: format!("dead-letter id {id:?} is not a stream id like 1700000000000-0"),
+        });
+    }
+    Ok((shard, sid))
+}
+
+fn to_dead(
+    q: &QueueName,
+    keys: &ShardKeys,
+    many: bool,
+    sid: &str,
+    fields: Vec<(String, String)>,
+) -> DeadLetter {
+    let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.as_str());
+    let payload = get("data")
+        .map(|d| decode_stored(d).1)
+        .and_then(|json| serde_json::from_str(json).ok())
+        .unwrap_or(serde_json::Value::Null);
+    DeadLetter {
+        entry_id: if many {
+            format!("{}/{sid}", keys.shard)
+        } else {
+            sid.to_owned()
+        },
+        queue: q.as_str().to_owned(),
+        id: get("id").unwrap_or_default().to_owned(),
+        group: get("group").unwrap_or_default().to_owned(),
+        attempts: get("attempts").and_then(|v| v.parse().ok()).unwrap_or(0),
+        last_error: get("error").unwrap_or_default().to_owned(),
+        dead_at_ms: get("dead_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
+        due_at_ms: get("due_ms")
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(scripts::score_to_ms)
+            .unwrap_or(0),
+        payload,
+    }
+}

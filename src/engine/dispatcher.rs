@@ -1,0 +1,287 @@
+//! The dispatcher (poller): moves due orders from the schedule into the queue's streams.
+//!
+//! Each pass runs `dequeue.lua` once per shard, the calls of one pass in flight together
+//! (pipelined on the multiplexed connection), so a backlog in one shard cannot starve
+//! another. A shard whose last call reported its earliest order due later than now is
+//! skipped until then, unless `max_idle` has passed since it was last called or this process
+//! scheduled something (producers elsewhere are seen within `max_idle`). While any shard
+//! returns a full batch it keeps draining; otherwise it sleeps until the earliest next due
+//! time (capped by `max_idle`), and wakes early when this process schedules an earlier
+//! order. The script is atomic, so any number of dispatchers may run on one queue at once.
+
+use crate::engine::client::Client;
+use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
+use crate::engine::telemetry;
+use crate::engine::wake::Wake;
+use crate::error::{InvalidInput, Result};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Options of a [`Dispatcher`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DispatcherOptions {
+    /// Orders moved per script call, 1..=1000 (default 1000).
+    pub batch: usize,
+    /// Longest sleep between passes when nothing is due soon (default 250 ms). Bounds the
+    /// lateness of orders scheduled by other processes while this one sleeps.
+    pub max_idle: Duration,
+    /// How often the Redis clock is re-read to bound drift (default 30 s).
+    pub clock_sync_every: Duration,
+}
+
+impl Default for DispatcherOptions {
+    fn default() -> Self {
+        DispatcherOptions {
+            batch: MAX_DEQUEUE_BATCH,
+            max_idle: Duration::from_millis(250),
+            clock_sync_every: Duration::from_secs(30),
+        }
+    }
+}
+
+impl DispatcherOptions {
+    /// Sets the batch size.
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets the longest idle sleep.
+    pub fn max_idle(mut self, d: Duration) -> Self {
+        self.max_idle = d;
+        self
+    }
+}
+
+/// What one pass over all shards did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pass {
+    /// Orders moved into streams.
+    pub moved: usize,
+    /// True when some shard returned a full batch (more may be due right now).
+    pub more: bool,
+    /// Earliest due time still scheduled, over all shards.
+    pub next_due_ms: Option<i64>,
+}
+
+/// What the last call on a shard said.
+#[derive(Debug, Clone, Copy)]
+struct ShardView {
+    /// Its earliest remaining due time (`None` = empty), as of `at`.
+    next_due_ms: Option<i64>,
+    /// When it was last called (host monotonic clock; only compared with itself).
+    at: Instant,
+}
+
+/// Moves due orders of one queue into its streams. See the module docs.
+#[derive(Debug)]
+pub struct Dispatcher {
+    client: Client,
+    queue: QueueName,
+    shards: Vec<ShardKeys>,
+    opts: DispatcherOptions,
+    wake: Arc<Wake>,
+    /// Per shard, what its last call said (`None` = never called or must be called).
+    views: std::sync::Mutex<Vec<Option<ShardView>>>,
+}
+
+impl Dispatcher {
+    /// A dispatcher for `queue`.
+    pub fn new(client: &Client, queue: &str, opts: DispatcherOptions) -> Result<Self> {
+        let queue = QueueName::new(queue)?;
+        if !(1..=MAX_DEQUEUE_BATCH).contains(&opts.batch) {
+            return Err(InvalidInput::Option {
+                name: "batch",
+                reason: format!("must be 1..={MAX_DEQUEUE_BATCH}, got {}", opts.batch),
+            }
+            .into());
+        }
+        if opts.max_idle.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "max_idle",
+                reason: "must be more than zero".into(),
+            }
+            .into());
+        }
+        let shards = client.queue_keys(&queue);
+        Ok(Dispatcher {
+            views: std::sync::Mutex::new(vec![None; shards.len()]),
+            shards,
+            wake: client.wake().get(queue.as_str()),
+            client: client.clone(),
+            queue,
+            opts,
+        })
+    }
+
+    /// The queue.
+    pub fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// One pass: one `dequeue.lua` call per shard that may have due orders, with the
+    /// clock's "now", all in flight together.
+    pub async fn pass(&self) -> Result<Pass> {
+        self.client.ensure_queue(&self.queue, true).await?;
+        let now = self.client.now_ms();
+        let started = Instant::now();
+        let mut pass = Pass::default();
+        // Something scheduled in this process has come due: its shard is unknown, so call
+        // every shard. Not due yet: leave it for a later pass (and the sleep computation).
+        let early = self.wake.early_ms.swap(i64::MAX, Ordering::SeqCst);
+        if early <= now {
+            self.forget();
+        } else if early != i64::MAX {
+            self.wake.early_ms.fetch_min(early, Ordering::SeqCst);
+        }
+        // Which shards to call, and the known next due time of those skipped.
+        let mut call = Vec::with_capacity(self.shards.len());
+        {
+            let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            for (i, v) in views.iter().enumerate() {
+                match v {
+                    Some(v)
+                        if v.next_due_ms.is_none_or(|d| d > now)
+                            && started.duration_since(v.at) < self.opts.max_idle =>
+                    {
+                        pass.next_due_ms = min_opt(pass.next_due_ms, v.next_due_ms);
+                    }
+                    _ => call.push(i),
+                }
+            }
+        }
+        let results = futures_util::future::try_join_all(call.iter().map(|&i| {
+            let mut conn = self.client.connection();
+            let keys = &self.shards[i];
+            async move { scripts::dequeue(&mut conn, keys, now, self.opts.batch).await }
+        }))
+        .await;
+        let results = match results {
+            Ok(r) => r,
+            Err(e) => {
+                self.forget();
+                return Err(e);
+            }
+        };
+        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        for (&i, r) in call.iter().zip(results) {
+            pass.moved += r.moved;
+            let full = r.moved >= self.opts.batch;
+            pass.more |= full;
+            pass.next_due_ms = min_opt(pass.next_due_ms, r.next_due_ms);
+            // A full shard has more due now: call it again next pass.
+            views[i] = (!full).then_some(ShardView {
+                next_due_ms: r.next_due_ms,
+                at: started,
+            });
+        }
+        drop(views);
+        if pass.moved > 0 {
+            tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
+            telemetry::dispatched(self.queue.as_str(), pass.moved as u64);
+        }
+        Ok(pass)
+    }
+
+    /// Forgets what the shards said: the next pass calls every shard (after a wake-up by a
+    /// producer in this process, or an error).
+    fn forget(&self) {
+        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        views.iter_mut().for_each(|v| *v = None);
+    }
+
+    /// Passes until no shard returns a full batch; returns the orders moved and the next
+    /// due time.
+    pub async fn drain(&self) -> Result<Pass> {
+        let mut total = Pass::default();
+        loop {
+            let p = self.pass().await?;
+            total.moved += p.moved;
+            total.next_due_ms = p.next_due_ms;
+            if !p.more {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Runs until `cancel` fires. Redis errors are logged and retried with backoff; the
+    /// loop never gives up on its own.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut backoff = Duration::from_millis(50);
+        let mut last_sync = Instant::now();
+        tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
+        loop {
+            if cancel.is_cancelled() {
+                break;
+            }
+            // Mark busy: schedules during the pass need no wake-up (the pass or the next
+            // sleep computation sees them).
+            self.wake.next_look_ms.store(i64::MAX, Ordering::SeqCst);
+            let next = match self.drain().await {
+                Ok(p) => {
+                    backoff = Duration::from_millis(50);
+                    p.next_due_ms
+                }
+                Err(e) if e.as_invalid().is_some() => {
+                    // A configuration mismatch (e.g. the shard count) does not heal by waiting.
+                    tracing::error!(queue = %self.queue, error = %e, "dispatcher refused the queue; stopping");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %self.queue, error = %e, retry_in = ?backoff, "dispatch failed");
+                    self.wake.next_look_ms.store(0, Ordering::SeqCst);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = cancel.cancelled() => break,
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            if last_sync.elapsed() >= self.opts.clock_sync_every {
+                last_sync = Instant::now();
+                if let Err(e) = self.client.sync_clock().await {
+                    tracing::warn!(error = %e, "clock sync failed");
+                }
+            }
+            let now = self.client.now_ms();
+            let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
+            let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
+            let look_at = look_at.min(self.wake.early_ms.load(Ordering::SeqCst));
+            self.wake.next_look_ms.store(look_at, Ordering::SeqCst);
+            // Scheduled in between (and earlier): look again rather than sleep.
+            if self.wake.early_ms.load(Ordering::SeqCst) < look_at {
+                continue;
+            }
+            // Sleep to the start of the due millisecond, measured in microseconds.
+            let wait_us = look_at
+                .saturating_mul(1000)
+                .saturating_sub(self.client.clock().now_us());
+            let Ok(wait_us) = u64::try_from(wait_us) else {
+                continue;
+            };
+            if wait_us == 0 {
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_micros(wait_us)) => {}
+                // An earlier order was scheduled here (the pass sees it in `early_ms`).
+                _ = self.wake.notify.notified() => {}
+                _ = cancel.cancelled() => break,
+            }
+        }
+        tracing::info!(queue = %self.queue, "dispatcher stopped");
+    }
+}
+
+fn min_opt(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,264 @@
+//! Housekeeping chores, scheduled with tokio-cron-scheduler:
+//!
+//! - **trim** (`trim.lua`): trims each stream below the minimum over groups of (oldest
+//!   pending id, last-delivered id), so the stream stays short under steady load and never
+//!   loses an entry some group has not acknowledged;
+//! - **idle consumers** (`consumers.lua`): deletes consumers idle for long with nothing
+//!   pending;
+//! - **safety sweep**: runs the dispatch script every second in addition to the dispatchers'
+//!   own adaptive loops, so a missed wake-up can never stall dispatch.
+//!
+//! tokio-cron-scheduler has one-second resolution, spawns jobs without overlap protection and
+//! does not wait for running jobs on shutdown. So the fast dispatch path stays out of it,
+//! every chore is idempotent, a chore still running when its next tick comes is skipped
+//! (a per-chore lock taken with `try_lock`), and shutdown waits for running chores by taking
+//! every lock.
+
+use crate::engine::client::Client;
+use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
+use crate::engine::keys::QueueName;
+use crate::engine::scripts;
+use crate::error::{InvalidInput, Result};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio_cron_scheduler::{Job, JobScheduler};
+use tokio_util::sync::CancellationToken;
+
+/// Options of the [`Housekeeper`]. Cron expressions have six fields, seconds first, UTC.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct HousekeepingOptions {
+    /// When to trim streams (default every 10 s: `*/10 * * * * *`).
+    pub trim_cron: String,
+    /// When to delete idle consumers (default every minute: `0 * * * * *`).
+    pub consumers_cron: String,
+    /// A consumer idle this long with nothing pending is deleted (default 1 h).
+    pub consumer_max_idle: Duration,
+    /// When to run the safety sweep (default every second: `* * * * * *`).
+    pub sweep_cron: String,
+}
+
+impl Default for HousekeepingOptions {
+    fn default() -> Self {
+        HousekeepingOptions {
+            trim_cron: "*/10 * * * * *".into(),
+            consumers_cron: "0 * * * * *".into(),
+            consumer_max_idle: Duration::from_secs(3600),
+            sweep_cron: "* * * * * *".into(),
+        }
+    }
+}
+
+impl HousekeepingOptions {
+    /// Sets when streams are trimmed.
+    pub fn trim_cron(mut self, cron: impl Into<String>) -> Self {
+        self.trim_cron = cron.into();
+        self
+    }
+
+    /// Sets when idle consumers are deleted.
+    pub fn consumers_cron(mut self, cron: impl Into<String>) -> Self {
+        self.consumers_cron = cron.into();
+        self
+    }
+
+    /// Sets how long a consumer must be idle before it is deleted.
+    pub fn consumer_max_idle(mut self, d: Duration) -> Self {
+        self.consumer_max_idle = d;
+        self
+    }
+
+    /// Sets when the safety sweep runs.
+    pub fn sweep_cron(mut self, cron: impl Into<String>) -> Self {
+        self.sweep_cron = cron.into();
+        self
+    }
+}
+
+/// What a chore did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ChoreReport {
+    /// Stream entries trimmed, consumers deleted, or orders dispatched.
+    pub count: u64,
+}
+
+/// Runs the housekeeping chores for a set of queues.
+#[derive(Debug, Clone)]
+pub struct Housekeeper {
+    client: Client,
+    queues: Vec<QueueName>,
+    opts: HousekeepingOptions,
+}
+
+impl Housekeeper {
+    /// A housekeeper for `queues`.
+    pub fn new(client: &Client, queues: &[&str], opts: HousekeepingOptions) -> Result<Self> {
+        let queues = queues
+            .iter()
+            .map(|q| QueueName::new(q))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (name, cron) in [
+            ("trim_cron", &opts.trim_cron),
+            ("consumers_cron", &opts.consumers_cron),
+            ("sweep_cron", &opts.sweep_cron),
+        ] {
+            validate_cron(name, cron)?;
+        }
+        Ok(Housekeeper {
+            client: client.clone(),
+            queues,
+            opts,
+        })
+    }
+
+    /// Trims every shard stream of every queue once; returns the entries removed.
+    pub async fn trim(&self) -> Result<ChoreReport> {
+        let mut count = 0;
+        for q in &self.queues {
+            for keys in self.client.queue_keys(q) {
+                count += scripts::trim(&mut self.client.connection(), &keys).await?;
+            }
+        }
+        Ok(ChoreReport { count })
+    }
+
+    /// Deletes idle consumers with nothing pending once; returns how many.
+    pub async fn remove_idle_consumers(&self) -> Result<ChoreReport> {
+        let idle = i64::try_from(self.opts.consumer_max_idle.as_millis()).unwrap_or(i64::MAX);
+        let mut count = 0;
+        for q in &self.queues {
+            for keys in self.client.queue_keys(q) {
+                count += scripts::remove_idle_consumers(&mut self.client.connection(), &keys, idle)
+                    .await?;
+            }
+        }
+        Ok(ChoreReport { count })
+    }
+
+    /// Runs the dispatch script over every queue until nothing is due; returns the orders
+    /// moved.
+    pub async fn sweep(&self) -> Result<ChoreReport> {
+        let mut count = 0;
+        for q in &self.queues {
+            let d = Dispatcher::new(&self.client, q.as_str(), DispatcherOptions::default())?;
+            count += d.drain().await?.moved as u64;
+        }
+        Ok(ChoreReport { count })
+    }
+
+    /// Schedules the chores and runs them until `cancel`; then waits for running chores.
+    pub async fn run(self, cancel: CancellationToken) -> Result<()> {
+        let this = Arc::new(self);
+        let mut chores = Vec::new();
+        for (name, cron) in [
+            ("trim", this.opts.trim_cron.clone()),
+            ("consumers", this.opts.consumers_cron.clone()),
+            ("sweep", this.opts.sweep_cron.clone()),
+        ] {
+            let this = this.clone();
+            chores.push(Chore::new(name, cron, move || {
+                let this = this.clone();
+                async move {
+                    match name {
+                        "trim" => this.trim().await,
+                        "consumers" => this.remove_idle_consumers().await,
+                        _ => this.sweep().await,
+                    }
+                }
+            }));
+        }
+        run_chores(chores, cancel).await
+    }
+}
+
+type ChoreFn = dyn Fn() -> Pin<Box<dyn Future<Output = Result<ChoreReport>> + Send>> + Send + Sync;
+
+/// A named job on a cron schedule.
+pub(crate) struct Chore {
+    name: &'static str,
+    cron: String,
+    run: Arc<ChoreFn>,
+}
+
+impl Chore {
+    /// `run` on `cron` (six fields, seconds first).
+    pub(crate) fn new<F, Fut>(name: &'static str, cron: String, run: F) -> Chore
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<ChoreReport>> + Send + 'static,
+    {
+        Chore {
+            name,
+            cron,
+            run: Arc::new(move || Box::pin(run())),
+        }
+    }
+}
+
+/// Runs `chores` on their schedules (tokio-cron-scheduler) until `cancel`, then waits for
+/// the running ones. A chore still running when its next tick comes skips that tick.
+pub(crate) async fn run_chores(chores: Vec<Chore>, cancel: CancellationToken) -> Result<()> {
+    let mut sched = JobScheduler::new().await.map_err(sched_err)?;
+    let mut locks = Vec::new();
+    for chore in chores {
+        let lock = Arc::new(Mutex::new(()));
+        locks.push(lock.clone());
+        let (name, run) = (chore.name, chore.run);
+        let job = Job::new_async(chore.cron.as_str(), move |_id, _sched| {
+            let (run, lock) = (run.clone(), lock.clone());
+            Box::pin(async move {
+                // Skip this tick if the previous run is still going.
+                let Ok(_guard) = lock.try_lock() else {
+                    tracing::debug!(chore = name, "still running; tick skipped");
+                    return;
+                };
+                match run().await {
+                    Ok(rep) if rep.count > 0 => {
+                        tracing::info!(chore = name, count = rep.count, "housekeeping")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(chore = name, error = %e, "housekeeping failed"),
+                }
+            }) as Pin<Box<dyn Future<Output = ()> + Send>>
+        })
+        .map_err(sched_err)?;
+        sched.add(job).await.map_err(sched_err)?;
+    }
+    sched.start().await.map_err(sched_err)?;
+    cancel.cancelled().await;
+    if let Err(e) = sched.shutdown().await {
+        tracing::warn!(error = %e, "scheduler shutdown");
+    }
+    for l in locks {
+        let _ = l.lock().await;
+    }
+    Ok(())
+}
+
+/// Checks a six-field cron expression (seconds first).
+pub fn validate_cron(name: &'static str, cron: &str) -> Result<(), InvalidInput> {
+    let fields = cron.split_whitespace().count();
+    if fields != 6 {
+        return Err(InvalidInput::Option {
+            name,
+            reason: format!(
+                "{cron:?} has {fields} fields; six are needed, seconds first (e.g. \"*/10 * * * * *\")"
+            ),
+        });
+    }
+    Job::new_async(cron, |_, _| Box::pin(async {})).map_err(|e| InvalidInput::Option {
+        name,
+        reason: format!("{cron:?} is not a valid cron expression: {e}"),
+    })?;
+    Ok(())
+}
+
+fn sched_err(e: tokio_cron_scheduler::JobSchedulerError) -> crate::Error {
+    crate::Error::Scheduler {
+        context: "running the cron scheduler",
+        detail: e.to_string(),
+    }
+}

@@ -1,0 +1,331 @@
+//! What producers send: an order id, when it is due, and a JSON payload; and what they get back.
+
+use crate::engine::keys::validate_id;
+use crate::error::InvalidInput;
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The furthest ahead an order may be scheduled: 10 years (3,653 days).
+pub const MAX_AHEAD_MS: i64 = 3653 * 24 * 3600 * 1000;
+/// Unix ms of 2000-01-01T00:00:00Z. A millisecond timestamp given as text that is smaller
+/// than this is almost surely seconds by mistake, and is refused.
+pub const YEAR_2000_MS: i64 = 946_684_800_000;
+
+/// When an order is due: an absolute time, or a delay from "now" (the Redis server's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum When {
+    /// At this instant.
+    At(DateTime<Utc>),
+    /// At this unix time in milliseconds.
+    AtMs(i64),
+    /// This long after now. Negative delays are refused.
+    Delay(TimeDelta),
+}
+
+impl When {
+    /// Due `ms` milliseconds from now.
+    pub fn in_ms(ms: i64) -> Self {
+        When::Delay(TimeDelta::milliseconds(ms))
+    }
+
+    /// Due at unix time `ms`.
+    pub fn at_ms(ms: i64) -> Self {
+        When::AtMs(ms)
+    }
+
+    /// Parses an absolute time given as text: RFC 3339 with an offset
+    /// (`2026-11-22T10:30:00+01:00`, `...Z`) or unix milliseconds (`1795000000000`).
+    ///
+    /// RFC 3339 without an offset is refused as ambiguous; a number before the year 2000 is
+    /// refused as "looks like seconds, not milliseconds".
+    pub fn parse_at(text: &str) -> Result<Self, InvalidInput> {
+        let t = text.trim();
+        let bad = |reason: String| InvalidInput::DueTime { reason };
+        if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+            let ms: i64 = t
+                .parse()
+                .map_err(|_| bad(format!("{t:?} is not a valid unix millisecond timestamp")))?;
+            if ms < YEAR_2000_MS {
+                return Err(bad(format!(
+                    "{ms} is before the year 2000: it looks like seconds, not milliseconds"
+                )));
+            }
+            return Ok(When::AtMs(ms));
+        }
+        match DateTime::parse_from_rfc3339(t) {
+            Ok(dt) => Ok(When::At(dt.with_timezone(&Utc))),
+            Err(_) if chrono::NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S%.f").is_ok() => {
+                Err(bad(format!(
+                    "{t:?} has no UTC offset and is ambiguous: add Z or +hh:mm"
+                )))
+            }
+            Err(e) => Err(bad(format!(
+                "{t:?} is neither RFC 3339 with an offset nor unix milliseconds ({e})"
+            ))),
+        }
+    }
+
+    /// The due time in unix ms, given the current time; refuses negative delays, times
+    /// before 1970 and times more than 10 years after `now_ms`. A past time is allowed
+    /// (it fires at once).
+    pub fn resolve(&self, now_ms: i64) -> Result<i64, InvalidInput> {
+        let due = match *self {
+            When::Delay(d) => {
+                let ms = d.num_milliseconds();
+                if ms < 0 {
+                    return Err(InvalidInput::Delay {
+                        reason: format!("must not be negative, got {ms} ms"),
+                    });
+                }
+                if ms > MAX_AHEAD_MS {
+                    return Err(InvalidInput::Delay {
+                        reason: format!("{ms} ms is more than 10 years"),
+                    });
+                }
+                now_ms.saturating_add(ms)
+            }
+            When::At(t) => t.timestamp_millis(),
+            When::AtMs(ms) => ms,
+        };
+        if due < 0 {
+            return Err(InvalidInput::DueTime {
+                reason: format!("{due} is before 1970"),
+            });
+        }
+        if due > now_ms.saturating_add(MAX_AHEAD_MS) {
+            return Err(InvalidInput::DueTime {
+                reason: format!("{due} is more than 10 years ahead"),
+            });
+        }
+        Ok(due)
+    }
+}
+
+impl From<DateTime<Utc>> for When {
+    fn from(t: DateTime<Utc>) -> Self {
+        When::At(t)
+    }
+}
+
+impl From<TimeDelta> for When {
+    fn from(d: TimeDelta) -> Self {
+        When::Delay(d)
+    }
+}
+
+impl From<std::time::Duration> for When {
+    fn from(d: std::time::Duration) -> Self {
+        // Durations beyond TimeDelta's range are clamped and then refused as too long.
+        When::Delay(TimeDelta::from_std(d).unwrap_or(TimeDelta::MAX))
+    }
+}
+
+/// A JSON payload, checked to be one valid JSON value and kept as compact text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload(String);
+
+impl Payload {
+    /// From a JSON value.
+    pub fn from_value(v: &serde_json::Value) -> Self {
+        Payload(v.to_string())
+    }
+
+    /// From JSON text: refused unless it is exactly one valid JSON value.
+    pub fn from_json(text: &str) -> Result<Self, InvalidInput> {
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| InvalidInput::Payload {
+            reason: format!("not valid JSON: {e}"),
+        })?;
+        Ok(Payload(text.to_owned()))
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true for a valid payload (the smallest JSON value is one byte); here for clippy.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl From<serde_json::Value> for Payload {
+    fn from(v: serde_json::Value) -> Self {
+        Payload::from_value(&v)
+    }
+}
+
+impl From<&serde_json::Value> for Payload {
+    fn from(v: &serde_json::Value) -> Self {
+        Payload::from_value(v)
+    }
+}
+
+/// One order to schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewOrder {
+    /// The business id (e.g. the order number): 1..=256 bytes of UTF-8, no control characters.
+    pub id: String,
+    /// When it is due.
+    pub when: When,
+    /// Its payload.
+    pub payload: Payload,
+}
+
+impl NewOrder {
+    /// An order.
+    pub fn new(id: impl Into<String>, when: impl Into<When>, payload: impl Into<Payload>) -> Self {
+        NewOrder {
+            id: id.into(),
+            when: when.into(),
+            payload: payload.into(),
+        }
+    }
+
+    /// Checks id, due time and payload size; returns the due time in unix ms.
+    pub(crate) fn validate(&self, now_ms: i64, max_payload: usize) -> Result<i64, InvalidInput> {
+        validate_id(&self.id)?;
+        if self.payload.len() > max_payload {
+            return Err(InvalidInput::PayloadTooLarge {
+                size: self.payload.len(),
+                limit: max_payload,
+            });
+        }
+        self.when.resolve(now_ms)
+    }
+}
+
+/// How `schedule` treats an id that is already scheduled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Replace its due time and payload (reschedule). The default.
+    #[default]
+    Upsert,
+    /// Leave it untouched.
+    IfAbsent,
+}
+
+/// What scheduling one order did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleOutcome {
+    /// The id was not scheduled; now it is.
+    Created,
+    /// The id was scheduled; its due time and payload were replaced.
+    Updated,
+    /// The id was scheduled and `IfAbsent` left it as it was.
+    Unchanged,
+}
+
+/// The result of scheduling one order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scheduled {
+    /// The order id.
+    pub id: String,
+    /// The due time that was requested, unix ms. With `Unchanged`, the stored due time
+    /// may differ: see [`Client::get`](crate::Client::get).
+    pub due_at_ms: i64,
+    /// What happened.
+    pub outcome: ScheduleOutcome,
+}
+
+/// The result of `cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// It was scheduled and is now removed: it will not be delivered.
+    Cancelled,
+    /// It was never scheduled, was already cancelled, or was already dispatched.
+    NotFound,
+}
+
+/// The result of `reschedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RescheduleOutcome {
+    /// The order now has the new due time (payload kept).
+    Rescheduled,
+    /// It was not scheduled (never, cancelled, or already dispatched).
+    NotFound,
+}
+
+/// A scheduled order, as read back with `get`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduledOrder {
+    /// The order id.
+    pub id: String,
+    /// When it is due, unix ms.
+    pub due_at_ms: i64,
+    /// When it was (last) scheduled, unix ms; `None` when the stored value was written
+    /// without the documented encoding.
+    pub enqueued_at_ms: Option<i64>,
+    /// Its payload (`null` when the payload entry is missing).
+    pub payload: serde_json::Value,
+}
+
+/// Splits a stored payload value `"<enqueued_ms>:<json>"` into its parts.
+pub(crate) fn decode_stored(raw: &str) -> (Option<i64>, &str) {
+    match raw.split_once(':') {
+        Some((ms, json)) => match ms.parse::<i64>() {
+            Ok(ms) => (Some(ms), json),
+            Err(_) => (None, raw),
+        },
+        None => (None, raw),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_at_rules() {
+        assert_eq!(
+            When::parse_at("1795000000000").unwrap(),
+            When::AtMs(1_795_000_000_000)
+        );
+        let e = When::parse_at("1795000000").unwrap_err();
+        assert!(e.to_string().contains("seconds"), "{e}");
+        let e = When::parse_at("2026-11-22T10:30:00").unwrap_err();
+        assert!(e.to_string().contains("ambiguous"), "{e}");
+        assert!(When::parse_at("2026-11-22T10:30:00Z").is_ok());
+        assert!(When::parse_at("2026-11-22T10:30:00+01:00").is_ok());
+        assert!(When::parse_at("tomorrow").is_err());
+    }
+
+    #[test]
+    fn resolve_rules() {
+        let now = 1_800_000_000_000;
+        assert_eq!(When::in_ms(500).resolve(now), Ok(now + 500));
+        assert!(matches!(
+            When::in_ms(-1).resolve(now),
+            Err(InvalidInput::Delay { .. })
+        ));
+        assert_eq!(When::at_ms(now - 10).resolve(now), Ok(now - 10));
+        assert!(When::at_ms(-5).resolve(now).is_err());
+        assert!(When::at_ms(now + MAX_AHEAD_MS + 1).resolve(now).is_err());
+        assert!(When::at_ms(now + MAX_AHEAD_MS).resolve(now).is_ok());
+    }
+
+    #[test]
+    fn payloads() {
+        assert!(Payload::from_json(r#"{"a":1}"#).is_ok());
+        assert!(Payload::from_json("null").is_ok());
+        assert!(Payload::from_json("{").is_err());
+        assert!(Payload::from_json("1 2").is_err());
+        assert!(Payload::from_json("").is_err());
+    }
+
+    #[test]
+    fn stored_encoding() {
+        assert_eq!(decode_stored("12:{\"a\":1}"), (Some(12), "{\"a\":1}"));
+        assert_eq!(decode_stored("{\"a\":1}"), (None, "{\"a\":1}"));
+    }
+}

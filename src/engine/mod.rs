@@ -1,0 +1,36 @@
+//! The engine: everything a producer or a consumer needs, and nothing else (no HTTP, no SQL,
+//! no command line). Builds with `default-features = false`.
+//!
+//! - [`keys`]: queue-name and id validation; the Redis key layout and the shard function.
+//! - [`conn`]: one connection type for a single Redis or a Redis Cluster.
+//! - [`clock`]: the one clock ("now" is the Redis server's `TIME`), replaceable in tests.
+//! - [`retry`]: the one transient-error retry helper every Redis loop uses.
+//! - [`message`]: what producers send ([`NewOrder`](message::NewOrder),
+//!   [`When`](message::When), [`Payload`](message::Payload)) and get back.
+//! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
+//! - [`client`]: the producer and admin API ([`Client`](client::Client)).
+//! - [`dispatcher`]: the poller moving due orders into the streams.
+//! - [`worker`]: consumer groups running business handlers.
+//! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
+//! - [`dead`]: dead letters: list, replay to the failing group, purge.
+//! - [`stats`]: queue statistics.
+//! - [`backoff`], [`duration`]: retry policies and human durations.
+//! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
+//! - `wake` (private): in-process wake-ups of sleeping dispatchers.
+
+pub mod backoff;
+pub mod client;
+pub mod clock;
+pub mod conn;
+pub mod dead;
+pub mod dispatcher;
+pub mod duration;
+pub mod housekeeping;
+pub mod keys;
+pub mod message;
+pub mod retry;
+pub mod scripts;
+pub mod stats;
+pub mod telemetry;
+mod wake;
+pub mod worker;

@@ -1,0 +1,122 @@
+//! Queue statistics: what is scheduled, overdue, in the streams, pending per group, dead.
+
+use crate::engine::client::Client;
+use crate::engine::keys::QueueName;
+use crate::error::{RedisContext, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+/// Source of `lua/stats.lua`.
+pub const STATS_LUA: &str = include_str!("../../lua/stats.lua");
+static STATS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(STATS_LUA));
+
+/// One queue's numbers (summed over its shards).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct QueueStats {
+    /// The queue.
+    pub queue: String,
+    /// Orders scheduled and not yet dispatched.
+    pub scheduled: u64,
+    /// Scheduled orders whose due time has passed (the dispatcher is behind).
+    pub overdue: u64,
+    /// Age of the oldest overdue order, ms (0 when none).
+    pub oldest_overdue_ms: i64,
+    /// Due time of the next scheduled order, unix ms.
+    pub next_due_at_ms: Option<i64>,
+    /// Entries in the streams (dispatched, not yet trimmed).
+    pub stream_length: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Per consumer group.
+    pub groups: Vec<GroupStats>,
+}
+
+/// One consumer group's numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct GroupStats {
+    /// The group.
+    pub group: String,
+    /// Entries delivered and not yet acknowledged (being handled or waiting for a retry).
+    pub pending: u64,
+    /// Entries not yet delivered to the group (`None` when Redis cannot tell).
+    pub lag: Option<u64>,
+    /// Consumers (the largest count over the shards).
+    pub consumers: u64,
+}
+
+type Raw = (
+    u64,
+    u64,
+    Option<f64>,
+    u64,
+    u64,
+    Vec<(String, u64, u64, i64)>,
+);
+
+impl Client {
+    /// Statistics of `queue`.
+    pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
+        let q = QueueName::new(queue)?;
+        let now = self.now_ms();
+        let mut s = QueueStats {
+            queue: q.as_str().to_owned(),
+            scheduled: 0,
+            overdue: 0,
+            oldest_overdue_ms: 0,
+            next_due_at_ms: None,
+            stream_length: 0,
+            dead: 0,
+            groups: Vec::new(),
+        };
+        let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
+        for keys in self.queue_keys(&q) {
+            let raw: Raw = STATS
+                .key(&keys.due)
+                .key(&keys.stream)
+                .key(&keys.dead)
+                .arg(now)
+                .invoke_async(&mut self.connection())
+                .await
+                .ctx("reading queue statistics (stats.lua)")?;
+            let (scheduled, overdue, head, stream_len, dead, gs) = raw;
+            s.scheduled += scheduled;
+            s.overdue += overdue;
+            s.stream_length += stream_len;
+            s.dead += dead;
+            if let Some(h) = head.map(crate::engine::scripts::score_to_ms) {
+                s.next_due_at_ms = Some(s.next_due_at_ms.map_or(h, |n| n.min(h)));
+                if overdue > 0 {
+                    s.oldest_overdue_ms = s.oldest_overdue_ms.max(now - h);
+                }
+            }
+            for (group, consumers, pending, lag) in gs {
+                let g = groups.entry(group.clone()).or_insert(GroupStats {
+                    group,
+                    pending: 0,
+                    lag: Some(0),
+                    consumers: 0,
+                });
+                g.pending += pending;
+                g.consumers = g.consumers.max(consumers);
+                g.lag = match (g.lag, u64::try_from(lag)) {
+                    (Some(a), Ok(b)) => Some(a + b),
+                    _ => None,
+                };
+            }
+        }
+        s.groups = groups.into_values().collect();
+        Ok(s)
+    }
+
+    /// Statistics of every queue in the namespace.
+    pub async fn stats_all(&self) -> Result<Vec<QueueStats>> {
+        let mut out = Vec::new();
+        for q in self.queues().await? {
+            out.push(self.stats(&q).await?);
+        }
+        Ok(out)
+    }
+}

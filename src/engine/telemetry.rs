@@ -1,0 +1,100 @@
+//! Every metric delayq records: its name, its labels, and the one function that records it.
+//!
+//! The library records through the `metrics` facade, a no-op until an application (or
+//! `delayq serve`, see `service::metrics`) installs a recorder. No other module writes a
+//! metric name.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `delayq_scheduled_total` | counter | queue |
+//! | `delayq_cancelled_total` | counter | queue |
+//! | `delayq_dispatched_total` | counter | queue |
+//! | `delayq_handled_total` | counter | queue, group, outcome (success, retry, dead, skipped) |
+//! | `delayq_dead_lettered_total` | counter | queue, group |
+//! | `delayq_order_close_total` | counter | queue, group, outcome (closed, already_paid, already_closed, not_yet_expired, unknown_order) |
+//! | `delayq_reconciled_total` | counter | queue |
+//! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
+//! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead` | gauge | queue |
+//! | `delayq_pending` | gauge | queue, group |
+
+use crate::engine::stats::QueueStats;
+
+/// The lateness histogram's name (the service sets its buckets).
+pub const LATENESS_SECONDS: &str = "delayq_lateness_seconds";
+
+/// Orders written by a schedule call.
+pub fn scheduled(queue: &str, n: u64) {
+    metrics::counter!("delayq_scheduled_total", "queue" => queue.to_owned()).increment(n);
+}
+
+/// An order cancelled.
+pub fn cancelled(queue: &str) {
+    metrics::counter!("delayq_cancelled_total", "queue" => queue.to_owned()).increment(1);
+}
+
+/// Orders moved into the streams.
+pub fn dispatched(queue: &str, n: u64) {
+    metrics::counter!("delayq_dispatched_total", "queue" => queue.to_owned()).increment(n);
+}
+
+/// One settled entry, by outcome (`success`, `retry`, `dead`, `skipped`).
+pub fn handled(queue: &str, group: &str, outcome: &'static str) {
+    metrics::counter!(
+        "delayq_handled_total",
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned(),
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
+/// One entry moved to the dead-letter stream.
+pub fn dead_lettered(queue: &str, group: &str) {
+    metrics::counter!(
+        "delayq_dead_lettered_total",
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned()
+    )
+    .increment(1);
+}
+
+/// How late a handler started, in seconds (never negative).
+pub fn lateness(queue: &str, group: &str, seconds: f64) {
+    metrics::histogram!(
+        LATENESS_SECONDS,
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned()
+    )
+    .record(seconds.max(0.0));
+}
+
+/// One outcome of the order-close handler.
+pub fn order_close(queue: &str, group: &str, outcome: &'static str) {
+    metrics::counter!(
+        "delayq_order_close_total",
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned(),
+        "outcome" => outcome
+    )
+    .increment(1);
+}
+
+/// Orders the reconciliation job rescheduled.
+pub fn reconciled(queue: &str, n: u64) {
+    metrics::counter!("delayq_reconciled_total", "queue" => queue.to_owned()).increment(n);
+}
+
+/// Sets the gauges of one queue from its statistics.
+#[allow(clippy::cast_precision_loss)]
+pub fn queue_gauges(s: &QueueStats) {
+    let q = s.queue.clone();
+    metrics::gauge!("delayq_scheduled", "queue" => q.clone()).set(s.scheduled as f64);
+    metrics::gauge!("delayq_overdue", "queue" => q.clone()).set(s.overdue as f64);
+    metrics::gauge!("delayq_oldest_overdue_seconds", "queue" => q.clone())
+        .set(s.oldest_overdue_ms as f64 / 1000.0);
+    metrics::gauge!("delayq_dead", "queue" => q.clone()).set(s.dead as f64);
+    for g in &s.groups {
+        metrics::gauge!("delayq_pending", "queue" => q.clone(), "group" => g.group.clone())
+            .set(g.pending as f64);
+    }
+}

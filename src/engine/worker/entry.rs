@@ -1,0 +1,248 @@
+//! Stream entries: parsing replies into [`Taken`] deliveries, consumer names, group creation.
+
+use super::{Delivery, DeliveryFlag, Shared};
+use crate::engine::conn::Conn;
+use crate::engine::keys::{QueueName, ShardKeys};
+use crate::error::{Error, RedisContext, Result};
+use redis::Value;
+use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
+
+/// A stream entry taken for handling.
+pub(super) struct Taken {
+    pub(super) delivery: Delivery,
+    /// Set on dead-letter replays: only this group handles it.
+    pub(super) for_group: Option<String>,
+}
+
+pub(super) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// Creates `group` on each shard's stream from id 0 with MKSTREAM; an existing group is fine.
+pub(crate) async fn ensure_groups(
+    conn: &mut Conn,
+    shards: &[ShardKeys],
+    group: &str,
+) -> Result<()> {
+    for s in shards {
+        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(&s.stream)
+            .arg(group)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(conn)
+            .await;
+        match r {
+            Ok(()) => tracing::info!(stream = %s.stream, %group, "consumer group created"),
+            Err(e) if e.code() == Some("BUSYGROUP") => {}
+            Err(e) => return Err(e).ctx("creating the consumer group (XGROUP CREATE)"),
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn is_nogroup(e: &Error) -> bool {
+    matches!(e, Error::Redis { source, .. } if source.code() == Some("NOGROUP"))
+}
+
+pub(super) fn as_string(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+/// Builds a [`Taken`] from a stream entry's fields; `None` when it has no order id.
+pub(super) fn parse_delivery(
+    queue: &QueueName,
+    group: &str,
+    shard: u16,
+    entry_id: &str,
+    fields: Vec<(String, String)>,
+    attempt: u32,
+) -> Option<Taken> {
+    let mut id = None;
+    let mut due = None;
+    let mut data = None;
+    let mut flag = None;
+    let mut for_group = None;
+    for (f, v) in fields {
+        match f.as_str() {
+            "id" => id = Some(v),
+            "due_ms" => {
+                due = v
+                    .parse::<f64>()
+                    .ok()
+                    .map(crate::engine::scripts::score_to_ms)
+            }
+            "data" => data = Some(v),
+            "flag" if v == "payload_missing" => flag = Some(DeliveryFlag::PayloadMissing),
+            "for_group" => for_group = Some(v),
+            _ => {}
+        }
+    }
+    let (enq, text) = match &data {
+        Some(d) => match crate::engine::message::decode_stored(d) {
+            (Some(enq), json) => (Some(enq), json),
+            (None, raw) => {
+                flag = flag.or(Some(DeliveryFlag::BadEncoding));
+                (None, raw)
+            }
+        },
+        None => (None, "null"),
+    };
+    let payload = match serde_json::from_str(text) {
+        Ok(v) => v,
+        Err(_) => {
+            flag = flag.or(Some(DeliveryFlag::InvalidJson));
+            serde_json::Value::String(text.to_owned())
+        }
+    };
+    let dispatched_at_ms = entry_id
+        .split_once('-')
+        .and_then(|(ms, _)| ms.parse().ok())
+        .unwrap_or(0);
+    let delivery = Delivery {
+        queue: queue.as_str().to_owned(),
+        group: group.to_owned(),
+        id: id?,
+        payload,
+        due_at_ms: due.unwrap_or(dispatched_at_ms),
+        enqueued_at_ms: enq,
+        dispatched_at_ms,
+        entry_id: entry_id.to_owned(),
+        shard,
+        attempt,
+        flag,
+    };
+    Some(Taken {
+        delivery,
+        for_group,
+    })
+}
+
+/// `<host>-<pid>-<random hex>`: unique per process start.
+pub(super) fn default_consumer_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s.len() <= 64 && !s.chars().any(char::is_control))
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "host".into());
+    let rand = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{host}-{}-{:06x}", std::process::id(), rand & 0xff_ffff)
+}
+
+/// A stream entry's fields, in order.
+pub(crate) type Fields = Vec<(String, String)>;
+/// A stream entry: its id and fields (`None` when the entry was deleted).
+pub(crate) type RawEntry = (String, Option<Fields>);
+
+/// Entries of one stream (`[[id, [f, v, ...] | nil], ...]`), as in `read.lua`'s reply.
+pub(crate) fn entries_of(v: Value) -> Result<Vec<RawEntry>> {
+    let Value::Array(items) = v else {
+        return Ok(Vec::new());
+    };
+    items
+        .into_iter()
+        .map(|e| {
+            let Value::Array(parts) = e else {
+                return Err(Error::Reply {
+                    context: "parsing stream entries",
+                    detail: format!("entry {e:?}"),
+                });
+            };
+            let mut parts = parts.into_iter();
+            let id = parts
+                .next()
+                .as_ref()
+                .and_then(as_string)
+                .ok_or(Error::Reply {
+                    context: "parsing stream entries",
+                    detail: "entry without id".into(),
+                })?;
+            Ok((id, parts.next().and_then(field_pairs)))
+        })
+        .collect()
+}
+
+/// `reclaim.lua`'s claimed entries: (entry id, fields, delivery count).
+pub(super) fn claimed_entries(v: Value) -> Result<Vec<(String, Fields, u32)>> {
+    let Value::Array(items) = v else {
+        return Ok(Vec::new());
+    };
+    let bad = || Error::Reply {
+        context: "parsing reclaimed entries",
+        detail: "unexpected shape".into(),
+    };
+    items
+        .into_iter()
+        .map(|e| {
+            let Value::Array(parts) = e else {
+                return Err(bad());
+            };
+            let mut parts = parts.into_iter();
+            let id = parts.next().as_ref().and_then(as_string).ok_or_else(bad)?;
+            let fields = parts.next().and_then(field_pairs).ok_or_else(bad)?;
+            let count = match parts.next() {
+                Some(Value::Int(n)) => u32::try_from(n).unwrap_or(u32::MAX),
+                _ => 1,
+            };
+            Ok((id, fields, count))
+        })
+        .collect()
+}
+
+pub(super) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
+    match v {
+        Value::Array(fv) => {
+            let mut pairs = Vec::with_capacity(fv.len() / 2);
+            let mut it = fv.iter();
+            while let (Some(f), Some(v)) = (it.next(), it.next()) {
+                pairs.push((
+                    as_string(f).unwrap_or_default(),
+                    as_string(v).unwrap_or_default(),
+                ));
+            }
+            Some(pairs)
+        }
+        Value::Map(fv) => Some(
+            fv.iter()
+                .map(|(f, v)| {
+                    (
+                        as_string(f).unwrap_or_default(),
+                        as_string(v).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
+/// Turns a raw entry into a [`Taken`]; an entry without an order id is dead-lettered later
+/// by the timers (it stays pending), and logged.
+pub(super) fn to_taken<H>(
+    s: &Shared<H>,
+    shard: u16,
+    entry_id: &str,
+    fields: Option<Vec<(String, String)>>,
+    attempt: u32,
+) -> Option<Taken> {
+    let Some(fields) = fields else {
+        tracing::warn!(entry = %entry_id, "entry deleted from the stream");
+        return None;
+    };
+    let parsed = parse_delivery(&s.queue, &s.group, shard, entry_id, fields, attempt);
+    if parsed.is_none() {
+        tracing::error!(entry = %entry_id, "stream entry without an order id: left pending for inspection");
+    }
+    parsed
+}

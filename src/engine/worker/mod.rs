@@ -1,0 +1,238 @@
+//! Workers: one business handler = one consumer group on the queue's streams.
+//!
+//! A [`Worker`] takes new entries with `read.lua` (`XREADGROUP` plus a lease in the group's
+//! timers ZSET, atomically) and waits for more with `XREAD ... BLOCK` on a connection of its
+//! own (a blocking read would stall every command sharing a multiplexed connection, and the
+//! redis crate's default 500 ms response timeout would cut it off). It runs the handler with a
+//! concurrency limit and a timeout and settles each entry:
+//!
+//! - success: XACK and drop the timer (one pipeline), batched;
+//! - retryable failure (error, panic, timeout): `retry.lua` sets the timer to the next attempt
+//!   (backoff policy, or the handler's own retry-after); the entry stays pending;
+//! - permanent failure, or the last attempt failed: `dead.lua` moves it to the dead-letter
+//!   stream and acks it, atomically.
+//!
+//! While a handler runs, its lease is extended every third of the visibility timeout, so only
+//! a dead consumer's entries come due. A reclaim loop claims due timers (`reclaim.lua`:
+//! XCLAIM by id, O(log n) each): entries whose consumer died and retries whose backoff
+//! elapsed. The pending list keeps the entry and its delivery count (= attempt number), so
+//! attempts survive restarts.
+
+mod entry;
+mod handler;
+mod lease;
+mod options;
+mod reader;
+mod reclaim;
+mod settle;
+
+pub(crate) use entry::{ensure_groups, entries_of};
+pub use handler::{
+    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, WorkerStats,
+};
+pub use options::WorkerOptions;
+
+use crate::engine::client::Client;
+use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
+use crate::engine::retry::until_ok;
+use crate::error::Result;
+use entry::default_consumer_name;
+use std::collections::HashSet;
+use std::sync::Arc;
+use tokio::sync::{Mutex, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Runs one handler as one consumer of one consumer group. See the module docs.
+pub struct Worker<H> {
+    shared: Arc<Shared<H>>,
+}
+
+/// What the worker's tasks share.
+pub(super) struct Shared<H> {
+    pub(super) client: Client,
+    pub(super) queue: QueueName,
+    pub(super) group: String,
+    pub(super) consumer: String,
+    pub(super) shards: Vec<ShardKeys>,
+    pub(super) handler: H,
+    pub(super) hooks: Arc<dyn Hooks>,
+    pub(super) opts: WorkerOptions,
+    pub(super) stats: Arc<WorkerStats>,
+    /// Entries being handled, by (shard, entry id): their leases are extended. A tokio mutex,
+    /// held while a lease or retry command is sent, so an extension can never overwrite the
+    /// retry time of an entry that just failed.
+    pub(super) in_flight: Mutex<HashSet<(u16, String)>>,
+    /// Handler slots.
+    pub(super) sem: Arc<Semaphore>,
+    /// Entries a reader may hold: handler slots plus prefetch.
+    pub(super) taken: Arc<Semaphore>,
+}
+
+impl<H> std::fmt::Debug for Worker<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("queue", &self.shared.queue)
+            .field("group", &self.shared.group)
+            .field("consumer", &self.shared.consumer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<H: Handler> Worker<H> {
+    /// A worker running `handler` as group `group` on `queue`.
+    pub fn new(
+        client: &Client,
+        queue: &str,
+        group: &str,
+        handler: H,
+        opts: WorkerOptions,
+    ) -> Result<Self> {
+        let queue = QueueName::new(queue)?;
+        validate_member_name("group", group)?;
+        let consumer = opts.consumer.clone().unwrap_or_else(default_consumer_name);
+        validate_member_name("consumer", &consumer)?;
+        opts.validate()?;
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                shards: client.queue_keys(&queue),
+                client: client.clone(),
+                queue,
+                group: group.to_owned(),
+                consumer,
+                handler,
+                hooks: Arc::new(NoHooks),
+                sem: Arc::new(Semaphore::new(opts.concurrency)),
+                taken: Arc::new(Semaphore::new(opts.taken_limit())),
+                opts,
+                stats: Arc::new(WorkerStats::default()),
+                in_flight: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// Sets the hooks (before `run`).
+    pub fn with_hooks(mut self, hooks: impl Hooks) -> Self {
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.hooks = Arc::new(hooks);
+        }
+        self
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Arc<WorkerStats> {
+        self.shared.stats.clone()
+    }
+
+    /// The consumer name.
+    pub fn consumer(&self) -> &str {
+        &self.shared.consumer
+    }
+
+    /// Creates the consumer group on every shard's stream (reading from the start of the
+    /// stream, creating the stream if needed). Idempotent.
+    pub async fn ensure_groups(&self) -> Result<()> {
+        let s = &self.shared;
+        ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
+    }
+
+    /// Runs until `cancel` fires, then stops reading, waits for in-flight handlers (up to
+    /// the grace period), settles them, and returns. Redis failures are logged and retried;
+    /// the worker does not give up on its own.
+    pub async fn run(self, cancel: CancellationToken) -> Result<()> {
+        let s = self.shared;
+        let started = until_ok("starting the worker", &cancel, || async {
+            s.client.ensure_queue(&s.queue, true).await?;
+            ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
+        })
+        .await?;
+        if started.is_none() {
+            return Ok(());
+        }
+        tracing::info!(queue = %s.queue, group = %s.group, consumer = %s.consumer, "worker started");
+
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel::<(u16, String)>();
+        let acker = tokio::spawn(settle::ack_loop(s.clone(), ack_rx));
+        // Background loops stop on their own token once handlers are done, or when this
+        // future is dropped (the guard cancels it).
+        let bg = CancellationToken::new();
+        let _bg_guard = bg.clone().drop_guard();
+        let leases = tokio::spawn(lease::lease_loop(s.clone(), bg.clone()));
+        // Readers and the reclaimer stop with `cancel`, or when this future is dropped.
+        let reading = cancel.child_token();
+        let _reading_guard = reading.clone().drop_guard();
+        let reclaimer = {
+            let (s, ack_tx, reading) = (s.clone(), ack_tx.clone(), reading.clone());
+            tokio::spawn(async move { reclaim::reclaim_loop(s, ack_tx, reading).await })
+        };
+        let readers = spawn_readers(&s, &ack_tx, &reading);
+        reading.cancelled().await;
+
+        // Shutdown: no more reads or reclaims; let in-flight handlers finish within the grace.
+        let mut task_sets = Vec::new();
+        for r in readers {
+            if let Ok(set) = r.await {
+                task_sets.push(set);
+            }
+        }
+        if let Ok(set) = reclaimer.await {
+            task_sets.push(set);
+        }
+        finish_in_flight(&s, task_sets).await;
+        bg.cancel();
+        let _ = leases.await;
+        drop(ack_tx);
+        if let Err(e) = acker.await {
+            tracing::error!(error = %e, "ack task failed");
+        }
+        tracing::info!(queue = %s.queue, group = %s.group, "worker stopped");
+        Ok(())
+    }
+}
+
+/// One reader for every shard on one server (one multi-key XREAD); one reader per shard on
+/// a cluster, where a multi-key read must stay in one slot.
+fn spawn_readers<H: Handler>(
+    s: &Arc<Shared<H>>,
+    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
+    reading: &CancellationToken,
+) -> Vec<tokio::task::JoinHandle<JoinSet<()>>> {
+    let shard_sets: Vec<Vec<ShardKeys>> = if s.client.is_cluster() {
+        s.shards.iter().map(|k| vec![k.clone()]).collect()
+    } else {
+        vec![s.shards.clone()]
+    };
+    shard_sets
+        .into_iter()
+        .map(|set| {
+            tokio::spawn(reader::reader_loop(
+                s.clone(),
+                set,
+                ack_tx.clone(),
+                reading.clone(),
+            ))
+        })
+        .collect()
+}
+
+/// Waits up to the shutdown grace for the handlers still running; aborts the rest (their
+/// entries stay pending and are reclaimed once their lease runs out).
+async fn finish_in_flight<H>(s: &Shared<H>, mut task_sets: Vec<JoinSet<()>>) {
+    let grace = tokio::time::timeout(s.opts.shutdown_grace, async {
+        for set in task_sets.iter_mut() {
+            while set.join_next().await.is_some() {}
+        }
+    })
+    .await;
+    if grace.is_err() {
+        let abandoned: usize = task_sets.iter().map(JoinSet::len).sum();
+        tracing::warn!(
+            queue = %s.queue, group = %s.group, abandoned,
+            "shutdown grace period over; abandoned handlers stay pending"
+        );
+        for set in task_sets.iter_mut() {
+            set.abort_all();
+            while set.join_next().await.is_some() {}
+        }
+    }
+}

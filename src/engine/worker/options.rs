@@ -1,0 +1,153 @@
+//! [`WorkerOptions`]: defaults and the one place their ranges are checked.
+
+use crate::engine::backoff::Backoff;
+use crate::error::InvalidInput;
+use std::time::Duration;
+
+/// Options of a [`Worker`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WorkerOptions {
+    /// Most handler calls running at once (default 16).
+    pub concurrency: usize,
+    /// A handler running longer than this has failed (default 30 s).
+    pub handler_timeout: Duration,
+    /// How long one blocking read waits (default 1 s). Shutdown waits for the read in flight.
+    pub block: Duration,
+    /// How long shutdown waits for in-flight handlers (default 30 s); those still running
+    /// then are abandoned and their entries stay pending (reclaimed after their lease).
+    pub shutdown_grace: Duration,
+    /// The consumer name (default `<host>-<pid>-<random>`).
+    pub consumer: Option<String>,
+    /// Attempts before an order is dead-lettered (default 10).
+    pub max_attempts: u32,
+    /// Delay before each retry (default exponential 1 s .. 10 min with jitter).
+    pub backoff: Backoff,
+    /// An entry whose consumer stopped extending its lease this long ago is taken over by
+    /// another consumer (default 30 s).
+    pub visibility_timeout: Duration,
+    /// Longest wait between two looks at the group's due timers (default 1 s); the loop also
+    /// wakes at the earliest timer.
+    pub reclaim_every: Duration,
+    /// Entries taken ahead of free handler slots (default: three times `concurrency`).
+    /// Under a backlog, each read then takes up to `concurrency + prefetch` entries (at most
+    /// 1,000) instead of the few slots that just came free, so there are fewer round trips
+    /// per entry (storm drain +25–35% measured, see docs/benchmarks.md). Prefetched entries
+    /// are leased, and their leases extended, like running ones; they wait for a slot in
+    /// this process. 0 turns it off.
+    pub prefetch: Option<usize>,
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            concurrency: 16,
+            handler_timeout: Duration::from_secs(30),
+            block: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(30),
+            consumer: None,
+            max_attempts: 10,
+            backoff: Backoff::default(),
+            visibility_timeout: Duration::from_secs(30),
+            reclaim_every: Duration::from_secs(1),
+            prefetch: None,
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// Sets the concurrency.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n;
+        self
+    }
+
+    /// Sets the handler timeout.
+    pub fn handler_timeout(mut self, d: Duration) -> Self {
+        self.handler_timeout = d;
+        self
+    }
+
+    /// Sets the shutdown grace period.
+    pub fn shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = d;
+        self
+    }
+
+    /// Sets the read block time.
+    pub fn block(mut self, d: Duration) -> Self {
+        self.block = d;
+        self
+    }
+
+    /// Sets the consumer name.
+    pub fn consumer(mut self, name: impl Into<String>) -> Self {
+        self.consumer = Some(name.into());
+        self
+    }
+
+    /// Sets the attempt limit.
+    pub fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Sets the backoff policy.
+    pub fn backoff(mut self, b: Backoff) -> Self {
+        self.backoff = b;
+        self
+    }
+
+    /// Sets the visibility timeout.
+    pub fn visibility_timeout(mut self, d: Duration) -> Self {
+        self.visibility_timeout = d;
+        self
+    }
+
+    /// Sets the longest wait between reclaim looks.
+    pub fn reclaim_every(mut self, d: Duration) -> Self {
+        self.reclaim_every = d;
+        self
+    }
+
+    /// Sets how many entries are taken ahead of free handler slots.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = Some(n);
+        self
+    }
+
+    /// Handler slots plus prefetch: the most entries a reader holds at once.
+    pub(super) fn taken_limit(&self) -> usize {
+        self.concurrency + self.prefetch.unwrap_or(3 * self.concurrency)
+    }
+
+    /// Checks every option's range (the one place they are written).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let bad = |name: &'static str, reason: &str| InvalidInput::Option {
+            name,
+            reason: reason.to_owned(),
+        };
+        if self.concurrency == 0 || self.concurrency > 10_000 {
+            return Err(bad("concurrency", "must be 1..=10000"));
+        }
+        if self.prefetch.is_some_and(|p| p > 10_000) {
+            return Err(bad("prefetch", "must be 0..=10000"));
+        }
+        if self.block < Duration::from_millis(1) {
+            return Err(bad("block", "must be at least 1 ms"));
+        }
+        if self.handler_timeout.is_zero() {
+            return Err(bad("handler_timeout", "must be more than zero"));
+        }
+        if self.max_attempts == 0 {
+            return Err(bad("max_attempts", "must be at least 1"));
+        }
+        if self.visibility_timeout < Duration::from_millis(30) {
+            return Err(bad("visibility_timeout", "must be at least 30 ms"));
+        }
+        if self.reclaim_every.is_zero() {
+            return Err(bad("reclaim_every", "must be more than zero"));
+        }
+        Ok(())
+    }
+}

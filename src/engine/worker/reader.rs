@@ -1,0 +1,257 @@
+//! Readers: take new entries (`read.lua`, leased atomically) and wait for more with a
+//! blocking `XREAD` on a connection of their own.
+
+use super::entry::{Taken, as_string, ensure_groups, entries_of, is_nogroup, ms, to_taken};
+use super::settle::spawn_process;
+use super::{Handler, Shared};
+use crate::engine::conn::Conn;
+use crate::engine::keys::ShardKeys;
+use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
+use crate::engine::scripts;
+use crate::error::{Error, RedisContext, Result};
+use redis::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Takes and handles new entries of `shards` until `cancel`; returns the handler tasks still
+/// running (shutdown waits for them).
+pub(super) async fn reader_loop<H: Handler>(
+    s: Arc<Shared<H>>,
+    shards: Vec<ShardKeys>,
+    ack_tx: mpsc::UnboundedSender<(u16, String)>,
+    cancel: CancellationToken,
+) -> JoinSet<()> {
+    let mut tasks = JoinSet::new();
+    let reader_timeout = s.opts.block + Duration::from_secs(10);
+    let opened = until_ok("opening the reader connection", &cancel, || {
+        s.client.dedicated_connection(reader_timeout)
+    })
+    .await;
+    let Ok(Some(conn)) = opened else {
+        return tasks;
+    };
+    let mut r = Reader::new(&s, &shards, conn);
+    while !cancel.is_cancelled() {
+        while tasks.try_join_next().is_some() {}
+        if r.to_read.is_empty() {
+            r.wait(&cancel).await;
+            continue;
+        }
+        let Some(mut permits) = take_permits(&s, &cancel).await else {
+            break;
+        };
+        let taken = r.read(permits.len(), &cancel).await;
+        for t in taken {
+            // A read never returns more entries than it was given permits for.
+            let Some(permit) = permits.pop() else { break };
+            spawn_process(&mut tasks, &s, &ack_tx, t, permit).await;
+        }
+    }
+    tasks
+}
+
+/// Waits (cancellably) for one place among the entries this worker may hold, then takes as
+/// many more as are free, up to one read's worth.
+async fn take_permits<H>(
+    s: &Shared<H>,
+    cancel: &CancellationToken,
+) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = tokio::select! {
+        p = s.taken.clone().acquire_owned() => p.ok()?,
+        _ = cancel.cancelled() => return None,
+    };
+    let mut permits = vec![first];
+    while permits.len() < s.opts.taken_limit().min(MAX_READ) {
+        match s.taken.clone().try_acquire_owned() {
+            Ok(p) => permits.push(p),
+            Err(_) => break,
+        }
+    }
+    Some(permits)
+}
+
+/// Most entries one read takes.
+const MAX_READ: usize = 1000;
+
+/// One reader's view of its shards.
+struct Reader<'a, H> {
+    s: &'a Shared<H>,
+    shards: &'a [ShardKeys],
+    /// The dedicated connection for the blocking wait.
+    conn: Conn,
+    /// Which shards to read next (indexes into `shards`): all at first; then only those the
+    /// blocking wait reported new entries in, or whose last read came back full.
+    to_read: Vec<usize>,
+    /// Each shard's last seen stream id, for the blocking wait.
+    last_ids: Vec<String>,
+    /// Where the next read starts among `to_read`, so a small budget rotates over shards.
+    rotate: usize,
+    pacer: Pacer,
+}
+
+impl<'a, H: Handler> Reader<'a, H> {
+    fn new(s: &'a Shared<H>, shards: &'a [ShardKeys], conn: Conn) -> Self {
+        Reader {
+            s,
+            shards,
+            conn,
+            to_read: (0..shards.len()).collect(),
+            last_ids: vec!["0-0".to_owned(); shards.len()],
+            rotate: 0,
+            pacer: Pacer::new(RetryPolicy::LOOP),
+        }
+    }
+
+    fn all(&self) -> Vec<usize> {
+        (0..self.shards.len()).collect()
+    }
+
+    /// Nothing known to be waiting: block until a shard has a new entry (or the block time
+    /// passes: then look at every shard once, e.g. after a restart of Redis).
+    async fn wait(&mut self, cancel: &CancellationToken) {
+        match wait_for_new(self.s, self.shards, &mut self.conn, &self.last_ids).await {
+            Ok(ready) if ready.is_empty() => self.to_read = self.all(),
+            Ok(ready) => self.to_read = ready,
+            Err(e) => {
+                tracing::warn!(queue = %self.s.queue, error = %e, "blocking read failed");
+                self.pacer.wait(Some(cancel)).await;
+                self.to_read = self.all();
+            }
+        }
+    }
+
+    /// Reads the shards in `to_read` with `budget` entries in all (split between them, so
+    /// the reader never holds more than its budget), all in flight together. A shard whose
+    /// read fails is read again later; the entries other shards returned are kept.
+    async fn read(&mut self, budget: usize, cancel: &CancellationToken) -> Vec<Taken> {
+        let n = self.to_read.len().min(budget).max(1);
+        let start = self.rotate % self.to_read.len();
+        self.rotate = self.rotate.wrapping_add(1);
+        let chosen: Vec<usize> = (0..n)
+            .map(|k| self.to_read[(start + k) % self.to_read.len()])
+            .collect();
+        let per_shard = budget / n;
+        let results = take_new(self.s, self.shards, &chosen, per_shard).await;
+        let mut again: Vec<usize> = self
+            .to_read
+            .iter()
+            .copied()
+            .filter(|i| !chosen.contains(i))
+            .collect();
+        let mut out = Vec::new();
+        let mut failed = None;
+        for (&i, r) in chosen.iter().zip(results) {
+            match r {
+                Ok((taken, got, last)) => {
+                    self.last_ids[i] = last;
+                    if got >= per_shard {
+                        again.push(i); // maybe more: read it again at once
+                    }
+                    out.extend(taken);
+                }
+                Err(e) => {
+                    again.push(i);
+                    failed = Some(e);
+                }
+            }
+        }
+        self.to_read = again;
+        match failed {
+            None => self.pacer.reset(),
+            Some(e) => self.read_failed(e, out.is_empty(), cancel).await,
+        }
+        out
+    }
+
+    async fn read_failed(&mut self, e: Error, nothing_read: bool, cancel: &CancellationToken) {
+        if is_nogroup(&e) {
+            tracing::warn!(queue = %self.s.queue, group = %self.s.group, "consumer group vanished; recreating");
+            let mut conn = self.s.client.connection();
+            if let Err(e) = ensure_groups(&mut conn, self.shards, &self.s.group).await {
+                tracing::warn!(error = %e, "recreating the group failed");
+            }
+        } else {
+            tracing::warn!(queue = %self.s.queue, group = %self.s.group, error = %e,
+                retry_in = ?self.pacer.next_delay(), "read failed");
+        }
+        if nothing_read {
+            self.pacer.wait(Some(cancel)).await;
+        }
+    }
+}
+
+/// Takes up to `count` new entries from each chosen shard (leased atomically), the reads in
+/// flight together on the multiplexed connection; per shard, the entries, how many the
+/// stream returned, and the stream's last id.
+async fn take_new<H: Handler>(
+    s: &Shared<H>,
+    shards: &[ShardKeys],
+    chosen: &[usize],
+    count: usize,
+) -> Vec<Result<(Vec<Taken>, usize, String)>> {
+    let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
+    futures_util::future::join_all(chosen.iter().map(|&i| {
+        let mut conn = s.client.connection();
+        let keys = &shards[i];
+        async move {
+            let (entries, last) =
+                scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
+            let entries = entries_of(entries)?;
+            let got = entries.len();
+            let taken = entries
+                .into_iter()
+                .filter_map(|(entry_id, fields)| to_taken(s, keys.shard, &entry_id, fields, 1))
+                .collect();
+            Ok((taken, got, last))
+        }
+    }))
+    .await
+}
+
+/// Blocks (dedicated connection) until some shard's stream has an entry after `last_ids`, or
+/// the block time passes; returns the indexes of the shards with new entries (empty on
+/// timeout). Takes nothing: `read.lua` does.
+pub(super) async fn wait_for_new<H: Handler>(
+    s: &Shared<H>,
+    shards: &[ShardKeys],
+    reader: &mut Conn,
+    last_ids: &[String],
+) -> Result<Vec<usize>> {
+    let mut cmd = redis::cmd("XREAD");
+    cmd.arg("COUNT")
+        .arg(1)
+        .arg("BLOCK")
+        .arg(ms(s.opts.block).max(1))
+        .arg("STREAMS");
+    for k in shards {
+        cmd.arg(&k.stream);
+    }
+    cmd.arg(last_ids);
+    let reply: Value = cmd
+        .query_async(reader)
+        .await
+        .ctx("waiting for new entries (XREAD BLOCK)")?;
+    let streams: Vec<(Value, Value)> = match reply {
+        Value::Array(items) => items
+            .into_iter()
+            .filter_map(|st| match st {
+                Value::Array(mut kv) if kv.len() == 2 => {
+                    let v = kv.pop().unwrap_or(Value::Nil);
+                    let k = kv.pop().unwrap_or(Value::Nil);
+                    Some((k, v))
+                }
+                _ => None,
+            })
+            .collect(),
+        Value::Map(kv) => kv,
+        _ => Vec::new(),
+    };
+    Ok(streams
+        .iter()
+        .filter_map(|(k, _)| as_string(k))
+        .filter_map(|key| shards.iter().position(|k| k.stream == key))
+        .collect())
+}

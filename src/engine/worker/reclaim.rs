@@ -1,0 +1,102 @@
+//! The reclaim loop: claims the group's due timers (a dead consumer's entries, retries whose
+//! backoff elapsed) with `reclaim.lua`.
+
+use super::entry::{claimed_entries, ms, to_taken};
+use super::settle::process;
+use super::{Handler, Shared};
+use crate::engine::scripts;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// Claims due timers until `cancel`; returns the tasks it spawned that still run, so
+/// shutdown can wait for them (and abort them after the grace).
+pub(super) async fn reclaim_loop<H: Handler>(
+    s: Arc<Shared<H>>,
+    ack_tx: mpsc::UnboundedSender<(u16, String)>,
+    cancel: CancellationToken,
+) -> JoinSet<()> {
+    let mut handles: JoinSet<()> = JoinSet::new();
+    let mut next_look = s.client.now_ms();
+    loop {
+        while handles.try_join_next().is_some() {}
+        let wait = u64::try_from(next_look - s.client.now_ms()).unwrap_or(0);
+        if wait > 0 {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                _ = cancel.cancelled() => return handles,
+            }
+        }
+        // Only claim what can be handled now.
+        let first = tokio::select! {
+            p = s.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return handles },
+            _ = cancel.cancelled() => return handles,
+        };
+        let mut permits = vec![first];
+        while permits.len() < 100 {
+            match s.sem.clone().try_acquire_owned() {
+                Ok(p) => permits.push(p),
+                Err(_) => break,
+            }
+        }
+        let now = s.client.now_ms();
+        next_look = now + ms(s.opts.reclaim_every);
+        for keys in &s.shards {
+            if permits.is_empty() {
+                next_look = now;
+                break;
+            }
+            let lease_until = now + ms(s.opts.visibility_timeout);
+            let mut conn = s.client.connection();
+            let r = scripts::reclaim(
+                &mut conn,
+                keys,
+                &s.group,
+                &s.consumer,
+                now,
+                lease_until,
+                permits.len(),
+            )
+            .await;
+            let (claimed, next) = match r {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reclaim failed");
+                    continue;
+                }
+            };
+            if let Some(n) = next {
+                next_look = next_look.min(crate::engine::scripts::score_to_ms(n));
+            }
+            let claimed = match claimed_entries(claimed) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::error!(error = %e, "unexpected reclaim reply");
+                    continue;
+                }
+            };
+            if claimed.len() == permits.len() {
+                next_look = now; // maybe more are due
+            }
+            for (entry_id, fields, count) in claimed {
+                s.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
+                let Some(t) = to_taken(&s, keys.shard, &entry_id, Some(fields), count) else {
+                    continue;
+                };
+                let Some(permit) = permits.pop() else { break };
+                s.in_flight
+                    .lock()
+                    .await
+                    .insert((keys.shard, entry_id.clone()));
+                let (s2, ack_tx) = (s.clone(), ack_tx.clone());
+                handles.spawn(async move {
+                    process(&s2, &ack_tx, t).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Running a handler and settling its entry: ack (batched), retry or dead letter.
+
+use super::entry::{Taken, ms};
+use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
+use crate::engine::retry::{RetryPolicy, with_retries};
+use crate::engine::scripts::{self, DeadArgs};
+use crate::engine::telemetry;
+use crate::error::RedisContext;
+use futures_util::FutureExt;
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::task::JoinSet;
+
+pub(super) async fn spawn_process<H: Handler>(
+    tasks: &mut JoinSet<()>,
+    s: &Arc<Shared<H>>,
+    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
+    t: Taken,
+    permit: OwnedSemaphorePermit,
+) {
+    s.in_flight
+        .lock()
+        .await
+        .insert((t.delivery.shard, t.delivery.entry_id.clone()));
+    let (s, ack_tx) = (s.clone(), ack_tx.clone());
+    tasks.spawn(async move {
+        // `permit` holds the entry's place among those taken; wait for a handler slot.
+        if let Ok(slot) = s.sem.clone().acquire_owned().await {
+            process(&s, &ack_tx, t).await;
+            drop(slot);
+        }
+        drop(permit);
+    });
+}
+
+/// Handles one entry and settles it: ack, retry or dead letter.
+pub(super) async fn process<H: Handler>(
+    s: &Shared<H>,
+    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
+    t: Taken,
+) {
+    let key = (t.delivery.shard, t.delivery.entry_id.clone());
+    if let Some(g) = &t.for_group
+        && *g != s.group
+    {
+        // A dead-letter replay for another group: not ours to handle.
+        s.stats.skipped.fetch_add(1, Ordering::Relaxed);
+        handled_metric(s, "skipped");
+        s.in_flight.lock().await.remove(&key);
+        let _ = ack_tx.send(key);
+        return;
+    }
+    let d = t.delivery;
+    let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
+    telemetry::lateness(s.queue.as_str(), &s.group, late_s);
+    let outcome = if d.attempt > s.opts.max_attempts {
+        // Delivered more often than allowed without a result: its consumers kept dying.
+        Err(HandlerError::permanent(format!(
+            "delivered {} times without a result (consumers crashed or lost their lease)",
+            d.attempt
+        )))
+    } else {
+        run_handler(&s.handler, d.clone(), s.opts.handler_timeout, &s.stats).await
+    };
+    match outcome {
+        Ok(()) => {
+            s.in_flight.lock().await.remove(&key);
+            handled_metric(s, "success");
+            s.hooks.on_success(&d);
+            // The acker outlives every task; a closed channel means shutdown already gave up
+            // on this entry, which then stays pending and is delivered again.
+            let _ = ack_tx.send(key);
+        }
+        Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
+            let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
+            handled_metric(s, "retry");
+            s.hooks.on_failure(&d, &message, Some(delay));
+            let keys = &s.shards[usize::from(d.shard)];
+            let mut in_flight = s.in_flight.lock().await;
+            in_flight.remove(&key);
+            let at = s.client.now_ms() + ms(delay);
+            let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
+            let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
+                let mut conn = s.client.connection();
+                async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at).await }
+            })
+            .await;
+            drop(in_flight);
+            match r {
+                Ok(true) => {
+                    s.stats.retried.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(id = %d.id, attempt = d.attempt, ?delay, "retry scheduled");
+                }
+                Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
+                // The lease stays as it was: the entry is retried when it runs out.
+                Err(e) => tracing::warn!(id = %d.id, error = %e, "could not schedule the retry"),
+            }
+        }
+        Err(e) => {
+            let message = match &e {
+                HandlerError::Retry { message, .. } | HandlerError::Permanent { message } => {
+                    message.clone()
+                }
+            };
+            s.hooks.on_failure(&d, &message, None);
+            let keys = &s.shards[usize::from(d.shard)];
+            s.in_flight.lock().await.remove(&key);
+            let args = DeadArgs {
+                group: &s.group,
+                consumer: &s.consumer,
+                entry_id: &d.entry_id,
+                attempts: d.attempt,
+                error: &message,
+                now_ms: s.client.now_ms(),
+            };
+            let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
+                let mut conn = s.client.connection();
+                let args = &args;
+                async move { scripts::dead_letter(&mut conn, keys, args).await }
+            })
+            .await;
+            match r {
+                Ok(true) => {
+                    s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+                    handled_metric(s, "dead");
+                    telemetry::dead_lettered(s.queue.as_str(), &s.group);
+                    tracing::warn!(id = %d.id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
+                    s.hooks.on_dead(&d, &message);
+                }
+                Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
+                Err(e) => {
+                    tracing::warn!(id = %d.id, error = %e, "could not dead-letter; it stays pending")
+                }
+            }
+        }
+    }
+}
+
+fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
+    telemetry::handled(s.queue.as_str(), &s.group, outcome);
+}
+
+/// Runs the handler once. Panics and timeouts count as retryable failures.
+pub(super) async fn run_handler<H: Handler>(
+    handler: &H,
+    delivery: Delivery,
+    timeout: Duration,
+    stats: &WorkerStats,
+) -> HandlerResult {
+    let id = delivery.id.clone();
+    let fut = AssertUnwindSafe(handler.handle(delivery)).catch_unwind();
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(Ok(()))) => {
+            stats.succeeded.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Ok(Ok(Err(e))) => {
+            stats.failed.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%id, error = %e, "handler failed");
+            Err(e)
+        }
+        Ok(Err(_)) => {
+            stats.panicked.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(%id, "handler panicked");
+            Err(HandlerError::retry("handler panicked"))
+        }
+        Err(_) => {
+            stats.timed_out.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%id, ?timeout, "handler timed out");
+            Err(HandlerError::retry(format!(
+                "handler timed out after {timeout:?}"
+            )))
+        }
+    }
+}
+
+/// Acknowledges entries in batches until every sender is gone. A failed ack is retried; an
+/// entry whose ack is finally given up on stays pending (delivered again, never lost).
+pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<(u16, String)>) {
+    let mut buf = Vec::with_capacity(1024);
+    while rx.recv_many(&mut buf, 1024).await > 0 {
+        let mut by_shard: HashMap<u16, Vec<String>> = HashMap::new();
+        for (shard, id) in buf.drain(..) {
+            by_shard.entry(shard).or_default().push(id);
+        }
+        for (shard, ids) in by_shard {
+            let keys = &s.shards[usize::from(shard)];
+            let (group, ids, client) = (&s.group, &ids, &s.client);
+            // XACK then drop the timers, pipelined (two plain commands cost less Redis time than
+            // a script call; a crash between them only leaves a stale timer, which
+            // reclaim.lua drops when it finds the entry no longer pending).
+            let r = with_retries("XACK", RetryPolicy::CALL, None, || {
+                let mut conn = client.connection();
+                async move {
+                    let (n, _): (u64, i64) = redis::pipe()
+                        .cmd("XACK")
+                        .arg(&keys.stream)
+                        .arg(group)
+                        .arg(ids)
+                        .cmd("ZREM")
+                        .arg(keys.timers(group))
+                        .arg(ids)
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("acknowledging entries (XACK + ZREM)")?;
+                    Ok(n)
+                }
+            })
+            .await;
+            match r {
+                Ok(n) => {
+                    s.stats.acked.fetch_add(n, Ordering::Relaxed);
+                }
+                Err(e) => tracing::error!(
+                    error = %e, entries = ids.len(),
+                    "ack failed; the entries stay pending and will be delivered again"
+                ),
+            }
+        }
+    }
+}

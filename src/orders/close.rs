@@ -1,0 +1,101 @@
+//! The `order-close` built-in handler: closes an expired, unpaid order in the database.
+//!
+//! For each delivery it runs [`Orders::close`] (one conditional `UPDATE`) with "now" from
+//! the client's clock (the Redis server's), and acknowledges whatever the database says:
+//!
+//! | outcome           | what happens                                                |
+//! |-------------------|-------------------------------------------------------------|
+//! | `closed`          | this delivery closed it                                     |
+//! | `already_paid`    | nothing (a paid order is never closed)                      |
+//! | `already_closed`  | nothing (a redelivery, a duplicate, or reconciliation won)  |
+//! | `not_yet_expired` | the expiry was extended: the order is rescheduled for it    |
+//! | `unknown_order`   | nothing; logged (an event without a row)                    |
+//!
+//! A database error is a retryable failure (the worker's backoff applies), never an ack.
+//! Each outcome is counted in `delayq_order_close_total{queue,group,outcome}`.
+
+use crate::engine::client::Client;
+use crate::engine::message::{Mode, NewOrder, When};
+use crate::engine::worker::{Delivery, Handler, HandlerError, HandlerResult};
+use crate::orders::repo::{CloseOutcome, Orders};
+
+/// The `close_reason` written for a scheduled close event.
+pub const REASON_EXPIRED: &str = "expired";
+/// The `close_reason` written for a close event that reconciliation scheduled (its original
+/// event was lost or never sent).
+pub const REASON_RECONCILED: &str = "reconciled";
+
+/// Closes expired orders; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct OrderClose {
+    orders: Orders,
+    client: Client,
+}
+
+impl OrderClose {
+    /// A handler closing orders in `orders`, reading "now" from and rescheduling through
+    /// `client`.
+    pub fn new(orders: Orders, client: &Client) -> OrderClose {
+        OrderClose {
+            orders,
+            client: client.clone(),
+        }
+    }
+
+    /// Handles the close event of order `id` on `queue` (what [`Handler::handle`] does, for
+    /// callers without a [`Delivery`]). A database or Redis failure is an error to retry.
+    pub async fn close_order(
+        &self,
+        queue: &str,
+        id: &str,
+        payload: &serde_json::Value,
+    ) -> crate::Result<CloseOutcome> {
+        let now = self.client.now_ms();
+        let reconciled = payload.get("reconciled") == Some(&serde_json::Value::Bool(true));
+        let reason = if reconciled {
+            REASON_RECONCILED
+        } else {
+            REASON_EXPIRED
+        };
+        let outcome = self.orders.close(id, now, reason).await?;
+        match outcome {
+            CloseOutcome::NotYetExpired { expires_at } => {
+                // The database is the system of record: follow its expiry.
+                self.client
+                    .schedule_with(
+                        queue,
+                        NewOrder::new(id, When::AtMs(expires_at), payload),
+                        Mode::Upsert,
+                    )
+                    .await?;
+                tracing::info!(
+                    queue,
+                    id,
+                    expires_at,
+                    "order expiry was extended; rescheduled"
+                );
+            }
+            CloseOutcome::UnknownOrder => {
+                tracing::warn!(
+                    queue,
+                    id,
+                    "close event for an order the database does not have"
+                );
+            }
+            _ => {}
+        }
+        Ok(outcome)
+    }
+}
+
+impl Handler for OrderClose {
+    async fn handle(&self, d: Delivery) -> HandlerResult {
+        match self.close_order(&d.queue, &d.id, &d.payload).await {
+            Ok(outcome) => {
+                crate::engine::telemetry::order_close(&d.queue, &d.group, outcome.label());
+                Ok(())
+            }
+            Err(e) => Err(HandlerError::retry(e)),
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Reconciliation, the compensation job: Redis is fast but the database is the system of
+//! record. Every run (a tokio-cron-scheduler job, default every 30 s) finds orders still
+//! `pending` whose `expires_at` passed more than `grace` ago and schedules their close
+//! event (if absent, due now), in bounded batches paged by `(expires_at, id)`.
+//!
+//! It covers what no Redis setting can: the checkout service crashing between its database
+//! commit and its schedule call, and Redis losing data (a restart without persistence, a
+//! failover before replication, a `FLUSHALL`). Scheduling is if-absent, so an order whose
+//! event is still waiting in Redis is left alone; one whose event is in flight may be
+//! delivered twice, which the conditional close makes harmless.
+
+use crate::engine::client::Client;
+use crate::engine::housekeeping::{Chore, ChoreReport, run_chores, validate_cron};
+use crate::engine::keys::QueueName;
+use crate::engine::message::{Mode, NewOrder, ScheduleOutcome, When};
+use crate::error::{InvalidInput, Result};
+use crate::orders::repo::Orders;
+use serde::Serialize;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Options of the [`Reconciler`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReconcileOptions {
+    /// When to run (six-field cron, seconds first; default every 30 s).
+    pub cron: String,
+    /// How long past its expiry a pending order must be before it is rescheduled (default
+    /// 60 s), so orders whose events are on their way are not touched.
+    pub grace: Duration,
+    /// Orders per database query and per schedule call (default 500).
+    pub batch: usize,
+}
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        ReconcileOptions {
+            cron: "*/30 * * * * *".into(),
+            grace: Duration::from_secs(60),
+            batch: 500,
+        }
+    }
+}
+
+impl ReconcileOptions {
+    /// Sets the schedule.
+    pub fn cron(mut self, cron: impl Into<String>) -> Self {
+        self.cron = cron.into();
+        self
+    }
+
+    /// Sets the grace period.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Sets the batch size (1..=1000).
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+}
+
+/// What one reconciliation run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    /// Overdue pending orders found.
+    pub overdue: u64,
+    /// Close events scheduled for them (the rest were still scheduled).
+    pub scheduled: u64,
+}
+
+/// Schedules the close event of every overdue pending order; see the module documentation.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    orders: Orders,
+    client: Client,
+    queue: QueueName,
+    opts: ReconcileOptions,
+}
+
+impl Reconciler {
+    /// A reconciler of `orders` into `queue`.
+    pub fn new(
+        orders: Orders,
+        client: &Client,
+        queue: &str,
+        opts: ReconcileOptions,
+    ) -> Result<Reconciler> {
+        let queue = QueueName::new(queue)?;
+        validate_cron("cron", &opts.cron)?;
+        if !(1..=1000).contains(&opts.batch) {
+            return Err(InvalidInput::Option {
+                name: "batch",
+                reason: format!("must be 1..=1000, got {}", opts.batch),
+            }
+            .into());
+        }
+        Ok(Reconciler {
+            orders,
+            client: client.clone(),
+            queue,
+            opts,
+        })
+    }
+
+    /// One run: pages through every overdue pending order.
+    pub async fn run_once(&self) -> Result<ReconcileReport> {
+        let now = self.client.now_ms();
+        let grace = i64::try_from(self.opts.grace.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now.saturating_sub(grace);
+        let mut report = ReconcileReport::default();
+        let mut after: Option<(String, i64)> = None;
+        loop {
+            let page = self
+                .orders
+                .overdue(cutoff, after.as_ref(), self.opts.batch)
+                .await?;
+            let Some(last) = page.last().cloned() else {
+                break;
+            };
+            let events: Vec<NewOrder> = page
+                .iter()
+                .map(|(id, expires_at)| {
+                    NewOrder::new(
+                        id.as_str(),
+                        When::AtMs(now),
+                        serde_json::json!({ "expires_at": expires_at, "reconciled": true }),
+                    )
+                })
+                .collect();
+            let out = self
+                .client
+                .schedule_many(self.queue.as_str(), &events, Mode::IfAbsent)
+                .await?;
+            report.overdue += page.len() as u64;
+            report.scheduled += out
+                .iter()
+                .filter(|s| s.outcome == ScheduleOutcome::Created)
+                .count() as u64;
+            if page.len() < self.opts.batch {
+                break;
+            }
+            after = Some(last);
+        }
+        if report.scheduled > 0 {
+            crate::engine::telemetry::reconciled(self.queue.as_str(), report.scheduled);
+            tracing::warn!(
+                queue = %self.queue, overdue = report.overdue, scheduled = report.scheduled,
+                "reconciliation scheduled close events that were missing from Redis"
+            );
+        }
+        Ok(report)
+    }
+
+    /// Runs on the cron schedule until `cancel`; waits for a running pass on shutdown.
+    pub async fn run(self, cancel: CancellationToken) -> Result<()> {
+        let cron = self.opts.cron.clone();
+        let this = std::sync::Arc::new(self);
+        let chore = Chore::new("reconcile", cron, move || {
+            let this = this.clone();
+            async move {
+                let r = this.run_once().await?;
+                Ok(ChoreReport { count: r.scheduled })
+            }
+        });
+        run_chores(vec![chore], cancel).await
+    }
+}

@@ -1,0 +1,342 @@
+//! The admin layer: every operation the command line and the HTTP API both offer, with the
+//! same validation and the same typed answers (the JSON shapes of both surfaces).
+//!
+//! A surface parses its own syntax (flags, paths, bodies) into these calls and renders the
+//! answer; it never validates a queue name or an id, opens a client, or builds an answer of
+//! its own.
+
+use crate::engine::client::{Client, ClientOptions};
+use crate::engine::dead::{DeadLetter, Selection};
+use crate::engine::keys::{QueueName, validate_id, validate_member_name};
+use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
+use crate::engine::stats::QueueStats;
+use crate::error::{InvalidInput, Result};
+use serde::Serialize;
+
+/// Most messages in one batch call.
+pub const MAX_BATCH: usize = 10_000;
+/// Dead letters listed when no limit is given.
+pub const DEFAULT_DEAD_LIMIT: usize = 100;
+/// Most dead letters one list call returns.
+pub const MAX_DEAD_LIMIT: usize = 10_000;
+
+/// One scheduled order, as both surfaces answer a schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduledAnswer {
+    /// The queue.
+    pub queue: String,
+    /// The order id.
+    pub id: String,
+    /// When it is due, unix ms.
+    pub due_at_ms: i64,
+    /// `created`, `updated` or `unchanged`.
+    pub outcome: ScheduleOutcome,
+}
+
+impl ScheduledAnswer {
+    fn new(queue: &str, s: Scheduled) -> Self {
+        ScheduledAnswer {
+            queue: queue.to_owned(),
+            id: s.id,
+            due_at_ms: s.due_at_ms,
+            outcome: s.outcome,
+        }
+    }
+}
+
+/// A batch's answer: one result per message, in order.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchAnswer {
+    /// The results.
+    pub results: Vec<ScheduledAnswer>,
+}
+
+/// A scheduled order, as `get` answers.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OrderAnswer {
+    /// The queue.
+    pub queue: String,
+    /// The order id.
+    pub id: String,
+    /// When it is due, unix ms.
+    pub due_at_ms: i64,
+    /// Its payload.
+    pub payload: serde_json::Value,
+}
+
+/// The answer to a lookup of something that is not there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NotFoundAnswer {
+    /// The queue, when the lookup named one order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    /// The order id, when the lookup named one order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Always `not_found`.
+    pub outcome: &'static str,
+}
+
+/// A cancel's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CancelledAnswer {
+    /// Always `cancelled`.
+    pub outcome: &'static str,
+}
+
+/// Statistics of one or more queues.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsAnswer {
+    /// One entry per queue.
+    pub queues: Vec<QueueStats>,
+}
+
+/// The queues of the namespace.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueuesAnswer {
+    /// Their names, sorted.
+    pub queues: Vec<String>,
+}
+
+/// How many dead letters were replayed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ReplayedAnswer {
+    /// Count.
+    pub replayed: u64,
+}
+
+/// How many dead letters were purged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct PurgedAnswer {
+    /// Count.
+    pub purged: u64,
+}
+
+/// Checks a queue name and an order id (before anything is opened).
+pub fn check_order_ref(queue: &str, id: &str) -> Result<(), InvalidInput> {
+    QueueName::new(queue)?;
+    validate_id(id)
+}
+
+/// Checks a queue name and an optional group name.
+pub fn check_queue_group(queue: &str, group: Option<&str>) -> Result<(), InvalidInput> {
+    QueueName::new(queue)?;
+    if let Some(g) = group {
+        validate_member_name("group", g)?;
+    }
+    Ok(())
+}
+
+/// Which dead letters a replay or purge is about: every one, or the listed entry ids.
+pub fn selection(all: bool, entry_ids: Vec<String>) -> Result<Selection, InvalidInput> {
+    match (all, entry_ids.is_empty()) {
+        (true, true) => Ok(Selection::All),
+        (false, false) => Ok(Selection::Ids(entry_ids)),
+        _ => Err(InvalidInput::Selection {
+            reason: "give either all (--all, \"all\": true) or a non-empty list of entry ids \
+                     (ENTRY_ID..., \"entry_ids\"), not both"
+                .into(),
+        }),
+    }
+}
+
+/// A dead-letter list limit: the default when absent, capped.
+pub fn dead_limit(limit: Option<usize>) -> usize {
+    limit.unwrap_or(DEFAULT_DEAD_LIMIT).min(MAX_DEAD_LIMIT)
+}
+
+/// The batch size rule.
+pub fn check_batch_len(n: usize) -> Result<(), InvalidInput> {
+    if n > MAX_BATCH {
+        return Err(InvalidInput::BatchTooLarge {
+            size: n,
+            limit: MAX_BATCH,
+        });
+    }
+    Ok(())
+}
+
+/// The admin operations on one client.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    client: Client,
+}
+
+impl Admin {
+    /// Admin operations through `client`.
+    pub fn new(client: Client) -> Self {
+        Admin { client }
+    }
+
+    /// Connects to `redis_url` with the key `namespace`.
+    pub async fn connect(redis_url: &str, namespace: &str) -> Result<Self> {
+        let opts = ClientOptions::default().namespace(namespace);
+        Ok(Admin::new(Client::connect_with(redis_url, opts).await?))
+    }
+
+    /// The client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Schedules one order.
+    pub async fn schedule(
+        &self,
+        queue: &str,
+        order: NewOrder,
+        mode: Mode,
+    ) -> Result<ScheduledAnswer> {
+        let s = self.client.schedule_with(queue, order, mode).await?;
+        Ok(ScheduledAnswer::new(queue, s))
+    }
+
+    /// Schedules a batch (validated whole first).
+    pub async fn schedule_batch(
+        &self,
+        queue: &str,
+        orders: &[NewOrder],
+        mode: Mode,
+    ) -> Result<BatchAnswer> {
+        check_batch_len(orders.len())?;
+        let results = self.client.schedule_many(queue, orders, mode).await?;
+        Ok(BatchAnswer {
+            results: results
+                .into_iter()
+                .map(|s| ScheduledAnswer::new(queue, s))
+                .collect(),
+        })
+    }
+
+    /// A scheduled order, or the not-found answer naming it.
+    pub async fn get(
+        &self,
+        queue: &str,
+        id: &str,
+    ) -> Result<std::result::Result<OrderAnswer, NotFoundAnswer>> {
+        Ok(match self.client.get(queue, id).await? {
+            Some(o) => Ok(OrderAnswer {
+                queue: queue.to_owned(),
+                id: o.id,
+                due_at_ms: o.due_at_ms,
+                payload: o.payload,
+            }),
+            None => Err(NotFoundAnswer {
+                queue: Some(queue.to_owned()),
+                id: Some(id.to_owned()),
+                outcome: "not_found",
+            }),
+        })
+    }
+
+    /// Cancels an order.
+    pub async fn cancel(
+        &self,
+        queue: &str,
+        id: &str,
+    ) -> Result<std::result::Result<CancelledAnswer, NotFoundAnswer>> {
+        Ok(match self.client.cancel(queue, id).await? {
+            CancelOutcome::Cancelled => Ok(CancelledAnswer {
+                outcome: "cancelled",
+            }),
+            CancelOutcome::NotFound => Err(NotFoundAnswer {
+                queue: None,
+                id: None,
+                outcome: "not_found",
+            }),
+        })
+    }
+
+    /// The queues of the namespace.
+    pub async fn queues(&self) -> Result<QueuesAnswer> {
+        Ok(QueuesAnswer {
+            queues: self.client.queues().await?,
+        })
+    }
+
+    /// Statistics of `queue`, or of every queue.
+    pub async fn stats(&self, queue: Option<&str>) -> Result<StatsAnswer> {
+        let queues = match queue {
+            Some(q) => vec![self.client.stats(q).await?],
+            None => self.client.stats_all().await?,
+        };
+        Ok(StatsAnswer { queues })
+    }
+
+    /// Dead letters of `queue` (of `group`, if given), oldest first.
+    pub async fn dead_list(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<Vec<DeadLetter>> {
+        check_queue_group(queue, group)?;
+        self.client.dead_list(queue, group, dead_limit(limit)).await
+    }
+
+    /// Replays dead letters to the group that failed them.
+    pub async fn dead_replay(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        sel: &Selection,
+    ) -> Result<ReplayedAnswer> {
+        check_queue_group(queue, group)?;
+        Ok(ReplayedAnswer {
+            replayed: self.client.dead_replay(queue, group, sel).await?,
+        })
+    }
+
+    /// Deletes dead letters for good.
+    pub async fn dead_purge(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        sel: &Selection,
+    ) -> Result<PurgedAnswer> {
+        check_queue_group(queue, group)?;
+        Ok(PurgedAnswer {
+            purged: self.client.dead_purge(queue, group, sel).await?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_keep_their_json_shapes() {
+        let a = ScheduledAnswer {
+            queue: "q".into(),
+            id: "o1".into(),
+            due_at_ms: 5,
+            outcome: ScheduleOutcome::Created,
+        };
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            serde_json::json!({"queue": "q", "id": "o1", "due_at_ms": 5, "outcome": "created"})
+        );
+        let nf = NotFoundAnswer {
+            queue: None,
+            id: None,
+            outcome: "not_found",
+        };
+        assert_eq!(
+            serde_json::to_value(&nf).unwrap(),
+            serde_json::json!({"outcome": "not_found"})
+        );
+        assert_eq!(
+            serde_json::to_value(ReplayedAnswer { replayed: 3 }).unwrap(),
+            serde_json::json!({"replayed": 3})
+        );
+    }
+
+    #[test]
+    fn selection_needs_exactly_one_form() {
+        assert_eq!(selection(true, vec![]).unwrap(), Selection::All);
+        assert!(selection(false, vec![]).is_err());
+        assert!(selection(true, vec!["1-0".into()]).is_err());
+        assert_eq!(dead_limit(None), DEFAULT_DEAD_LIMIT);
+        assert_eq!(dead_limit(Some(1 << 30)), MAX_DEAD_LIMIT);
+    }
+}

@@ -1,0 +1,90 @@
+//! The OpenAPI 3 description served at `/openapi.json`.
+
+use crate::service::admin::MAX_BATCH;
+use serde_json::{Value, json};
+
+/// The API described as OpenAPI 3.
+pub fn openapi() -> Value {
+    let err = json!({"$ref": "#/components/schemas/Error"});
+    let e =
+        |desc: &str| json!({"description": desc, "content": {"application/json": {"schema": err}}});
+    let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}});
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 256}});
+    let msg = json!({
+        "type": "object", "additionalProperties": false,
+        "properties": {
+            "delay_ms": {"type": "integer", "minimum": 0},
+            "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+            "payload": {},
+            "if_absent": {"type": "boolean"}
+        }
+    });
+    let scheduled = json!({"type": "object", "properties": {
+        "queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": {"type": "integer"},
+        "outcome": {"type": "string", "enum": ["created", "updated", "unchanged"]}}});
+    let common =
+        json!({"401": e("missing or invalid bearer token"), "503": e("redis unavailable")});
+    let with = |mut base: Value, extra: Value| {
+        if let (Some(b), Some(x)) = (base.as_object_mut(), extra.as_object()) {
+            for (k, v) in x {
+                b.insert(k.clone(), v.clone());
+            }
+            if let Some(c) = common.as_object() {
+                for (k, v) in c {
+                    b.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        base
+    };
+    json!({
+        "openapi": "3.0.3",
+        "info": {"title": "delayq", "version": env!("CARGO_PKG_VERSION"),
+                 "description": "Order-expiry delay queue on Redis."},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                    "code": {"type": "string"}, "message": {"type": "string"}}}}},
+                "Message": msg,
+                "Scheduled": scheduled
+            }
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/queues/{queue}/messages/{id}": {
+                "put": {"summary": "Schedule (upsert, or if_absent)", "parameters": [q, id],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Message"}}}},
+                    "responses": with(json!({"201": {"description": "created"}, "200": {"description": "updated or unchanged"}}),
+                        json!({"400": e("invalid input"), "413": e("body too large")}))},
+                "get": {"summary": "Read a scheduled order", "parameters": [q, id],
+                    "responses": with(json!({"200": {"description": "the order"}}), json!({"404": e("not scheduled")}))},
+                "delete": {"summary": "Cancel", "parameters": [q, id],
+                    "responses": with(json!({"200": {"description": "cancelled"}}), json!({"404": e("not scheduled")}))}
+            },
+            "/v1/queues/{queue}/messages:batch": {
+                "post": {"summary": "Schedule up to 10,000 orders; validated whole first", "parameters": [q],
+                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
+                        "properties": {"messages": {"type": "array", "maxItems": MAX_BATCH, "items": {"$ref": "#/components/schemas/Message"}},
+                                       "if_absent": {"type": "boolean"}}}}}},
+                    "responses": with(json!({"200": {"description": "one result per message, in order"}}),
+                        json!({"400": e("an invalid message (its index is named); nothing written"), "413": e("body too large")}))}
+            },
+            "/v1/queues": {"get": {"summary": "Queue names", "responses": with(json!({"200": {"description": "queues"}}), json!({}))}},
+            "/v1/queues/{queue}/stats": {"get": {"summary": "Statistics", "parameters": [q],
+                "responses": with(json!({"200": {"description": "as delayq stats --json"}}), json!({"400": e("invalid queue")}))}},
+            "/v1/queues/{queue}/dead": {"get": {"summary": "Dead letters", "parameters": [q,
+                {"name": "group", "in": "query", "schema": {"type": "string"}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer"}}],
+                "responses": with(json!({"200": {"description": "as delayq dead list --json, in an array"}}), json!({"400": e("invalid input")}))}},
+            "/v1/queues/{queue}/dead/replay": {"post": {"summary": "Replay dead letters to the group that failed them", "parameters": [q],
+                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {
+                    "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}}, "group": {"type": "string"}}}}}},
+                "responses": with(json!({"200": {"description": "how many were replayed"}}), json!({"400": e("invalid input")}))}},
+            "/healthz": {"get": {"summary": "Process up", "security": [], "responses": {"200": {"description": "ok"}}}},
+            "/readyz": {"get": {"summary": "Redis reachable", "security": [], "responses": {"200": {"description": "ready"}, "503": e("redis unavailable")}}},
+            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text"}}}},
+            "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3"}}}}
+        }
+    })
+}

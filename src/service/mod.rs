@@ -1,0 +1,16 @@
+//! The service (feature `server`): `delayq serve` and what it is made of.
+//!
+//! - [`config`]: the TOML configuration, env overrides, conversion into the library's
+//!   option types with the key named on error.
+//! - [`admin`]: the operations the CLI and the HTTP API share: validation, typed answers.
+//! - [`http`]: the HTTP API (`http::app(state) -> Router`).
+//! - [`handlers`]: the built-in handlers (webhook, log, order-close).
+//! - [`metrics`]: the Prometheus recorder and the gauges.
+//! - [`serve`]: dispatchers, housekeeping, workers and the HTTP API together.
+
+pub mod admin;
+pub mod config;
+pub mod handlers;
+pub mod http;
+pub mod metrics;
+pub mod serve;
