@@ -5,7 +5,7 @@
 //! dispatchers running in this process.
 
 use crate::engine::clock::{Clock, RedisClock};
-use crate::engine::conn::{Backend, Conn};
+use crate::engine::conn::{Conn, RedisTarget};
 use crate::engine::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id};
 use crate::engine::message::{
     CancelOutcome, Mode, NewOrder, RescheduleOutcome, ScheduleOutcome, Scheduled, ScheduledOrder,
@@ -20,6 +20,8 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+/// Most shards a queue may have.
+pub const MAX_SHARDS: u16 = 1024;
 /// Default payload limit: 64 KiB of JSON text.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Most orders per enqueue script call: amortises the ~15 µs fixed cost of a script call
@@ -83,6 +85,30 @@ impl ClientOptions {
         self.max_payload_bytes = bytes;
         self
     }
+
+    /// Checks every option (the one place they are checked).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        Keyspace::new(&self.namespace)?;
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(InvalidInput::Option {
+                name: "shards",
+                reason: format!("must be 1..={MAX_SHARDS}, got {}", self.shards),
+            });
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(InvalidInput::Option {
+                name: "max_payload_bytes",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.response_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "timeout",
+                reason: "response and connect timeouts must be more than zero".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// A handle on one Redis (and one key namespace) for producing and administering orders.
@@ -124,7 +150,7 @@ impl Durability {
 
 struct Inner {
     /// Opens new connections (workers need dedicated ones for blocking reads).
-    redis: Backend,
+    redis: RedisTarget,
     /// The shared multiplexed connection; reconnects by itself.
     conn: Conn,
     keyspace: Keyspace,
@@ -176,22 +202,9 @@ impl Client {
         opts: ClientOptions,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<Client> {
+        opts.validate()?;
         let keyspace = Keyspace::new(&opts.namespace)?;
-        if !(1..=1024).contains(&opts.shards) {
-            return Err(InvalidInput::Option {
-                name: "shards",
-                reason: format!("must be 1..=1024, got {}", opts.shards),
-            }
-            .into());
-        }
-        if opts.max_payload_bytes == 0 {
-            return Err(InvalidInput::Option {
-                name: "max_payload_bytes",
-                reason: "must be at least 1".into(),
-            }
-            .into());
-        }
-        let redis = Backend::open(url)?;
+        let redis = RedisTarget::open(url)?;
         let mut conn = redis
             .connect(opts.response_timeout, opts.connect_timeout)
             .await

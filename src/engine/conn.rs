@@ -79,24 +79,24 @@ impl Conn {
 
 /// Opens connections to one server or to a cluster.
 #[derive(Clone)]
-pub enum Backend {
+pub enum RedisTarget {
     /// One server.
     Single(Box<redis::Client>),
     /// A cluster, by its seed nodes.
     Cluster(Vec<String>),
 }
 
-impl std::fmt::Debug for Backend {
+impl std::fmt::Debug for RedisTarget {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never print credentials.
         match self {
-            Backend::Single(_) => f.write_str("Backend::Single"),
-            Backend::Cluster(n) => write!(f, "Backend::Cluster({} seed nodes)", n.len()),
+            RedisTarget::Single(_) => f.write_str("RedisTarget::Single"),
+            RedisTarget::Cluster(n) => write!(f, "RedisTarget::Cluster({} seed nodes)", n.len()),
         }
     }
 }
 
-impl Backend {
+impl RedisTarget {
     /// Parses a Redis URL (see the module docs).
     pub fn open(url: &str) -> Result<Self, InvalidInput> {
         let bad = |reason: String| InvalidInput::RedisUrl { reason };
@@ -122,17 +122,17 @@ impl Backend {
                 for n in &nodes {
                     redis::Client::open(n.as_str()).map_err(|e| bad(e.to_string()))?;
                 }
-                return Ok(Backend::Cluster(nodes));
+                return Ok(RedisTarget::Cluster(nodes));
             }
         }
         redis::Client::open(url)
-            .map(|c| Backend::Single(Box::new(c)))
+            .map(|c| RedisTarget::Single(Box::new(c)))
             .map_err(|e| bad(e.to_string()))
     }
 
     /// True for a cluster.
     pub fn is_cluster(&self) -> bool {
-        matches!(self, Backend::Cluster(_))
+        matches!(self, RedisTarget::Cluster(_))
     }
 
     /// Opens a new connection whose replies may take up to `response_timeout`.
@@ -142,7 +142,7 @@ impl Backend {
         connect_timeout: Duration,
     ) -> RedisResult<Conn> {
         match self {
-            Backend::Single(client) => {
+            RedisTarget::Single(client) => {
                 let config = ConnectionManagerConfig::new()
                     .set_response_timeout(Some(response_timeout))
                     .set_connection_timeout(Some(connect_timeout))
@@ -152,7 +152,7 @@ impl Backend {
                     ConnectionManager::new_with_config((**client).clone(), config).await?,
                 ))
             }
-            Backend::Cluster(nodes) => {
+            RedisTarget::Cluster(nodes) => {
                 let client = ClusterClient::builder(nodes.clone())
                     .response_timeout(response_timeout)
                     .connection_timeout(connect_timeout)
@@ -171,18 +171,18 @@ mod tests {
     #[test]
     fn urls() {
         assert!(
-            !Backend::open("redis://127.0.0.1:6379")
+            !RedisTarget::open("redis://127.0.0.1:6379")
                 .unwrap()
                 .is_cluster()
         );
-        match Backend::open("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001").unwrap() {
-            Backend::Cluster(n) => assert_eq!(
+        match RedisTarget::open("redis+cluster://u:p@127.0.0.1:7000,127.0.0.1:7001").unwrap() {
+            RedisTarget::Cluster(n) => assert_eq!(
                 n,
                 vec!["redis://u:p@127.0.0.1:7000", "redis://u:p@127.0.0.1:7001"]
             ),
             other => panic!("{other:?}"),
         }
-        assert!(Backend::open("redis+cluster://").is_err());
-        assert!(Backend::open("mysql://x").is_err());
+        assert!(RedisTarget::open("redis+cluster://").is_err());
+        assert!(RedisTarget::open("mysql://x").is_err());
     }
 }

@@ -56,6 +56,29 @@ impl DispatcherOptions {
         self.max_idle = d;
         self
     }
+
+    /// Checks every option's range (the one place they are written).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if !(1..=MAX_DEQUEUE_BATCH).contains(&self.batch) {
+            return Err(InvalidInput::Option {
+                name: "batch",
+                reason: format!("must be 1..={MAX_DEQUEUE_BATCH}, got {}", self.batch),
+            });
+        }
+        if self.max_idle.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "max_idle",
+                reason: "must be more than zero".into(),
+            });
+        }
+        if self.clock_sync_every.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "clock_sync_every",
+                reason: "must be more than zero".into(),
+            });
+        }
+        Ok(())
+    }
 }
 
 /// What one pass over all shards did.
@@ -94,20 +117,7 @@ impl Dispatcher {
     /// A dispatcher for `queue`.
     pub fn new(client: &Client, queue: &str, opts: DispatcherOptions) -> Result<Self> {
         let queue = QueueName::new(queue)?;
-        if !(1..=MAX_DEQUEUE_BATCH).contains(&opts.batch) {
-            return Err(InvalidInput::Option {
-                name: "batch",
-                reason: format!("must be 1..={MAX_DEQUEUE_BATCH}, got {}", opts.batch),
-            }
-            .into());
-        }
-        if opts.max_idle.is_zero() {
-            return Err(InvalidInput::Option {
-                name: "max_idle",
-                reason: "must be more than zero".into(),
-            }
-            .into());
-        }
+        opts.validate()?;
         let shards = client.queue_keys(&queue);
         Ok(Dispatcher {
             views: std::sync::Mutex::new(vec![None; shards.len()]),

@@ -53,6 +53,18 @@ impl Default for HousekeepingOptions {
 }
 
 impl HousekeepingOptions {
+    /// Checks every option (the one place they are checked).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        for (name, cron) in [
+            ("trim_cron", &self.trim_cron),
+            ("consumers_cron", &self.consumers_cron),
+            ("sweep_cron", &self.sweep_cron),
+        ] {
+            validate_cron(name, cron)?;
+        }
+        Ok(())
+    }
+
     /// Sets when streams are trimmed.
     pub fn trim_cron(mut self, cron: impl Into<String>) -> Self {
         self.trim_cron = cron.into();
@@ -100,13 +112,7 @@ impl Housekeeper {
             .iter()
             .map(|q| QueueName::new(q))
             .collect::<Result<Vec<_>, _>>()?;
-        for (name, cron) in [
-            ("trim_cron", &opts.trim_cron),
-            ("consumers_cron", &opts.consumers_cron),
-            ("sweep_cron", &opts.sweep_cron),
-        ] {
-            validate_cron(name, cron)?;
-        }
+        opts.validate()?;
         Ok(Housekeeper {
             client: client.clone(),
             queues,

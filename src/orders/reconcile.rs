@@ -43,6 +43,18 @@ impl Default for ReconcileOptions {
 }
 
 impl ReconcileOptions {
+    /// Checks every option (the one place they are checked).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        validate_cron("cron", &self.cron)?;
+        if !(1..=1000).contains(&self.batch) {
+            return Err(InvalidInput::Option {
+                name: "batch",
+                reason: format!("must be 1..=1000, got {}", self.batch),
+            });
+        }
+        Ok(())
+    }
+
     /// Sets the schedule.
     pub fn cron(mut self, cron: impl Into<String>) -> Self {
         self.cron = cron.into();
@@ -89,14 +101,7 @@ impl Reconciler {
         opts: ReconcileOptions,
     ) -> Result<Reconciler> {
         let queue = QueueName::new(queue)?;
-        validate_cron("cron", &opts.cron)?;
-        if !(1..=1000).contains(&opts.batch) {
-            return Err(InvalidInput::Option {
-                name: "batch",
-                reason: format!("must be 1..=1000, got {}", opts.batch),
-            }
-            .into());
-        }
+        opts.validate()?;
         Ok(Reconciler {
             orders,
             client: client.clone(),

@@ -47,13 +47,30 @@ pub struct Webhook {
     secret: Option<Vec<u8>>,
 }
 
+/// The one rule for a webhook URL: an absolute `http://` or `https://` URL.
+pub fn check_webhook_url(url: &str) -> std::result::Result<(), String> {
+    let ok = url.starts_with("http://") || url.starts_with("https://");
+    if !ok || reqwest::Url::parse(url).is_err() {
+        return Err(format!("{url:?} is not an http(s) URL"));
+    }
+    Ok(())
+}
+
 impl Webhook {
-    /// A webhook handler posting to `url` with a per-request `timeout`.
+    /// A webhook handler posting to `url` with a per-request `timeout`. Redirects are never
+    /// followed: a 3xx answer is a failed attempt (the configured endpoint did not take the
+    /// order).
     pub fn new(url: &str, secret: Option<&str>, timeout: Duration) -> Result<Self> {
+        check_webhook_url(url).map_err(|reason| crate::error::InvalidInput::Option {
+            name: "url",
+            reason,
+        })?;
         // TLS through rustls with the ring provider (no C toolchain needed).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| Error::Io {
                 context: "building the webhook client".into(),

@@ -3,10 +3,11 @@
 //! until cancelled; then stops them all
 //! gracefully (in-flight handlers finish and are acknowledged).
 
-use crate::engine::client::{Client, ClientOptions};
-use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
-use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
-use crate::engine::worker::{Worker, WorkerOptions};
+use crate::engine::client::Client;
+use crate::engine::dispatcher::Dispatcher;
+use crate::engine::housekeeping::Housekeeper;
+use crate::engine::retry::until_ok;
+use crate::engine::worker::Worker;
 use crate::error::Result;
 use crate::orders::close::OrderClose;
 use crate::orders::db::Db;
@@ -16,7 +17,6 @@ use crate::service::config::{HandlerKind, Settings};
 use crate::service::handlers::{Builtin, Webhook};
 use crate::service::http::{AppState, app};
 use std::collections::HashMap;
-use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -24,15 +24,6 @@ use tokio_util::sync::CancellationToken;
 pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let _ = crate::service::metrics::handle();
     let cfg = &settings.config;
-    let opts = ClientOptions::default()
-        .namespace(cfg.namespace.clone())
-        .shards(cfg.shards)
-        .max_payload_bytes(cfg.max_payload_bytes)
-        .durability(if cfg.durability == "replicated" {
-            crate::engine::client::Durability::replicated()
-        } else {
-            crate::engine::client::Durability::Leader
-        });
     // Bind first: a port in use is a start-up failure, not something to retry.
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -40,98 +31,19 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             context: format!("binding the HTTP listener on {}", settings.listen),
             source,
         })?;
-    let client = loop {
-        match Client::connect_with(&cfg.redis_url, opts.clone()).await {
-            Ok(c) => break c,
-            Err(e) if e.as_invalid().is_some() => return Err(e),
-            Err(e) => {
-                tracing::warn!(error = %e, "redis unreachable at start-up; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = cancel.cancelled() => return Ok(()),
-                }
-            }
-        }
+    let connected = until_ok("connecting to redis at start-up", &cancel, || {
+        Client::connect_with(&cfg.redis_url, settings.client.clone())
+    })
+    .await?;
+    let Some(client) = connected else {
+        return Ok(());
     };
     if cfg.http.tokens.is_empty() {
         tracing::warn!("http.tokens is empty: the HTTP API is open to anyone who can reach it");
     }
-
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
-    for q in &settings.queues {
-        let d = Dispatcher::new(
-            &client,
-            q,
-            DispatcherOptions::default()
-                .batch(cfg.dispatcher.batch)
-                .max_idle(settings.max_idle),
-        )?;
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            d.run(c).await;
-            Ok(())
-        });
-    }
-    let queues: Vec<&str> = settings.queues.iter().map(String::as_str).collect();
-    let hk = &cfg.housekeeping;
-    let housekeeper = Housekeeper::new(
-        &client,
-        &queues,
-        HousekeepingOptions::default()
-            .trim_cron(hk.trim_cron.clone())
-            .consumers_cron(hk.consumers_cron.clone())
-            .sweep_cron(hk.sweep_cron.clone())
-            .consumer_max_idle(settings.consumer_max_idle),
-    )?;
-    tasks.spawn(housekeeper.run(cancel.clone()));
-    // One pool per orders database, shared by its handlers and the reconciliation job.
-    let mut dbs: HashMap<String, Db> = HashMap::new();
-    let mut db_for = |url: &str, conns: usize| -> Result<Orders> {
-        if let Some(db) = dbs.get(url) {
-            return Ok(Orders::new(db.clone()));
-        }
-        let db = Db::connect_lazy(url, u32::try_from(conns.clamp(2, 64)).unwrap_or(8))?;
-        dbs.insert(url.to_owned(), db.clone());
-        Ok(Orders::new(db))
-    };
-    for h in &settings.handlers {
-        let handler = match &h.kind {
-            HandlerKind::Webhook { url, secret } => {
-                Builtin::Webhook(Webhook::new(url, secret.as_deref(), h.timeout)?)
-            }
-            HandlerKind::Log => Builtin::Log,
-            HandlerKind::OrderClose { database_url } => Builtin::OrderClose(OrderClose::new(
-                db_for(database_url, h.concurrency)?,
-                &client,
-            )),
-        };
-        let wopts = WorkerOptions {
-            prefetch: h.prefetch,
-            ..WorkerOptions::default()
-        };
-        let w = Worker::new(
-            &client,
-            &h.queue,
-            &h.group,
-            handler,
-            wopts
-                .concurrency(h.concurrency)
-                .handler_timeout(h.timeout)
-                .max_attempts(h.max_attempts)
-                .backoff(h.backoff)
-                .visibility_timeout(h.visibility_timeout),
-        )?;
-        tasks.spawn(w.run(cancel.clone()));
-    }
-    if let Some(r) = &settings.reconciliation {
-        let reconciler = Reconciler::new(
-            db_for(&r.database_url, 2)?,
-            &client,
-            &r.queue,
-            r.options.clone(),
-        )?;
-        tasks.spawn(reconciler.run(cancel.clone()));
-    }
+    spawn_engine(&settings, &client, &cancel, &mut tasks)?;
+    spawn_handlers(&settings, &client, &cancel, &mut tasks)?;
     let router = app(
         AppState::new(client.clone(), cfg.http.tokens.clone()),
         cfg.http.max_body_bytes,
@@ -150,6 +62,73 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         listen = %settings.listen, queues = ?settings.queues, handlers = settings.handlers.len(),
         "delayq serving"
     );
+    wait_all(tasks, &cancel).await
+}
+
+/// One dispatcher per queue, and the housekeeper.
+fn spawn_engine(
+    settings: &Settings,
+    client: &Client,
+    cancel: &CancellationToken,
+    tasks: &mut JoinSet<Result<()>>,
+) -> Result<()> {
+    for q in &settings.queues {
+        let d = Dispatcher::new(client, q, settings.dispatcher.clone())?;
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            d.run(c).await;
+            Ok(())
+        });
+    }
+    let queues: Vec<&str> = settings.queues.iter().map(String::as_str).collect();
+    let housekeeper = Housekeeper::new(client, &queues, settings.housekeeping.clone())?;
+    tasks.spawn(housekeeper.run(cancel.clone()));
+    Ok(())
+}
+
+/// One worker per configured handler, and the reconciliation job; handlers on one orders
+/// database share one pool.
+fn spawn_handlers(
+    settings: &Settings,
+    client: &Client,
+    cancel: &CancellationToken,
+    tasks: &mut JoinSet<Result<()>>,
+) -> Result<()> {
+    let mut dbs: HashMap<String, Db> = HashMap::new();
+    let mut db_for = |url: &str, conns: usize| -> Result<Orders> {
+        if let Some(db) = dbs.get(url) {
+            return Ok(Orders::new(db.clone()));
+        }
+        let db = Db::connect_lazy(url, u32::try_from(conns.clamp(2, 64)).unwrap_or(8))?;
+        dbs.insert(url.to_owned(), db.clone());
+        Ok(Orders::new(db))
+    };
+    for h in &settings.handlers {
+        let handler = match &h.kind {
+            HandlerKind::Webhook { url, secret } => Builtin::Webhook(Webhook::new(
+                url,
+                secret.as_deref(),
+                h.worker.handler_timeout,
+            )?),
+            HandlerKind::Log => Builtin::Log,
+            HandlerKind::OrderClose { database_url } => Builtin::OrderClose(OrderClose::new(
+                db_for(database_url, h.worker.concurrency)?,
+                client,
+            )),
+        };
+        let w = Worker::new(client, &h.queue, &h.group, handler, h.worker.clone())?;
+        tasks.spawn(w.run(cancel.clone()));
+    }
+    if let Some(r) = &settings.reconciliation {
+        let orders = db_for(&r.database_url, 2)?;
+        let reconciler = Reconciler::new(orders, client, &r.queue, r.options.clone())?;
+        tasks.spawn(reconciler.run(cancel.clone()));
+    }
+    Ok(())
+}
+
+/// Waits for every component; the first failure stops the others.
+async fn wait_all(mut tasks: JoinSet<Result<()>>, cancel: &CancellationToken) -> Result<()> {
     let mut first_err = None;
     while let Some(r) = tasks.join_next().await {
         match r {

@@ -29,9 +29,9 @@ pub fn reachable(url: &str) -> bool {
             })
             .is_ok()
     };
-    match crate::engine::conn::Backend::open(url) {
+    match crate::engine::conn::RedisTarget::open(url) {
         // A cluster is reachable when one of its seed nodes answers.
-        Ok(crate::engine::conn::Backend::Cluster(nodes)) => nodes.iter().any(|n| ping(n)),
+        Ok(crate::engine::conn::RedisTarget::Cluster(nodes)) => nodes.iter().any(|n| ping(n)),
         _ => ping(url),
     }
 }

@@ -1,0 +1,150 @@
+//! `[[handlers]]`: each entry becomes a [`HandlerSpec`] whose worker options the library
+//! checked.
+
+use super::{ConfigError, HandlerConfig, duration, lib_err};
+use crate::engine::backoff::Backoff;
+use crate::engine::keys::{QueueName, validate_member_name};
+use crate::engine::worker::WorkerOptions;
+use crate::error::InvalidInput;
+
+/// A handler's settings, checked.
+#[derive(Debug, Clone)]
+pub struct HandlerSpec {
+    /// The queue.
+    pub queue: String,
+    /// The consumer group.
+    pub group: String,
+    /// What it does.
+    pub kind: HandlerKind,
+    /// The worker's options (concurrency, timeout, attempts, backoff, visibility, prefetch).
+    pub worker: WorkerOptions,
+}
+
+/// The built-in handler kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandlerKind {
+    /// POST each order to `url`, signed with `secret` when set.
+    Webhook {
+        /// The URL.
+        url: String,
+        /// The HMAC key.
+        secret: Option<String>,
+    },
+    /// Write each order to the log and acknowledge it.
+    Log,
+    /// Close the order in the orders database (see [`crate::orders::close`]).
+    OrderClose {
+        /// The orders database.
+        database_url: String,
+    },
+}
+
+/// The library's option names that the config spells differently.
+const RENAMES: &[(&str, &str)] = &[("handler_timeout", "timeout")];
+
+/// Checks every `[[handlers]]` entry; a queue and group may appear once.
+pub(super) fn check_all(list: &[HandlerConfig]) -> Result<Vec<HandlerSpec>, ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, h) in list.iter().enumerate() {
+        let prefix = format!("handlers[{i}]");
+        let spec = check_one(&prefix, h)?;
+        if !seen.insert((h.queue.clone(), h.group.clone())) {
+            return Err(ConfigError::at(
+                format!("{prefix}.group"),
+                format!("{:?} is configured twice for queue {:?}", h.group, h.queue),
+            ));
+        }
+        out.push(spec);
+    }
+    Ok(out)
+}
+
+fn check_one(prefix: &str, h: &HandlerConfig) -> Result<HandlerSpec, ConfigError> {
+    let k = |f: &str| format!("{prefix}.{f}");
+    QueueName::new(&h.queue).map_err(|e| ConfigError::at(k("queue"), e))?;
+    validate_member_name("group", &h.group).map_err(|e| ConfigError::at(k("group"), e))?;
+    let kind = kind(prefix, h)?;
+    Ok(HandlerSpec {
+        queue: h.queue.clone(),
+        group: h.group.clone(),
+        kind,
+        worker: worker_options(prefix, h)?,
+    })
+}
+
+fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
+    let k = |f: &str| format!("{prefix}.{f}");
+    let kind = match h.kind.as_str() {
+        "webhook" => {
+            let url = h
+                .url
+                .clone()
+                .ok_or_else(|| ConfigError::at(k("url"), "required for kind = \"webhook\""))?;
+            crate::service::handlers::check_webhook_url(&url)
+                .map_err(|e| ConfigError::at(k("url"), e))?;
+            HandlerKind::Webhook {
+                url,
+                secret: h.secret.clone(),
+            }
+        }
+        "log" => HandlerKind::Log,
+        "order-close" => {
+            let url = h.database_url.clone().ok_or_else(|| {
+                ConfigError::at(k("database_url"), "required for kind = \"order-close\"")
+            })?;
+            crate::orders::db::check_url(&url)
+                .map_err(|e| ConfigError::at(k("database_url"), e))?;
+            HandlerKind::OrderClose { database_url: url }
+        }
+        other => {
+            return Err(ConfigError::at(
+                k("kind"),
+                format!("{other:?} is not a handler kind (webhook, log, order-close)"),
+            ));
+        }
+    };
+    if !matches!(kind, HandlerKind::Webhook { .. }) && (h.url.is_some() || h.secret.is_some()) {
+        return Err(ConfigError::at(
+            k("url"),
+            "url and secret are for kind = \"webhook\" only",
+        ));
+    }
+    if !matches!(kind, HandlerKind::OrderClose { .. }) && h.database_url.is_some() {
+        return Err(ConfigError::at(
+            k("database_url"),
+            "database_url is for kind = \"order-close\" only",
+        ));
+    }
+    Ok(kind)
+}
+
+/// The handler's [`WorkerOptions`]: the library's defaults, overridden by what is set, then
+/// checked by the library.
+fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, ConfigError> {
+    let k = |f: &str| format!("{prefix}.{f}");
+    let mut o = WorkerOptions::default();
+    if let Some(n) = h.concurrency {
+        o = o.concurrency(n);
+    }
+    if let Some(d) = duration(&k("timeout"), h.timeout.as_deref())? {
+        o = o.handler_timeout(d);
+    }
+    if let Some(n) = h.max_attempts {
+        o = o.max_attempts(n);
+    }
+    if let Some(b) = &h.backoff {
+        o = o.backoff(Backoff::parse(b).map_err(|e| match e {
+            InvalidInput::Option { reason, .. } => ConfigError::at(k("backoff"), reason),
+            other => ConfigError::at(k("backoff"), other),
+        })?);
+    }
+    if let Some(d) = duration(&k("visibility_timeout"), h.visibility_timeout.as_deref())? {
+        o = o.visibility_timeout(d);
+    }
+    if let Some(p) = h.prefetch {
+        o = o.prefetch(p);
+    }
+    o.validate().map_err(lib_err(prefix, RENAMES))?;
+    Ok(o)
+}

@@ -1,0 +1,156 @@
+//! The configuration file as written: TOML sections, every field as the operator spells
+//! it. Unset fields mean "the library's default": no default is written here that a library
+//! option type already has.
+
+use serde::{Deserialize, Serialize};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Redis URL.
+    pub redis_url: String,
+    /// Key namespace (default `dq`).
+    pub namespace: Option<String>,
+    /// Shards per queue (default 1).
+    pub shards: Option<u16>,
+    /// Largest accepted payload, bytes (default 64 KiB).
+    pub max_payload_bytes: Option<usize>,
+    /// `leader` (acknowledge once the master has it) or `replicated` (once a replica confirms
+    /// it, within one second; else the API answers 503 `not_replicated`).
+    pub durability: String,
+    /// Extra queues to dispatch (queues of handlers are dispatched anyway).
+    pub queues: Vec<String>,
+    /// The HTTP API.
+    pub http: HttpConfig,
+    /// The dispatcher.
+    pub dispatcher: DispatcherConfig,
+    /// Housekeeping chores.
+    pub housekeeping: HousekeepingConfig,
+    /// Business handlers: one consumer group each.
+    pub handlers: Vec<HandlerConfig>,
+    /// The reconciliation job (orders database → Redis).
+    pub reconciliation: ReconciliationConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            redis_url: "redis://127.0.0.1:6379".into(),
+            namespace: None,
+            shards: None,
+            max_payload_bytes: None,
+            durability: "leader".into(),
+            queues: Vec::new(),
+            http: HttpConfig::default(),
+            dispatcher: DispatcherConfig::default(),
+            housekeeping: HousekeepingConfig::default(),
+            handlers: Vec::new(),
+            reconciliation: ReconciliationConfig::default(),
+        }
+    }
+}
+
+/// `[http]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address to listen on.
+    pub listen: String,
+    /// Bearer tokens accepted on `/v1/...`; empty = the API is open (a warning is logged).
+    pub tokens: Vec<String>,
+    /// Largest request body, bytes (413 above).
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "127.0.0.1:7070".into(),
+            tokens: Vec::new(),
+            max_body_bytes: 1 << 20,
+        }
+    }
+}
+
+/// `[dispatcher]`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatcherConfig {
+    /// Orders per dequeue call, 1..=1000 (default 1000).
+    pub batch: Option<usize>,
+    /// Longest idle sleep (default 250 ms).
+    pub max_idle: Option<String>,
+}
+
+/// `[housekeeping]` (six-field cron expressions, seconds first, UTC).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HousekeepingConfig {
+    /// Stream trimming (default every 10 s).
+    pub trim_cron: Option<String>,
+    /// Idle consumer cleanup (default every minute).
+    pub consumers_cron: Option<String>,
+    /// Idle time after which a consumer with nothing pending is deleted (default 1 h).
+    pub consumer_max_idle: Option<String>,
+    /// Safety sweep (default every second).
+    pub sweep_cron: Option<String>,
+}
+
+/// One `[[handlers]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerConfig {
+    /// The queue.
+    pub queue: String,
+    /// The consumer group.
+    pub group: String,
+    /// `webhook`, `log` or `order-close`.
+    pub kind: String,
+    /// The orders database (kind = order-close): `postgres://...` or `sqlite://file`.
+    #[serde(default)]
+    pub database_url: Option<String>,
+    /// Webhook URL (kind = webhook).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// HMAC-SHA256 key signing webhook bodies.
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// Handler calls at once (default 16).
+    #[serde(default)]
+    pub concurrency: Option<usize>,
+    /// Handler timeout (default 30 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Attempts before dead-lettering (default 10).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// Backoff policy: `fixed:5s`, `linear:2m:1m`, `exponential:1s:10m` (the default).
+    #[serde(default)]
+    pub backoff: Option<String>,
+    /// Pending longer than this with no live lease = reclaimed (default 30 s).
+    #[serde(default)]
+    pub visibility_timeout: Option<String>,
+    /// Entries taken ahead of free handler slots (default three times `concurrency`).
+    #[serde(default)]
+    pub prefetch: Option<usize>,
+}
+
+/// `[reconciliation]`: reschedules the close event of every order still pending in the
+/// database well past its expiry (see [`crate::orders::reconcile`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconciliationConfig {
+    /// On or off; unset = on when an `order-close` handler is configured.
+    pub enabled: Option<bool>,
+    /// The orders database; unset = the first `order-close` handler's.
+    pub database_url: Option<String>,
+    /// The queue of close events; unset = the first `order-close` handler's.
+    pub queue: Option<String>,
+    /// When to run (six fields, seconds first, UTC; default every 30 s).
+    pub cron: Option<String>,
+    /// How long past its expiry a pending order must be to be rescheduled (default 60 s).
+    pub grace: Option<String>,
+    /// Orders per query and per schedule call, 1..=1000 (default 500).
+    pub batch: Option<usize>,
+}
