@@ -99,6 +99,9 @@ pub struct BenchReport {
     pub drain_rate: Option<f64>,
     /// Redis CPU (user + sys) over the run / n, µs.
     pub redis_cpu_us_per_order: Option<f64>,
+    /// This process's CPU (user + sys: producer, dispatcher and worker together) over the
+    /// scenario / n, µs.
+    pub client_cpu_us_per_order: Option<f64>,
     /// True when not every order was handled in time.
     pub timed_out: bool,
     /// Free text: what was measured and how.
@@ -364,22 +367,108 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         i64::try_from(opts.window.as_millis()).unwrap_or(10_000)
     };
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
-    let orders: Vec<NewOrder> = (0..n)
+    let orders = bench_orders(n, opts.payload_bytes, due_of);
+    let rec = Recorder::default();
+    let stop = CancellationToken::new();
+    let worker = Worker::new(
+        client,
+        QUEUE,
+        "bench",
+        rec.handler(client, n),
+        WorkerOptions::default().concurrency(opts.concurrency),
+    )?;
+    worker.ensure_groups().await?;
+    let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let own0 = process_cpu_s();
+    let took = enqueue_all(client, &orders).await?;
+    let enqueue_done = client.now_ms();
+    let mem_after = info_field::<i64>(client, "memory", "used_memory").await?;
+    let w = tokio::spawn(worker.run(stop.clone()));
+    let d = tokio::spawn(
+        Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
+    );
+    let limit = opts.lead + opts.window + Duration::from_secs(120);
+    let timed_out = tokio::select! {
+        _ = rec.all_done.cancelled() => false,
+        _ = tokio::time::sleep(limit) => true,
+    };
+    stop.cancel();
+    d.await?;
+    w.await??;
+    let cpu1 = redis_cpu_s(client).await?;
+    let own1 = process_cpu_s();
+
+    let seen = rec
+        .seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("lock poisoned"))?;
+    let l = Lateness::of(&seen, |i| due_of(i) * 1000)?;
+    let distinct = seen.len();
+    let (drain_s, drain_rate) = if storm && distinct > 0 {
+        let s = ((l.last - (start + lead) * 1000) as f64 / 1e6).max(1e-6);
+        (Some(s), Some(distinct as f64 / s))
+    } else {
+        (None, None)
+    };
+    let mut report = BenchReport {
+        scenario: if storm { "storm" } else { "spread" }.into(),
+        n,
+        enqueue_s: Some(took.as_secs_f64()),
+        enqueue_rate: Some(n as f64 / took.as_secs_f64()),
+        enqueue_done_offset_ms: Some((enqueue_done - start) as f64),
+        mem_before: Some(mem_before),
+        mem_after: Some(mem_after),
+        mem_per_order_bytes: Some((mem_after - mem_before) as f64 / n as f64),
+        drain_s,
+        drain_rate,
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / n as f64),
+        client_cpu_us_per_order: own0.zip(own1).map(|(a, b)| (b - a) * 1e6 / n as f64),
+        timed_out,
+        notes: format!(
+            "{} shard(s), worker concurrency {}, payload ~{} B; lateness = handler start - due, Redis clock",
+            opts.shards, opts.concurrency, opts.payload_bytes
+        ),
+        ..BenchReport::default()
+    };
+    l.fill(&mut report, n, distinct, start);
+    Ok(report)
+}
+
+/// `n` orders `order-<i>` due at `due_of(i)`.
+fn bench_orders(n: usize, payload_bytes: usize, due_of: impl Fn(usize) -> i64) -> Vec<NewOrder> {
+    (0..n)
         .map(|i| {
             NewOrder::new(
                 format!("order-{i}"),
                 When::at_ms(due_of(i)),
-                payload(opts.payload_bytes, i, due_of(i)),
+                payload(payload_bytes, i, due_of(i)),
             )
         })
-        .collect();
+        .collect()
+}
 
-    // (order index) -> handler start times, µs on the Redis clock.
-    let seen: Arc<Mutex<HashMap<usize, Vec<i64>>>> = Arc::default();
-    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let all_done = CancellationToken::new();
-    let handler = {
-        let (seen, handled, all_done) = (seen.clone(), handled.clone(), all_done.clone());
+/// What the bench handler saw: handler start times (µs, Redis clock) per order index.
+#[derive(Default)]
+struct Recorder {
+    seen: Arc<Mutex<HashMap<usize, Vec<i64>>>>,
+    handled: Arc<std::sync::atomic::AtomicUsize>,
+    /// Cancelled once every one of the `n` orders was handled at least once.
+    all_done: CancellationToken,
+}
+
+impl Recorder {
+    /// A handler recording each delivery's start time.
+    fn handler(
+        &self,
+        client: &Client,
+        n: usize,
+    ) -> impl Fn(Delivery) -> std::future::Ready<crate::HandlerResult> + Send + Sync + 'static {
+        let (seen, handled, all_done) = (
+            self.seen.clone(),
+            self.handled.clone(),
+            self.all_done.clone(),
+        );
         let clock = client.clock().clone();
         move |d: Delivery| {
             let at = clock.now_us();
@@ -398,90 +487,74 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
             }
             std::future::ready(Ok(()))
         }
-    };
-    let stop = CancellationToken::new();
-    let worker = Worker::new(
-        client,
-        QUEUE,
-        "bench",
-        handler,
-        WorkerOptions::default().concurrency(opts.concurrency),
-    )?;
-    worker.ensure_groups().await?;
-    let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
-    let cpu0 = redis_cpu_s(client).await?;
-    let took = enqueue_all(client, &orders).await?;
-    let enqueue_done = client.now_ms();
-    let mem_after = info_field::<i64>(client, "memory", "used_memory").await?;
-    let w = tokio::spawn(worker.run(stop.clone()));
-    let d = tokio::spawn(
-        Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
-    );
-    let limit = opts.lead + opts.window + Duration::from_secs(120);
-    let timed_out = tokio::select! {
-        _ = all_done.cancelled() => false,
-        _ = tokio::time::sleep(limit) => true,
-    };
-    stop.cancel();
-    d.await?;
-    w.await??;
-    let cpu1 = redis_cpu_s(client).await?;
-
-    let seen = seen.lock().map_err(|_| anyhow::anyhow!("lock poisoned"))?;
-    let mut h = Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?;
-    let (mut early, mut min_late, mut processed) = (0usize, i64::MAX, 0usize);
-    let (mut first, mut last) = (i64::MAX, i64::MIN);
-    for (i, times) in seen.iter() {
-        processed += times.len();
-        let t = times[0];
-        let late = t - due_of(*i) * 1000;
-        if late < 0 {
-            early += 1;
-        }
-        min_late = min_late.min(late);
-        let _ = h.record(u64::try_from(late).unwrap_or(0).max(1));
-        first = first.min(t);
-        last = last.max(t);
     }
-    let ms = |us: u64| us as f64 / 1000.0;
-    let distinct = seen.len();
-    let since_start = |us: i64| (us - start * 1000) as f64 / 1000.0;
-    let (drain_s, drain_rate) = if storm && distinct > 0 {
-        let s = ((last - (start + lead) * 1000) as f64 / 1e6).max(1e-6);
-        (Some(s), Some(distinct as f64 / s))
-    } else {
-        (None, None)
-    };
-    Ok(BenchReport {
-        scenario: if storm { "storm" } else { "spread" }.into(),
-        n,
-        enqueue_s: Some(took.as_secs_f64()),
-        enqueue_rate: Some(n as f64 / took.as_secs_f64()),
-        enqueue_done_offset_ms: Some((enqueue_done - start) as f64),
-        mem_before: Some(mem_before),
-        mem_after: Some(mem_after),
-        mem_per_order_bytes: Some((mem_after - mem_before) as f64 / n as f64),
-        processed: Some(processed),
-        handled: Some(distinct),
-        duplicates: Some(processed - distinct),
-        missing: Some(n - distinct),
-        early_count: Some(early),
-        late_min_ms: (distinct > 0).then(|| min_late as f64 / 1000.0),
-        late_p50_ms: Some(ms(h.value_at_quantile(0.50))),
-        late_p90_ms: Some(ms(h.value_at_quantile(0.90))),
-        late_p99_ms: Some(ms(h.value_at_quantile(0.99))),
-        late_max_ms: Some(ms(h.max())),
-        first_handled_ms: (distinct > 0).then(|| since_start(first)),
-        last_handled_ms: (distinct > 0).then(|| since_start(last)),
-        drain_s,
-        drain_rate,
-        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / n as f64),
-        timed_out,
-        notes: format!(
-            "{} shard(s), worker concurrency {}, payload ~{} B; lateness = handler start - due, Redis clock",
-            opts.shards, opts.concurrency, opts.payload_bytes
-        ),
-    })
+}
+
+/// Lateness over every order's first handler start.
+struct Lateness {
+    hist: Histogram<u64>,
+    early: usize,
+    min_late: i64,
+    processed: usize,
+    first: i64,
+    last: i64,
+}
+
+impl Lateness {
+    /// Sets the report's handling and lateness fields.
+    fn fill(&self, r: &mut BenchReport, n: usize, distinct: usize, start_ms: i64) {
+        let ms = |us: u64| us as f64 / 1000.0;
+        let since_start = |us: i64| (us - start_ms * 1000) as f64 / 1000.0;
+        r.processed = Some(self.processed);
+        r.handled = Some(distinct);
+        r.duplicates = Some(self.processed - distinct);
+        r.missing = Some(n - distinct);
+        r.early_count = Some(self.early);
+        r.late_min_ms = (distinct > 0).then(|| self.min_late as f64 / 1000.0);
+        r.late_p50_ms = Some(ms(self.hist.value_at_quantile(0.50)));
+        r.late_p90_ms = Some(ms(self.hist.value_at_quantile(0.90)));
+        r.late_p99_ms = Some(ms(self.hist.value_at_quantile(0.99)));
+        r.late_max_ms = Some(ms(self.hist.max()));
+        r.first_handled_ms = (distinct > 0).then(|| since_start(self.first));
+        r.last_handled_ms = (distinct > 0).then(|| since_start(self.last));
+    }
+
+    fn of(seen: &HashMap<usize, Vec<i64>>, due_us: impl Fn(usize) -> i64) -> anyhow::Result<Self> {
+        let mut l = Lateness {
+            hist: Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?,
+            early: 0,
+            min_late: i64::MAX,
+            processed: 0,
+            first: i64::MAX,
+            last: i64::MIN,
+        };
+        for (i, times) in seen {
+            l.processed += times.len();
+            let Some(&t) = times.first() else { continue };
+            let late = t - due_us(*i);
+            if late < 0 {
+                l.early += 1;
+            }
+            l.min_late = l.min_late.min(late);
+            let _ = l.hist.record(u64::try_from(late).unwrap_or(0).max(1));
+            l.first = l.first.min(t);
+            l.last = l.last.max(t);
+        }
+        Ok(l)
+    }
+}
+
+/// This process's CPU time (user + system), seconds, from `/proc/self/stat` (Linux; `None`
+/// elsewhere). Clock ticks are 100 per second on Linux.
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after ')'.
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
 }
 
 /// `delayq bench`: runs the named scenarios and prints one report each (`c` is a

@@ -148,9 +148,48 @@ async fn demo(
         Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
     );
 
-    // The checkout service: each order is committed in the database, then its close event
-    // is scheduled for its expiry (the reconciliation job of `delayq serve` covers a crash
-    // in between).
+    let n = opts.orders;
+    let paid = checkout(client, &orders, prefix, opts).await?;
+    let unpaid = n - paid;
+    wait_handled(
+        &orders,
+        &notified,
+        unpaid,
+        opts.window + Duration::from_secs(60),
+    )
+    .await?;
+    stop.cancel();
+    h1.await??;
+    h2.await??;
+    hd.await?;
+    let c = orders.counts().await?;
+    let h = hist
+        .lock()
+        .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
+    let ms = |us: u64| us as f64 / 1000.0;
+    Ok(DemoSummary {
+        created: n,
+        paid: usize::try_from(c.paid).unwrap_or(usize::MAX),
+        closed: usize::try_from(c.closed).unwrap_or(usize::MAX),
+        pending: usize::try_from(c.pending).unwrap_or(usize::MAX),
+        database: String::new(),
+        notified: notified.load(Ordering::SeqCst),
+        late_p50_ms: ms(h.value_at_quantile(0.5)),
+        late_p99_ms: ms(h.value_at_quantile(0.99)),
+        late_max_ms: ms(h.max()),
+    })
+}
+
+/// The checkout service: each order is committed in the database, then its close event is
+/// scheduled for its expiry (the reconciliation job of `delayq serve` covers a crash in
+/// between); customers who pay in time get their order marked paid and the event cancelled.
+/// Returns how many paid.
+async fn checkout(
+    client: &Client,
+    orders: &Orders,
+    prefix: &str,
+    opts: &DemoOptions,
+) -> anyhow::Result<usize> {
     let window_ms = i64::try_from(opts.window.as_millis())
         .unwrap_or(10_000)
         .max(1);
@@ -172,7 +211,6 @@ async fn demo(
     for chunk in events.chunks(1000) {
         client.schedule_many(QUEUE, chunk, Mode::Upsert).await?;
     }
-    // Customers who pay in time: the order is marked paid, then its close event cancelled.
     let mut paid = 0;
     for (i, o) in events.iter().enumerate() {
         if (i * 7919 % 100) < opts.paid_percent as usize
@@ -182,14 +220,22 @@ async fn demo(
             paid += 1;
         }
     }
-    let unpaid = n - paid;
     eprintln!(
         "created {n} orders expiring over {:?}; {paid} paid in time",
         opts.window
     );
+    Ok(paid)
+}
 
+/// Waits until every unpaid order is closed in the database and notified, printing progress
+/// every second; fails after `deadline`.
+async fn wait_handled(
+    orders: &Orders,
+    notified: &AtomicUsize,
+    unpaid: usize,
+    deadline: Duration,
+) -> anyhow::Result<()> {
     let started = Instant::now();
-    let deadline = opts.window + Duration::from_secs(60);
     loop {
         let c = orders.counts().await?;
         let nt = notified.load(Ordering::SeqCst);
@@ -199,7 +245,7 @@ async fn demo(
             started.elapsed().as_secs_f64()
         );
         if c.pending == 0 && nt >= unpaid {
-            break;
+            return Ok(());
         }
         anyhow::ensure!(
             started.elapsed() < deadline,
@@ -207,26 +253,6 @@ async fn demo(
         );
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    stop.cancel();
-    h1.await??;
-    h2.await??;
-    hd.await?;
-    let c = orders.counts().await?;
-    let h = hist
-        .lock()
-        .map_err(|_| anyhow::anyhow!("histogram lock poisoned"))?;
-    let ms = |us: u64| us as f64 / 1000.0;
-    Ok(DemoSummary {
-        created: n,
-        paid: usize::try_from(c.paid).unwrap_or(usize::MAX),
-        closed: usize::try_from(c.closed).unwrap_or(usize::MAX),
-        pending: usize::try_from(c.pending).unwrap_or(usize::MAX),
-        database: String::new(),
-        notified: notified.load(Ordering::SeqCst),
-        late_p50_ms: ms(h.value_at_quantile(0.5)),
-        late_p99_ms: ms(h.value_at_quantile(0.99)),
-        late_max_ms: ms(h.max()),
-    })
 }
 
 /// `delayq demo`: runs the walk-through and prints its summary (`c` is a

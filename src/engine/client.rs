@@ -281,22 +281,65 @@ impl Client {
     ) -> Result<Vec<Scheduled>> {
         let queue = QueueName::new(queue)?;
         let now = self.now_ms();
-        let mut dues = Vec::with_capacity(orders.len());
-        for (index, o) in orders.iter().enumerate() {
-            let due = o
-                .validate(now, self.inner.opts.max_payload_bytes)
-                .map_err(|e| InvalidInput::InBatch {
-                    index,
-                    source: Box::new(e),
-                })?;
-            dues.push(due);
-        }
+        let dues = orders
+            .iter()
+            .enumerate()
+            .map(|(index, o)| {
+                o.validate(now, self.inner.opts.max_payload_bytes)
+                    .map_err(|e| InvalidInput::InBatch {
+                        index,
+                        source: Box::new(e),
+                    })
+            })
+            .collect::<Result<Vec<i64>, InvalidInput>>()?;
         if orders.is_empty() {
             return Ok(Vec::new());
         }
         self.ensure_queue(&queue, true).await?;
+        let calls = self.plan_enqueue(&queue, orders);
+        let outcomes = self
+            .enqueue_calls(&calls, orders, &dues, now, mode == Mode::IfAbsent)
+            .await?;
+        let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
+        for ((_, idxs), outs) in calls.iter().zip(outcomes) {
+            for (&i, o) in idxs.iter().zip(outs) {
+                results[i] = Some(o);
+            }
+        }
+        let written =
+            |o: &Option<ScheduleOutcome>| o.is_some_and(|o| o != ScheduleOutcome::Unchanged);
+        let earliest = results
+            .iter()
+            .zip(&dues)
+            .filter(|(o, _)| written(o))
+            .map(|(_, &d)| d)
+            .min();
+        if let Some(due) = earliest {
+            self.inner.wake.scheduled(queue.as_str(), due);
+        }
+        telemetry::scheduled(
+            queue.as_str(),
+            results.iter().filter(|o| written(o)).count() as u64,
+        );
+        results
+            .into_iter()
+            .zip(orders.iter().zip(dues))
+            .map(|(o, (order, due))| {
+                Ok(Scheduled {
+                    id: order.id.clone(),
+                    due_at_ms: due,
+                    outcome: o.ok_or(Error::Reply {
+                        context: "scheduling orders",
+                        detail: "an order got no outcome".into(),
+                    })?,
+                })
+            })
+            .collect()
+    }
 
-        // Group by shard (keeping batch order within a shard), then cut into chunks.
+    /// Groups a batch by shard (keeping batch order within a shard) and cuts it into script
+    /// calls of at most [`ENQUEUE_CHUNK_ORDERS`] orders and [`ENQUEUE_CHUNK_BYTES`] bytes.
+    fn plan_enqueue(&self, queue: &QueueName, orders: &[NewOrder]) -> Vec<(ShardKeys, Vec<usize>)> {
         let shards = self.inner.opts.shards;
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); usize::from(shards)];
         for (i, o) in orders.iter().enumerate() {
@@ -304,7 +347,7 @@ impl Client {
         }
         let mut calls = Vec::new();
         for (shard, idxs) in by_shard.iter().enumerate() {
-            let keys = self.shard_keys(&queue, u16::try_from(shard).unwrap_or(0));
+            let keys = self.shard_keys(queue, u16::try_from(shard).unwrap_or(0));
             let mut start = 0;
             while start < idxs.len() {
                 let mut end = start;
@@ -317,12 +360,23 @@ impl Client {
                     bytes += orders[idxs[end]].payload.len();
                     end += 1;
                 }
-                calls.push((keys.clone(), &idxs[start..end]));
+                calls.push((keys.clone(), idxs[start..end].to_vec()));
                 start = end;
             }
         }
-        let if_absent = mode == Mode::IfAbsent;
-        // Durable schedules write and WAIT on a connection of their own.
+        calls
+    }
+
+    /// Runs the planned enqueue calls, in flight together; with durable schedules, on a
+    /// connection of their own followed by `WAIT` on every shard written.
+    async fn enqueue_calls(
+        &self,
+        calls: &[(ShardKeys, Vec<usize>)],
+        orders: &[NewOrder],
+        dues: &[i64],
+        now: i64,
+        if_absent: bool,
+    ) -> Result<Vec<Vec<ScheduleOutcome>>> {
         let mut durable_guard = match self.durability {
             Durability::Leader => None,
             Durability::Replicated { .. } => {
@@ -354,66 +408,9 @@ impl Client {
             (self.durability, durable_guard.as_mut())
             && let Some(conn) = g.as_mut()
         {
-            // Each shard written lives on its own node (in a cluster): wait on each.
-            let mut acked = u32::MAX;
-            let mut waited = std::collections::HashSet::new();
-            for (keys, _) in &calls {
-                if waited.insert(keys.shard) {
-                    let n = conn
-                        .wait_for_replicas(
-                            &keys.due,
-                            replicas,
-                            u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1),
-                        )
-                        .await
-                        .ctx("waiting for replicas (WAIT)")?;
-                    acked = acked.min(n);
-                }
-            }
-            if acked < replicas {
-                return Err(Error::NotReplicated {
-                    acked,
-                    wanted: replicas,
-                    timeout,
-                });
-            }
+            wait_replicated(conn, calls, replicas, timeout).await?;
         }
-        drop(durable_guard);
-
-        let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
-        for ((_, idxs), outs) in calls.iter().zip(outcomes) {
-            for (&i, o) in idxs.iter().zip(outs) {
-                results[i] = Some(o);
-            }
-        }
-        let earliest = results
-            .iter()
-            .zip(&dues)
-            .filter(|(o, _)| o.is_some_and(|o| o != ScheduleOutcome::Unchanged))
-            .map(|(_, &d)| d)
-            .min();
-        if let Some(due) = earliest {
-            self.inner.wake.scheduled(queue.as_str(), due);
-        }
-        let written = results
-            .iter()
-            .filter(|o| o.is_some_and(|o| o != ScheduleOutcome::Unchanged))
-            .count();
-        telemetry::scheduled(queue.as_str(), written as u64);
-        results
-            .into_iter()
-            .zip(orders.iter().zip(dues))
-            .map(|(o, (order, due))| {
-                Ok(Scheduled {
-                    id: order.id.clone(),
-                    due_at_ms: due,
-                    outcome: o.ok_or(Error::Reply {
-                        context: "scheduling orders",
-                        detail: "an order got no outcome".into(),
-                    })?,
-                })
-            })
-            .collect()
+        Ok(outcomes)
     }
 
     /// Cancels a scheduled order (e.g. the customer paid). `NotFound` when it was never
@@ -669,4 +666,37 @@ impl Client {
             None => Ok(()),
         }
     }
+}
+
+/// `WAIT` on the node of every shard written (each shard lives on its own node in a
+/// cluster); fails with [`Error::NotReplicated`] when fewer than `replicas` confirmed.
+async fn wait_replicated(
+    conn: &mut Conn,
+    calls: &[(ShardKeys, Vec<usize>)],
+    replicas: u32,
+    timeout: Duration,
+) -> Result<()> {
+    let mut acked = u32::MAX;
+    let mut waited = HashSet::new();
+    for (keys, _) in calls {
+        if waited.insert(keys.shard) {
+            let n = conn
+                .wait_for_replicas(
+                    &keys.due,
+                    replicas,
+                    u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1),
+                )
+                .await
+                .ctx("waiting for replicas (WAIT)")?;
+            acked = acked.min(n);
+        }
+    }
+    if acked < replicas {
+        return Err(Error::NotReplicated {
+            acked,
+            wanted: replicas,
+            timeout,
+        });
+    }
+    Ok(())
 }

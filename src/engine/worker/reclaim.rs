@@ -1,9 +1,10 @@
 //! The reclaim loop: claims the group's due timers (a dead consumer's entries, retries whose
 //! backoff elapsed) with `reclaim.lua`.
 
-use super::entry::{claimed_entries, ms, to_taken};
+use super::entry::{Fields, claimed_entries, ms, to_taken};
 use super::settle::process;
 use super::{Handler, Shared};
+use crate::engine::keys::ShardKeys;
 use crate::engine::scripts;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -49,35 +50,12 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 next_look = now;
                 break;
             }
-            let lease_until = now + ms(s.opts.visibility_timeout);
-            let mut conn = s.client.connection();
-            let r = scripts::reclaim(
-                &mut conn,
-                keys,
-                &s.group,
-                &s.consumer,
-                now,
-                lease_until,
-                permits.len(),
-            )
-            .await;
-            let (claimed, next) = match r {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(error = %e, "reclaim failed");
-                    continue;
-                }
+            let Some((claimed, next)) = claim(&s, keys, now, permits.len()).await else {
+                continue;
             };
             if let Some(n) = next {
-                next_look = next_look.min(crate::engine::scripts::score_to_ms(n));
+                next_look = next_look.min(n);
             }
-            let claimed = match claimed_entries(claimed) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::error!(error = %e, "unexpected reclaim reply");
-                    continue;
-                }
-            };
             if claimed.len() == permits.len() {
                 next_look = now; // maybe more are due
             }
@@ -97,6 +75,42 @@ pub(super) async fn reclaim_loop<H: Handler>(
                     drop(permit);
                 });
             }
+        }
+    }
+}
+
+/// Claims up to `count` due timers of one shard; the claimed entries and the shard's next
+/// due timer (unix ms). `None` (logged) when the call failed.
+async fn claim<H>(
+    s: &Shared<H>,
+    keys: &ShardKeys,
+    now: i64,
+    count: usize,
+) -> Option<(Vec<(String, Fields, u32)>, Option<i64>)> {
+    let lease_until = now + ms(s.opts.visibility_timeout);
+    let mut conn = s.client.connection();
+    let r = scripts::reclaim(
+        &mut conn,
+        keys,
+        &s.group,
+        &s.consumer,
+        now,
+        lease_until,
+        count,
+    )
+    .await;
+    let (claimed, next) = match r {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(error = %e, "reclaim failed");
+            return None;
+        }
+    };
+    match claimed_entries(claimed) {
+        Ok(c) => Some((c, next.map(scripts::score_to_ms))),
+        Err(e) => {
+            tracing::error!(error = %e, "unexpected reclaim reply");
+            None
         }
     }
 }

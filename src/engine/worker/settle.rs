@@ -77,65 +77,75 @@ pub(super) async fn process<H: Handler>(
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
-            handled_metric(s, "retry");
-            s.hooks.on_failure(&d, &message, Some(delay));
-            let keys = &s.shards[usize::from(d.shard)];
-            let mut in_flight = s.in_flight.lock().await;
-            in_flight.remove(&key);
-            let at = s.client.now_ms() + ms(delay);
-            let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
-            let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
-                let mut conn = s.client.connection();
-                async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at).await }
-            })
-            .await;
-            drop(in_flight);
-            match r {
-                Ok(true) => {
-                    s.stats.retried.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(id = %d.id, attempt = d.attempt, ?delay, "retry scheduled");
-                }
-                Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
-                // The lease stays as it was: the entry is retried when it runs out.
-                Err(e) => tracing::warn!(id = %d.id, error = %e, "could not schedule the retry"),
-            }
+            settle_retry(s, &d, &message, delay).await;
         }
+        Err(HandlerError::Retry { message, .. } | HandlerError::Permanent { message }) => {
+            settle_dead(s, &d, &message).await;
+        }
+    }
+}
+
+/// A failed attempt with attempts left: `retry.lua` moves the entry's timer to the next
+/// attempt.
+async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Duration) {
+    handled_metric(s, "retry");
+    s.hooks.on_failure(d, message, Some(delay));
+    let keys = &s.shards[usize::from(d.shard)];
+    let mut in_flight = s.in_flight.lock().await;
+    in_flight.remove(&(d.shard, d.entry_id.clone()));
+    let at = s.client.now_ms() + ms(delay);
+    let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
+    let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
+        let mut conn = s.client.connection();
+        async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at).await }
+    })
+    .await;
+    drop(in_flight);
+    match r {
+        Ok(true) => {
+            s.stats.retried.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(id = %d.id, attempt = d.attempt, ?delay, "retry scheduled");
+        }
+        Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
+        // The lease stays as it was: the entry is retried when it runs out.
+        Err(e) => tracing::warn!(id = %d.id, error = %e, "could not schedule the retry"),
+    }
+}
+
+/// A permanent failure or the last attempt: `dead.lua` moves the entry to the dead-letter
+/// stream and acknowledges it.
+async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str) {
+    s.hooks.on_failure(d, message, None);
+    let keys = &s.shards[usize::from(d.shard)];
+    s.in_flight
+        .lock()
+        .await
+        .remove(&(d.shard, d.entry_id.clone()));
+    let args = DeadArgs {
+        group: &s.group,
+        consumer: &s.consumer,
+        entry_id: &d.entry_id,
+        attempts: d.attempt,
+        error: message,
+        now_ms: s.client.now_ms(),
+    };
+    let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
+        let mut conn = s.client.connection();
+        let args = &args;
+        async move { scripts::dead_letter(&mut conn, keys, args).await }
+    })
+    .await;
+    match r {
+        Ok(true) => {
+            s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            handled_metric(s, "dead");
+            telemetry::dead_lettered(s.queue.as_str(), &s.group);
+            tracing::warn!(id = %d.id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
+            s.hooks.on_dead(d, message);
+        }
+        Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
         Err(e) => {
-            let message = match &e {
-                HandlerError::Retry { message, .. } | HandlerError::Permanent { message } => {
-                    message.clone()
-                }
-            };
-            s.hooks.on_failure(&d, &message, None);
-            let keys = &s.shards[usize::from(d.shard)];
-            s.in_flight.lock().await.remove(&key);
-            let args = DeadArgs {
-                group: &s.group,
-                consumer: &s.consumer,
-                entry_id: &d.entry_id,
-                attempts: d.attempt,
-                error: &message,
-                now_ms: s.client.now_ms(),
-            };
-            let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
-                let mut conn = s.client.connection();
-                let args = &args;
-                async move { scripts::dead_letter(&mut conn, keys, args).await }
-            })
-            .await;
-            match r {
-                Ok(true) => {
-                    s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-                    handled_metric(s, "dead");
-                    telemetry::dead_lettered(s.queue.as_str(), &s.group);
-                    tracing::warn!(id = %d.id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
-                    s.hooks.on_dead(&d, &message);
-                }
-                Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
-                Err(e) => {
-                    tracing::warn!(id = %d.id, error = %e, "could not dead-letter; it stays pending")
-                }
-            }
+            tracing::warn!(id = %d.id, error = %e, "could not dead-letter; it stays pending")
         }
     }
 }

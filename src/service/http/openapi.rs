@@ -3,11 +3,28 @@
 use crate::service::admin::MAX_BATCH;
 use serde_json::{Value, json};
 
+/// An error response in the envelope.
+fn e(desc: &str) -> Value {
+    let err = json!({"$ref": "#/components/schemas/Error"});
+    json!({"description": desc, "content": {"application/json": {"schema": err}}})
+}
+
+/// `base` responses plus `extra` plus the ones every `/v1` call may give.
+fn with(mut base: Value, extra: Value) -> Value {
+    let common =
+        json!({"401": e("missing or invalid bearer token"), "503": e("redis unavailable")});
+    if let (Some(b), Some(x), Some(c)) =
+        (base.as_object_mut(), extra.as_object(), common.as_object())
+    {
+        for (k, v) in x.iter().chain(c) {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
 /// The API described as OpenAPI 3.
 pub fn openapi() -> Value {
-    let err = json!({"$ref": "#/components/schemas/Error"});
-    let e =
-        |desc: &str| json!({"description": desc, "content": {"application/json": {"schema": err}}});
     let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}});
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 256}});
     let msg = json!({
@@ -22,21 +39,6 @@ pub fn openapi() -> Value {
     let scheduled = json!({"type": "object", "properties": {
         "queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": {"type": "integer"},
         "outcome": {"type": "string", "enum": ["created", "updated", "unchanged"]}}});
-    let common =
-        json!({"401": e("missing or invalid bearer token"), "503": e("redis unavailable")});
-    let with = |mut base: Value, extra: Value| {
-        if let (Some(b), Some(x)) = (base.as_object_mut(), extra.as_object()) {
-            for (k, v) in x {
-                b.insert(k.clone(), v.clone());
-            }
-            if let Some(c) = common.as_object() {
-                for (k, v) in c {
-                    b.insert(k.clone(), v.clone());
-                }
-            }
-        }
-        base
-    };
     json!({
         "openapi": "3.0.3",
         "info": {"title": "delayq", "version": env!("CARGO_PKG_VERSION"),
@@ -51,7 +53,20 @@ pub fn openapi() -> Value {
             }
         },
         "security": [{"bearer": []}],
-        "paths": {
+        "paths": paths(&q, &id)
+    })
+}
+
+fn paths(q: &Value, id: &Value) -> Value {
+    let mut p = message_paths(q, id);
+    if let (Some(m), Some(o)) = (p.as_object_mut(), other_paths(q).as_object()) {
+        m.extend(o.clone());
+    }
+    p
+}
+
+fn message_paths(q: &Value, id: &Value) -> Value {
+    json!({
             "/v1/queues/{queue}/messages/{id}": {
                 "put": {"summary": "Schedule (upsert, or if_absent)", "parameters": [q, id],
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Message"}}}},
@@ -69,7 +84,12 @@ pub fn openapi() -> Value {
                                        "if_absent": {"type": "boolean"}}}}}},
                     "responses": with(json!({"200": {"description": "one result per message, in order"}}),
                         json!({"400": e("an invalid message (its index is named); nothing written"), "413": e("body too large")}))}
-            },
+            }
+    })
+}
+
+fn other_paths(q: &Value) -> Value {
+    json!({
             "/v1/queues": {"get": {"summary": "Queue names", "responses": with(json!({"200": {"description": "queues"}}), json!({}))}},
             "/v1/queues/{queue}/stats": {"get": {"summary": "Statistics", "parameters": [q],
                 "responses": with(json!({"200": {"description": "as delayq stats --json"}}), json!({"400": e("invalid queue")}))}},
@@ -85,6 +105,5 @@ pub fn openapi() -> Value {
             "/readyz": {"get": {"summary": "Redis reachable", "security": [], "responses": {"200": {"description": "ready"}, "503": e("redis unavailable")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text"}}}},
             "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3"}}}}
-        }
     })
 }
