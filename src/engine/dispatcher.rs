@@ -219,6 +219,20 @@ impl Dispatcher {
         }
     }
 
+    /// Like [`drain`](Dispatcher::drain), but stops between passes once `cancel` fires, so
+    /// a backlog never holds up shutdown by more than one pass.
+    pub(crate) async fn drain_until(&self, cancel: &CancellationToken) -> Result<Pass> {
+        let mut total = Pass::default();
+        loop {
+            let p = self.pass().await?;
+            total.moved += p.moved;
+            total.next_due_ms = p.next_due_ms;
+            if !p.more || cancel.is_cancelled() {
+                return Ok(total);
+            }
+        }
+    }
+
     /// Runs until `cancel` fires. Redis errors are logged and retried with backoff; the
     /// loop never gives up on its own.
     pub async fn run(self, cancel: CancellationToken) {
@@ -232,7 +246,7 @@ impl Dispatcher {
             // Mark busy: schedules during the pass need no wake-up (the pass or the next
             // sleep computation sees them).
             self.wake.next_look_ms.store(i64::MAX, Ordering::SeqCst);
-            let next = match self.drain().await {
+            let next = match self.drain_until(&cancel).await {
                 Ok(p) => {
                     backoff = Duration::from_millis(50);
                     p.next_due_ms

@@ -147,10 +147,18 @@ impl Housekeeper {
     /// Runs the dispatch script over every queue until nothing is due; returns the orders
     /// moved.
     pub async fn sweep(&self) -> Result<ChoreReport> {
+        self.sweep_until(&CancellationToken::new()).await
+    }
+
+    /// [`sweep`](Housekeeper::sweep), stopping between dispatch passes once `cancel` fires.
+    async fn sweep_until(&self, cancel: &CancellationToken) -> Result<ChoreReport> {
         let mut count = 0;
         for q in &self.queues {
+            if cancel.is_cancelled() {
+                break;
+            }
             let d = Dispatcher::new(&self.client, q.as_str(), DispatcherOptions::default())?;
-            count += d.drain().await?.moved as u64;
+            count += d.drain_until(cancel).await?.moved as u64;
         }
         Ok(ChoreReport { count })
     }
@@ -164,14 +172,14 @@ impl Housekeeper {
             ("consumers", this.opts.consumers_cron.clone()),
             ("sweep", this.opts.sweep_cron.clone()),
         ] {
-            let this = this.clone();
+            let (this, cancel) = (this.clone(), cancel.clone());
             chores.push(Chore::new(name, cron, move || {
-                let this = this.clone();
+                let (this, cancel) = (this.clone(), cancel.clone());
                 async move {
                     match name {
                         "trim" => this.trim().await,
                         "consumers" => this.remove_idle_consumers().await,
-                        _ => this.sweep().await,
+                        _ => this.sweep_until(&cancel).await,
                     }
                 }
             }));

@@ -160,6 +160,27 @@ static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RE
 static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RETRY_LUA));
 static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEAD_LUA));
 static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REPLAY_LUA));
+/// Source of `lua/extend.lua`.
+pub const EXTEND_LUA: &str = include_str!("../../lua/extend.lua");
+static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(EXTEND_LUA));
+
+/// Runs `extend.lua`: moves the lease of each `(entry id, lease end last set)` in `held` to
+/// `until_ms`, where the timer still holds that lease; returns the ids extended.
+pub(crate) async fn extend<C: ConnectionLike>(
+    conn: &mut C,
+    timers_key: &str,
+    until_ms: i64,
+    held: &[(String, i64)],
+) -> Result<Vec<String>> {
+    let mut inv = EXTEND.prepare_invoke();
+    inv.key(timers_key).arg(until_ms);
+    for (id, lease) in held {
+        inv.arg(id).arg(*lease);
+    }
+    inv.invoke_async(conn)
+        .await
+        .ctx("extending leases (extend.lua)")
+}
 
 /// Runs `read.lua`: returns the raw entries (`[[id, [f, v, ...]], ...]`) and the stream's
 /// last entry id.

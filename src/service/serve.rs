@@ -17,6 +17,7 @@ use crate::service::config::{HandlerKind, Settings};
 use crate::service::handlers::{Builtin, Webhook};
 use crate::service::http::{AppState, app};
 use std::collections::HashMap;
+use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -62,7 +63,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         listen = %settings.listen, queues = ?settings.queues, handlers = settings.handlers.len(),
         "delayq serving"
     );
-    wait_all(tasks, &cancel).await
+    wait_all(
+        tasks,
+        &cancel,
+        settings.shutdown_grace + Duration::from_secs(1),
+    )
+    .await
 }
 
 /// One dispatcher per queue, and the housekeeper.
@@ -127,10 +133,39 @@ fn spawn_handlers(
     Ok(())
 }
 
-/// Waits for every component; the first failure stops the others.
-async fn wait_all(mut tasks: JoinSet<Result<()>>, cancel: &CancellationToken) -> Result<()> {
+/// Waits for every component; the first failure stops the others. Once cancelled, waits at
+/// most `grace` more, then aborts what is left (workers have given up on their handlers by
+/// then; anything else still running, such as a connection that never finishes its
+/// request, is cut off), so shutdown is bounded whatever the backlog.
+async fn wait_all(
+    mut tasks: JoinSet<Result<()>>,
+    cancel: &CancellationToken,
+    grace: Duration,
+) -> Result<()> {
     let mut first_err = None;
-    while let Some(r) = tasks.join_next().await {
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let next = match deadline {
+            None => tokio::select! {
+                r = tasks.join_next() => r,
+                _ = cancel.cancelled() => {
+                    deadline = Some(tokio::time::Instant::now() + grace);
+                    continue;
+                }
+            },
+            Some(d) => match tokio::time::timeout_at(d, tasks.join_next()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!(
+                        left = tasks.len(),
+                        "shutdown grace over; stopping what is left"
+                    );
+                    tasks.abort_all();
+                    break;
+                }
+            },
+        };
+        let Some(r) = next else { break };
         match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -138,6 +173,7 @@ async fn wait_all(mut tasks: JoinSet<Result<()>>, cancel: &CancellationToken) ->
                 cancel.cancel();
                 first_err.get_or_insert(e);
             }
+            Err(e) if e.is_cancelled() => {}
             Err(e) => {
                 tracing::error!(error = %e, "a component panicked; stopping");
                 cancel.cancel();

@@ -1,5 +1,6 @@
 //! Stream entries: parsing replies into [`Taken`] deliveries, consumer names, group creation.
 
+use super::lease::Lease;
 use super::{Delivery, DeliveryFlag, Shared};
 use crate::engine::conn::Conn;
 use crate::engine::keys::{QueueName, ShardKeys};
@@ -8,11 +9,16 @@ use redis::Value;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
-/// A stream entry taken for handling.
+/// A stream entry taken for handling, with its owner's lease.
 pub(super) struct Taken {
     pub(super) delivery: Delivery,
     /// Set on dead-letter replays: only this group handles it.
     pub(super) for_group: Option<String>,
+    /// Why the entry cannot be handled (no order id, deleted from the stream): it is
+    /// dead-lettered with this error on its first delivery, the handler never sees it.
+    pub(super) bad: Option<String>,
+    /// Ownership of the entry until it is settled.
+    pub(super) lease: Lease,
 }
 
 pub(super) fn ms(d: Duration) -> i64 {
@@ -57,7 +63,8 @@ pub(super) fn as_string(v: &Value) -> Option<String> {
     }
 }
 
-/// Builds a [`Taken`] from a stream entry's fields; `None` when it has no order id.
+/// Builds a delivery from a stream entry's fields: the delivery, its `for_group`, and why it
+/// cannot be handled (no order id).
 pub(super) fn parse_delivery(
     queue: &QueueName,
     group: &str,
@@ -65,7 +72,7 @@ pub(super) fn parse_delivery(
     entry_id: &str,
     fields: Vec<(String, String)>,
     attempt: u32,
-) -> Option<Taken> {
+) -> (Delivery, Option<String>, Option<String>) {
     let mut id = None;
     let mut due = None;
     let mut data = None;
@@ -110,7 +117,7 @@ pub(super) fn parse_delivery(
     let delivery = Delivery {
         queue: queue.as_str().to_owned(),
         group: group.to_owned(),
-        id: id?,
+        id: id.clone().unwrap_or_default(),
         payload,
         due_at_ms: due.unwrap_or(dispatched_at_ms),
         enqueued_at_ms: enq,
@@ -120,10 +127,10 @@ pub(super) fn parse_delivery(
         attempt,
         flag,
     };
-    Some(Taken {
-        delivery,
-        for_group,
-    })
+    let bad = id
+        .is_none()
+        .then(|| "the stream entry has no order id (written by a foreign producer?)".to_owned());
+    (delivery, for_group, bad)
 }
 
 /// `<host>-<pid>-<random hex>`: unique per process start.
@@ -227,22 +234,37 @@ pub(super) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
     }
 }
 
-/// Turns a raw entry into a [`Taken`]; an entry without an order id is dead-lettered later
-/// by the timers (it stays pending), and logged.
+/// Turns a raw entry, leased until `lease_until`, into a [`Taken`] owned by this worker. An
+/// entry that cannot be handled (deleted from the stream, no order id) is taken all the same,
+/// marked `bad`, and dead-lettered on this first delivery.
 pub(super) fn to_taken<H>(
     s: &Shared<H>,
     shard: u16,
     entry_id: &str,
     fields: Option<Vec<(String, String)>>,
     attempt: u32,
-) -> Option<Taken> {
-    let Some(fields) = fields else {
-        tracing::warn!(entry = %entry_id, "entry deleted from the stream");
-        return None;
+    lease_until: i64,
+) -> Taken {
+    let lease = s.leases.hold(shard, entry_id, lease_until);
+    let (delivery, for_group, bad) = match fields {
+        Some(f) => parse_delivery(&s.queue, &s.group, shard, entry_id, f, attempt),
+        None => {
+            let (d, _, _) =
+                parse_delivery(&s.queue, &s.group, shard, entry_id, Vec::new(), attempt);
+            (
+                d,
+                None,
+                Some("the stream entry was deleted (trimmed while pending)".to_owned()),
+            )
+        }
     };
-    let parsed = parse_delivery(&s.queue, &s.group, shard, entry_id, fields, attempt);
-    if parsed.is_none() {
-        tracing::error!(entry = %entry_id, "stream entry without an order id: left pending for inspection");
+    if let Some(reason) = &bad {
+        tracing::error!(entry = %entry_id, %reason, "stream entry cannot be handled: dead-lettering it");
     }
-    parsed
+    Taken {
+        delivery,
+        for_group,
+        bad,
+        lease,
+    }
 }

@@ -1,12 +1,112 @@
-//! Lease extension: while this worker holds entries, their timers keep moving ahead.
+//! Leases: who owns a taken entry, and the loop that keeps owned entries' timers ahead.
+//!
+//! Every entry a worker takes (a read, or a reclaim) gets one [`Lease`]: a guard value owned
+//! by the task that handles and settles the entry. While it exists, the entry is in the
+//! worker's [`LeaseSet`] and [`lease_loop`] extends its timer, whether the entry is running
+//! or waiting for a handler slot. Settling releases it ([`Lease::release`]) before the
+//! settling call is sent; dropping it unsettled (a panic, an aborted task) removes it too, so
+//! the entry's lease simply runs out and another consumer reclaims it. Nothing is ever
+//! extended forever.
+//!
+//! The set is behind a `std` mutex held only for map operations, never across a Redis call.
+//! An extension is a compare-and-set (`extend.lua`: only where the timer still holds the
+//! lease this worker last set), so an extension that races a settlement cannot overwrite a
+//! retry time or revive an acknowledged entry.
 
 use super::Shared;
 use super::entry::ms;
+use crate::engine::scripts;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use tokio_util::sync::CancellationToken;
 
-/// Extends the leases of in-flight entries every third of the visibility timeout.
+/// (shard, stream entry id).
+pub(super) type EntryKey = (u16, String);
+
+/// The entries this worker holds, with the lease end it last set for each (unix ms).
+#[derive(Debug, Default)]
+pub(super) struct LeaseSet {
+    held: Mutex<HashMap<EntryKey, i64>>,
+}
+
+impl LeaseSet {
+    fn lock(&self) -> MutexGuard<'_, HashMap<EntryKey, i64>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes ownership of an entry leased until `until_ms`.
+    pub(super) fn hold(self: &Arc<Self>, shard: u16, entry_id: &str, until_ms: i64) -> Lease {
+        let key = (shard, entry_id.to_owned());
+        self.lock().insert(key.clone(), until_ms);
+        Lease {
+            set: self.clone(),
+            key: Some(key),
+        }
+    }
+
+    /// How many entries are held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The held entries of each shard, with their last lease end.
+    fn snapshot(&self) -> HashMap<u16, Vec<(String, i64)>> {
+        let mut by_shard: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
+        for ((shard, id), until) in self.lock().iter() {
+            by_shard
+                .entry(*shard)
+                .or_default()
+                .push((id.clone(), *until));
+        }
+        by_shard
+    }
+
+    /// Records the new lease end of the entries `extend.lua` extended that are still held.
+    fn extended(&self, shard: u16, ids: Vec<String>, until_ms: i64) {
+        let mut held = self.lock();
+        for id in ids {
+            if let Some(u) = held.get_mut(&(shard, id)) {
+                *u = until_ms;
+            }
+        }
+    }
+}
+
+/// Ownership of one taken entry. See the module docs.
+#[derive(Debug)]
+pub(super) struct Lease {
+    set: Arc<LeaseSet>,
+    key: Option<EntryKey>,
+}
+
+impl Lease {
+    /// The entry: (shard, stream entry id).
+    pub(super) fn key(&self) -> (u16, &str) {
+        match &self.key {
+            Some((shard, id)) => (*shard, id),
+            None => (0, ""),
+        }
+    }
+
+    /// Stops extending the entry: its owner is about to settle it.
+    pub(super) fn release(mut self) {
+        if let Some(k) = self.key.take() {
+            self.set.lock().remove(&k);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(k) = self.key.take() {
+            self.set.lock().remove(&k);
+        }
+    }
+}
+
+/// Extends the leases of every held entry every third of the visibility timeout, one
+/// `extend.lua` call per shard.
 pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
     let every = s.opts.visibility_timeout / 3;
     loop {
@@ -14,27 +114,54 @@ pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
             _ = tokio::time::sleep(every) => {}
             _ = stop.cancelled() => return,
         }
-        let in_flight = s.in_flight.lock().await;
-        if in_flight.is_empty() {
+        let snapshot = s.leases.snapshot();
+        if snapshot.is_empty() {
             continue;
         }
         let until = s.client.now_ms() + ms(s.opts.visibility_timeout);
-        let mut by_shard: HashMap<u16, Vec<&str>> = HashMap::new();
-        for (shard, id) in in_flight.iter() {
-            by_shard.entry(*shard).or_default().push(id);
-        }
-        let mut conn = s.client.connection();
-        for (shard, ids) in by_shard {
-            // XX: only entries still leased; an acked or re-timed entry is left alone.
-            let mut cmd = redis::cmd("ZADD");
-            cmd.arg(s.shards[usize::from(shard)].timers(&s.group))
-                .arg("XX");
-            for id in ids {
-                cmd.arg(until).arg(id);
+        let calls = snapshot.into_iter().map(|(shard, held)| {
+            let mut conn = s.client.connection();
+            let key = s.shards[usize::from(shard)].timers(&s.group);
+            async move {
+                let r = scripts::extend(&mut conn, &key, until, &held).await;
+                (shard, r)
             }
-            if let Err(e) = cmd.query_async::<i64>(&mut conn).await {
-                tracing::warn!(error = %e, "extending leases failed; retrying next round");
+        });
+        for (shard, r) in futures_util::future::join_all(calls).await {
+            match r {
+                Ok(ids) => s.leases.extended(shard, ids, until),
+                Err(e) => {
+                    tracing::warn!(error = %e, "extending leases failed; retrying next round")
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_leaves_the_set_when_released_or_dropped() {
+        let set = Arc::new(LeaseSet::default());
+        let a = set.hold(0, "1-0", 10);
+        let b = set.hold(1, "2-0", 10);
+        assert_eq!(set.len(), 2);
+        a.release();
+        assert_eq!(set.len(), 1);
+        drop(b); // e.g. a task that panicked
+        assert_eq!(set.len(), 0);
+    }
+
+    #[test]
+    fn only_held_entries_record_an_extension() {
+        let set = Arc::new(LeaseSet::default());
+        let a = set.hold(0, "1-0", 10);
+        set.extended(0, vec!["1-0".into(), "9-0".into()], 20);
+        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 20)]);
+        a.release();
+        set.extended(0, vec!["1-0".into()], 30);
+        assert!(set.snapshot().is_empty());
     }
 }

@@ -37,9 +37,8 @@ use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::engine::retry::until_ok;
 use crate::error::Result;
 use entry::default_consumer_name;
-use std::collections::HashSet;
 use std::sync::Arc;
-use tokio::sync::{Mutex, Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -49,24 +48,26 @@ pub struct Worker<H> {
 }
 
 /// What the worker's tasks share.
-pub(super) struct Shared<H> {
-    pub(super) client: Client,
-    pub(super) queue: QueueName,
-    pub(super) group: String,
-    pub(super) consumer: String,
-    pub(super) shards: Vec<ShardKeys>,
-    pub(super) handler: H,
-    pub(super) hooks: Arc<dyn Hooks>,
-    pub(super) opts: WorkerOptions,
-    pub(super) stats: Arc<WorkerStats>,
-    /// Entries being handled, by (shard, entry id): their leases are extended. A tokio mutex,
-    /// held while a lease or retry command is sent, so an extension can never overwrite the
-    /// retry time of an entry that just failed.
-    pub(super) in_flight: Mutex<HashSet<(u16, String)>>,
+struct Shared<H> {
+    client: Client,
+    queue: QueueName,
+    group: String,
+    consumer: String,
+    shards: Vec<ShardKeys>,
+    handler: H,
+    hooks: Arc<dyn Hooks>,
+    opts: WorkerOptions,
+    stats: Arc<WorkerStats>,
+    /// The entries this worker holds (running or waiting for a slot): their leases are
+    /// extended. Each is owned by one [`lease::Lease`], held by the task that settles it.
+    leases: Arc<lease::LeaseSet>,
+    /// Cancelled when the worker stops taking entries: prefetched entries still waiting for
+    /// a slot are then left to their lease instead of being started.
+    stopping: CancellationToken,
     /// Handler slots.
-    pub(super) sem: Arc<Semaphore>,
+    sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
-    pub(super) taken: Arc<Semaphore>,
+    taken: Arc<Semaphore>,
 }
 
 impl<H> std::fmt::Debug for Worker<H> {
@@ -106,7 +107,8 @@ impl<H: Handler> Worker<H> {
                 taken: Arc::new(Semaphore::new(opts.taken_limit())),
                 opts,
                 stats: Arc::new(WorkerStats::default()),
-                in_flight: Mutex::new(HashSet::new()),
+                leases: Arc::default(),
+                stopping: CancellationToken::new(),
             }),
         })
     }
@@ -151,7 +153,7 @@ impl<H: Handler> Worker<H> {
         }
         tracing::info!(queue = %s.queue, group = %s.group, consumer = %s.consumer, "worker started");
 
-        let (ack_tx, ack_rx) = mpsc::unbounded_channel::<(u16, String)>();
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel::<lease::Lease>();
         let acker = tokio::spawn(settle::ack_loop(s.clone(), ack_rx));
         // Background loops stop on their own token once handlers are done, or when this
         // future is dropped (the guard cancels it).
@@ -167,6 +169,7 @@ impl<H: Handler> Worker<H> {
         };
         let readers = spawn_readers(&s, &ack_tx, &reading);
         reading.cancelled().await;
+        s.stopping.cancel();
 
         // Shutdown: no more reads or reclaims; let in-flight handlers finish within the grace.
         let mut task_sets = Vec::new();
@@ -194,7 +197,7 @@ impl<H: Handler> Worker<H> {
 /// a cluster, where a multi-key read must stay in one slot.
 fn spawn_readers<H: Handler>(
     s: &Arc<Shared<H>>,
-    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
+    ack_tx: &settle::AckSender,
     reading: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<JoinSet<()>>> {
     let shard_sets: Vec<Vec<ShardKeys>> = if s.client.is_cluster() {

@@ -14,7 +14,7 @@ pub struct WorkerOptions {
     pub handler_timeout: Duration,
     /// How long one blocking read waits (default 1 s). Shutdown waits for the read in flight.
     pub block: Duration,
-    /// How long shutdown waits for in-flight handlers (default 30 s); those still running
+    /// How long shutdown waits for in-flight handlers (default 10 s); those still running
     /// then are abandoned and their entries stay pending (reclaimed after their lease).
     pub shutdown_grace: Duration,
     /// The consumer name (default `<host>-<pid>-<random>`).
@@ -44,7 +44,7 @@ impl Default for WorkerOptions {
             concurrency: 16,
             handler_timeout: Duration::from_secs(30),
             block: Duration::from_secs(1),
-            shutdown_grace: Duration::from_secs(30),
+            shutdown_grace: Duration::from_secs(10),
             consumer: None,
             max_attempts: 10,
             backoff: Backoff::default(),

@@ -2,7 +2,7 @@
 //! blocking `XREAD` on a connection of their own.
 
 use super::entry::{Taken, as_string, ensure_groups, entries_of, is_nogroup, ms, to_taken};
-use super::settle::spawn_process;
+use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
 use crate::engine::keys::ShardKeys;
@@ -12,7 +12,7 @@ use crate::error::{Error, RedisContext, Result};
 use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{OwnedSemaphorePermit, mpsc};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 pub(super) async fn reader_loop<H: Handler>(
     s: Arc<Shared<H>>,
     shards: Vec<ShardKeys>,
-    ack_tx: mpsc::UnboundedSender<(u16, String)>,
+    ack_tx: AckSender,
     cancel: CancellationToken,
 ) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
@@ -47,7 +47,7 @@ pub(super) async fn reader_loop<H: Handler>(
         for t in taken {
             // A read never returns more entries than it was given permits for.
             let Some(permit) = permits.pop() else { break };
-            spawn_process(&mut tasks, &s, &ack_tx, t, permit).await;
+            spawn_process(&mut tasks, &s, &ack_tx, t, permit);
         }
     }
     tasks
@@ -112,7 +112,13 @@ impl<'a, H: Handler> Reader<'a, H> {
     /// Nothing known to be waiting: block until a shard has a new entry (or the block time
     /// passes: then look at every shard once, e.g. after a restart of Redis).
     async fn wait(&mut self, cancel: &CancellationToken) {
-        match wait_for_new(self.s, self.shards, &mut self.conn, &self.last_ids).await {
+        let waited = tokio::select! {
+            r = wait_for_new(self.s, self.shards, &mut self.conn, &self.last_ids) => r,
+            // Leaves a reply in flight on the dedicated connection, which is dropped with
+            // the reader.
+            _ = cancel.cancelled() => return,
+        };
+        match waited {
             Ok(ready) if ready.is_empty() => self.to_read = self.all(),
             Ok(ready) => self.to_read = ready,
             Err(e) => {
@@ -203,7 +209,9 @@ async fn take_new<H: Handler>(
             let got = entries.len();
             let taken = entries
                 .into_iter()
-                .filter_map(|(entry_id, fields)| to_taken(s, keys.shard, &entry_id, fields, 1))
+                .map(|(entry_id, fields)| {
+                    to_taken(s, keys.shard, &entry_id, fields, 1, lease_until)
+                })
                 .collect();
             Ok((taken, got, last))
         }

@@ -2,14 +2,13 @@
 //! backoff elapsed) with `reclaim.lua`.
 
 use super::entry::{Fields, claimed_entries, ms, to_taken};
-use super::settle::process;
+use super::settle::{AckSender, process_guarded};
 use super::{Handler, Shared};
 use crate::engine::keys::ShardKeys;
 use crate::engine::scripts;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 /// shutdown can wait for them (and abort them after the grace).
 pub(super) async fn reclaim_loop<H: Handler>(
     s: Arc<Shared<H>>,
-    ack_tx: mpsc::UnboundedSender<(u16, String)>,
+    ack_tx: AckSender,
     cancel: CancellationToken,
 ) -> JoinSet<()> {
     let mut handles: JoinSet<()> = JoinSet::new();
@@ -50,7 +49,9 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 next_look = now;
                 break;
             }
-            let Some((claimed, next)) = claim(&s, keys, now, permits.len()).await else {
+            let lease_until = now + ms(s.opts.visibility_timeout);
+            let Some((claimed, next)) = claim(&s, keys, now, lease_until, permits.len()).await
+            else {
                 continue;
             };
             if let Some(n) = next {
@@ -61,17 +62,12 @@ pub(super) async fn reclaim_loop<H: Handler>(
             }
             for (entry_id, fields, count) in claimed {
                 s.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
-                let Some(t) = to_taken(&s, keys.shard, &entry_id, Some(fields), count) else {
-                    continue;
-                };
+                // A claim never returns more entries than there are permits.
                 let Some(permit) = permits.pop() else { break };
-                s.in_flight
-                    .lock()
-                    .await
-                    .insert((keys.shard, entry_id.clone()));
+                let t = to_taken(&s, keys.shard, &entry_id, Some(fields), count, lease_until);
                 let (s2, ack_tx) = (s.clone(), ack_tx.clone());
                 handles.spawn(async move {
-                    process(&s2, &ack_tx, t).await;
+                    process_guarded(&s2, &ack_tx, t).await;
                     drop(permit);
                 });
             }
@@ -85,9 +81,9 @@ async fn claim<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
     now: i64,
+    lease_until: i64,
     count: usize,
 ) -> Option<(Vec<(String, Fields, u32)>, Option<i64>)> {
-    let lease_until = now + ms(s.opts.visibility_timeout);
     let mut conn = s.client.connection();
     let r = scripts::reclaim(
         &mut conn,

@@ -1,6 +1,7 @@
 //! Running a handler and settling its entry: ack (batched), retry or dead letter.
 
 use super::entry::{Taken, ms};
+use super::lease::Lease;
 use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
 use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
@@ -15,46 +16,68 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
 
-pub(super) async fn spawn_process<H: Handler>(
+/// Spawns the task that owns `t` until it is settled: it waits for a handler slot (the
+/// entry's lease is extended meanwhile), handles it and settles it. A panic anywhere in that
+/// path drops the lease unsettled, so the entry comes due again when its lease runs out.
+/// Entries still waiting for a slot when the worker stops are left to their lease.
+pub(super) fn spawn_process<H: Handler>(
     tasks: &mut JoinSet<()>,
     s: &Arc<Shared<H>>,
-    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
+    ack_tx: &AckSender,
     t: Taken,
     permit: OwnedSemaphorePermit,
 ) {
-    s.in_flight
-        .lock()
-        .await
-        .insert((t.delivery.shard, t.delivery.entry_id.clone()));
     let (s, ack_tx) = (s.clone(), ack_tx.clone());
     tasks.spawn(async move {
         // `permit` holds the entry's place among those taken; wait for a handler slot.
-        if let Ok(slot) = s.sem.clone().acquire_owned().await {
-            process(&s, &ack_tx, t).await;
+        let slot = tokio::select! {
+            slot = s.sem.clone().acquire_owned() => slot.ok(),
+            _ = s.stopping.cancelled() => None,
+        };
+        if let Some(slot) = slot {
+            process_guarded(&s, &ack_tx, t).await;
             drop(slot);
         }
         drop(permit);
     });
 }
 
+/// [`process`], with a panic in the settling path (a hook, a bug) caught and logged: the
+/// entry's lease is dropped unsettled and it is delivered again after its lease.
+pub(super) async fn process_guarded<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
+    let entry = t.delivery.entry_id.clone();
+    if AssertUnwindSafe(process(s, ack_tx, t))
+        .catch_unwind()
+        .await
+        .is_err()
+    {
+        s.stats.panicked.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(%entry, group = %s.group, "panic while settling an entry; it is retried when its lease runs out");
+    }
+}
+
 /// Handles one entry and settles it: ack, retry or dead letter.
-pub(super) async fn process<H: Handler>(
-    s: &Shared<H>,
-    ack_tx: &mpsc::UnboundedSender<(u16, String)>,
-    t: Taken,
-) {
-    let key = (t.delivery.shard, t.delivery.entry_id.clone());
-    if let Some(g) = &t.for_group
+async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
+    let Taken {
+        delivery: d,
+        for_group,
+        bad,
+        lease,
+    } = t;
+    if let Some(reason) = bad {
+        lease.release();
+        settle_dead(s, &d, &reason, false).await;
+        return;
+    }
+    if let Some(g) = &for_group
         && *g != s.group
     {
         // A dead-letter replay for another group: not ours to handle.
         s.stats.skipped.fetch_add(1, Ordering::Relaxed);
         handled_metric(s, "skipped");
-        s.in_flight.lock().await.remove(&key);
-        let _ = ack_tx.send(key);
+        let _ = ack_tx.send(lease);
         return;
     }
-    let d = t.delivery;
     let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
     telemetry::lateness(s.queue.as_str(), &s.group, late_s);
     let outcome = if d.attempt > s.opts.max_attempts {
@@ -68,31 +91,42 @@ pub(super) async fn process<H: Handler>(
     };
     match outcome {
         Ok(()) => {
-            s.in_flight.lock().await.remove(&key);
             handled_metric(s, "success");
-            s.hooks.on_success(&d);
-            // The acker outlives every task; a closed channel means shutdown already gave up
-            // on this entry, which then stays pending and is delivered again.
-            let _ = ack_tx.send(key);
+            hook(s, "on_success", || s.hooks.on_success(&d));
+            // The lease travels with the ack and is released once XACK is done. The acker
+            // outlives every task; a closed channel means shutdown already gave up on this
+            // entry, which then stays pending and is delivered again.
+            let _ = ack_tx.send(lease);
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
+            lease.release();
             settle_retry(s, &d, &message, delay).await;
         }
         Err(HandlerError::Retry { message, .. } | HandlerError::Permanent { message }) => {
-            settle_dead(s, &d, &message).await;
+            lease.release();
+            settle_dead(s, &d, &message, true).await;
         }
     }
 }
 
+/// Runs a hook; a panic in it is logged and otherwise ignored (the entry is settled all the
+/// same).
+fn hook<H>(s: &Shared<H>, name: &'static str, f: impl FnOnce()) {
+    if std::panic::catch_unwind(AssertUnwindSafe(f)).is_err() {
+        s.stats.panicked.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(group = %s.group, hook = name, "hook panicked; settling the entry anyway");
+    }
+}
+
 /// A failed attempt with attempts left: `retry.lua` moves the entry's timer to the next
-/// attempt.
+/// attempt. The caller released the lease.
 async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Duration) {
     handled_metric(s, "retry");
-    s.hooks.on_failure(d, message, Some(delay));
+    hook(s, "on_failure", || {
+        s.hooks.on_failure(d, message, Some(delay))
+    });
     let keys = &s.shards[usize::from(d.shard)];
-    let mut in_flight = s.in_flight.lock().await;
-    in_flight.remove(&(d.shard, d.entry_id.clone()));
     let at = s.client.now_ms() + ms(delay);
     let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
     let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
@@ -100,7 +134,6 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
         async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at).await }
     })
     .await;
-    drop(in_flight);
     match r {
         Ok(true) => {
             s.stats.retried.fetch_add(1, Ordering::Relaxed);
@@ -112,15 +145,14 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
     }
 }
 
-/// A permanent failure or the last attempt: `dead.lua` moves the entry to the dead-letter
-/// stream and acknowledges it.
-async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str) {
-    s.hooks.on_failure(d, message, None);
+/// A permanent failure, the last attempt, or an entry that cannot be handled: `dead.lua`
+/// moves the entry to the dead-letter stream and acknowledges it. Hooks run only for
+/// entries a handler saw. The caller released the lease.
+async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool) {
+    if hooks {
+        hook(s, "on_failure", || s.hooks.on_failure(d, message, None));
+    }
     let keys = &s.shards[usize::from(d.shard)];
-    s.in_flight
-        .lock()
-        .await
-        .remove(&(d.shard, d.entry_id.clone()));
     let args = DeadArgs {
         group: &s.group,
         consumer: &s.consumer,
@@ -140,8 +172,10 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str) {
             s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             handled_metric(s, "dead");
             telemetry::dead_lettered(s.queue.as_str(), &s.group);
-            tracing::warn!(id = %d.id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
-            s.hooks.on_dead(d, message);
+            tracing::warn!(id = %d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
+            if hooks {
+                hook(s, "on_dead", || s.hooks.on_dead(d, message));
+            }
         }
         Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
         Err(e) => {
@@ -190,12 +224,13 @@ pub(super) async fn run_handler<H: Handler>(
 
 /// Acknowledges entries in batches until every sender is gone. A failed ack is retried; an
 /// entry whose ack is finally given up on stays pending (delivered again, never lost).
-pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<(u16, String)>) {
+pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Lease>) {
     let mut buf = Vec::with_capacity(1024);
     while rx.recv_many(&mut buf, 1024).await > 0 {
         let mut by_shard: HashMap<u16, Vec<String>> = HashMap::new();
-        for (shard, id) in buf.drain(..) {
-            by_shard.entry(shard).or_default().push(id);
+        for lease in &buf {
+            let (shard, id) = lease.key();
+            by_shard.entry(shard).or_default().push(id.to_owned());
         }
         for (shard, ids) in by_shard {
             let keys = &s.shards[usize::from(shard)];
@@ -231,5 +266,10 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                 ),
             }
         }
+        // Acknowledged (or given up on): the leases end here.
+        buf.clear();
     }
 }
+
+/// Where settled-successfully entries go to be acknowledged in batches, with their leases.
+pub(super) type AckSender = mpsc::UnboundedSender<Lease>;

@@ -43,12 +43,16 @@ pub enum HandlerKind {
 const RENAMES: &[(&str, &str)] = &[("handler_timeout", "timeout")];
 
 /// Checks every `[[handlers]]` entry; a queue and group may appear once.
-pub(super) fn check_all(list: &[HandlerConfig]) -> Result<Vec<HandlerSpec>, ConfigError> {
+pub(super) fn check_all(
+    list: &[HandlerConfig],
+    shutdown_grace: std::time::Duration,
+) -> Result<Vec<HandlerSpec>, ConfigError> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(list.len());
     for (i, h) in list.iter().enumerate() {
         let prefix = format!("handlers[{i}]");
-        let spec = check_one(&prefix, h)?;
+        let mut spec = check_one(&prefix, h)?;
+        spec.worker = spec.worker.shutdown_grace(shutdown_grace);
         if !seen.insert((h.queue.clone(), h.group.clone())) {
             return Err(ConfigError::at(
                 format!("{prefix}.group"),

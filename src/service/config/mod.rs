@@ -56,6 +56,8 @@ pub struct Settings {
     pub handlers: Vec<HandlerSpec>,
     /// Every queue to dispatch (handlers' and extra), sorted, unique.
     pub queues: Vec<String>,
+    /// How long shutdown waits for running handlers (every worker's `shutdown_grace`).
+    pub shutdown_grace: Duration,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
 }
@@ -156,7 +158,9 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         QueueName::new(q).map_err(|e| ConfigError::at(format!("queues[{i}]"), e))?;
         queues.push(q.clone());
     }
-    let handlers = handlers::check_all(&config.handlers)?;
+    let shutdown_grace = duration("shutdown_grace", config.shutdown_grace.as_deref())?
+        .unwrap_or(crate::engine::worker::WorkerOptions::default().shutdown_grace);
+    let handlers = handlers::check_all(&config.handlers, shutdown_grace)?;
     queues.extend(handlers.iter().map(|h| h.queue.clone()));
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
     if let Some(r) = &reconciliation {
@@ -172,6 +176,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         housekeeping,
         handlers,
         queues,
+        shutdown_grace,
         reconciliation,
     })
 }

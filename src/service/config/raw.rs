@@ -21,6 +21,9 @@ pub struct Config {
     pub durability: String,
     /// Extra queues to dispatch (queues of handlers are dispatched anyway).
     pub queues: Vec<String>,
+    /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
+    /// this plus a moment, whatever the backlog.
+    pub shutdown_grace: Option<String>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -42,6 +45,7 @@ impl Default for Config {
             max_payload_bytes: None,
             durability: "leader".into(),
             queues: Vec::new(),
+            shutdown_grace: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
