@@ -96,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = format!("dq-example-{}", std::process::id());
     let client =
         Client::connect_with(&redis_url, ClientOptions::default().namespace(&namespace)).await?;
+    client.create_queue(QUEUE, 1).await?;
     let tag = std::process::id();
 
     let a = format!("co-{tag}-a");

@@ -50,6 +50,40 @@ pub enum Error {
         /// The scheduler's message.
         detail: String,
     },
+    /// The queue is not registered (create it first: `Client::create_queue`, `delayq queue
+    /// create`, `PUT /v1/queues/{q}`, or a `delayq serve` that dispatches it). Nothing was
+    /// written.
+    #[error("queue {queue:?} does not exist (create it first: delayq queue create {queue})")]
+    QueueNotFound {
+        /// The queue.
+        queue: String,
+    },
+    /// The queue is registered with another shard count; the count is fixed at creation.
+    #[error(
+        "queue {queue:?} was created with {existing} shards, not {wanted} (the shard count of a queue is fixed at creation)"
+    )]
+    ShardMismatch {
+        /// The queue.
+        queue: String,
+        /// Its registered count.
+        existing: u16,
+        /// The count asked for.
+        wanted: u16,
+    },
+    /// A delete without `force` of a queue that still holds work.
+    #[error(
+        "queue {queue:?} is not empty: {scheduled} scheduled, {pending} pending, {dead} dead (use force to delete it anyway)"
+    )]
+    QueueNotEmpty {
+        /// The queue.
+        queue: String,
+        /// Orders scheduled.
+        scheduled: u64,
+        /// Entries pending in some group.
+        pending: u64,
+        /// Dead letters.
+        dead: u64,
+    },
     /// A durable schedule reached the leader but not enough replicas in time. The order is
     /// on the leader and may still fire; retrying the schedule is safe (idempotent).
     #[error(

@@ -115,6 +115,7 @@ async fn schedule_get_cancel() {
 async fn invalid_input_exits_2_names_the_problem_and_writes_nothing() {
     let (s, client) = start().await;
     let url = s.url();
+    let before = support::snapshot(&client).await;
     let cases: &[(&[&str], &str)] = &[
         (&["schedule", "bad:queue", "o", "--in", "1s"], "queue"),
         (&["schedule", "q", "", "--in", "1s"], "id"),
@@ -150,8 +151,11 @@ async fn invalid_input_exits_2_names_the_problem_and_writes_nothing() {
             o.stderr
         );
     }
-    let n: i64 = raw(&client, &["DBSIZE"]).await;
-    assert_eq!(n, 0, "invalid input wrote something");
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "invalid input wrote something"
+    );
 }
 
 #[tokio::test]
@@ -191,7 +195,8 @@ async fn stats_as_json_and_table() {
     assert_eq!(o.code, 0, "{}", o.stderr);
     let j = o.json();
     let queues = j["queues"].as_array().unwrap();
-    assert_eq!(queues.len(), 2);
+    // Every registered queue (the test declared three), the empty one too.
+    assert_eq!(queues.len(), support::QUEUES.len());
     let q = queues.iter().find(|q| q["queue"] == "order-close").unwrap();
     assert_eq!(
         (q["scheduled"].clone(), q["overdue"].clone()),
@@ -456,6 +461,72 @@ async fn bench_reports_every_field_and_loses_nothing() {
             .contains("raw pipelined ZADD")
     );
     // It cleaned up after itself.
-    let n: i64 = raw(&client, &["DBSIZE"]).await;
-    assert_eq!(n, 0);
+    assert_eq!(support::data_keys(&client).await, 0);
+}
+
+#[tokio::test]
+async fn queues_are_created_listed_and_deleted_and_every_verb_sees_every_shard() {
+    let (s, client) = start().await;
+    let url = s.url();
+    // An unknown queue: exit 1, one line naming it, nothing written.
+    let before = support::snapshot(&client).await;
+    for args in [
+        &["schedule", "typo-queue", "o1", "--in", "1s"][..],
+        &["get", "typo-queue", "o1"],
+        &["cancel", "typo-queue", "o1"],
+        &["stats", "typo-queue"],
+        &["dead", "list", "typo-queue"],
+        &["queue", "delete", "typo-queue"],
+    ] {
+        let o = run(&url, args);
+        assert_eq!(o.code, 1, "{args:?}: {} {}", o.stdout, o.stderr);
+        assert!(o.stderr.contains("typo-queue"), "{args:?}: {}", o.stderr);
+        assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr);
+    }
+    assert_eq!(support::snapshot(&client).await, before);
+
+    let o = run(&url, &["queue", "create", "wide", "--shards", "8"]);
+    assert_eq!(
+        (o.code, o.json()),
+        (0, json!({"queue": "wide", "shards": 8, "created": true}))
+    );
+    let o = run(&url, &["queue", "create", "wide", "--shards", "8"]);
+    assert_eq!((o.code, o.json()["created"].clone()), (0, json!(false)));
+    let o = run(&url, &["queue", "create", "wide", "--shards", "2"]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = run(&url, &["queue", "list"]);
+    assert_eq!(o.code, 0);
+    let listed: Vec<Value> = o
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        listed.contains(&json!({"queue": "wide", "shards": 8, "paused": false})),
+        "{listed:?}"
+    );
+
+    // The CLI reads the shard count from the registry: all 8 shards are seen.
+    for i in 0..40 {
+        let o = run(&url, &["schedule", "wide", &format!("o{i}"), "--in", "1h"]);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    }
+    let shards_used: std::collections::HashSet<u16> = (0..40)
+        .map(|i| delayq::engine::keys::shard_of(&format!("o{i}"), 8))
+        .collect();
+    assert!(shards_used.len() > 4);
+    let o = run(&url, &["stats", "wide", "--json"]);
+    assert_eq!(o.json()["queues"][0]["scheduled"], json!(40));
+    for i in 0..40 {
+        let o = run(&url, &["get", "wide", &format!("o{i}")]);
+        assert_eq!(o.code, 0, "o{i}: {}", o.stderr);
+    }
+
+    // Delete: refused while it holds work (exit 2), then forced.
+    let o = run(&url, &["queue", "delete", "wide"]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    let o = run(&url, &["queue", "delete", "wide", "--force"]);
+    assert_eq!((o.code, o.json()["scheduled"].clone()), (0, json!(40)));
+    let o = run(&url, &["stats", "wide"]);
+    assert_eq!(o.code, 1);
 }

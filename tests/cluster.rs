@@ -35,6 +35,7 @@ async fn the_full_flow_runs_on_a_cluster() {
     let client = Client::connect_with(&cluster.url(), ClientOptions::default().shards(4))
         .await
         .unwrap();
+    support::declare_queues(&client).await;
     assert!(client.is_cluster());
     let close = Recorder::default();
     let notify = Recorder::default();
@@ -121,6 +122,7 @@ async fn a_master_killed_mid_run_loses_no_durably_acknowledged_schedule() {
     let client = Client::connect_with(&url, ClientOptions::default().shards(3).durability(durable))
         .await
         .unwrap();
+    support::declare_queues(&client).await;
     let rec = Recorder::default();
     let cancel = CancellationToken::new();
     let w = Worker::new(

@@ -35,6 +35,7 @@ async fn replicated_schedules_wait_for_a_replica() {
     let client = Client::connect_with(&master.url(), ClientOptions::default().durability(durable))
         .await
         .unwrap();
+    support::declare_queues(&client).await;
     let orders: Vec<NewOrder> = (0..500)
         .map(|i| NewOrder::new(format!("o{i}"), When::in_ms(60_000), json!(i)))
         .collect();

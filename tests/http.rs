@@ -112,7 +112,7 @@ async fn messages_put_get_delete() {
     let (st, v) = call(&r, "GET", "/v1/queues", None, t).await;
     assert_eq!(
         (st, v),
-        (StatusCode::OK, json!({"queues": ["order-close"]}))
+        (StatusCode::OK, json!({"queues": support::QUEUES_SORTED}))
     );
     let (st, v) = call(&r, "GET", "/v1/queues/order-close/stats", None, t).await;
     assert_eq!(st, StatusCode::OK);
@@ -245,8 +245,11 @@ async fn bad_input_is_400_with_a_code_and_writes_nothing() {
     )
     .await;
     assert_eq!((st, code(&v)), (StatusCode::BAD_REQUEST, "batch_too_large"));
-    let n: i64 = raw(&client, &["DBSIZE"]).await;
-    assert_eq!(n, 0, "a rejected request wrote something");
+    assert_eq!(
+        support::data_keys(&client).await,
+        0,
+        "a rejected request wrote something"
+    );
 }
 
 #[tokio::test]
@@ -379,4 +382,147 @@ async fn an_id_that_was_already_dispatched_is_created_anew() {
         (st, v["outcome"].clone()),
         (StatusCode::CREATED, json!("created"))
     );
+}
+
+#[tokio::test]
+async fn queues_are_declared_objects() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    // Nothing goes into a queue nobody declared: 404 queue_not_found, nothing written.
+    let before = support::snapshot(&client).await;
+    let typo = "/v1/queues/typo-queue";
+    for (m, uri, body) in [
+        (
+            "PUT",
+            format!("{typo}/messages/o1"),
+            Some(json!({"delay_ms": 1})),
+        ),
+        ("GET", format!("{typo}/messages/o1"), None),
+        ("DELETE", format!("{typo}/messages/o1"), None),
+        (
+            "POST",
+            format!("{typo}/messages:batch"),
+            Some(json!({"messages": [{"id": "a", "delay_ms": 1}]})),
+        ),
+        ("GET", format!("{typo}/stats"), None),
+        ("GET", format!("{typo}/dead"), None),
+        (
+            "POST",
+            format!("{typo}/dead/replay"),
+            Some(json!({"all": true})),
+        ),
+        ("DELETE", typo.to_owned(), None),
+    ] {
+        let (st, v) = call(&r, m, &uri, body, None).await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::NOT_FOUND, "queue_not_found"),
+            "{m} {uri}: {v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("typo-queue"),
+            "{v}"
+        );
+    }
+    assert_eq!(support::snapshot(&client).await, before);
+
+    // Create: 201, then 200 with the same count, 409 with another.
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/fresh",
+        Some(json!({"shards": 2})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, v),
+        (
+            StatusCode::CREATED,
+            json!({"queue": "fresh", "shards": 2, "created": true})
+        )
+    );
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/fresh",
+        Some(json!({"shards": 2})),
+        None,
+    )
+    .await;
+    assert_eq!((st, v["created"].clone()), (StatusCode::OK, json!(false)));
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/fresh",
+        Some(json!({"shards": 3})),
+        None,
+    )
+    .await;
+    assert_eq!((st, code(&v)), (StatusCode::CONFLICT, "shard_mismatch"));
+    let (st, v) = call(&r, "PUT", "/v1/queues/a..b", Some(json!({})), None).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    let (_, v) = call(&r, "GET", "/v1/queues", None, None).await;
+    assert!(
+        v["queues"].as_array().unwrap().contains(&json!("fresh")),
+        "{v}"
+    );
+
+    // Every shard is seen: orders spread over both shards are all counted.
+    for i in 0..20 {
+        let uri = format!("/v1/queues/fresh/messages/o{i}");
+        let (st, _) = call(&r, "PUT", &uri, Some(json!({"delay_ms": 600_000})), None).await;
+        assert_eq!(st, StatusCode::CREATED);
+    }
+    let (_, v) = call(&r, "GET", "/v1/queues/fresh/stats", None, None).await;
+    assert_eq!(v["queues"][0]["scheduled"], json!(20));
+
+    // Delete: refused while it holds work, then forced.
+    let (st, v) = call(&r, "DELETE", "/v1/queues/fresh", None, None).await;
+    assert_eq!((st, code(&v)), (StatusCode::CONFLICT, "queue_not_empty"));
+    let (st, v) = call(&r, "DELETE", "/v1/queues/fresh?force=true", None, None).await;
+    assert_eq!((st, v["scheduled"].clone()), (StatusCode::OK, json!(20)));
+    let (_, v) = call(&r, "GET", "/v1/queues", None, None).await;
+    assert!(
+        !v["queues"].as_array().unwrap().contains(&json!("fresh")),
+        "{v}"
+    );
+    let keys: Vec<String> = raw(&client, &["KEYS", "*fresh*"]).await;
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[tokio::test]
+async fn extreme_delays_are_refused_not_a_panic() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let ten_years_ms: i64 = 3653 * 24 * 3600 * 1000;
+    let before = support::snapshot(&client).await;
+    for delay in [i64::MIN, i64::MAX, -1, ten_years_ms + 1] {
+        let (st, v) = call(
+            &r,
+            "PUT",
+            "/v1/queues/q/messages/o",
+            Some(json!({"delay_ms": delay})),
+            None,
+        )
+        .await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::BAD_REQUEST, "invalid_delay"),
+            "{delay}"
+        );
+    }
+    assert_eq!(support::snapshot(&client).await, before);
+    let (st, _) = call(
+        &r,
+        "PUT",
+        "/v1/queues/q/messages/o",
+        Some(json!({"delay_ms": ten_years_ms})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
 }

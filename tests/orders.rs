@@ -282,6 +282,7 @@ async fn a_database_outage_is_retried_then_the_order_closes() {
         w.ensure_groups().await.unwrap();
         let stats = w.stats();
         let hw = tokio::spawn(w.run(stop.clone()));
+        client.create_queue(q, 1).await.unwrap();
         let hd = tokio::spawn(
             Dispatcher::new(&client, q, DispatcherOptions::default())
                 .unwrap()

@@ -295,6 +295,7 @@ async fn serve_closes_orders_in_the_database_and_reconciles_lost_events() {
     let t = support::db::TestDb::sqlite();
     let orders = delayq::Orders::new(t.migrated().await);
     let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    client.create_queue("order-close", 1).await.unwrap();
     let now = client.now_ms();
     // due: an unpaid order whose close event is scheduled; paid: paid, but its cancel was
     // lost; orphan: committed, expired, and its event never scheduled.

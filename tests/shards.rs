@@ -6,8 +6,8 @@ mod support;
 
 use delayq::engine::keys::shard_of;
 use delayq::{
-    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Mode, NewOrder, When, Worker,
-    WorkerOptions,
+    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Error, Mode, NewOrder, When,
+    Worker, WorkerOptions,
 };
 use serde_json::json;
 use support::{raw, start_with};
@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 const Q: &str = "order-close";
 
 #[tokio::test]
-async fn a_client_with_another_shard_count_is_refused() {
+async fn the_registry_holds_the_shard_count_and_unknown_queues_are_refused() {
     let (s, four) = start_with(ClientOptions::default().shards(4)).await;
     four.schedule(Q, "o1", When::in_ms(60_000), json!(1))
         .await
@@ -24,19 +24,47 @@ async fn a_client_with_another_shard_count_is_refused() {
     let stored: String = raw(&four, &["HGET", "{dq}:queue:order-close", "shards"]).await;
     assert_eq!(stored, "4");
 
+    // A producer configured with another count uses the registered one: it sees every
+    // shard, never a subset.
     let eight = Client::connect_with(&s.url(), ClientOptions::default().shards(8))
         .await
         .unwrap();
-    let e = eight
-        .schedule(Q, "o2", When::in_ms(1), json!(1))
+    eight
+        .schedule(Q, "o2", When::in_ms(60_000), json!(1))
         .await
-        .unwrap_err();
-    assert_eq!(e.as_invalid().unwrap().code(), "invalid_option");
+        .unwrap();
+    assert!(eight.get(Q, "o1").await.unwrap().is_some());
+    assert_eq!(eight.stats(Q).await.unwrap().scheduled, 2);
+    let mut sum = 0;
+    for i in 0..4 {
+        let c: i64 = raw(&four, &["ZCARD", &format!("{{dq:order-close:{i}}}:due")]).await;
+        sum += c;
+    }
+    assert_eq!(sum, 2, "both orders live in the 4 registered shards");
+
+    // Creating it again: idempotent with the same count, refused with another.
+    let again = eight.create_queue(Q, 4).await.unwrap();
+    assert!(!again.created);
+    let e = eight.create_queue(Q, 8).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::ShardMismatch {
+                existing: 4,
+                wanted: 8,
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert!(e.to_string().contains("created with 4 shards"), "{e}");
-    assert!(eight.get(Q, "o1").await.is_err());
-    assert!(eight.cancel(Q, "o1").await.is_err());
+
+    // Dispatchers and workers register with their own count, and refuse another.
     let d = Dispatcher::new(&eight, Q, DispatcherOptions::default()).unwrap();
-    assert!(d.pass().await.unwrap_err().as_invalid().is_some());
+    assert!(matches!(
+        d.pass().await.unwrap_err(),
+        Error::ShardMismatch { .. }
+    ));
     let w = Worker::new(
         &eight,
         Q,
@@ -47,20 +75,25 @@ async fn a_client_with_another_shard_count_is_refused() {
     .unwrap();
     let r = w.run(CancellationToken::new()).await;
     assert!(
-        r.unwrap_err().as_invalid().is_some(),
+        matches!(r.unwrap_err(), Error::ShardMismatch { .. }),
         "the worker refuses to start"
     );
-    // Nothing was written by the refused client.
-    let mut sum = 0;
-    for i in 0..4 {
-        let c: i64 = raw(&four, &["ZCARD", &format!("{{dq:order-close:{i}}}:due")]).await;
-        sum += c;
-    }
-    assert_eq!(sum, 1, "only o1");
-    // A queue created by nobody yet accepts any client; reads create nothing.
-    assert!(eight.get("other", "x").await.unwrap().is_none());
-    let exists: i64 = raw(&four, &["EXISTS", "{dq}:queue:other"]).await;
-    assert_eq!(exists, 0);
+
+    // An unregistered queue: every call is refused and nothing is written.
+    let before = support::snapshot(&four).await;
+    let nf = |e: Error| matches!(e, Error::QueueNotFound { ref queue } if queue == "typo-queue");
+    assert!(nf(four
+        .schedule("typo-queue", "x", When::in_ms(1), json!(1))
+        .await
+        .unwrap_err()));
+    assert!(nf(four.get("typo-queue", "x").await.unwrap_err()));
+    assert!(nf(four.cancel("typo-queue", "x").await.unwrap_err()));
+    assert!(nf(four.stats("typo-queue").await.unwrap_err()));
+    assert!(nf(four
+        .dead_list("typo-queue", None, 10)
+        .await
+        .unwrap_err()));
+    assert_eq!(support::snapshot(&four).await, before);
 }
 
 #[tokio::test]

@@ -106,6 +106,12 @@ pub enum Command {
         #[arg(long)]
         watch: bool,
     },
+    /// Queues: create (the first step of a deployment), list, delete.
+    Queue {
+        /// What to do.
+        #[command(subcommand)]
+        action: QueueAction,
+    },
     /// Dead letters: list, replay to the group that failed them, purge.
     Dead {
         /// What to do.
@@ -139,6 +145,30 @@ pub enum Command {
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,
+    },
+}
+
+/// The `queue` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum QueueAction {
+    /// Register a queue (idempotent; exit 2 if it exists with another shard count).
+    Create {
+        /// Queue name.
+        queue: String,
+        /// Shards (fixed for the queue's life).
+        #[arg(long, default_value_t = 1)]
+        shards: u16,
+    },
+    /// List the registered queues, one JSON line each.
+    List,
+    /// Delete a queue and all it holds (refused while anything is scheduled, pending or
+    /// dead, unless --force; exit 1 if unknown).
+    Delete {
+        /// Queue name.
+        queue: String,
+        /// Delete even when it holds work.
+        #[arg(long)]
+        force: bool,
     },
 }
 

@@ -179,6 +179,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
     )
     .await?;
     client.delete_namespace().await?;
+    client.create_queue(QUEUE, opts.shards).await?;
     let result = match scenario {
         "spread" => timed(&client, opts, false).await,
         "storm" => timed(&client, opts, true).await,

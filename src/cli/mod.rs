@@ -11,11 +11,12 @@ mod dead;
 pub mod demo;
 mod get;
 mod migrate;
+mod queue;
 mod schedule;
 mod serve;
 mod stats;
 
-pub use args::{Cli, Command, DeadAction};
+pub use args::{Cli, Command, DeadAction, QueueAction};
 
 use crate::error::{Error, InvalidInput};
 use serde::Serialize;
@@ -25,6 +26,8 @@ use std::process::ExitCode;
 pub(crate) enum Failure {
     /// Exit 1, printing this answer on stdout.
     NotFound(String),
+    /// Exit 1, with this message on stderr (e.g. an unknown queue).
+    Missing(String),
     /// Exit 2.
     Invalid(String),
     /// Exit 3.
@@ -42,6 +45,10 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         match e {
             Error::Invalid(i) => Failure::Invalid(i.to_string()),
+            e @ Error::QueueNotFound { .. } => Failure::Missing(e.to_string()),
+            e @ (Error::ShardMismatch { .. } | Error::QueueNotEmpty { .. }) => {
+                Failure::Invalid(e.to_string())
+            }
             other => Failure::Runtime(other.to_string()),
         }
     }
@@ -72,6 +79,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::NotFound(out)) => {
             println!("{out}");
+            ExitCode::from(1)
+        }
+        Err(Failure::Missing(msg)) => {
+            eprintln!("delayq: {msg}");
             ExitCode::from(1)
         }
         Err(Failure::Invalid(msg)) => {
@@ -106,6 +117,7 @@ async fn dispatch(cli: Cli) -> VerbResult {
             stats::run(&g, queue.as_deref(), json, watch).await
         }
         Command::Dead { action } => dead::run(&g, action).await,
+        Command::Queue { action } => queue::run(&g, action).await,
         c @ Command::Demo { .. } => demo::verb(&g, c).await,
         Command::Migrate { database_url } => migrate::run(&database_url).await,
         Command::Serve { config } => serve::run(&config).await,

@@ -16,7 +16,7 @@ use crate::engine::telemetry;
 use crate::engine::wake::WakeRegistry;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use futures_util::future::try_join_all;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -164,7 +164,8 @@ struct Inner {
     /// opened on first use, one durable batch at a time.
     durable_conn: tokio::sync::Mutex<Option<Conn>>,
     /// Queues already recorded in the `<ns>:queues` set by this client.
-    known_queues: Mutex<HashSet<String>>,
+    /// Shard counts of queues this client found in the registry (or registered).
+    pub(crate) known_queues: Mutex<HashMap<String, u16>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -228,7 +229,7 @@ impl Client {
                 redis_clock,
                 wake: WakeRegistry::default(),
                 durable_conn: tokio::sync::Mutex::new(None),
-                known_queues: Mutex::new(HashSet::new()),
+                known_queues: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -292,11 +293,11 @@ impl Client {
                     })
             })
             .collect::<Result<Vec<i64>, InvalidInput>>()?;
+        let shards = self.shards_of(&queue).await?;
         if orders.is_empty() {
             return Ok(Vec::new());
         }
-        self.ensure_queue(&queue, true).await?;
-        let calls = self.plan_enqueue(&queue, orders);
+        let calls = self.plan_enqueue(&queue, shards, orders);
         let outcomes = self
             .enqueue_calls(&calls, orders, &dues, now, mode == Mode::IfAbsent)
             .await?;
@@ -339,8 +340,12 @@ impl Client {
 
     /// Groups a batch by shard (keeping batch order within a shard) and cuts it into script
     /// calls of at most [`ENQUEUE_CHUNK_ORDERS`] orders and [`ENQUEUE_CHUNK_BYTES`] bytes.
-    fn plan_enqueue(&self, queue: &QueueName, orders: &[NewOrder]) -> Vec<(ShardKeys, Vec<usize>)> {
-        let shards = self.inner.opts.shards;
+    fn plan_enqueue(
+        &self,
+        queue: &QueueName,
+        shards: u16,
+        orders: &[NewOrder],
+    ) -> Vec<(ShardKeys, Vec<usize>)> {
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); usize::from(shards)];
         for (i, o) in orders.iter().enumerate() {
             by_shard[usize::from(shard_of(&o.id, shards))].push(i);
@@ -418,8 +423,7 @@ impl Client {
     pub async fn cancel(&self, queue: &str, id: &str) -> Result<CancelOutcome> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
-        self.ensure_queue(&queue, false).await?;
-        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
         Ok(if scripts::cancel(&mut conn, &keys, id).await? {
             telemetry::cancelled(queue.as_str());
@@ -439,8 +443,7 @@ impl Client {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let due = when.into().resolve(self.now_ms())?;
-        self.ensure_queue(&queue, false).await?;
-        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
         if scripts::reschedule(&mut conn, &keys, id, due).await? {
             self.inner.wake.scheduled(queue.as_str(), due);
@@ -454,8 +457,7 @@ impl Client {
     pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduledOrder>> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
-        self.ensure_queue(&queue, false).await?;
-        let keys = self.shard_keys(&queue, shard_of(id, self.inner.opts.shards));
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
         let (score, raw) = scripts::get(&mut conn, &keys, id).await?;
         let Some(score) = score else { return Ok(None) };
@@ -474,7 +476,7 @@ impl Client {
         }))
     }
 
-    /// Names of the queues ever scheduled into in this namespace.
+    /// Names of the registered queues of this namespace, sorted.
     pub async fn queues(&self) -> Result<Vec<String>> {
         let mut conn = self.inner.conn.clone();
         let mut names: Vec<String> = redis::cmd("SMEMBERS")
@@ -513,6 +515,7 @@ impl Client {
         let ns = self.inner.keyspace.namespace();
         let mut conn = self.inner.conn.clone();
         let mut deleted = 0;
+        self.inner_known().clear();
         for pattern in [format!("{{{ns}:*"), format!("{{{ns}}}:*")] {
             let mut cursor: u64 = 0;
             loop {
@@ -561,7 +564,9 @@ impl Client {
         &self.inner.keyspace
     }
 
-    /// The keys of every shard of `queue`.
+    /// The keys of every shard of `queue`, with this client's configured shard count (the
+    /// count dispatchers and workers register a queue with). Producer and admin calls use
+    /// the count in the registry instead.
     pub fn queue_keys(&self, queue: &QueueName) -> Vec<ShardKeys> {
         self.inner.keyspace.shards(queue, self.inner.opts.shards)
     }
@@ -587,84 +592,29 @@ impl Client {
         self.inner.redis.is_cluster()
     }
 
+    /// The shard counts this client knows (see `registry`).
+    pub(crate) fn inner_known(&self) -> std::sync::MutexGuard<'_, HashMap<String, u16>> {
+        self.inner
+            .known_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn wake(&self) -> &WakeRegistry {
         &self.inner.wake
     }
 
-    fn shard_keys(&self, queue: &QueueName, shard: u16) -> ShardKeys {
+    pub(crate) fn shard_keys(&self, queue: &QueueName, shard: u16) -> ShardKeys {
         self.inner.keyspace.shard(queue, shard)
     }
 
-    fn queues_key(&self) -> String {
+    pub(crate) fn queues_key(&self) -> String {
         format!("{{{}}}:queues", self.inner.keyspace.namespace())
     }
 
     /// The HASH recording a queue's settings (`shards`), fixed when the queue is first used.
     pub fn queue_meta_key(&self, queue: &QueueName) -> String {
         format!("{{{}}}:queue:{}", self.inner.keyspace.namespace(), queue)
-    }
-
-    /// Makes sure `queue` is usable by this client, once per client: records the queue name
-    /// and, the first time anyone uses the queue, its shard count; refuses the queue when it
-    /// was created with another shard count. With `create = false` (read paths) nothing is
-    /// written: an unknown queue passes.
-    pub(crate) async fn ensure_queue(&self, queue: &QueueName, create: bool) -> Result<()> {
-        let known = self
-            .inner
-            .known_queues
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(queue.as_str());
-        if known {
-            return Ok(());
-        }
-        let mut conn = self.inner.conn.clone();
-        let meta = self.queue_meta_key(queue);
-        let want = self.inner.opts.shards;
-        let stored: Option<u16> = if create {
-            let (_, _, stored): (i64, i64, Option<u16>) = redis::pipe()
-                .cmd("HSETNX")
-                .arg(&meta)
-                .arg("shards")
-                .arg(want)
-                .cmd("SADD")
-                .arg(self.queues_key())
-                .arg(queue.as_str())
-                .cmd("HGET")
-                .arg(&meta)
-                .arg("shards")
-                .query_async(&mut conn)
-                .await
-                .ctx("recording the queue")?;
-            stored
-        } else {
-            redis::cmd("HGET")
-                .arg(&meta)
-                .arg("shards")
-                .query_async(&mut conn)
-                .await
-                .ctx("reading the queue's settings")?
-        };
-        match stored {
-            Some(n) if n != want => Err(InvalidInput::Option {
-                name: "shards",
-                reason: format!(
-                    "queue {queue} was created with {n} shards; this client is configured with {want} \
-                     (the shard count of a queue is fixed at creation)"
-                ),
-            }
-            .into()),
-            Some(_) => {
-                self.inner
-                    .known_queues
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(queue.as_str().to_owned());
-                Ok(())
-            }
-            // Not created yet (read path): check again next time.
-            None => Ok(()),
-        }
     }
 }
 

@@ -55,7 +55,7 @@ impl Client {
         if let Some(g) = group {
             validate_member_name("group", g)?;
         }
-        let shards = self.queue_keys(&q);
+        let shards = self.registered_keys(&q).await?;
         let many = shards.len() > 1;
         let mut out = Vec::new();
         for keys in &shards {
@@ -145,7 +145,7 @@ impl Client {
         which: &Selection,
     ) -> Result<Vec<(ShardKeys, Vec<String>)>> {
         let q = QueueName::new(queue)?;
-        let shards = self.queue_keys(&q);
+        let shards = self.registered_keys(&q).await?;
         match which {
             Selection::All => {
                 let all = self.dead_list(queue, group, usize::MAX).await?;

@@ -137,7 +137,7 @@ impl Dispatcher {
     /// One pass: one `dequeue.lua` call per shard that may have due orders, with the
     /// clock's "now", all in flight together.
     pub async fn pass(&self) -> Result<Pass> {
-        self.client.ensure_queue(&self.queue, true).await?;
+        self.client.register(&self.queue).await?;
         let now = self.client.now_ms();
         let started = Instant::now();
         let mut pass = Pass::default();

@@ -120,11 +120,20 @@ impl Housekeeper {
         })
     }
 
+    /// The keys of every shard of `q` as registered; none (nothing to tend) when it is not
+    /// registered (yet, or any more).
+    async fn keys_of(&self, q: &QueueName) -> Result<Vec<crate::engine::keys::ShardKeys>> {
+        match self.client.registered_keys(q).await {
+            Err(crate::Error::QueueNotFound { .. }) => Ok(Vec::new()),
+            other => other,
+        }
+    }
+
     /// Trims every shard stream of every queue once; returns the entries removed.
     pub async fn trim(&self) -> Result<ChoreReport> {
         let mut count = 0;
         for q in &self.queues {
-            for keys in self.client.queue_keys(q) {
+            for keys in self.keys_of(q).await? {
                 count += scripts::trim(&mut self.client.connection(), &keys).await?;
             }
         }
@@ -136,7 +145,7 @@ impl Housekeeper {
         let idle = i64::try_from(self.opts.consumer_max_idle.as_millis()).unwrap_or(i64::MAX);
         let mut count = 0;
         for q in &self.queues {
-            for keys in self.client.queue_keys(q) {
+            for keys in self.keys_of(q).await? {
                 count += scripts::remove_idle_consumers(&mut self.client.connection(), &keys, idle)
                     .await?;
             }

@@ -42,6 +42,9 @@ fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("must not be empty".into());
     }
+    if name == "." || name == ".." {
+        return Err(format!("{name:?} is reserved"));
+    }
     if name.len() > MAX_NAME_LEN {
         return Err(format!(
             "must be at most {MAX_NAME_LEN} bytes, got {}",
@@ -174,6 +177,9 @@ mod tests {
     fn queue_names() {
         assert!(QueueName::new("order-close.v2_x").is_ok());
         assert!(QueueName::new("").is_err());
+        assert!(QueueName::new(".").is_err());
+        assert!(QueueName::new("..").is_err());
+        assert!(QueueName::new("a..b").is_ok());
         assert!(QueueName::new("a:b").is_err());
         assert!(QueueName::new("a b").is_err());
         assert!(QueueName::new(&"x".repeat(65)).is_err());

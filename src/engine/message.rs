@@ -21,12 +21,15 @@ pub enum When {
     AtMs(i64),
     /// This long after now. Negative delays are refused.
     Delay(TimeDelta),
+    /// This many milliseconds after now (any `i64`; checked by [`When::resolve`]).
+    DelayMs(i64),
 }
 
 impl When {
-    /// Due `ms` milliseconds from now.
+    /// Due `ms` milliseconds from now. Any `i64` is accepted here; [`When::resolve`] refuses
+    /// negative delays and delays beyond the accepted window.
     pub fn in_ms(ms: i64) -> Self {
-        When::Delay(TimeDelta::milliseconds(ms))
+        When::DelayMs(ms)
     }
 
     /// Due at unix time `ms`.
@@ -71,20 +74,8 @@ impl When {
     /// (it fires at once).
     pub fn resolve(&self, now_ms: i64) -> Result<i64, InvalidInput> {
         let due = match *self {
-            When::Delay(d) => {
-                let ms = d.num_milliseconds();
-                if ms < 0 {
-                    return Err(InvalidInput::Delay {
-                        reason: format!("must not be negative, got {ms} ms"),
-                    });
-                }
-                if ms > MAX_AHEAD_MS {
-                    return Err(InvalidInput::Delay {
-                        reason: format!("{ms} ms is more than 10 years"),
-                    });
-                }
-                now_ms.saturating_add(ms)
-            }
+            When::Delay(d) => delay_due(now_ms, d.num_milliseconds())?,
+            When::DelayMs(ms) => delay_due(now_ms, ms)?,
             When::At(t) => t.timestamp_millis(),
             When::AtMs(ms) => ms,
         };
@@ -100,6 +91,21 @@ impl When {
         }
         Ok(due)
     }
+}
+
+/// The due time of a delay of `ms` from `now_ms`: the one rule for delays (0 ..= 10 years).
+fn delay_due(now_ms: i64, ms: i64) -> Result<i64, InvalidInput> {
+    if ms < 0 {
+        return Err(InvalidInput::Delay {
+            reason: format!("must not be negative, got {ms} ms"),
+        });
+    }
+    if ms > MAX_AHEAD_MS {
+        return Err(InvalidInput::Delay {
+            reason: format!("{ms} ms is more than 10 years"),
+        });
+    }
+    Ok(now_ms.saturating_add(ms))
 }
 
 impl From<DateTime<Utc>> for When {

@@ -9,6 +9,7 @@
 //!   [`When`](message::When), [`Payload`](message::Payload)) and get back.
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
 //! - [`client`]: the producer and admin API ([`Client`](client::Client)).
+//! - [`registry`]: queues as declared objects (create, list, delete; the shard count).
 //! - [`dispatcher`]: the poller moving due orders into the streams.
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
@@ -28,6 +29,7 @@ pub mod duration;
 pub mod housekeeping;
 pub mod keys;
 pub mod message;
+pub mod registry;
 pub mod retry;
 pub mod scripts;
 pub mod stats;

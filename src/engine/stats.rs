@@ -72,7 +72,7 @@ impl Client {
             groups: Vec::new(),
         };
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
-        for keys in self.queue_keys(&q) {
+        for keys in self.registered_keys(&q).await? {
             let raw: Raw = STATS
                 .key(&keys.due)
                 .key(&keys.stream)

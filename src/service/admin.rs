@@ -9,6 +9,7 @@ use crate::engine::client::{Client, ClientOptions};
 use crate::engine::dead::{DeadLetter, Selection};
 use crate::engine::keys::{QueueName, validate_id, validate_member_name};
 use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
+use crate::engine::registry::{QueueCreated, QueueInfo};
 use crate::engine::stats::QueueStats;
 use crate::error::{InvalidInput, Result};
 use serde::Serialize;
@@ -96,6 +97,21 @@ pub struct StatsAnswer {
 pub struct QueuesAnswer {
     /// Their names, sorted.
     pub queues: Vec<String>,
+}
+
+/// A deleted queue: what it held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueDeletedAnswer {
+    /// The queue.
+    pub queue: String,
+    /// Always true.
+    pub deleted: bool,
+    /// Orders that were scheduled.
+    pub scheduled: u64,
+    /// Entries that were pending.
+    pub pending: u64,
+    /// Dead letters.
+    pub dead: u64,
 }
 
 /// How many dead letters were replayed.
@@ -243,6 +259,29 @@ impl Admin {
                 id: None,
                 outcome: "not_found",
             }),
+        })
+    }
+
+    /// Registers a queue (`shards` defaults to 1). Idempotent; another shard count than the
+    /// registered one is refused.
+    pub async fn create_queue(&self, queue: &str, shards: Option<u16>) -> Result<QueueCreated> {
+        self.client.create_queue(queue, shards.unwrap_or(1)).await
+    }
+
+    /// Every registered queue.
+    pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
+        self.client.list_queues().await
+    }
+
+    /// Deletes a queue and all it holds (refused while it holds work, unless `force`).
+    pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueDeletedAnswer> {
+        let c = self.client.delete_queue(queue, force).await?;
+        Ok(QueueDeletedAnswer {
+            queue: queue.to_owned(),
+            deleted: true,
+            scheduled: c.scheduled,
+            pending: c.pending,
+            dead: c.dead,
         })
     }
 

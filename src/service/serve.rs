@@ -39,6 +39,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let Some(client) = connected else {
         return Ok(());
     };
+    // Every queue this service dispatches exists from now on: orders into it are accepted.
+    for q in &settings.queues {
+        client.create_queue(q, settings.client.shards).await?;
+    }
     if cfg.http.tokens.is_empty() {
         tracing::warn!("http.tokens is empty: the HTTP API is open to anyone who can reach it");
     }

@@ -22,7 +22,23 @@ pub async fn start_with(opts: ClientOptions) -> (LocalRedis, Client) {
     let client = Client::connect_with(&server.url(), opts)
         .await
         .expect("connect");
+    declare_queues(&client).await;
     (server, client)
+}
+
+/// The queues the tests use, declared as a deployment would (with the client's shard
+/// count). Other names stay unregistered.
+pub const QUEUES: [&str; 3] = ["order-close", "q", "notify"];
+/// [`QUEUES`], sorted by name.
+pub const QUEUES_SORTED: [&str; 3] = ["notify", "order-close", "q"];
+
+pub async fn declare_queues(client: &Client) {
+    for q in QUEUES {
+        client
+            .create_queue(q, client.options().shards)
+            .await
+            .expect("create queue");
+    }
 }
 
 /// A fresh server and a client on it driven by `clock`.
@@ -31,6 +47,7 @@ pub async fn start_with_clock(clock: Arc<dyn Clock>) -> (LocalRedis, Client) {
     let client = Client::connect_with_clock(&server.url(), ClientOptions::default(), clock)
         .await
         .expect("connect");
+    declare_queues(&client).await;
     (server, client)
 }
 
@@ -55,6 +72,12 @@ pub async fn snapshot(client: &Client) -> Vec<(String, Vec<u8>)> {
         out.push((k, dump));
     }
     out
+}
+
+/// Keys that hold data: everything but the queue registry (`{dq}:...`).
+pub async fn data_keys(client: &Client) -> usize {
+    let keys: Vec<String> = raw(client, &["KEYS", "*"]).await;
+    keys.iter().filter(|k| !k.starts_with("{dq}:")).count()
 }
 
 /// Polls `cond` every 10 ms until it holds; panics with `what` after `within`.

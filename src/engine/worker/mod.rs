@@ -144,7 +144,7 @@ impl<H: Handler> Worker<H> {
     pub async fn run(self, cancel: CancellationToken) -> Result<()> {
         let s = self.shared;
         let started = until_ok("starting the worker", &cancel, || async {
-            s.client.ensure_queue(&s.queue, true).await?;
+            s.client.register(&s.queue).await?;
             ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
         })
         .await?;

@@ -48,6 +48,7 @@ impl AppState {
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/queues", get(list_queues))
+        .route("/v1/queues/{queue}", put(create_queue).delete(delete_queue))
         .route(
             "/v1/queues/{queue}/messages/{id}",
             put(put_message).get(get_message).delete(delete_message),
@@ -107,6 +108,15 @@ impl From<Error> for ApiError {
     fn from(e: Error) -> Self {
         match e {
             Error::Invalid(i) => i.into(),
+            e @ Error::QueueNotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "queue_not_found", e.to_string())
+            }
+            e @ Error::ShardMismatch { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "shard_mismatch", e.to_string())
+            }
+            e @ Error::QueueNotEmpty { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "queue_not_empty", e.to_string())
+            }
             e @ Error::NotReplicated { .. } => ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "not_replicated",
@@ -310,6 +320,46 @@ async fn delete_message(
             "the order is not scheduled (never, cancelled, or already dispatched)",
         )),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateQueueBody {
+    shards: Option<u16>,
+}
+
+async fn create_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let b: CreateQueueBody = json_body(body)?;
+    let a = st.admin.create_queue(&queue, b.shards).await?;
+    let status = if a.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(a)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForceQuery {
+    force: Option<bool>,
+}
+
+async fn delete_queue(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+    q: Result<Query<ForceQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<admin::QueueDeletedAnswer>> {
+    let Query(q) = q.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    Ok(Json(
+        st.admin
+            .delete_queue(&queue, q.force.unwrap_or(false))
+            .await?,
+    ))
 }
 
 async fn list_queues(State(st): State<AppState>) -> ApiResult<Json<admin::QueuesAnswer>> {

@@ -1,0 +1,247 @@
+//! The queue registry: a queue exists once registered, and its record holds its shard count.
+//!
+//! `{ns}:queue:<q>` (HASH, field `shards`) and `{ns}:queues` (SET of names). Producer and
+//! admin calls on an unregistered queue fail with [`Error::QueueNotFound`] and write
+//! nothing; they use the shard count of the record, so no surface ever sees a subset of a
+//! queue's shards. Dispatchers and workers register their queue when they start, with their
+//! client's shard count, and refuse a queue registered with another
+//! ([`Error::ShardMismatch`]).
+//!
+//! A client caches the shard counts it has seen (they never change). A queue deleted by
+//! another process stays known to this one until it restarts.
+
+use crate::engine::client::{Client, MAX_SHARDS};
+use crate::engine::keys::{QueueName, ShardKeys};
+use crate::error::{Error, InvalidInput, RedisContext, Result};
+use serde::Serialize;
+
+/// A registered queue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueInfo {
+    /// The name.
+    pub queue: String,
+    /// Its shard count, fixed at creation.
+    pub shards: u16,
+    /// Whether dispatch is paused (always false until pausing exists).
+    pub paused: bool,
+}
+
+/// What [`Client::create_queue`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QueueCreated {
+    /// The name.
+    pub queue: String,
+    /// Its shard count.
+    pub shards: u16,
+    /// False when it already existed with that shard count.
+    pub created: bool,
+}
+
+/// What is still in a queue: why a delete without `force` was refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct QueueContents {
+    /// Orders scheduled.
+    pub scheduled: u64,
+    /// Entries pending in some group (taken, not settled).
+    pub pending: u64,
+    /// Dead letters.
+    pub dead: u64,
+}
+
+impl QueueContents {
+    fn is_empty(&self) -> bool {
+        self.scheduled == 0 && self.pending == 0 && self.dead == 0
+    }
+}
+
+impl Client {
+    /// Registers `queue` with `shards` shards. Idempotent: an existing queue with that count
+    /// answers `created: false`; one with another count is refused
+    /// ([`Error::ShardMismatch`]) and left as it is.
+    pub async fn create_queue(&self, queue: &str, shards: u16) -> Result<QueueCreated> {
+        let q = QueueName::new(queue)?;
+        if !(1..=MAX_SHARDS).contains(&shards) {
+            return Err(InvalidInput::Option {
+                name: "shards",
+                reason: format!("must be 1..={MAX_SHARDS}, got {shards}"),
+            }
+            .into());
+        }
+        let meta = self.queue_meta_key(&q);
+        let (created, _, stored): (i64, i64, Option<u16>) = redis::pipe()
+            .cmd("HSETNX")
+            .arg(&meta)
+            .arg("shards")
+            .arg(shards)
+            .cmd("SADD")
+            .arg(self.queues_key())
+            .arg(q.as_str())
+            .cmd("HGET")
+            .arg(&meta)
+            .arg("shards")
+            .query_async(&mut self.connection())
+            .await
+            .ctx("registering the queue")?;
+        let stored = stored.ok_or_else(|| Error::Reply {
+            context: "registering the queue",
+            detail: "the queue record has no shard count".into(),
+        })?;
+        if stored != shards {
+            return Err(Error::ShardMismatch {
+                queue: queue.to_owned(),
+                existing: stored,
+                wanted: shards,
+            });
+        }
+        self.remember(&q, stored);
+        Ok(QueueCreated {
+            queue: queue.to_owned(),
+            shards,
+            created: created == 1,
+        })
+    }
+
+    /// A registered queue, or `None`.
+    pub async fn queue_info(&self, queue: &str) -> Result<Option<QueueInfo>> {
+        let q = QueueName::new(queue)?;
+        match self.lookup(&q).await? {
+            Some(shards) => Ok(Some(QueueInfo {
+                queue: queue.to_owned(),
+                shards,
+                paused: false,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Every registered queue, sorted by name.
+    pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
+        let names = self.queues().await?;
+        let mut pipe = redis::pipe();
+        for n in &names {
+            let q = QueueName::new(n)?;
+            pipe.cmd("HGET").arg(self.queue_meta_key(&q)).arg("shards");
+        }
+        let counts: Vec<Option<u16>> = pipe
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the queue registry")?;
+        Ok(names
+            .into_iter()
+            .zip(counts)
+            .filter_map(|(queue, shards)| {
+                shards.map(|shards| QueueInfo {
+                    queue,
+                    shards,
+                    paused: false,
+                })
+            })
+            .collect())
+    }
+
+    /// Deletes `queue` and every key of it (schedule, payloads, streams, groups, timers, dead
+    /// letters, its record). Without `force` it is refused ([`Error::QueueNotEmpty`]) while
+    /// anything is scheduled, pending in a group or dead. Returns what it held.
+    pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueContents> {
+        let q = QueueName::new(queue)?;
+        let shards = self.shards_of(&q).await?;
+        let keys = self.keyspace().shards(&q, shards);
+        let stats = self.stats(queue).await?;
+        let contents = QueueContents {
+            scheduled: stats.scheduled,
+            pending: stats.groups.iter().map(|g| g.pending).sum(),
+            dead: stats.dead,
+        };
+        if !force && !contents.is_empty() {
+            return Err(Error::QueueNotEmpty {
+                queue: queue.to_owned(),
+                scheduled: contents.scheduled,
+                pending: contents.pending,
+                dead: contents.dead,
+            });
+        }
+        let groups: Vec<String> = stats.groups.iter().map(|g| g.group.clone()).collect();
+        for k in &keys {
+            delete_shard(self, k, &groups).await?;
+        }
+        let _: (i64, i64) = redis::pipe()
+            .cmd("DEL")
+            .arg(self.queue_meta_key(&q))
+            .cmd("SREM")
+            .arg(self.queues_key())
+            .arg(q.as_str())
+            .query_async(&mut self.connection())
+            .await
+            .ctx("deleting the queue record")?;
+        self.inner_known().remove(q.as_str());
+        Ok(contents)
+    }
+
+    /// The shard count of a registered queue; [`Error::QueueNotFound`] when it is not.
+    pub(crate) async fn shards_of(&self, queue: &QueueName) -> Result<u16> {
+        self.lookup(queue)
+            .await?
+            .ok_or_else(|| Error::QueueNotFound {
+                queue: queue.as_str().to_owned(),
+            })
+    }
+
+    /// The keys of every shard of a registered queue.
+    pub(crate) async fn registered_keys(&self, queue: &QueueName) -> Result<Vec<ShardKeys>> {
+        let shards = self.shards_of(queue).await?;
+        Ok(self.keyspace().shards(queue, shards))
+    }
+
+    /// Registers `queue` with this client's shard count (dispatchers and workers, at start).
+    pub(crate) async fn register(&self, queue: &QueueName) -> Result<()> {
+        let wanted = self.options().shards;
+        let known = self.inner_known().get(queue.as_str()).copied();
+        match known {
+            Some(existing) if existing == wanted => return Ok(()),
+            Some(existing) => {
+                return Err(Error::ShardMismatch {
+                    queue: queue.as_str().to_owned(),
+                    existing,
+                    wanted,
+                });
+            }
+            None => {}
+        }
+        self.create_queue(queue.as_str(), wanted).await.map(drop)
+    }
+
+    async fn lookup(&self, queue: &QueueName) -> Result<Option<u16>> {
+        if let Some(&n) = self.inner_known().get(queue.as_str()) {
+            return Ok(Some(n));
+        }
+        let stored: Option<u16> = redis::cmd("HGET")
+            .arg(self.queue_meta_key(queue))
+            .arg("shards")
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the queue registry")?;
+        if let Some(n) = stored {
+            self.remember(queue, n);
+        }
+        Ok(stored)
+    }
+
+    fn remember(&self, queue: &QueueName, shards: u16) {
+        self.inner_known().insert(queue.as_str().to_owned(), shards);
+    }
+}
+
+/// Deletes one shard's keys: due, payloads, stream (with its groups), dead letters and the
+/// timers of `groups`.
+async fn delete_shard(client: &Client, k: &ShardKeys, groups: &[String]) -> Result<()> {
+    let mut cmd = redis::cmd("DEL");
+    cmd.arg(&k.due).arg(&k.payload).arg(&k.stream).arg(&k.dead);
+    for g in groups {
+        cmd.arg(k.timers(g));
+    }
+    let _: i64 = cmd
+        .query_async(&mut client.connection())
+        .await
+        .ctx("deleting the queue's keys")?;
+    Ok(())
+}
