@@ -8,7 +8,15 @@
 -- deleted before they are claimed by someone else.
 -- Returns: the number of consumers deleted.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-local min_idle = tonumber(ARGV[1])
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local min_idle = int(ARGV[1])
+if not min_idle or min_idle < 0 then
+  return redis.error_reply('ERR delayq consumers: minimum idle time must be a non-negative integer')
+end
 local n = 0
 for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
   local group

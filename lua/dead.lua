@@ -13,6 +13,14 @@
 -- Dead-letter entry fields: the original entry's fields (id, due_ms, data or flag) followed by
 -- group, attempts, error, dead_ms, entry (the original stream entry id).
 -- Returns: 1 = dead-lettered; 0 = the entry is no longer this consumer's (nothing changed).
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+if not int(ARGV[4]) or not int(ARGV[6]) then
+  return redis.error_reply('ERR delayq dead: attempts and now must be integers')
+end
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
 local fields = {}

@@ -17,8 +17,13 @@
 -- The due orders are exactly the lowest scores, so ZCOUNT + ZPOPMIN take them earliest first
 -- in one pass (ties in member order, as ZRANGE would). ZPOPMIN, HDEL and XADD happen in this
 -- one script, so no crash can lose an order between "removed" and "written".
-local now = tonumber(ARGV[1])
-local limit = tonumber(ARGV[2])
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local now = int(ARGV[1])
+local limit = int(ARGV[2])
 if not now then
   return redis.error_reply('ERR delayq dequeue: now must be unix milliseconds')
 end

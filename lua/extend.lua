@@ -13,7 +13,7 @@
 -- it the worker would have to hold a lock across the Redis round trip.
 -- Redis >= 6.2 (ZADD XX; nothing newer is used).
 local function int(s)
-  if type(s) ~= 'string' or not string.match(s, '^-?[0-9]+$') or #s > 18 then return nil end
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
   return tonumber(s)
 end
 local until_ms = int(ARGV[1])

@@ -16,7 +16,15 @@
 -- XREADGROUP (which puts the entries in the consumer's pending list) and the lease (ZADD into
 -- the timers ZSET) happen together, so no crash can leave a pending entry without a timer:
 -- every pending entry is reclaimed in O(log n) through the timers, never by scanning.
-local count = tonumber(ARGV[3])
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+if not int(ARGV[4]) then
+  return redis.error_reply('ERR delayq read: lease end must be unix milliseconds')
+end
+local count = int(ARGV[3])
 if not count or count < 1 or count > 1000 then
   return redis.error_reply('ERR delayq read: count must be 1..1000')
 end

@@ -15,7 +15,15 @@
 --   next_timer_ms = the earliest remaining timer (nil when none)
 -- Cost: O(log n) per claimed entry (ZRANGE BYSCORE LIMIT, XCLAIM by id, XPENDING by id).
 -- Timers of entries that are no longer pending (acked, or deleted from the stream) are dropped.
-local limit = tonumber(ARGV[5])
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+if not int(ARGV[3]) or not int(ARGV[4]) then
+  return redis.error_reply('ERR delayq reclaim: now and lease end must be unix milliseconds')
+end
+local limit = int(ARGV[5])
 if not limit or limit < 1 or limit > 1000 then
   return redis.error_reply('ERR delayq reclaim: limit must be 1..1000')
 end

@@ -9,6 +9,14 @@
 --
 -- Returns: 1 = scheduled; 0 = the entry is no longer this consumer's (acked, or reclaimed by
 -- another consumer after this one's lease ran out): nothing is changed.
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+if not int(ARGV[4]) then
+  return redis.error_reply('ERR delayq retry: next attempt must be unix milliseconds')
+end
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])

@@ -7,7 +7,12 @@
 --
 -- Returns: { scheduled, overdue, next_due_ms or false, stream_length, dead,
 --            { {group, consumers, pending, lag or -1}, ... } }
-local now = tonumber(ARGV[1])
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local now = int(ARGV[1])
 if not now then return redis.error_reply('ERR delayq stats: now must be unix milliseconds') end
 local scheduled = redis.call('ZCARD', KEYS[1])
 local overdue = redis.call('ZCOUNT', KEYS[1], '-inf', now)

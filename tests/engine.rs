@@ -706,6 +706,80 @@ async fn the_scripts_refuse_malformed_arguments_without_writing() {
 }
 
 #[tokio::test]
+async fn the_scripts_accept_only_canonical_integers() {
+    // Each malformed number, in `now` or in a due time after a valid order of the same
+    // call, leaves every key exactly as it was (DUMP of every key compared).
+    let (_s, client) = start().await;
+    client
+        .schedule(Q, "existing", When::in_ms(60_000), json!(1))
+        .await
+        .unwrap();
+    let before = snapshot(&client).await;
+    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let good = T0.to_string();
+    for bad in [
+        " 5",
+        "5 ",
+        "nan",
+        "inf",
+        "-inf",
+        "1e3",
+        "0x10",
+        "",
+        "-5",
+        "99999999999999999",
+    ] {
+        for (now, due) in [(bad, good.as_str()), (good.as_str(), bad)] {
+            let mut conn = client.connection();
+            let r: redis::RedisResult<Vec<i64>> = script
+                .key("{dq:order-close:0}:due")
+                .key("{dq:order-close:0}:payload")
+                .arg("upsert")
+                .arg(now)
+                .arg("a")
+                .arg(&good)
+                .arg("{}")
+                .arg("b")
+                .arg(due)
+                .arg("{}")
+                .invoke_async(&mut conn)
+                .await;
+            assert!(r.is_err(), "now {now:?} due {due:?} was accepted");
+            assert_eq!(snapshot(&client).await, before, "now {now:?} due {due:?}");
+        }
+    }
+    // The dispatcher's and reschedule's numbers too.
+    for (src, keys, args) in [
+        (
+            delayq::engine::scripts::DEQUEUE_LUA,
+            vec![
+                "{dq:order-close:0}:due",
+                "{dq:order-close:0}:payload",
+                "{dq:order-close:0}:stream",
+            ],
+            vec!["1e13", "10"],
+        ),
+        (
+            delayq::engine::scripts::RESCHEDULE_LUA,
+            vec!["{dq:order-close:0}:due"],
+            vec!["existing", "-inf"],
+        ),
+    ] {
+        let script = redis::Script::new(src);
+        let mut inv = script.prepare_invoke();
+        for k in keys {
+            inv.key(k);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        let r: redis::RedisResult<redis::Value> = inv.invoke_async(&mut client.connection()).await;
+        assert!(r.is_err());
+        assert_eq!(snapshot(&client).await, before);
+    }
+}
+
+#[tokio::test]
 async fn an_order_whose_payload_was_deleted_is_still_delivered_flagged() {
     let clock = Arc::new(ManualClock::new(T0));
     let (_s, client) = start_with_clock(clock.clone()).await;
