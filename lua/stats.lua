@@ -6,7 +6,9 @@
 -- ARGV[1]  now, unix ms
 --
 -- Returns: { scheduled, overdue, next_due_ms or false, stream_length, dead,
---            { {group, consumers, pending, lag or -1}, ... } }
+--            { {group, consumers, pending, lag or -1, idle_ms or -1}, ... } }
+--   idle_ms: since any consumer of the group last read (the smallest consumer idle time),
+--            -1 without consumers: an abandoned group shows a large or missing value.
 -- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
 local function int(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
@@ -30,7 +32,13 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
       elseif k == 'pending' then pending = v
       elseif k == 'lag' and v then lag = v end
     end
-    groups[#groups + 1] = { name, consumers, pending, lag }
+    local idle = -1
+    for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[2], name)) do
+      for i = 1, #c, 2 do
+        if c[i] == 'idle' and (idle < 0 or c[i + 1] < idle) then idle = c[i + 1] end
+      end
+    end
+    groups[#groups + 1] = { name, consumers, pending, lag, idle }
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then dead = redis.call('XLEN', KEYS[3]) end

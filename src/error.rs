@@ -70,6 +70,26 @@ pub enum Error {
         /// The count asked for.
         wanted: u16,
     },
+    /// No shard of the queue has this consumer group.
+    #[error("queue {queue:?} has no consumer group {group:?}")]
+    GroupNotFound {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+    },
+    /// A delete without `force` of a group that a live consumer still reads.
+    #[error(
+        "consumer group {group:?} of queue {queue:?} has a consumer that read within the last {alive_ms} ms (stop its workers, or use force)"
+    )]
+    GroupBusy {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
+        /// The window in which a read counts as alive.
+        alive_ms: u64,
+    },
     /// A delete without `force` of a queue that still holds work.
     #[error(
         "queue {queue:?} is not empty: {scheduled} scheduled, {pending} pending, {dead} dead (use force to delete it anyway)"

@@ -210,7 +210,7 @@ async fn stats_as_json_and_table() {
     );
     assert_eq!(
         q["groups"],
-        json!([{"group": "close", "pending": 0, "lag": 0, "consumers": 0}])
+        json!([{"group": "close", "pending": 0, "lag": 0, "consumers": 0, "idle_ms": null}])
     );
 
     let o = run(&url, &["stats", "notify", "--json"]);

@@ -112,6 +112,12 @@ pub enum Command {
         #[command(subcommand)]
         action: QueueAction,
     },
+    /// Consumer groups: delete one whose handler is gone (so stream trimming resumes).
+    Group {
+        /// What to do.
+        #[command(subcommand)]
+        action: GroupAction,
+    },
     /// Dead letters: list, replay to the group that failed them, purge.
     Dead {
         /// What to do.
@@ -172,6 +178,22 @@ pub enum QueueAction {
     },
 }
 
+/// The `group` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum GroupAction {
+    /// Delete a consumer group on every shard, with its timers (refused, exit 2, while a
+    /// consumer of it read within the last minute, unless --force; exit 1 if unknown).
+    Delete {
+        /// Queue name.
+        queue: String,
+        /// Group name.
+        group: String,
+        /// Delete even while a consumer reads it.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
 /// The `dead` sub-verbs.
 #[derive(Debug, Subcommand)]
 pub enum DeadAction {
@@ -185,6 +207,9 @@ pub enum DeadAction {
         /// At most this many.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Start after this dead-letter entry id (the cursor printed after a full page).
+        #[arg(long)]
+        after: Option<String>,
         /// One JSON object per line.
         #[arg(long)]
         json: bool,

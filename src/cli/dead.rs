@@ -10,11 +10,18 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             queue,
             group,
             limit,
+            after,
             json,
         } => {
             admin::check_queue_group(&queue, group.as_deref())?;
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            for d in a.dead_list(&queue, group.as_deref(), Some(limit)).await? {
+            let page = a
+                .dead_list(&queue, group.as_deref(), after.as_deref(), Some(limit))
+                .await?;
+            if let Some(next) = &page.next {
+                eprintln!("more: the next page starts with --after {next}");
+            }
+            for d in page.dead_letters {
                 if json {
                     println!("{}", json_line(&d));
                 } else {

@@ -16,7 +16,7 @@ mod schedule;
 mod serve;
 mod stats;
 
-pub use args::{Cli, Command, DeadAction, QueueAction};
+pub use args::{Cli, Command, DeadAction, GroupAction, QueueAction};
 
 use crate::error::{Error, InvalidInput};
 use serde::Serialize;
@@ -45,10 +45,12 @@ impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         match e {
             Error::Invalid(i) => Failure::Invalid(i.to_string()),
-            e @ Error::QueueNotFound { .. } => Failure::Missing(e.to_string()),
-            e @ (Error::ShardMismatch { .. } | Error::QueueNotEmpty { .. }) => {
-                Failure::Invalid(e.to_string())
+            e @ (Error::QueueNotFound { .. } | Error::GroupNotFound { .. }) => {
+                Failure::Missing(e.to_string())
             }
+            e @ (Error::ShardMismatch { .. }
+            | Error::QueueNotEmpty { .. }
+            | Error::GroupBusy { .. }) => Failure::Invalid(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }
     }
@@ -118,6 +120,14 @@ async fn dispatch(cli: Cli) -> VerbResult {
         }
         Command::Dead { action } => dead::run(&g, action).await,
         Command::Queue { action } => queue::run(&g, action).await,
+        Command::Group {
+            action:
+                GroupAction::Delete {
+                    queue,
+                    group,
+                    force,
+                },
+        } => queue::delete_group(&g, &queue, &group, force).await,
         c @ Command::Demo { .. } => demo::verb(&g, c).await,
         Command::Migrate { database_url } => migrate::run(&database_url).await,
         Command::Serve { config } => serve::run(&config).await,

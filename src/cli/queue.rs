@@ -1,4 +1,4 @@
-//! `delayq queue create|list|delete`.
+//! `delayq queue create|list|delete` and `delayq group delete`.
 
 use super::{Global, QueueAction, VerbResult, print_json};
 use crate::engine::keys::QueueName;
@@ -24,5 +24,13 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             print_json(&a.delete_queue(&queue, force).await?);
         }
     }
+    Ok(())
+}
+
+/// `delayq group delete QUEUE GROUP [--force]`.
+pub(super) async fn delete_group(g: &Global, queue: &str, group: &str, force: bool) -> VerbResult {
+    crate::service::admin::check_queue_group(queue, Some(group))?;
+    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    print_json(&a.delete_group(queue, group, force).await?);
     Ok(())
 }

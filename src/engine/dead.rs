@@ -43,6 +43,38 @@ pub enum Selection {
     Ids(Vec<String>),
 }
 
+/// One page of dead letters, oldest first across every shard.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeadPage {
+    /// The dead letters.
+    pub dead_letters: Vec<DeadLetter>,
+    /// The cursor of the next page (pass it as `after`), `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// Where a page starts: after this (stream id, shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Cursor {
+    ms: u64,
+    seq: u64,
+    shard: u16,
+}
+
+impl Cursor {
+    fn parse(entry_id: &str) -> Result<Self, InvalidInput> {
+        let (shard, sid) = split_entry_id(entry_id)?;
+        let (ms, seq) = sid.split_once('-').unwrap_or((sid, "0"));
+        Ok(Cursor {
+            ms: ms.parse().unwrap_or(0),
+            seq: seq.parse().unwrap_or(0),
+            shard,
+        })
+    }
+}
+
+/// Dead letters read per XRANGE call.
+const DEAD_PAGE_READ: usize = 500;
+
 impl Client {
     /// Dead letters of `queue` (of one group, or all), oldest first, at most `limit`.
     pub async fn dead_list(
@@ -51,49 +83,97 @@ impl Client {
         group: Option<&str>,
         limit: usize,
     ) -> Result<Vec<DeadLetter>> {
+        Ok(self
+            .dead_page(queue, group, None, limit)
+            .await?
+            .dead_letters)
+    }
+
+    /// One page of dead letters, ordered oldest first across all shards (by dead-letter
+    /// stream id, then shard), starting after the cursor `after` (an entry id as listed).
+    /// Memory is bounded by `limit` per shard.
+    pub async fn dead_page(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadPage> {
         let q = QueueName::new(queue)?;
         if let Some(g) = group {
             validate_member_name("group", g)?;
         }
+        let cursor = after.map(Cursor::parse).transpose()?;
         let shards = self.registered_keys(&q).await?;
         let many = shards.len() > 1;
-        let mut out = Vec::new();
+        let limit = limit.max(1);
+        let mut all: Vec<(Cursor, DeadLetter)> = Vec::new();
         for keys in &shards {
-            let mut start = "-".to_owned();
-            'page: loop {
-                let page: redis::Value = redis::cmd("XRANGE")
-                    .arg(&keys.dead)
-                    .arg(&start)
-                    .arg("+")
-                    .arg("COUNT")
-                    .arg(500)
-                    .query_async(&mut self.connection())
-                    .await
-                    .ctx("listing dead letters")?;
-                let entries = crate::engine::worker::entries_of(page)?;
-                let n = entries.len();
-                for (sid, fields) in entries {
-                    start = format!("({sid}");
-                    let Some(fields) = fields else { continue };
-                    let d = to_dead(&q, keys, many, &sid, fields);
-                    if group.is_none_or(|g| g == d.group) {
-                        out.push(d);
-                        if out.len() >= limit {
-                            break 'page;
-                        }
+            let start = match cursor {
+                None => "-".to_owned(),
+                // Shards after the cursor's may hold the same stream id: include it.
+                Some(c) if keys.shard > c.shard => format!("{}-{}", c.ms, c.seq),
+                Some(c) => format!("({}-{}", c.ms, c.seq),
+            };
+            all.extend(
+                self.dead_of_shard(&q, keys, many, group, start, limit)
+                    .await?,
+            );
+        }
+        all.sort_by_key(|(c, _)| *c);
+        let more = all.len() > limit;
+        all.truncate(limit);
+        let next = if more {
+            all.last().map(|(_, d)| d.entry_id.clone())
+        } else {
+            None
+        };
+        Ok(DeadPage {
+            dead_letters: all.into_iter().map(|(_, d)| d).collect(),
+            next,
+        })
+    }
+
+    /// Up to `limit + 1` dead letters of one shard from `start`, `group`'s only.
+    async fn dead_of_shard(
+        &self,
+        q: &QueueName,
+        keys: &ShardKeys,
+        many: bool,
+        group: Option<&str>,
+        mut start: String,
+        limit: usize,
+    ) -> Result<Vec<(Cursor, DeadLetter)>> {
+        let mut out = Vec::new();
+        loop {
+            let page: redis::Value = redis::cmd("XRANGE")
+                .arg(&keys.dead)
+                .arg(&start)
+                .arg("+")
+                .arg("COUNT")
+                .arg(DEAD_PAGE_READ)
+                .query_async(&mut self.connection())
+                .await
+                .ctx("listing dead letters")?;
+            let entries = crate::engine::worker::entries_of(page)?;
+            let n = entries.len();
+            for (sid, fields) in entries {
+                start = format!("({sid}");
+                let Some(fields) = fields else { continue };
+                let d = to_dead(q, keys, many, &sid, fields);
+                if group.is_none_or(|g| g == d.group) {
+                    let mut c = Cursor::parse(&sid)?;
+                    c.shard = keys.shard;
+                    out.push((c, d));
+                    if out.len() > limit {
+                        return Ok(out);
                     }
                 }
-                if n < 500 {
-                    break;
-                }
             }
-            if out.len() >= limit {
-                break;
+            if n < DEAD_PAGE_READ {
+                return Ok(out);
             }
         }
-        out.sort_by_key(|d| d.dead_at_ms);
-        out.truncate(limit);
-        Ok(out)
     }
 
     /// Replays dead letters: each goes back to the group that failed it (and only to it),
@@ -107,12 +187,19 @@ impl Client {
         which: &Selection,
     ) -> Result<u64> {
         let mut n = 0;
-        for (keys, ids) in self.select_dead(queue, group, which).await? {
-            for chunk in ids.chunks(200) {
-                n += scripts::replay(&mut self.connection(), &keys, group, chunk).await?;
+        loop {
+            let mut done = 0;
+            for (keys, ids) in self.select_dead(queue, group, which).await? {
+                for chunk in ids.chunks(200) {
+                    done += scripts::replay(&mut self.connection(), &keys, group, chunk).await?;
+                }
+            }
+            n += done;
+            // `All` works page by page; a page that moved nothing means nothing is left.
+            if !matches!(which, Selection::All) || done == 0 {
+                return Ok(n);
             }
         }
-        Ok(n)
     }
 
     /// Deletes dead letters for good. Returns how many were deleted.
@@ -123,21 +210,46 @@ impl Client {
         which: &Selection,
     ) -> Result<u64> {
         let mut n = 0;
-        for (keys, ids) in self.select_dead(queue, group, which).await? {
-            for chunk in ids.chunks(500) {
-                let d: u64 = redis::cmd("XDEL")
-                    .arg(&keys.dead)
-                    .arg(chunk)
-                    .query_async(&mut self.connection())
-                    .await
-                    .ctx("purging dead letters")?;
-                n += d;
+        loop {
+            let mut done = 0;
+            for (keys, ids) in self.select_dead(queue, group, which).await? {
+                for chunk in ids.chunks(500) {
+                    let d: u64 = redis::cmd("XDEL")
+                        .arg(&keys.dead)
+                        .arg(chunk)
+                        .query_async(&mut self.connection())
+                        .await
+                        .ctx("purging dead letters")?;
+                    done += d;
+                }
+            }
+            n += done;
+            if !matches!(which, Selection::All) || done == 0 {
+                return Ok(n);
             }
         }
-        Ok(n)
     }
 
-    /// Resolves a selection into stream ids per shard, keeping only `group`'s.
+    /// The stream ids of `letters`, per shard.
+    fn per_shard(
+        &self,
+        shards: Vec<ShardKeys>,
+        letters: &[DeadLetter],
+    ) -> Result<Vec<(ShardKeys, Vec<String>)>> {
+        let mut per: Vec<(ShardKeys, Vec<String>)> =
+            shards.into_iter().map(|k| (k, Vec::new())).collect();
+        for d in letters {
+            let (shard, sid) = split_entry_id(&d.entry_id)?;
+            if let Some(slot) = per.get_mut(usize::from(shard)) {
+                slot.1.push(sid.to_owned());
+            }
+        }
+        Ok(per)
+    }
+
+    /// Resolves a selection into stream ids per shard, keeping only `group`'s. `All`
+    /// resolves to the oldest page only: replay and purge repeat until nothing is left, so
+    /// memory stays bounded whatever the number of dead letters.
     async fn select_dead(
         &self,
         queue: &str,
@@ -148,16 +260,9 @@ impl Client {
         let shards = self.registered_keys(&q).await?;
         match which {
             Selection::All => {
-                let all = self.dead_list(queue, group, usize::MAX).await?;
-                let mut per: Vec<(ShardKeys, Vec<String>)> =
-                    shards.into_iter().map(|k| (k, Vec::new())).collect();
-                for d in all {
-                    let (shard, sid) = split_entry_id(&d.entry_id)?;
-                    if let Some(slot) = per.get_mut(usize::from(shard)) {
-                        slot.1.push(sid.to_owned());
-                    }
-                }
-                Ok(per)
+                // Callers page through `All` themselves (see `apply_dead`).
+                let page = self.dead_page(queue, group, None, DEAD_PAGE_READ).await?;
+                self.per_shard(shards, &page.dead_letters)
             }
             Selection::Ids(ids) => {
                 let mut per: Vec<(ShardKeys, Vec<String>)> =

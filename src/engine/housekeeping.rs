@@ -18,7 +18,7 @@ use crate::engine::client::Client;
 use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::keys::QueueName;
 use crate::engine::scripts;
-use crate::error::{InvalidInput, Result};
+use crate::error::{InvalidInput, RedisContext, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,6 +39,11 @@ pub struct HousekeepingOptions {
     pub consumer_max_idle: Duration,
     /// When to run the safety sweep (default every second: `* * * * * *`).
     pub sweep_cron: String,
+    /// Dead letters older than this are deleted (default 14 days); trimmed with the streams.
+    pub dead_retention: Duration,
+    /// At most this many dead letters are kept per queue (default 100,000; the oldest go
+    /// first; split evenly between the queue's shards).
+    pub dead_max_per_queue: u64,
 }
 
 impl Default for HousekeepingOptions {
@@ -48,6 +53,8 @@ impl Default for HousekeepingOptions {
             consumers_cron: "0 * * * * *".into(),
             consumer_max_idle: Duration::from_secs(3600),
             sweep_cron: "* * * * * *".into(),
+            dead_retention: Duration::from_secs(14 * 24 * 3600),
+            dead_max_per_queue: 100_000,
         }
     }
 }
@@ -61,6 +68,12 @@ impl HousekeepingOptions {
             ("sweep_cron", &self.sweep_cron),
         ] {
             validate_cron(name, cron)?;
+        }
+        if self.dead_max_per_queue == 0 {
+            return Err(InvalidInput::Option {
+                name: "dead_max_per_queue",
+                reason: "must be at least 1".into(),
+            });
         }
         Ok(())
     }
@@ -80,6 +93,18 @@ impl HousekeepingOptions {
     /// Sets how long a consumer must be idle before it is deleted.
     pub fn consumer_max_idle(mut self, d: Duration) -> Self {
         self.consumer_max_idle = d;
+        self
+    }
+
+    /// Sets how long dead letters are kept.
+    pub fn dead_retention(mut self, d: Duration) -> Self {
+        self.dead_retention = d;
+        self
+    }
+
+    /// Sets how many dead letters a queue keeps at most.
+    pub fn dead_max_per_queue(mut self, n: u64) -> Self {
+        self.dead_max_per_queue = n;
         self
     }
 
@@ -140,6 +165,43 @@ impl Housekeeper {
         Ok(ChoreReport { count })
     }
 
+    /// Deletes dead letters past the retention, then the oldest beyond the per-queue cap;
+    /// returns how many. Counted in `delayq_dead_trimmed_total{queue}`.
+    pub async fn trim_dead(&self) -> Result<ChoreReport> {
+        let retention = i64::try_from(self.opts.dead_retention.as_millis()).unwrap_or(i64::MAX);
+        let min_id = self.client.now_ms().saturating_sub(retention).max(0);
+        let mut count = 0;
+        for q in &self.queues {
+            let keys = self.keys_of(q).await?;
+            if keys.is_empty() {
+                continue;
+            }
+            let shards = u64::try_from(keys.len()).unwrap_or(1);
+            let cap = self.opts.dead_max_per_queue.div_ceil(shards);
+            let mut trimmed = 0;
+            for k in &keys {
+                let (a, b): (u64, u64) = redis::pipe()
+                    .cmd("XTRIM")
+                    .arg(&k.dead)
+                    .arg("MINID")
+                    .arg(min_id)
+                    .cmd("XTRIM")
+                    .arg(&k.dead)
+                    .arg("MAXLEN")
+                    .arg(cap)
+                    .query_async(&mut self.client.connection())
+                    .await
+                    .ctx("trimming dead letters (XTRIM)")?;
+                trimmed += a + b;
+            }
+            if trimmed > 0 {
+                crate::engine::telemetry::dead_trimmed(q.as_str(), trimmed);
+            }
+            count += trimmed;
+        }
+        Ok(ChoreReport { count })
+    }
+
     /// Deletes idle consumers with nothing pending once; returns how many.
     pub async fn remove_idle_consumers(&self) -> Result<ChoreReport> {
         let idle = i64::try_from(self.opts.consumer_max_idle.as_millis()).unwrap_or(i64::MAX);
@@ -186,7 +248,13 @@ impl Housekeeper {
                 let (this, cancel) = (this.clone(), cancel.clone());
                 async move {
                     match name {
-                        "trim" => this.trim().await,
+                        "trim" => {
+                            let streams = this.trim().await?;
+                            let dead = this.trim_dead().await?;
+                            Ok(ChoreReport {
+                                count: streams.count + dead.count,
+                            })
+                        }
                         "consumers" => this.remove_idle_consumers().await,
                         _ => this.sweep_until(&cancel).await,
                     }

@@ -48,6 +48,10 @@ pub struct QueueContents {
     pub dead: u64,
 }
 
+/// A consumer that read within this window counts as alive: its group is not deleted
+/// without `force`.
+pub const GROUP_ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl QueueContents {
     fn is_empty(&self) -> bool {
         self.scheduled == 0 && self.pending == 0 && self.dead == 0
@@ -175,6 +179,54 @@ impl Client {
             .ctx("deleting the queue record")?;
         self.inner_known().remove(q.as_str());
         Ok(contents)
+    }
+
+    /// Deletes consumer group `group` on every shard of `queue`, with its timers, so stream
+    /// trimming no longer waits for it. Refused ([`Error::GroupBusy`]) while a consumer of it
+    /// read within the last minute, unless `force`; [`Error::GroupNotFound`] when no shard
+    /// has it. Returns the entries that were pending in it (they are dropped).
+    pub async fn delete_group(&self, queue: &str, group: &str, force: bool) -> Result<u64> {
+        let q = QueueName::new(queue)?;
+        crate::engine::keys::validate_member_name("group", group)?;
+        let keys = self.registered_keys(&q).await?;
+        let stats = self.stats(queue).await?;
+        let Some(g) = stats.groups.iter().find(|g| g.group == group) else {
+            return Err(Error::GroupNotFound {
+                queue: queue.to_owned(),
+                group: group.to_owned(),
+            });
+        };
+        let alive_ms = u64::try_from(GROUP_ALIVE_WITHIN.as_millis()).unwrap_or(u64::MAX);
+        if !force && g.idle_ms.is_some_and(|i| i < alive_ms) {
+            return Err(Error::GroupBusy {
+                queue: queue.to_owned(),
+                group: group.to_owned(),
+                alive_ms,
+            });
+        }
+        for k in &keys {
+            let mut conn = self.connection();
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&k.stream)
+                .query_async(&mut conn)
+                .await
+                .ctx("deleting the consumer group")?;
+            if exists {
+                let _: i64 = redis::cmd("XGROUP")
+                    .arg("DESTROY")
+                    .arg(&k.stream)
+                    .arg(group)
+                    .query_async(&mut conn)
+                    .await
+                    .ctx("deleting the consumer group (XGROUP DESTROY)")?;
+            }
+            let _: i64 = redis::cmd("DEL")
+                .arg(k.timers(group))
+                .query_async(&mut conn)
+                .await
+                .ctx("deleting the group's timers")?;
+        }
+        Ok(g.pending)
     }
 
     /// The shard count of a registered queue; [`Error::QueueNotFound`] when it is not.

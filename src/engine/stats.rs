@@ -45,6 +45,9 @@ pub struct GroupStats {
     pub lag: Option<u64>,
     /// Consumers (the largest count over the shards).
     pub consumers: u64,
+    /// Milliseconds since any consumer of the group last read (`None` without consumers):
+    /// a group whose handler was removed shows a growing value.
+    pub idle_ms: Option<u64>,
 }
 
 type Raw = (
@@ -53,7 +56,7 @@ type Raw = (
     Option<f64>,
     u64,
     u64,
-    Vec<(String, u64, u64, i64)>,
+    Vec<(String, u64, u64, i64, i64)>,
 );
 
 impl Client {
@@ -92,15 +95,19 @@ impl Client {
                     s.oldest_overdue_ms = s.oldest_overdue_ms.max(now - h);
                 }
             }
-            for (group, consumers, pending, lag) in gs {
+            for (group, consumers, pending, lag, idle) in gs {
                 let g = groups.entry(group.clone()).or_insert(GroupStats {
                     group,
                     pending: 0,
                     lag: Some(0),
                     consumers: 0,
+                    idle_ms: None,
                 });
                 g.pending += pending;
                 g.consumers = g.consumers.max(consumers);
+                if let Ok(idle) = u64::try_from(idle) {
+                    g.idle_ms = Some(g.idle_ms.map_or(idle, |i| i.min(idle)));
+                }
                 g.lag = match (g.lag, u64::try_from(lag)) {
                     (Some(a), Ok(b)) => Some(a + b),
                     _ => None,

@@ -13,6 +13,7 @@
 //! | `delayq_dead_lettered_total` | counter | queue, group |
 //! | `delayq_order_close_total` | counter | queue, group, outcome (closed, already_paid, already_closed, not_yet_expired, unknown_order) |
 //! | `delayq_reconciled_total` | counter | queue |
+//! | `delayq_dead_trimmed_total` | counter | queue (retention and cap) |
 //! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
@@ -77,6 +78,11 @@ pub fn order_close(queue: &str, group: &str, outcome: &'static str) {
         "outcome" => outcome
     )
     .increment(1);
+}
+
+/// Dead letters removed by retention or the per-queue cap.
+pub fn dead_trimmed(queue: &str, n: u64) {
+    metrics::counter!("delayq_dead_trimmed_total", "queue" => queue.to_owned()).increment(n);
 }
 
 /// Orders the reconciliation job rescheduled.

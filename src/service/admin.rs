@@ -6,7 +6,7 @@
 //! its own.
 
 use crate::engine::client::{Client, ClientOptions};
-use crate::engine::dead::{DeadLetter, Selection};
+use crate::engine::dead::{DeadPage, Selection};
 use crate::engine::keys::{QueueName, validate_id, validate_member_name};
 use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
 use crate::engine::registry::{QueueCreated, QueueInfo};
@@ -112,6 +112,19 @@ pub struct QueueDeletedAnswer {
     pub pending: u64,
     /// Dead letters.
     pub dead: u64,
+}
+
+/// A deleted consumer group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupDeletedAnswer {
+    /// The queue.
+    pub queue: String,
+    /// The group.
+    pub group: String,
+    /// Always true.
+    pub deleted: bool,
+    /// Entries that were pending in it (dropped with it).
+    pub pending: u64,
 }
 
 /// How many dead letters were replayed.
@@ -285,6 +298,24 @@ impl Admin {
         })
     }
 
+    /// Deletes a consumer group on every shard (refused while a consumer of it is alive,
+    /// unless `force`).
+    pub async fn delete_group(
+        &self,
+        queue: &str,
+        group: &str,
+        force: bool,
+    ) -> Result<GroupDeletedAnswer> {
+        check_queue_group(queue, Some(group))?;
+        let pending = self.client.delete_group(queue, group, force).await?;
+        Ok(GroupDeletedAnswer {
+            queue: queue.to_owned(),
+            group: group.to_owned(),
+            deleted: true,
+            pending,
+        })
+    }
+
     /// The queues of the namespace.
     pub async fn queues(&self) -> Result<QueuesAnswer> {
         Ok(QueuesAnswer {
@@ -301,15 +332,19 @@ impl Admin {
         Ok(StatsAnswer { queues })
     }
 
-    /// Dead letters of `queue` (of `group`, if given), oldest first.
+    /// A page of dead letters of `queue` (of `group`, if given), oldest first across all
+    /// shards, after the cursor `after`.
     pub async fn dead_list(
         &self,
         queue: &str,
         group: Option<&str>,
+        after: Option<&str>,
         limit: Option<usize>,
-    ) -> Result<Vec<DeadLetter>> {
+    ) -> Result<DeadPage> {
         check_queue_group(queue, group)?;
-        self.client.dead_list(queue, group, dead_limit(limit)).await
+        self.client
+            .dead_page(queue, group, after, dead_limit(limit))
+            .await
     }
 
     /// Replays dead letters to the group that failed them.

@@ -12,7 +12,8 @@ pub mod raw;
 
 pub use handlers::{HandlerKind, HandlerSpec};
 pub use raw::{
-    Config, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig, ReconciliationConfig,
+    Config, DeadConfig, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig,
+    ReconciliationConfig,
 };
 
 use crate::engine::client::{ClientOptions, Durability};
@@ -152,7 +153,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     let client = client_options(&config)?;
     let listen = check_http(&config.http)?;
     let dispatcher = dispatcher_options(&config.dispatcher)?;
-    let housekeeping = housekeeping_options(&config.housekeeping)?;
+    let housekeeping = housekeeping_options(&config.housekeeping, &config.dead)?;
     let mut queues: Vec<String> = Vec::new();
     for (i, q) in config.queues.iter().enumerate() {
         QueueName::new(q).map_err(|e| ConfigError::at(format!("queues[{i}]"), e))?;
@@ -241,7 +242,10 @@ fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigE
     Ok(o)
 }
 
-fn housekeeping_options(h: &HousekeepingConfig) -> Result<HousekeepingOptions, ConfigError> {
+fn housekeeping_options(
+    h: &HousekeepingConfig,
+    dead: &DeadConfig,
+) -> Result<HousekeepingOptions, ConfigError> {
     let mut o = HousekeepingOptions::default();
     if let Some(c) = &h.trim_cron {
         o = o.trim_cron(c.clone());
@@ -256,7 +260,19 @@ fn housekeeping_options(h: &HousekeepingConfig) -> Result<HousekeepingOptions, C
     if let Some(d) = duration(key, h.consumer_max_idle.as_deref())? {
         o = o.consumer_max_idle(d);
     }
-    o.validate().map_err(lib_err("housekeeping", &[]))?;
+    if let Some(d) = duration("dead.retention", dead.retention.as_deref())? {
+        o = o.dead_retention(d);
+    }
+    if let Some(n) = dead.max_per_queue {
+        o = o.dead_max_per_queue(n);
+    }
+    o.validate().map_err(|e| match e {
+        InvalidInput::Option {
+            name: "dead_max_per_queue",
+            reason,
+        } => ConfigError::at("dead.max_per_queue", reason),
+        e => lib_err("housekeeping", &[])(e),
+    })?;
     Ok(o)
 }
 

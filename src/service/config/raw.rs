@@ -30,6 +30,8 @@ pub struct Config {
     pub dispatcher: DispatcherConfig,
     /// Housekeeping chores.
     pub housekeeping: HousekeepingConfig,
+    /// Dead-letter retention.
+    pub dead: DeadConfig,
     /// Business handlers: one consumer group each.
     pub handlers: Vec<HandlerConfig>,
     /// The reconciliation job (orders database → Redis).
@@ -49,6 +51,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
+            dead: DeadConfig::default(),
             handlers: Vec::new(),
             reconciliation: ReconciliationConfig::default(),
         }
@@ -99,6 +102,16 @@ pub struct HousekeepingConfig {
     pub consumer_max_idle: Option<String>,
     /// Safety sweep (default every second).
     pub sweep_cron: Option<String>,
+}
+
+/// `[dead]`: how long and how many dead letters are kept.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DeadConfig {
+    /// Dead letters older than this are deleted (default `14d`).
+    pub retention: Option<String>,
+    /// At most this many per queue (default 100,000).
+    pub max_per_queue: Option<u64>,
 }
 
 /// One `[[handlers]]` entry.

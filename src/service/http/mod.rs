@@ -19,7 +19,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -32,6 +32,9 @@ use subtle::ConstantTimeEq;
 pub struct AppState {
     admin: Admin,
     tokens: Arc<Vec<String>>,
+    /// When the gauges were last refreshed: at most once per second, whatever the scrape
+    /// rate.
+    gauges_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl AppState {
@@ -40,6 +43,7 @@ impl AppState {
         AppState {
             admin: Admin::new(client),
             tokens: Arc::new(tokens),
+            gauges_at: Arc::default(),
         }
     }
 }
@@ -49,6 +53,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/queues", get(list_queues))
         .route("/v1/queues/{queue}", put(create_queue).delete(delete_queue))
+        .route("/v1/queues/{queue}/groups/{group}", delete(delete_group))
         .route(
             "/v1/queues/{queue}/messages/{id}",
             put(put_message).get(get_message).delete(delete_message),
@@ -113,6 +118,12 @@ impl From<Error> for ApiError {
             }
             e @ Error::ShardMismatch { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "shard_mismatch", e.to_string())
+            }
+            e @ Error::GroupNotFound { .. } => {
+                ApiError::new(StatusCode::NOT_FOUND, "group_not_found", e.to_string())
+            }
+            e @ Error::GroupBusy { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "group_busy", e.to_string())
             }
             e @ Error::QueueNotEmpty { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "queue_not_empty", e.to_string())
@@ -362,6 +373,19 @@ async fn delete_queue(
     ))
 }
 
+async fn delete_group(
+    State(st): State<AppState>,
+    Path((queue, group)): Path<(String, String)>,
+    q: Result<Query<ForceQuery>, axum::extract::rejection::QueryRejection>,
+) -> ApiResult<Json<admin::GroupDeletedAnswer>> {
+    let Query(q) = q.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
+    Ok(Json(
+        st.admin
+            .delete_group(&queue, &group, q.force.unwrap_or(false))
+            .await?,
+    ))
+}
+
 async fn list_queues(State(st): State<AppState>) -> ApiResult<Json<admin::QueuesAnswer>> {
     Ok(Json(st.admin.queues().await?))
 }
@@ -378,19 +402,20 @@ async fn stats(
 struct DeadQuery {
     group: Option<String>,
     limit: Option<usize>,
+    after: Option<String>,
 }
 
 async fn dead_list(
     State(st): State<AppState>,
     Path(queue): Path<String>,
     q: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
-) -> ApiResult<Json<Vec<crate::engine::dead::DeadLetter>>> {
+) -> ApiResult<Json<crate::engine::dead::DeadPage>> {
     let Query(q) = q.map_err(|e| ApiError::bad("invalid_query", e.body_text()))?;
-    let list = st
+    let page = st
         .admin
-        .dead_list(&queue, q.group.as_deref(), q.limit)
+        .dead_list(&queue, q.group.as_deref(), q.after.as_deref(), q.limit)
         .await?;
-    Ok(Json(list))
+    Ok(Json(page))
 }
 
 #[derive(Debug, Deserialize)]
@@ -436,9 +461,21 @@ async fn readyz(State(st): State<AppState>) -> Response {
     }
 }
 
+/// Least time between two refreshes of the gauges.
+const GAUGE_REFRESH: Duration = Duration::from_secs(1);
+
 async fn metrics(State(st): State<AppState>) -> Response {
-    // Gauges are refreshed on scrape, so they are never staler than the scrape itself.
-    if let Ok(all) = st.admin.client().stats_all().await {
+    // Gauges are refreshed on scrape, at most once per second (the lock is released before
+    // the Redis calls), over registered queues only.
+    let due = {
+        let mut at = st.gauges_at.lock().unwrap_or_else(|p| p.into_inner());
+        let due = at.is_none_or(|t| t.elapsed() >= GAUGE_REFRESH);
+        if due {
+            *at = Some(std::time::Instant::now());
+        }
+        due
+    };
+    if due && let Ok(all) = st.admin.client().stats_all().await {
         for s in &all {
             crate::service::metrics::record_stats(s);
         }

@@ -95,8 +95,9 @@ fn other_paths(q: &Value) -> Value {
                 "responses": with(json!({"200": {"description": "as delayq stats --json"}}), json!({"400": e("invalid queue")}))}},
             "/v1/queues/{queue}/dead": {"get": {"summary": "Dead letters", "parameters": [q,
                 {"name": "group", "in": "query", "schema": {"type": "string"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer"}}],
-                "responses": with(json!({"200": {"description": "as delayq dead list --json, in an array"}}), json!({"400": e("invalid input")}))}},
+                {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                {"name": "after", "in": "query", "schema": {"type": "string"}}],
+                "responses": with(json!({"200": {"description": "{\"dead_letters\": [...], \"next\": cursor or null}, oldest first across shards"}}), json!({"400": e("invalid input"), "404": e("queue_not_found")}))}},
             "/v1/queues/{queue}/dead/replay": {"post": {"summary": "Replay dead letters to the group that failed them", "parameters": [q],
                 "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {
                     "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}}, "group": {"type": "string"}}}}}},

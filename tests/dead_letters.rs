@@ -1,0 +1,288 @@
+//! Dead letters stay bounded: retention and a per-queue cap, pages ordered oldest first
+//! across shards, replay and purge of everything in bounded memory; abandoned groups can be
+//! deleted so trimming resumes.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use delayq::{
+    ClientOptions, Error, Housekeeper, HousekeepingOptions, Selection, Worker, WorkerOptions,
+};
+use std::time::Duration;
+use support::{raw, start_with, wait_for};
+use tokio_util::sync::CancellationToken;
+
+const Q: &str = "order-close";
+
+/// Appends a dead letter with stream id `id` to shard `shard`'s dead-letter stream.
+fn xadd_dead(pipe: &mut redis::Pipeline, shard: u16, id: &str, order: &str, data: &str) {
+    pipe.cmd("XADD")
+        .arg(format!("{{dq:order-close:{shard}}}:dead"))
+        .arg(id)
+        .arg("id")
+        .arg(order)
+        .arg("due_ms")
+        .arg("1000")
+        .arg("data")
+        .arg(data)
+        .arg("group")
+        .arg("close")
+        .arg("attempts")
+        .arg("3")
+        .arg("error")
+        .arg("boom")
+        .arg("dead_ms")
+        .arg("1000")
+        .arg("entry")
+        .arg("1-0")
+        .ignore();
+}
+
+#[tokio::test]
+async fn pages_are_oldest_first_across_shards() {
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let mut pipe = redis::pipe();
+    let mut expected = Vec::new();
+    // 40 dead letters with interleaved ids over the 4 shards (same ms on several shards).
+    for i in 0..40u16 {
+        let shard = (i * 7) % 4;
+        let id = format!("{}-{}", 1_700_000_000_000u64 + u64::from(i / 3), i % 3);
+        xadd_dead(&mut pipe, shard, &id, &format!("o{i}"), "1:{}");
+        expected.push((id, shard, format!("o{i}")));
+    }
+    let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
+    expected.sort_by(|a, b| {
+        let key = |(id, shard, _): &(String, u16, String)| {
+            let (ms, seq) = id.split_once('-').unwrap();
+            (
+                ms.parse::<u64>().unwrap(),
+                seq.parse::<u64>().unwrap(),
+                *shard,
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let page = client
+            .dead_page(Q, None, after.as_deref(), 7)
+            .await
+            .unwrap();
+        assert!(page.dead_letters.len() <= 7);
+        seen.extend(page.dead_letters.iter().map(|d| d.id.clone()));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    let want: Vec<String> = expected.into_iter().map(|(_, _, o)| o).collect();
+    assert_eq!(seen, want, "oldest first across shards, each once");
+}
+
+#[tokio::test]
+async fn retention_and_the_cap_bound_dead_letters() {
+    let (_s, client) = start_with(ClientOptions::default().shards(2)).await;
+    let now = client.now_ms();
+    let mut pipe = redis::pipe();
+    // 10 older than the retention, 30 recent, over two shards.
+    for i in 0..10 {
+        xadd_dead(
+            &mut pipe,
+            i % 2,
+            &format!("{}-{i}", now - 20 * 24 * 3_600_000),
+            &format!("old{i}"),
+            "1:{}",
+        );
+    }
+    for i in 0..30 {
+        xadd_dead(
+            &mut pipe,
+            i % 2,
+            &format!("{}-{i}", now - 1000),
+            &format!("new{i}"),
+            "1:{}",
+        );
+    }
+    let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
+    assert_eq!(client.stats(Q).await.unwrap().dead, 40);
+    let hk = Housekeeper::new(
+        &client,
+        &[Q],
+        HousekeepingOptions::default()
+            .dead_retention(Duration::from_secs(14 * 24 * 3600))
+            .dead_max_per_queue(20),
+    )
+    .unwrap();
+    let r = hk.trim_dead().await.unwrap();
+    assert_eq!(r.count, 20, "10 past retention, then 10 over the cap");
+    let left = client.dead_list(Q, None, 100).await.unwrap();
+    assert_eq!(left.len(), 20);
+    assert!(
+        left.iter().all(|d| d.id.starts_with("new")),
+        "the oldest went first"
+    );
+    // Bad settings are refused.
+    assert!(
+        Housekeeper::new(
+            &client,
+            &[Q],
+            HousekeepingOptions::default().dead_max_per_queue(0)
+        )
+        .is_err()
+    );
+}
+
+fn peak_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn current_rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaying_200k_dead_letters_takes_bounded_memory() {
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    let payload = format!("1:{{\"note\":\"{}\"}}", "x".repeat(300));
+    let n = 200_000u64;
+    for chunk in 0..(n / 10_000) {
+        let mut pipe = redis::pipe();
+        for i in 0..10_000 {
+            let k = chunk * 10_000 + i;
+            xadd_dead(
+                &mut pipe,
+                0,
+                &format!("{}-0", 1_700_000_000_000u64 + k),
+                &format!("o{k}"),
+                &payload,
+            );
+        }
+        let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
+    }
+    assert_eq!(client.stats(Q).await.unwrap().dead, n);
+    // Reset the peak RSS (Linux: writing 5 to clear_refs), then replay everything.
+    std::fs::write("/proc/self/clear_refs", "5").unwrap();
+    let base = current_rss_kib();
+    let replayed = client.dead_replay(Q, None, &Selection::All).await.unwrap();
+    assert_eq!(replayed, n);
+    let grown_mib = peak_rss_kib().saturating_sub(base) / 1024;
+    assert!(grown_mib < 64, "replay grew the process by {grown_mib} MiB");
+    let s = client.stats(Q).await.unwrap();
+    assert_eq!((s.dead, s.stream_length), (0, n));
+    // Purge of everything pages the same way.
+    let mut pipe = redis::pipe();
+    for k in 0..1000u64 {
+        xadd_dead(
+            &mut pipe,
+            0,
+            &format!("{}-0", 1_800_000_000_000u64 + k),
+            "p",
+            "1:{}",
+        );
+    }
+    let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
+    assert_eq!(
+        client.dead_purge(Q, None, &Selection::All).await.unwrap(),
+        1000
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_group_can_be_deleted_and_trimming_resumes() {
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    let stream = "{dq:order-close:0}:stream";
+    // Two groups; "old" has a consumer that read once and then went away with entries.
+    for g in ["close", "old"] {
+        let _: () = raw(&client, &["XGROUP", "CREATE", stream, g, "0", "MKSTREAM"]).await;
+    }
+    for i in 0..10 {
+        client
+            .schedule(
+                Q,
+                &format!("o{i}"),
+                delayq::When::in_ms(0),
+                serde_json::json!(i),
+            )
+            .await
+            .unwrap();
+    }
+    delayq::Dispatcher::new(&client, Q, delayq::DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let _: redis::Value = raw(
+        &client,
+        &[
+            "XREADGROUP",
+            "GROUP",
+            "old",
+            "gone",
+            "COUNT",
+            "3",
+            "STREAMS",
+            stream,
+            ">",
+        ],
+    )
+    .await;
+    let rec = support::Recorder::default();
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    rec.wait_len(10, Duration::from_secs(30)).await;
+    let groups = client.stats(Q).await.unwrap().groups;
+    let old = groups.iter().find(|g| g.group == "old").unwrap();
+    assert_eq!(old.pending, 3);
+    assert!(old.idle_ms.is_some());
+    // The live group is refused without force; the unknown one is not found.
+    let e = client.delete_group(Q, "close", false).await.unwrap_err();
+    assert!(matches!(e, Error::GroupBusy { .. }), "{e}");
+    let e = client.delete_group(Q, "nope", false).await.unwrap_err();
+    assert!(matches!(e, Error::GroupNotFound { .. }), "{e}");
+    // "old" read just now too (within the minute): force it, as an operator would.
+    assert_eq!(client.delete_group(Q, "old", true).await.unwrap(), 3);
+    let hk = std::sync::Arc::new(
+        Housekeeper::new(&client, &[Q], HousekeepingOptions::default()).unwrap(),
+    );
+    let c2 = client.clone();
+    wait_for(
+        "the stream trimmed once the old group is gone",
+        Duration::from_secs(30),
+        move || {
+            let (hk, c) = (hk.clone(), c2.clone());
+            async move {
+                hk.trim().await.unwrap();
+                c.stats(Q).await.unwrap().stream_length <= 1
+            }
+        },
+    )
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    assert!(
+        client
+            .stats(Q)
+            .await
+            .unwrap()
+            .groups
+            .iter()
+            .all(|g| g.group != "old")
+    );
+}
