@@ -210,7 +210,7 @@ async fn stats_as_json_and_table() {
     );
     assert_eq!(
         q["groups"],
-        json!([{"group": "close", "pending": 0, "lag": 0, "consumers": 0, "idle_ms": null}])
+        json!([{"group": "close", "pending": 0, "lag": 0, "consumers": 0, "idle_ms": null, "paused": false}])
     );
 
     let o = run(&url, &["stats", "notify", "--json"]);
@@ -528,5 +528,57 @@ async fn queues_are_created_listed_and_deleted_and_every_verb_sees_every_shard()
     let o = run(&url, &["queue", "delete", "wide", "--force"]);
     assert_eq!((o.code, o.json()["scheduled"].clone()), (0, json!(40)));
     let o = run(&url, &["stats", "wide"]);
+    assert_eq!(o.code, 1);
+}
+
+#[tokio::test]
+async fn queues_and_groups_pause_and_resume() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let o = run(&url, &["queue", "pause", "order-close"]);
+    assert_eq!(
+        (o.code, o.json()),
+        (
+            0,
+            json!({"queue": "order-close", "group": null, "paused": true})
+        )
+    );
+    let o = run(&url, &["stats", "order-close", "--json"]);
+    assert_eq!(o.json()["queues"][0]["paused"], json!(true));
+    let o = run(&url, &["queue", "list"]);
+    assert!(
+        o.stdout
+            .contains(r#"{"queue":"order-close","shards":1,"paused":true}"#),
+        "{}",
+        o.stdout
+    );
+    let o = run(&url, &["queue", "resume", "order-close"]);
+    assert_eq!(o.json()["paused"], json!(false));
+    // A group must exist; unknown queue or group: exit 1.
+    let o = run(&url, &["queue", "pause", "order-close", "--group", "close"]);
+    assert_eq!(o.code, 1, "{}", o.stderr);
+    let _: () = raw(
+        &client,
+        &[
+            "XGROUP",
+            "CREATE",
+            "{dq:order-close:0}:stream",
+            "close",
+            "0",
+            "MKSTREAM",
+        ],
+    )
+    .await;
+    let o = run(&url, &["queue", "pause", "order-close", "--group", "close"]);
+    assert_eq!(
+        (o.code, o.json()),
+        (
+            0,
+            json!({"queue": "order-close", "group": "close", "paused": true})
+        )
+    );
+    let o = run(&url, &["stats", "order-close", "--json"]);
+    assert_eq!(o.json()["queues"][0]["groups"][0]["paused"], json!(true));
+    let o = run(&url, &["queue", "pause", "typo-queue"]);
     assert_eq!(o.code, 1);
 }

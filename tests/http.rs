@@ -526,3 +526,41 @@ async fn extreme_delays_are_refused_not_a_panic() {
     .await;
     assert_eq!(st, StatusCode::CREATED);
 }
+
+#[tokio::test]
+async fn pause_and_resume_over_http() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let (st, v) = call(&r, "POST", "/v1/queues/order-close:pause", None, None).await;
+    assert_eq!(
+        (st, v),
+        (
+            StatusCode::OK,
+            json!({"queue": "order-close", "group": null, "paused": true})
+        )
+    );
+    let (_, v) = call(&r, "GET", "/v1/queues/order-close/stats", None, None).await;
+    assert_eq!(v["queues"][0]["paused"], json!(true));
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/order-close:resume",
+        Some(json!({})),
+        None,
+    )
+    .await;
+    assert_eq!((st, v["paused"].clone()), (StatusCode::OK, json!(false)));
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/order-close:pause",
+        Some(json!({"group": "nope"})),
+        None,
+    )
+    .await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "group_not_found"));
+    let (st, v) = call(&r, "POST", "/v1/queues/typo:pause", None, None).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "queue_not_found"));
+    let (st, v) = call(&r, "POST", "/v1/queues/order-close:explode", None, None).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+}

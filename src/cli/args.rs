@@ -167,6 +167,23 @@ pub enum QueueAction {
     },
     /// List the registered queues, one JSON line each.
     List,
+    /// Pause dispatch of a queue, or one group's consumption (--group); orders wait, none
+    /// is lost.
+    Pause {
+        /// Queue name.
+        queue: String,
+        /// Only this consumer group.
+        #[arg(long)]
+        group: Option<String>,
+    },
+    /// Resume what `pause` stopped.
+    Resume {
+        /// Queue name.
+        queue: String,
+        /// Only this consumer group.
+        #[arg(long)]
+        group: Option<String>,
+    },
     /// Delete a queue and all it holds (refused while anything is scheduled, pending or
     /// dead, unless --force; exit 1 if unknown).
     Delete {

@@ -18,6 +18,8 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
                 print_json(&q);
             }
         }
+        QueueAction::Pause { queue, group } => pause(g, &queue, group.as_deref(), true).await?,
+        QueueAction::Resume { queue, group } => pause(g, &queue, group.as_deref(), false).await?,
         QueueAction::Delete { queue, force } => {
             QueueName::new(&queue)?;
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
@@ -32,5 +34,13 @@ pub(super) async fn delete_group(g: &Global, queue: &str, group: &str, force: bo
     crate::service::admin::check_queue_group(queue, Some(group))?;
     let a = Admin::connect(&g.redis_url, &g.namespace).await?;
     print_json(&a.delete_group(queue, group, force).await?);
+    Ok(())
+}
+
+/// `delayq queue pause|resume QUEUE [--group G]`.
+async fn pause(g: &Global, queue: &str, group: Option<&str>, paused: bool) -> VerbResult {
+    crate::service::admin::check_queue_group(queue, group)?;
+    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    print_json(&a.set_paused(queue, group, paused).await?);
     Ok(())
 }

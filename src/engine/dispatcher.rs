@@ -10,6 +10,7 @@
 //! order. The script is atomic, so any number of dispatchers may run on one queue at once.
 
 use crate::engine::client::Client;
+use crate::engine::flow::PauseWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
 use crate::engine::telemetry;
@@ -111,6 +112,8 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
+    /// The queue's pause flag, as this process last saw it.
+    pause: PauseWatch,
 }
 
 impl Dispatcher {
@@ -121,6 +124,7 @@ impl Dispatcher {
         let shards = client.queue_keys(&queue);
         Ok(Dispatcher {
             views: std::sync::Mutex::new(vec![None; shards.len()]),
+            pause: PauseWatch::new(queue.clone(), None),
             shards,
             wake: client.wake().get(queue.as_str()),
             client: client.clone(),
@@ -138,6 +142,10 @@ impl Dispatcher {
     /// clock's "now", all in flight together.
     pub async fn pass(&self) -> Result<Pass> {
         self.client.register(&self.queue).await?;
+        if self.pause.paused(&self.client).await? {
+            // Paused: the orders stay scheduled; look again after the idle sleep.
+            return Ok(Pass::default());
+        }
         let now = self.client.now_ms();
         let started = Instant::now();
         let mut pass = Pass::default();

@@ -13,6 +13,7 @@
 //! - [`dispatcher`]: the poller moving due orders into the streams.
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
+//! - [`flow`]: flow control: pausing queues and groups, shared rate limits.
 //! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`stats`]: queue statistics.
 //! - [`backoff`], [`duration`]: retry policies and human durations.
@@ -26,6 +27,7 @@ pub mod conn;
 pub mod dead;
 pub mod dispatcher;
 pub mod duration;
+pub mod flow;
 pub mod housekeeping;
 pub mod keys;
 pub mod message;

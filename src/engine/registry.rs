@@ -22,7 +22,7 @@ pub struct QueueInfo {
     pub queue: String,
     /// Its shard count, fixed at creation.
     pub shards: u16,
-    /// Whether dispatch is paused (always false until pausing exists).
+    /// Whether dispatch is paused.
     pub paused: bool,
 }
 
@@ -112,7 +112,7 @@ impl Client {
             Some(shards) => Ok(Some(QueueInfo {
                 queue: queue.to_owned(),
                 shards,
-                paused: false,
+                paused: self.is_paused(&q, None).await?,
             })),
             None => Ok(None),
         }
@@ -124,20 +124,23 @@ impl Client {
         let mut pipe = redis::pipe();
         for n in &names {
             let q = QueueName::new(n)?;
-            pipe.cmd("HGET").arg(self.queue_meta_key(&q)).arg("shards");
+            pipe.cmd("HMGET")
+                .arg(self.queue_meta_key(&q))
+                .arg("shards")
+                .arg(crate::engine::flow::pause_field(None));
         }
-        let counts: Vec<Option<u16>> = pipe
+        let records: Vec<(Option<u16>, Option<String>)> = pipe
             .query_async(&mut self.connection())
             .await
             .ctx("reading the queue registry")?;
         Ok(names
             .into_iter()
-            .zip(counts)
-            .filter_map(|(queue, shards)| {
+            .zip(records)
+            .filter_map(|(queue, (shards, paused))| {
                 shards.map(|shards| QueueInfo {
                     queue,
                     shards,
-                    paused: false,
+                    paused: paused.is_some(),
                 })
             })
             .collect())

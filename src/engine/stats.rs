@@ -29,6 +29,8 @@ pub struct QueueStats {
     pub stream_length: u64,
     /// Dead letters.
     pub dead: u64,
+    /// Whether dispatch is paused.
+    pub paused: bool,
     /// Per consumer group.
     pub groups: Vec<GroupStats>,
 }
@@ -48,6 +50,8 @@ pub struct GroupStats {
     /// Milliseconds since any consumer of the group last read (`None` without consumers):
     /// a group whose handler was removed shows a growing value.
     pub idle_ms: Option<u64>,
+    /// Whether the group is paused.
+    pub paused: bool,
 }
 
 type Raw = (
@@ -72,8 +76,15 @@ impl Client {
             next_due_at_ms: None,
             stream_length: 0,
             dead: 0,
+            paused: false,
             groups: Vec::new(),
         };
+        let flags: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.queue_meta_key(&q))
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the queue's flags")?;
+        s.paused = flags.contains_key(&crate::engine::flow::pause_field(None));
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
         for keys in self.registered_keys(&q).await? {
             let raw: Raw = STATS
@@ -96,12 +107,14 @@ impl Client {
                 }
             }
             for (group, consumers, pending, lag, idle) in gs {
+                let paused = flags.contains_key(&crate::engine::flow::pause_field(Some(&group)));
                 let g = groups.entry(group.clone()).or_insert(GroupStats {
                     group,
                     pending: 0,
                     lag: Some(0),
                     consumers: 0,
                     idle_ms: None,
+                    paused,
                 });
                 g.pending += pending;
                 g.consumers = g.consumers.max(consumers);

@@ -14,6 +14,8 @@
 //! | `delayq_order_close_total` | counter | queue, group, outcome (closed, already_paid, already_closed, not_yet_expired, unknown_order) |
 //! | `delayq_reconciled_total` | counter | queue |
 //! | `delayq_dead_trimmed_total` | counter | queue (retention and cap) |
+//! | `delayq_rate_limited_total` | counter | queue, group (reads that waited for the limit) |
+//! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
 //! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
@@ -85,6 +87,16 @@ pub fn dead_trimmed(queue: &str, n: u64) {
     metrics::counter!("delayq_dead_trimmed_total", "queue" => queue.to_owned()).increment(n);
 }
 
+/// A read or reclaim that waited for the group's rate limit.
+pub fn rate_limited(queue: &str, group: &str) {
+    metrics::counter!(
+        "delayq_rate_limited_total",
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned()
+    )
+    .increment(1);
+}
+
 /// Orders the reconciliation job rescheduled.
 pub fn reconciled(queue: &str, n: u64) {
     metrics::counter!("delayq_reconciled_total", "queue" => queue.to_owned()).increment(n);
@@ -99,8 +111,12 @@ pub fn queue_gauges(s: &QueueStats) {
     metrics::gauge!("delayq_oldest_overdue_seconds", "queue" => q.clone())
         .set(s.oldest_overdue_ms as f64 / 1000.0);
     metrics::gauge!("delayq_dead", "queue" => q.clone()).set(s.dead as f64);
+    metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => "")
+        .set(f64::from(u8::from(s.paused)));
     for g in &s.groups {
         metrics::gauge!("delayq_pending", "queue" => q.clone(), "group" => g.group.clone())
             .set(g.pending as f64);
+        metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => g.group.clone())
+            .set(f64::from(u8::from(g.paused)));
     }
 }

@@ -7,6 +7,7 @@
 
 use crate::engine::client::{Client, ClientOptions};
 use crate::engine::dead::{DeadPage, Selection};
+use crate::engine::flow::PauseState;
 use crate::engine::keys::{QueueName, validate_id, validate_member_name};
 use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
 use crate::engine::registry::{QueueCreated, QueueInfo};
@@ -314,6 +315,17 @@ impl Admin {
             deleted: true,
             pending,
         })
+    }
+
+    /// Pauses or resumes a queue's dispatch, or one group (`group`).
+    pub async fn set_paused(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        paused: bool,
+    ) -> Result<PauseState> {
+        check_queue_group(queue, group)?;
+        self.client.set_paused(queue, group, paused).await
     }
 
     /// The queues of the namespace.

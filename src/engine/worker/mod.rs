@@ -64,6 +64,8 @@ struct Shared<H> {
     /// Cancelled when the worker stops taking entries: prefetched entries still waiting for
     /// a slot are then left to their lease instead of being started.
     stopping: CancellationToken,
+    /// The group's pause flag, as this process last saw it.
+    pause: crate::engine::flow::PauseWatch,
     /// Handler slots.
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
@@ -94,6 +96,7 @@ impl<H: Handler> Worker<H> {
         let consumer = opts.consumer.clone().unwrap_or_else(default_consumer_name);
         validate_member_name("consumer", &consumer)?;
         opts.validate()?;
+        let pause = crate::engine::flow::PauseWatch::new(queue.clone(), Some(group.to_owned()));
         Ok(Worker {
             shared: Arc::new(Shared {
                 shards: client.queue_keys(&queue),
@@ -109,6 +112,7 @@ impl<H: Handler> Worker<H> {
                 stats: Arc::new(WorkerStats::default()),
                 leases: Arc::default(),
                 stopping: CancellationToken::new(),
+                pause,
             }),
         })
     }

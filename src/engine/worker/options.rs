@@ -1,6 +1,7 @@
 //! [`WorkerOptions`]: defaults and the one place their ranges are checked.
 
 use crate::engine::backoff::Backoff;
+use crate::engine::flow::RateLimit;
 use crate::error::InvalidInput;
 use std::time::Duration;
 
@@ -36,6 +37,9 @@ pub struct WorkerOptions {
     /// are leased, and their leases extended, like running ones; they wait for a slot in
     /// this process. 0 turns it off.
     pub prefetch: Option<usize>,
+    /// At most this many handler calls per period, shared by every process of the group
+    /// (default none). Entries beyond it stay in the stream, unread.
+    pub rate_limit: Option<RateLimit>,
 }
 
 impl Default for WorkerOptions {
@@ -51,6 +55,7 @@ impl Default for WorkerOptions {
             visibility_timeout: Duration::from_secs(30),
             reclaim_every: Duration::from_secs(1),
             prefetch: None,
+            rate_limit: None,
         }
     }
 }
@@ -110,6 +115,12 @@ impl WorkerOptions {
         self
     }
 
+    /// Sets the group's rate limit.
+    pub fn rate_limit(mut self, r: RateLimit) -> Self {
+        self.rate_limit = Some(r);
+        self
+    }
+
     /// Sets how many entries are taken ahead of free handler slots.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = Some(n);
@@ -144,6 +155,9 @@ impl WorkerOptions {
         }
         if self.visibility_timeout < Duration::from_millis(30) {
             return Err(bad("visibility_timeout", "must be at least 30 ms"));
+        }
+        if let Some(r) = &self.rate_limit {
+            r.validate()?;
         }
         if self.reclaim_every.is_zero() {
             return Err(bad("reclaim_every", "must be more than zero"));

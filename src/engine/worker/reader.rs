@@ -5,9 +5,11 @@ use super::entry::{Taken, as_string, ensure_groups, entries_of, is_nogroup, ms, 
 use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
+use crate::engine::flow::{PAUSE_REFRESH, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
+use crate::engine::telemetry;
 use crate::error::{Error, RedisContext, Result};
 use redis::Value;
 use std::sync::Arc;
@@ -40,10 +42,17 @@ pub(super) async fn reader_loop<H: Handler>(
             r.wait(&cancel).await;
             continue;
         }
+        if !may_take(&s, &cancel).await {
+            continue;
+        }
         let Some(mut permits) = take_permits(&s, &cancel).await else {
             break;
         };
+        if !limit(&s, &mut permits, &cancel).await {
+            continue;
+        }
         let taken = r.read(permits.len(), &cancel).await;
+
         for t in taken {
             // A read never returns more entries than it was given permits for.
             let Some(permit) = permits.pop() else { break };
@@ -71,6 +80,56 @@ async fn take_permits<H>(
         }
     }
     Some(permits)
+}
+
+/// Whether the group may take entries now: not while it is paused (waits a refresh
+/// interval then) or its pause flag cannot be read.
+pub(super) async fn may_take<H>(s: &Shared<H>, cancel: &CancellationToken) -> bool {
+    match s.pause.paused(&s.client).await {
+        Ok(false) => true,
+        other => {
+            if let Err(e) = other {
+                tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "reading the pause flag failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(PAUSE_REFRESH) => {}
+                _ = cancel.cancelled() => {}
+            }
+            false
+        }
+    }
+}
+
+/// Applies the group's rate limit to `permits`: keeps as many as the limiter grants (the
+/// rest are released). With none granted, waits until one is free and returns false.
+pub(super) async fn limit<H, P>(
+    s: &Shared<H>,
+    permits: &mut Vec<P>,
+    cancel: &CancellationToken,
+) -> bool {
+    let Some(rl) = &s.opts.rate_limit else {
+        return true;
+    };
+    let wait = match take_rate(&s.client, &s.queue, &s.group, rl, permits.len()).await {
+        Ok((granted, _)) if granted > 0 => {
+            permits.truncate(granted);
+            return true;
+        }
+        Ok((_, wait)) => {
+            telemetry::rate_limited(s.queue.as_str(), &s.group);
+            wait.clamp(Duration::from_millis(1), Duration::from_secs(1))
+        }
+        Err(e) => {
+            tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "rate limiter failed");
+            Duration::from_millis(100)
+        }
+    };
+    permits.clear();
+    tokio::select! {
+        _ = tokio::time::sleep(wait) => {}
+        _ = cancel.cancelled() => {}
+    }
+    false
 }
 
 /// Most entries one read takes.

@@ -2,6 +2,7 @@
 //! backoff elapsed) with `reclaim.lua`.
 
 use super::entry::{Fields, claimed_entries, ms, to_taken};
+use super::reader::may_take;
 use super::settle::{AckSender, process_guarded};
 use super::{Handler, Shared};
 use crate::engine::keys::ShardKeys;
@@ -22,6 +23,9 @@ pub(super) async fn reclaim_loop<H: Handler>(
     let mut handles: JoinSet<()> = JoinSet::new();
     let mut next_look = s.client.now_ms();
     loop {
+        if cancel.is_cancelled() {
+            return handles;
+        }
         while handles.try_join_next().is_some() {}
         let wait = u64::try_from(next_look - s.client.now_ms()).unwrap_or(0);
         if wait > 0 {
@@ -29,6 +33,9 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
                 _ = cancel.cancelled() => return handles,
             }
+        }
+        if !may_take(&s, &cancel).await {
+            continue;
         }
         // Only claim what can be handled now.
         let first = tokio::select! {
@@ -50,14 +57,20 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 break;
             }
             let lease_until = now + ms(s.opts.visibility_timeout);
-            let Some((claimed, next)) = claim(&s, keys, now, lease_until, permits.len()).await
-            else {
+            let Some(count) = rate_limited_count(&s, keys, now, permits.len()).await else {
+                next_look = now + 10;
+                break;
+            };
+            if count == 0 {
+                continue;
+            }
+            let Some((claimed, next)) = claim(&s, keys, now, lease_until, count).await else {
                 continue;
             };
             if let Some(n) = next {
                 next_look = next_look.min(n);
             }
-            if claimed.len() == permits.len() {
+            if claimed.len() == count {
                 next_look = now; // maybe more are due
             }
             for (entry_id, fields, count) in claimed {
@@ -71,6 +84,42 @@ pub(super) async fn reclaim_loop<H: Handler>(
                     drop(permit);
                 });
             }
+        }
+    }
+}
+
+/// How many due timers of a shard to claim: all that fit in `free` slots, or, under a rate
+/// limit, as many of the due ones as the limiter grants (permits are only taken for entries
+/// that are due). `None` when the limiter granted nothing.
+async fn rate_limited_count<H>(
+    s: &Shared<H>,
+    keys: &ShardKeys,
+    now: i64,
+    free: usize,
+) -> Option<usize> {
+    let Some(rl) = &s.opts.rate_limit else {
+        return Some(free);
+    };
+    let due: usize = redis::cmd("ZCOUNT")
+        .arg(keys.timers(&s.group))
+        .arg("-inf")
+        .arg(now)
+        .query_async(&mut s.client.connection())
+        .await
+        .unwrap_or(0);
+    let want = due.min(free);
+    if want == 0 {
+        return Some(0);
+    }
+    match crate::engine::flow::take_permits(&s.client, &s.queue, &s.group, rl, want).await {
+        Ok((granted, _)) if granted > 0 => Some(granted),
+        Ok(_) => {
+            crate::engine::telemetry::rate_limited(s.queue.as_str(), &s.group);
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "rate limiter failed");
+            None
         }
     }
 }

@@ -149,6 +149,13 @@ fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, Conf
     if let Some(p) = h.prefetch {
         o = o.prefetch(p);
     }
+    if let Some(r) = &h.rate_limit {
+        let r = crate::engine::flow::RateLimit::parse(r).map_err(|e| match e {
+            InvalidInput::Option { reason, .. } => ConfigError::at(k("rate_limit"), reason),
+            other => ConfigError::at(k("rate_limit"), other),
+        })?;
+        o = o.rate_limit(r);
+    }
     o.validate().map_err(lib_err(prefix, RENAMES))?;
     Ok(o)
 }

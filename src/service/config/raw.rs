@@ -151,6 +151,10 @@ pub struct HandlerConfig {
     /// Entries taken ahead of free handler slots (default three times `concurrency`).
     #[serde(default)]
     pub prefetch: Option<usize>,
+    /// At most this many calls per period for the whole group, every process together:
+    /// `200/s`, `30/m`, `1000/h` (default none).
+    #[serde(default)]
+    pub rate_limit: Option<String>,
 }
 
 /// `[reconciliation]`: reschedules the close event of every order still pending in the

@@ -52,7 +52,10 @@ impl AppState {
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     let v1 = Router::new()
         .route("/v1/queues", get(list_queues))
-        .route("/v1/queues/{queue}", put(create_queue).delete(delete_queue))
+        .route(
+            "/v1/queues/{queue}",
+            put(create_queue).delete(delete_queue).post(queue_action),
+        )
         .route("/v1/queues/{queue}/groups/{group}", delete(delete_group))
         .route(
             "/v1/queues/{queue}/messages/{id}",
@@ -369,6 +372,41 @@ async fn delete_queue(
     Ok(Json(
         st.admin
             .delete_queue(&queue, q.force.unwrap_or(false))
+            .await?,
+    ))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    group: Option<String>,
+}
+
+/// `POST /v1/queues/{q}:pause` and `POST /v1/queues/{q}:resume` (queue names cannot hold a
+/// colon, so the suffix is unambiguous).
+async fn queue_action(
+    State(st): State<AppState>,
+    Path(target): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<crate::engine::flow::PauseState>> {
+    let (queue, paused) = match target.rsplit_once(':') {
+        Some((q, "pause")) => (q, true),
+        Some((q, "resume")) => (q, false),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route (POST /v1/queues/{queue}:pause or :resume)",
+            ));
+        }
+    };
+    let b: PauseBody = match body {
+        Ok(bytes) if bytes.is_empty() => PauseBody::default(),
+        other => json_body(other)?,
+    };
+    Ok(Json(
+        st.admin
+            .set_paused(queue, b.group.as_deref(), paused)
             .await?,
     ))
 }

@@ -1,0 +1,36 @@
+-- ratelimit.lua: take up to n permits from a group's rate limit (GCRA), shared by every
+-- process of the group.
+--
+-- KEYS[1]  the limiter's key ({ns}:rate:<queue>:<group>; a STRING holding the theoretical
+--          arrival time, unix microseconds)
+-- ARGV[1]  now, unix microseconds (the Redis clock, read by the caller)
+-- ARGV[2]  emission interval: microseconds per permit (period / limit)
+-- ARGV[3]  burst: permits that may be taken at once (>= 1)
+-- ARGV[4]  n: permits wanted (1..1000)
+--
+-- Returns: { granted, wait_us }  granted = permits taken (0..n); when 0, wait_us = how long
+--          until the next one is free.
+--
+-- Why a script: reading and advancing the arrival time must be one step, or two processes
+-- would take the same permits. Permits for a whole read are taken in one call.
+-- Redis >= 6.2.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local now, t, burst, n = int(ARGV[1]), int(ARGV[2]), int(ARGV[3]), int(ARGV[4])
+if not now or not t or t < 1 or not burst or burst < 1 or not n or n < 1 or n > 1000 then
+  return redis.error_reply('ERR delayq ratelimit: bad arguments')
+end
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if tat < now then tat = now end
+local tau = (burst - 1) * t
+-- Permits free now: those whose arrival time is within now + tau.
+local free = math.floor((now + tau - tat) / t) + 1
+if free < 1 then
+  return { 0, tat - tau - now }
+end
+if free > n then free = n end
+tat = tat + free * t
+redis.call('SET', KEYS[1], string.format('%d', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+return { free, 0 }

@@ -1,0 +1,245 @@
+//! Flow control: pausing a queue's dispatch or a group's consumption, and rate limits shared
+//! by every process of a group.
+//!
+//! **Pause** flags live in the queue's registry record (`{ns}:queue:<q>`: field `paused` for
+//! the queue, `paused:<group>` for a group). Dispatchers and workers read them at most every
+//! [`PAUSE_REFRESH`], so every process obeys a pause or resume within a second. A paused
+//! queue keeps accepting schedules, cancels and reads; its orders wait in the schedule and
+//! go out earliest first when resumed. A paused group takes no new entries; entries it
+//! holds finish and are acknowledged, the rest wait in the stream (no attempt used, no
+//! lease running).
+//!
+//! **Rate limits** are a GCRA in Redis (`lua/ratelimit.lua`, key `{ns}:rate:<q>:<g>`): a
+//! reader takes the permits for a whole read in one call; entries beyond the limit stay in
+//! the stream, unread.
+
+use crate::engine::client::Client;
+use crate::engine::keys::QueueName;
+use crate::error::{Error, InvalidInput, RedisContext, Result};
+use serde::Serialize;
+use std::sync::{LazyLock, Mutex};
+use std::time::{Duration, Instant};
+
+/// How stale a process's view of the pause flags may be.
+pub const PAUSE_REFRESH: Duration = Duration::from_millis(400);
+
+/// A queue's or a group's pause state, as the surfaces answer it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PauseState {
+    /// The queue.
+    pub queue: String,
+    /// The group (`None`: the queue's dispatch).
+    pub group: Option<String>,
+    /// Whether it is paused now.
+    pub paused: bool,
+}
+
+/// The registry field holding a pause flag.
+pub(crate) fn pause_field(group: Option<&str>) -> String {
+    match group {
+        None => "paused".to_owned(),
+        Some(g) => format!("paused:{g}"),
+    }
+}
+
+impl Client {
+    /// Pauses or resumes dispatch of `queue` (`group` = `None`) or consumption by one group.
+    /// [`Error::QueueNotFound`] / [`Error::GroupNotFound`] when they do not exist.
+    pub async fn set_paused(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        paused: bool,
+    ) -> Result<PauseState> {
+        let q = QueueName::new(queue)?;
+        self.shards_of(&q).await?;
+        if let Some(g) = group {
+            crate::engine::keys::validate_member_name("group", g)?;
+            let stats = self.stats(queue).await?;
+            if !stats.groups.iter().any(|s| s.group == g) {
+                return Err(Error::GroupNotFound {
+                    queue: queue.to_owned(),
+                    group: g.to_owned(),
+                });
+            }
+        }
+        let cmd = if paused {
+            let mut c = redis::cmd("HSET");
+            c.arg(self.queue_meta_key(&q))
+                .arg(pause_field(group))
+                .arg("1");
+            c
+        } else {
+            let mut c = redis::cmd("HDEL");
+            c.arg(self.queue_meta_key(&q)).arg(pause_field(group));
+            c
+        };
+        let _: i64 = cmd
+            .query_async(&mut self.connection())
+            .await
+            .ctx("setting the pause flag")?;
+        Ok(PauseState {
+            queue: queue.to_owned(),
+            group: group.map(str::to_owned),
+            paused,
+        })
+    }
+
+    /// Whether `queue` (`group` = `None`) or one of its groups is paused.
+    pub async fn is_paused(&self, queue: &QueueName, group: Option<&str>) -> Result<bool> {
+        let v: Option<String> = redis::cmd("HGET")
+            .arg(self.queue_meta_key(queue))
+            .arg(pause_field(group))
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the pause flag")?;
+        Ok(v.is_some())
+    }
+}
+
+/// A process's cached view of one pause flag, refreshed at most every [`PAUSE_REFRESH`].
+#[derive(Debug)]
+pub(crate) struct PauseWatch {
+    queue: QueueName,
+    group: Option<String>,
+    seen: Mutex<Option<(Instant, bool)>>,
+}
+
+impl PauseWatch {
+    /// Watches `queue`'s flag (or `group`'s).
+    pub(crate) fn new(queue: QueueName, group: Option<String>) -> Self {
+        PauseWatch {
+            queue,
+            group,
+            seen: Mutex::new(None),
+        }
+    }
+
+    /// Whether it is paused (a Redis read when the cached value is older than
+    /// [`PAUSE_REFRESH`]; no lock is held across it).
+    pub(crate) async fn paused(&self, client: &Client) -> Result<bool> {
+        let cached = *self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, p)) = cached
+            && at.elapsed() < PAUSE_REFRESH
+        {
+            return Ok(p);
+        }
+        let p = client.is_paused(&self.queue, self.group.as_deref()).await?;
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), p));
+        Ok(p)
+    }
+}
+
+/// A rate limit: at most `count` handler calls per `period`, shared by every process of a
+/// group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Calls per period.
+    pub count: u32,
+    /// The period.
+    pub period: Duration,
+}
+
+impl RateLimit {
+    /// Parses `"200/s"`, `"30/m"`, `"1000/h"`.
+    pub fn parse(text: &str) -> Result<Self, InvalidInput> {
+        let bad = |reason: String| InvalidInput::Option {
+            name: "rate_limit",
+            reason,
+        };
+        let (n, unit) = text
+            .trim()
+            .split_once('/')
+            .ok_or_else(|| bad(format!("{text:?} is not N/s, N/m or N/h")))?;
+        let count: u32 = n
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("{n:?} is not a whole number")))?;
+        let period = match unit.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            other => return Err(bad(format!("unit {other:?} is not s, m or h"))),
+        };
+        let r = RateLimit { count, period };
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// Checks the range: 1..=1,000,000 per period.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        if !(1..=1_000_000).contains(&self.count) || self.period.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "rate_limit",
+                reason: "must allow 1..=1000000 calls per period".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Microseconds per permit.
+    fn interval_us(&self) -> i64 {
+        let us = i64::try_from(self.period.as_micros()).unwrap_or(i64::MAX);
+        (us / i64::from(self.count)).max(1)
+    }
+
+    /// Permits that may be taken at once: a tenth of a second's worth, at least 1.
+    fn burst(&self) -> i64 {
+        (100_000 / self.interval_us()).max(1)
+    }
+}
+
+/// Source of `lua/ratelimit.lua`.
+pub const RATELIMIT_LUA: &str = include_str!("../../lua/ratelimit.lua");
+static RATELIMIT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RATELIMIT_LUA));
+
+/// Takes up to `wanted` permits of `limit` for `queue`/`group`; returns how many were
+/// granted and, when none, how long until one is free.
+pub(crate) async fn take_permits(
+    client: &Client,
+    queue: &QueueName,
+    group: &str,
+    limit: &RateLimit,
+    wanted: usize,
+) -> Result<(usize, Duration)> {
+    let key = format!(
+        "{{{}}}:rate:{}:{}",
+        client.keyspace().namespace(),
+        queue,
+        group
+    );
+    let (granted, wait_us): (i64, i64) = RATELIMIT
+        .key(key)
+        .arg(client.clock().now_us())
+        .arg(limit.interval_us())
+        .arg(limit.burst())
+        .arg(wanted.clamp(1, 1000))
+        .invoke_async(&mut client.connection())
+        .await
+        .ctx("taking rate-limit permits (ratelimit.lua)")?;
+    Ok((
+        usize::try_from(granted).unwrap_or(0),
+        Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rate_limits_parse() {
+        let r = RateLimit::parse("200/s").unwrap();
+        assert_eq!((r.count, r.period), (200, Duration::from_secs(1)));
+        assert_eq!(r.interval_us(), 5000);
+        assert_eq!(r.burst(), 20);
+        assert_eq!(
+            RateLimit::parse("30/m").unwrap().period,
+            Duration::from_secs(60)
+        );
+        assert_eq!(RateLimit::parse("1/h").unwrap().burst(), 1);
+        for bad in ["", "200", "0/s", "x/s", "5/d", "-1/s", "2000000/s"] {
+            assert!(RateLimit::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
