@@ -148,6 +148,9 @@ pub enum Command {
         /// Shards per queue.
         #[arg(long, default_value_t = 1)]
         shards: u16,
+        /// A rate limit for the bench's handler group (e.g. 1000000/s), to measure its cost.
+        #[arg(long)]
+        rate_limit: Option<String>,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

@@ -48,6 +48,8 @@ pub struct BenchOptions {
     pub payload_bytes: usize,
     /// Shards per queue.
     pub shards: u16,
+    /// The handler group's rate limit, if any.
+    pub rate_limit: Option<crate::engine::flow::RateLimit>,
 }
 
 /// One scenario's result, printed as one JSON line.
@@ -376,7 +378,12 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         QUEUE,
         "bench",
         rec.handler(client, n),
-        WorkerOptions::default().concurrency(opts.concurrency),
+        match opts.rate_limit {
+            Some(r) => WorkerOptions::default()
+                .concurrency(opts.concurrency)
+                .rate_limit(r),
+            None => WorkerOptions::default().concurrency(opts.concurrency),
+        },
     )?;
     worker.ensure_groups().await?;
     let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
@@ -427,8 +434,13 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         client_cpu_us_per_order: own0.zip(own1).map(|(a, b)| (b - a) * 1e6 / n as f64),
         timed_out,
         notes: format!(
-            "{} shard(s), worker concurrency {}, payload ~{} B; lateness = handler start - due, Redis clock",
-            opts.shards, opts.concurrency, opts.payload_bytes
+            "{} shard(s), worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
+            opts.shards,
+            opts.concurrency,
+            opts.payload_bytes,
+            opts.rate_limit
+                .map(|r| format!(", rate limit {}/{:?}", r.count, r.period))
+                .unwrap_or_default()
         ),
         ..BenchReport::default()
     };
@@ -571,6 +583,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         concurrency,
         payload_bytes,
         shards,
+        rate_limit,
         json,
     } = c
     else {
@@ -583,6 +596,10 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         concurrency,
         payload_bytes,
         shards,
+        rate_limit: rate_limit
+            .as_deref()
+            .map(crate::engine::flow::RateLimit::parse)
+            .transpose()?,
     };
     if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
         return Err(Failure::Invalid(
