@@ -12,10 +12,11 @@
 use crate::engine::client::Client;
 use crate::engine::flow::PauseWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::retry::{Pacer, RetryPolicy};
 use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
-use crate::error::{InvalidInput, Result};
+use crate::error::{Error, InvalidInput, Result};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -244,7 +245,7 @@ impl Dispatcher {
     /// Runs until `cancel` fires. Redis errors are logged and retried with backoff; the
     /// loop never gives up on its own.
     pub async fn run(self, cancel: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        let mut pacer = Pacer::new(RetryPolicy::LOOP);
         let mut last_sync = Instant::now();
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
@@ -256,22 +257,20 @@ impl Dispatcher {
             self.wake.next_look_ms.store(i64::MAX, Ordering::SeqCst);
             let next = match self.drain_until(&cancel).await {
                 Ok(p) => {
-                    backoff = Duration::from_millis(50);
+                    pacer.reset();
                     p.next_due_ms
                 }
-                Err(e) if e.as_invalid().is_some() => {
+                Err(e) if e.as_invalid().is_some() || matches!(e, Error::ShardMismatch { .. }) => {
                     // A configuration mismatch (e.g. the shard count) does not heal by waiting.
                     tracing::error!(queue = %self.queue, error = %e, "dispatcher refused the queue; stopping");
                     break;
                 }
                 Err(e) => {
-                    tracing::warn!(queue = %self.queue, error = %e, retry_in = ?backoff, "dispatch failed");
+                    tracing::warn!(queue = %self.queue, error = %e, retry_in = ?pacer.next_delay(), "dispatch failed");
                     self.wake.next_look_ms.store(0, Ordering::SeqCst);
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = cancel.cancelled() => break,
+                    if !pacer.wait(Some(&cancel)).await {
+                        break;
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
             };

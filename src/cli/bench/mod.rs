@@ -20,16 +20,16 @@
 //! else in the Redis is touched (never FLUSHALL).
 
 use crate::{
-    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Mode, NewOrder, Payload, When,
-    Worker, WorkerOptions,
+    Client, ClientOptions, Dispatcher, DispatcherOptions, Mode, NewOrder, Payload, When, Worker,
+    WorkerOptions,
 };
-use anyhow::Context;
-use hdrhistogram::Histogram;
-use serde::Serialize;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+mod measure;
+
+pub use measure::BenchReport;
+use measure::{Lateness, Recorder, info_field, print_report, process_cpu_s, redis_cpu_s};
 
 const QUEUE: &str = "bench";
 
@@ -52,104 +52,10 @@ pub struct BenchOptions {
     pub rate_limit: Option<crate::engine::flow::RateLimit>,
 }
 
-/// One scenario's result, printed as one JSON line.
-#[derive(Debug, Clone, Serialize, Default)]
-pub struct BenchReport {
-    /// The scenario.
-    pub scenario: String,
-    /// Orders.
-    pub n: usize,
-    /// Seconds to schedule all orders.
-    pub enqueue_s: Option<f64>,
-    /// Orders scheduled per second.
-    pub enqueue_rate: Option<f64>,
-    /// When scheduling finished, ms after the start.
-    pub enqueue_done_offset_ms: Option<f64>,
-    /// Redis used_memory before scheduling.
-    pub mem_before: Option<i64>,
-    /// Redis used_memory right after scheduling.
-    pub mem_after: Option<i64>,
-    /// (mem_after − mem_before) / n.
-    pub mem_per_order_bytes: Option<f64>,
-    /// Handler calls.
-    pub processed: Option<usize>,
-    /// Distinct orders handled.
-    pub handled: Option<usize>,
-    /// Handler calls beyond the first per order.
-    pub duplicates: Option<usize>,
-    /// Orders never handled.
-    pub missing: Option<usize>,
-    /// Orders handled before their due time.
-    pub early_count: Option<usize>,
-    /// Lateness minimum, ms.
-    pub late_min_ms: Option<f64>,
-    /// Lateness p50, ms.
-    pub late_p50_ms: Option<f64>,
-    /// Lateness p90, ms.
-    pub late_p90_ms: Option<f64>,
-    /// Lateness p99, ms.
-    pub late_p99_ms: Option<f64>,
-    /// Lateness maximum, ms.
-    pub late_max_ms: Option<f64>,
-    /// First handler start, ms after the start.
-    pub first_handled_ms: Option<f64>,
-    /// Last handler start, ms after the start.
-    pub last_handled_ms: Option<f64>,
-    /// Storm: seconds from the due instant to the last handled.
-    pub drain_s: Option<f64>,
-    /// Storm: orders per second over drain_s (dispatch rate, for `dispatch`).
-    pub drain_rate: Option<f64>,
-    /// Redis CPU (user + sys) over the run / n, µs.
-    pub redis_cpu_us_per_order: Option<f64>,
-    /// This process's CPU (user + sys: producer, dispatcher and worker together) over the
-    /// scenario / n, µs.
-    pub client_cpu_us_per_order: Option<f64>,
-    /// True when not every order was handled in time.
-    pub timed_out: bool,
-    /// Free text: what was measured and how.
-    pub notes: String,
-}
-
 fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
     let base = 60;
     let pad = bytes.saturating_sub(base);
     Payload::from_value(&serde_json::json!({"order": i, "due_ms": due_ms, "pad": "x".repeat(pad)}))
-}
-
-/// `field` of `INFO section`, summed over every node that answered (a Redis Cluster
-/// answers once per node; a single server once).
-async fn info_field<T: std::str::FromStr + std::iter::Sum>(
-    client: &Client,
-    section: &str,
-    field: &str,
-) -> anyhow::Result<T> {
-    let reply: redis::Value = redis::cmd("INFO")
-        .arg(section)
-        .query_async(&mut client.connection())
-        .await?;
-    let texts: Vec<String> = match reply {
-        redis::Value::Map(nodes) => nodes
-            .into_iter()
-            .filter_map(|(_, v)| redis::from_redis_value(v).ok())
-            .collect(),
-        other => vec![redis::from_redis_value(other)?],
-    };
-    let values = texts
-        .iter()
-        .map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(&format!("{field}:")))
-                .and_then(|v| v.trim().parse::<T>().ok())
-                .with_context(|| format!("INFO {section} has no {field}"))
-        })
-        .collect::<anyhow::Result<Vec<T>>>()?;
-    anyhow::ensure!(!values.is_empty(), "INFO {section}: no answer");
-    Ok(values.into_iter().sum())
-}
-
-async fn redis_cpu_s(client: &Client) -> anyhow::Result<f64> {
-    Ok(info_field::<f64>(client, "cpu", "used_cpu_user").await?
-        + info_field::<f64>(client, "cpu", "used_cpu_sys").await?)
 }
 
 /// Schedules `orders` (4 calls of 1,000 in flight); returns the elapsed time.
@@ -364,11 +270,7 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
     let n = opts.orders;
     let start = client.now_ms();
     let lead = i64::try_from(opts.lead.as_millis()).unwrap_or(3000);
-    let window = if storm {
-        0
-    } else {
-        i64::try_from(opts.window.as_millis()).unwrap_or(10_000)
-    };
+    let window = i64::try_from(opts.window.as_millis()).unwrap_or(10_000) * i64::from(!storm);
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
     let orders = bench_orders(n, opts.payload_bytes, due_of);
     let rec = Recorder::default();
@@ -378,12 +280,7 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         QUEUE,
         "bench",
         rec.handler(client, n),
-        match opts.rate_limit {
-            Some(r) => WorkerOptions::default()
-                .concurrency(opts.concurrency)
-                .rate_limit(r),
-            None => WorkerOptions::default().concurrency(opts.concurrency),
-        },
+        worker_options(opts),
     )?;
     worker.ensure_groups().await?;
     let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
@@ -397,10 +294,9 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
     );
     let limit = opts.lead + opts.window + Duration::from_secs(120);
-    let timed_out = tokio::select! {
-        _ = rec.all_done.cancelled() => false,
-        _ = tokio::time::sleep(limit) => true,
-    };
+    let timed_out = tokio::time::timeout(limit, rec.all_done.cancelled())
+        .await
+        .is_err();
     stop.cancel();
     d.await?;
     w.await??;
@@ -448,6 +344,15 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
     Ok(report)
 }
 
+/// The bench worker's options: its concurrency, and the rate limit when one is asked for.
+fn worker_options(opts: &BenchOptions) -> WorkerOptions {
+    let w = WorkerOptions::default().concurrency(opts.concurrency);
+    match opts.rate_limit {
+        Some(r) => w.rate_limit(r),
+        None => w,
+    }
+}
+
 /// `n` orders `order-<i>` due at `due_of(i)`.
 fn bench_orders(n: usize, payload_bytes: usize, due_of: impl Fn(usize) -> i64) -> Vec<NewOrder> {
     (0..n)
@@ -459,115 +364,6 @@ fn bench_orders(n: usize, payload_bytes: usize, due_of: impl Fn(usize) -> i64) -
             )
         })
         .collect()
-}
-
-/// What the bench handler saw: handler start times (µs, Redis clock) per order index.
-#[derive(Default)]
-struct Recorder {
-    seen: Arc<Mutex<HashMap<usize, Vec<i64>>>>,
-    handled: Arc<std::sync::atomic::AtomicUsize>,
-    /// Cancelled once every one of the `n` orders was handled at least once.
-    all_done: CancellationToken,
-}
-
-impl Recorder {
-    /// A handler recording each delivery's start time.
-    fn handler(
-        &self,
-        client: &Client,
-        n: usize,
-    ) -> impl Fn(Delivery) -> std::future::Ready<crate::HandlerResult> + Send + Sync + 'static {
-        let (seen, handled, all_done) = (
-            self.seen.clone(),
-            self.handled.clone(),
-            self.all_done.clone(),
-        );
-        let clock = client.clock().clone();
-        move |d: Delivery| {
-            let at = clock.now_us();
-            let i = d.payload["order"]
-                .as_u64()
-                .and_then(|i| usize::try_from(i).ok())
-                .unwrap_or(usize::MAX);
-            if let Ok(mut m) = seen.lock() {
-                let v = m.entry(i).or_default();
-                v.push(at);
-                if v.len() == 1
-                    && handled.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n
-                {
-                    all_done.cancel();
-                }
-            }
-            std::future::ready(Ok(()))
-        }
-    }
-}
-
-/// Lateness over every order's first handler start.
-struct Lateness {
-    hist: Histogram<u64>,
-    early: usize,
-    min_late: i64,
-    processed: usize,
-    first: i64,
-    last: i64,
-}
-
-impl Lateness {
-    /// Sets the report's handling and lateness fields.
-    fn fill(&self, r: &mut BenchReport, n: usize, distinct: usize, start_ms: i64) {
-        let ms = |us: u64| us as f64 / 1000.0;
-        let since_start = |us: i64| (us - start_ms * 1000) as f64 / 1000.0;
-        r.processed = Some(self.processed);
-        r.handled = Some(distinct);
-        r.duplicates = Some(self.processed - distinct);
-        r.missing = Some(n - distinct);
-        r.early_count = Some(self.early);
-        r.late_min_ms = (distinct > 0).then(|| self.min_late as f64 / 1000.0);
-        r.late_p50_ms = Some(ms(self.hist.value_at_quantile(0.50)));
-        r.late_p90_ms = Some(ms(self.hist.value_at_quantile(0.90)));
-        r.late_p99_ms = Some(ms(self.hist.value_at_quantile(0.99)));
-        r.late_max_ms = Some(ms(self.hist.max()));
-        r.first_handled_ms = (distinct > 0).then(|| since_start(self.first));
-        r.last_handled_ms = (distinct > 0).then(|| since_start(self.last));
-    }
-
-    fn of(seen: &HashMap<usize, Vec<i64>>, due_us: impl Fn(usize) -> i64) -> anyhow::Result<Self> {
-        let mut l = Lateness {
-            hist: Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3)?,
-            early: 0,
-            min_late: i64::MAX,
-            processed: 0,
-            first: i64::MAX,
-            last: i64::MIN,
-        };
-        for (i, times) in seen {
-            l.processed += times.len();
-            let Some(&t) = times.first() else { continue };
-            let late = t - due_us(*i);
-            if late < 0 {
-                l.early += 1;
-            }
-            l.min_late = l.min_late.min(late);
-            let _ = l.hist.record(u64::try_from(late).unwrap_or(0).max(1));
-            l.first = l.first.min(t);
-            l.last = l.last.max(t);
-        }
-        Ok(l)
-    }
-}
-
-/// This process's CPU time (user + system), seconds, from `/proc/self/stat` (Linux; `None`
-/// elsewhere). Clock ticks are 100 per second on Linux.
-fn process_cpu_s() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may hold spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after ')'.
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
 }
 
 /// `delayq bench`: runs the named scenarios and prints one report each (`c` is a
@@ -622,22 +418,4 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         print_report(&report, json);
     }
     Ok(())
-}
-
-/// One report: a JSON line, or `key value` lines for people.
-fn print_report(report: &BenchReport, json: bool) {
-    let line = super::json_line(report);
-    if json {
-        println!("{line}");
-        return;
-    }
-    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
-    if let Some(m) = v.as_object() {
-        println!("{}:", report.scenario);
-        for (k, val) in m {
-            if !val.is_null() && k != "scenario" {
-                println!("  {k:<24} {val}");
-            }
-        }
-    }
 }

@@ -1,0 +1,318 @@
+//! The producer API: schedule, cancel, reschedule and read orders.
+//!
+//! A [`Client`] is cheap to clone (an `Arc`); all clones share one multiplexed, self-healing
+//! connection ([`Conn`]: one server or a cluster), the clock, and the wake-up signals of
+//! dispatchers running in this process.
+
+mod options;
+mod schedule;
+
+pub use options::{ClientOptions, DEFAULT_MAX_PAYLOAD_BYTES, Durability, MAX_SHARDS};
+
+use crate::engine::clock::{Clock, RedisClock};
+use crate::engine::conn::{Conn, RedisTarget};
+use crate::engine::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id};
+use crate::engine::message::{
+    CancelOutcome, RescheduleOutcome, ScheduledOrder, When, decode_stored,
+};
+use crate::engine::scripts::{self};
+use crate::engine::telemetry;
+use crate::engine::wake::WakeRegistry;
+use crate::error::{RedisContext, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A handle on one Redis (and one key namespace) for producing and administering orders.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+    /// How schedules are acknowledged (per client handle: see [`Client::with_durability`]).
+    durability: Durability,
+}
+
+struct Inner {
+    /// Opens new connections (workers need dedicated ones for blocking reads).
+    redis: RedisTarget,
+    /// The shared multiplexed connection; reconnects by itself.
+    conn: Conn,
+    keyspace: Keyspace,
+    opts: ClientOptions,
+    clock: Arc<dyn Clock>,
+    /// The Redis clock when `clock` is one, so long-running loops can re-sync it.
+    redis_clock: Option<Arc<RedisClock>>,
+    /// Wakes this process's dispatchers when an earlier order is scheduled.
+    wake: WakeRegistry,
+    /// The connection durable schedules use: `WAIT` blocks its connection, so it gets its own,
+    /// opened on first use, one durable batch at a time.
+    durable_conn: tokio::sync::Mutex<Option<Conn>>,
+    /// Queues already recorded in the `<ns>:queues` set by this client.
+    /// Shard counts of queues this client found in the registry (or registered).
+    pub(crate) known_queues: Mutex<HashMap<String, u16>>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("namespace", &self.inner.keyspace.namespace())
+            .field("shards", &self.inner.opts.shards)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// Connects with default options. `url` is `redis://[user:pass@]host:port[/db]`, or
+    /// `rediss://` for TLS.
+    pub async fn connect(url: &str) -> Result<Client> {
+        Self::connect_with(url, ClientOptions::default()).await
+    }
+
+    /// Connects with `opts`, using the Redis server's clock.
+    pub async fn connect_with(url: &str, opts: ClientOptions) -> Result<Client> {
+        Self::build(url, opts, None).await
+    }
+
+    /// Connects with `opts` and a clock of the caller's (tests).
+    pub async fn connect_with_clock(
+        url: &str,
+        opts: ClientOptions,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Client> {
+        Self::build(url, opts, Some(clock)).await
+    }
+
+    async fn build(
+        url: &str,
+        opts: ClientOptions,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<Client> {
+        opts.validate()?;
+        let keyspace = Keyspace::new(&opts.namespace)?;
+        let redis = RedisTarget::open(url)?;
+        let mut conn = redis
+            .connect(opts.response_timeout, opts.connect_timeout)
+            .await
+            .ctx("connecting")?;
+        let (clock, redis_clock): (Arc<dyn Clock>, _) = match clock {
+            Some(c) => (c, None),
+            None => {
+                let rc = Arc::new(RedisClock::new(&mut conn).await?);
+                (rc.clone(), Some(rc))
+            }
+        };
+        let durability = opts.durability;
+        Ok(Client {
+            durability,
+            inner: Arc::new(Inner {
+                redis,
+                conn,
+                keyspace,
+                opts,
+                clock,
+                redis_clock,
+                wake: WakeRegistry::default(),
+                durable_conn: tokio::sync::Mutex::new(None),
+                known_queues: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    /// Cancels a scheduled order (e.g. the customer paid). `NotFound` when it was never
+    /// scheduled, was already cancelled, or was already dispatched.
+    pub async fn cancel(&self, queue: &str, id: &str) -> Result<CancelOutcome> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
+        let mut conn = self.inner.conn.clone();
+        Ok(if scripts::cancel(&mut conn, &keys, id).await? {
+            telemetry::cancelled(queue.as_str());
+            CancelOutcome::Cancelled
+        } else {
+            CancelOutcome::NotFound
+        })
+    }
+
+    /// Moves a scheduled order to a new due time, keeping its payload.
+    pub async fn reschedule(
+        &self,
+        queue: &str,
+        id: &str,
+        when: impl Into<When>,
+    ) -> Result<RescheduleOutcome> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let due = when.into().resolve(self.now_ms())?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
+        let mut conn = self.inner.conn.clone();
+        if scripts::reschedule(&mut conn, &keys, id, due).await? {
+            self.inner.wake.scheduled(queue.as_str(), due);
+            Ok(RescheduleOutcome::Rescheduled)
+        } else {
+            Ok(RescheduleOutcome::NotFound)
+        }
+    }
+
+    /// Reads a scheduled order: its due time and payload. `None` when it is not scheduled.
+    pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduledOrder>> {
+        let queue = QueueName::new(queue)?;
+        validate_id(id)?;
+        let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
+        let mut conn = self.inner.conn.clone();
+        let (score, raw) = scripts::get(&mut conn, &keys, id).await?;
+        let Some(score) = score else { return Ok(None) };
+        let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
+            Some((enq, json)) => (
+                enq,
+                serde_json::from_str(json).unwrap_or(serde_json::Value::String(json.to_owned())),
+            ),
+            None => (None, serde_json::Value::Null),
+        };
+        Ok(Some(ScheduledOrder {
+            id: id.to_owned(),
+            due_at_ms: scripts::score_to_ms(score),
+            enqueued_at_ms,
+            payload,
+        }))
+    }
+
+    /// Names of the registered queues of this namespace, sorted.
+    pub async fn queues(&self) -> Result<Vec<String>> {
+        let mut conn = self.inner.conn.clone();
+        let mut names: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.queues_key())
+            .query_async(&mut conn)
+            .await
+            .ctx("listing queues")?;
+        names.sort();
+        Ok(names)
+    }
+
+    /// "Now" from this client's clock (the Redis server's, by default), unix ms.
+    pub fn now_ms(&self) -> i64 {
+        self.inner.clock.now_ms()
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// Re-anchors the Redis clock on `TIME` (no-op for a clock supplied by the caller).
+    pub async fn sync_clock(&self) -> Result<()> {
+        if let Some(rc) = &self.inner.redis_clock {
+            let mut conn = self.inner.conn.clone();
+            rc.sync(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every key of this client's namespace (`{<ns>:*` and `{<ns>}:*`) with `SCAN`,
+    /// never `KEYS`, so a large shared Redis is not blocked. For throwaway namespaces (demo,
+    /// bench, examples); returns how many keys were deleted. On a cluster it covers the node
+    /// the SCAN reaches.
+    pub async fn delete_namespace(&self) -> Result<u64> {
+        let ns = self.inner.keyspace.namespace();
+        let mut conn = self.inner.conn.clone();
+        let mut deleted = 0;
+        self.inner_known().clear();
+        for pattern in [format!("{{{ns}:*"), format!("{{{ns}}}:*")] {
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn)
+                    .await
+                    .ctx("listing the namespace's keys (SCAN)")?;
+                for k in keys {
+                    let n: u64 = redis::cmd("DEL")
+                        .arg(&k)
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("deleting the namespace's keys")?;
+                    deleted += n;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// A handle on the same client whose schedules have durability `d` (cheap: shares the
+    /// connections).
+    pub fn with_durability(&self, d: Durability) -> Client {
+        Client {
+            inner: self.inner.clone(),
+            durability: d,
+        }
+    }
+
+    /// The options this client was built with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.inner.opts
+    }
+
+    /// The key namespace.
+    pub fn keyspace(&self) -> &Keyspace {
+        &self.inner.keyspace
+    }
+
+    /// The keys of every shard of `queue`, with this client's configured shard count (the
+    /// count dispatchers and workers register a queue with). Producer and admin calls use
+    /// the count in the registry instead.
+    pub fn queue_keys(&self, queue: &QueueName) -> Vec<ShardKeys> {
+        self.inner.keyspace.shards(queue, self.inner.opts.shards)
+    }
+
+    /// A clone of the shared multiplexed connection (for admin commands and tests).
+    pub fn connection(&self) -> Conn {
+        self.inner.conn.clone()
+    }
+
+    /// Opens a new, dedicated connection whose replies may take up to `response_timeout`
+    /// (blocking reads must neither share a multiplexed connection nor hit the default
+    /// 500 ms timeout).
+    pub(crate) async fn dedicated_connection(&self, response_timeout: Duration) -> Result<Conn> {
+        self.inner
+            .redis
+            .connect(response_timeout, self.inner.opts.connect_timeout)
+            .await
+            .ctx("opening a dedicated connection")
+    }
+
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.redis.is_cluster()
+    }
+
+    /// The shard counts this client knows (see `registry`).
+    pub(crate) fn inner_known(&self) -> std::sync::MutexGuard<'_, HashMap<String, u16>> {
+        self.inner
+            .known_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn wake(&self) -> &WakeRegistry {
+        &self.inner.wake
+    }
+
+    pub(crate) fn shard_keys(&self, queue: &QueueName, shard: u16) -> ShardKeys {
+        self.inner.keyspace.shard(queue, shard)
+    }
+
+    pub(crate) fn queues_key(&self) -> String {
+        format!("{{{}}}:queues", self.inner.keyspace.namespace())
+    }
+
+    /// The HASH recording a queue's settings (`shards`), fixed when the queue is first used.
+    pub fn queue_meta_key(&self, queue: &QueueName) -> String {
+        format!("{{{}}}:queue:{}", self.inner.keyspace.namespace(), queue)
+    }
+}

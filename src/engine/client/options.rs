@@ -1,0 +1,126 @@
+//! [`ClientOptions`] and [`Durability`]: the client's settings, their defaults and the one
+//! place their ranges are checked.
+
+use crate::engine::keys::Keyspace;
+use crate::error::InvalidInput;
+use std::time::Duration;
+
+/// Most shards a queue may have.
+pub const MAX_SHARDS: u16 = 1024;
+/// Default payload limit: 64 KiB of JSON text.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
+/// Most orders per enqueue script call: amortises the ~15 µs fixed cost of a script call
+/// while keeping each call short (Redis runs one script at a time).
+pub(super) const ENQUEUE_CHUNK_ORDERS: usize = 500;
+/// Most payload bytes per enqueue script call.
+pub(super) const ENQUEUE_CHUNK_BYTES: usize = 1 << 20;
+
+/// Options of a [`Client`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// Prefix of every key (default `dq`).
+    pub namespace: String,
+    /// Shards per queue (default 1). Every process using a queue must agree on it.
+    pub shards: u16,
+    /// Largest accepted payload, bytes of JSON text (default 64 KiB).
+    pub max_payload_bytes: usize,
+    /// How long a command may wait for its reply (default 10 s).
+    pub response_timeout: Duration,
+    /// How long connecting may take (default 5 s).
+    pub connect_timeout: Duration,
+    /// When a schedule counts as done (default [`Durability::Leader`]).
+    pub durability: Durability,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            namespace: "dq".into(),
+            shards: 1,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+            response_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(5),
+            durability: Durability::Leader,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Sets the key namespace.
+    pub fn namespace(mut self, ns: impl Into<String>) -> Self {
+        self.namespace = ns.into();
+        self
+    }
+
+    /// Sets the number of shards per queue (1..=1024).
+    pub fn shards(mut self, shards: u16) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Sets the durability of schedules.
+    pub fn durability(mut self, d: Durability) -> Self {
+        self.durability = d;
+        self
+    }
+
+    /// Sets the payload limit in bytes.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Checks every option (the one place they are checked).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        Keyspace::new(&self.namespace)?;
+        if !(1..=MAX_SHARDS).contains(&self.shards) {
+            return Err(InvalidInput::Option {
+                name: "shards",
+                reason: format!("must be 1..={MAX_SHARDS}, got {}", self.shards),
+            });
+        }
+        if self.max_payload_bytes == 0 {
+            return Err(InvalidInput::Option {
+                name: "max_payload_bytes",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if self.response_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(InvalidInput::Option {
+                name: "timeout",
+                reason: "response and connect timeouts must be more than zero".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// When a schedule counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// As soon as the leader (master) has it. Fast; a failover or a crash of a master without
+    /// persistence can lose it (see ARCHITECTURE.md, "Durability").
+    #[default]
+    Leader,
+    /// Only once `replicas` replicas confirm it (`WAIT`), within `timeout`; otherwise the call
+    /// fails with [`Error::NotReplicated`](crate::Error::NotReplicated) and the order, already
+    /// on the leader, may still fire.
+    Replicated {
+        /// Replicas that must confirm.
+        replicas: u32,
+        /// How long to wait for them.
+        timeout: Duration,
+    },
+}
+
+impl Durability {
+    /// One replica within one second.
+    pub fn replicated() -> Self {
+        Durability::Replicated {
+            replicas: 1,
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
