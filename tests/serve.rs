@@ -407,3 +407,144 @@ grace = "1s"
         std::fs::read_to_string(dir.path().join("serve.log")).unwrap()
     );
 }
+
+/// A partner that takes `slow` per call while `slow` is set, and records each order id.
+#[derive(Clone, Default)]
+struct Partner {
+    ids: Arc<Mutex<std::collections::HashSet<String>>>,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+    slow: Arc<std::sync::atomic::AtomicBool>,
+}
+
+async fn partner(State(p): State<Partner>, body: axum::body::Bytes) -> StatusCode {
+    use std::sync::atomic::Ordering;
+    p.calls.fetch_add(1, Ordering::SeqCst);
+    if p.slow.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    if let Some(id) = v["id"].as_str() {
+        p.ids.lock().unwrap().insert(id.to_owned());
+    }
+    StatusCode::OK
+}
+
+fn spawn_serve(cfg: &std::path::Path, log: std::path::PathBuf) -> std::process::Child {
+    Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_under_a_backlog_exits_within_the_grace_and_a_restart_delivers_everything() {
+    use std::sync::atomic::Ordering;
+    let redis = delayq::LocalRedis::start().unwrap();
+    let p = Partner::default();
+    p.slow.store(true, Ordering::SeqCst);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route("/close", post(partner))
+        .with_state(p.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+
+    // 50,000 overdue orders before the service starts.
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    client.create_queue("order-close", 1).await.unwrap();
+    let n = 50_000;
+    for chunk in 0..(n / 5000) {
+        let orders: Vec<delayq::NewOrder> = (0..5000)
+            .map(|i| {
+                delayq::NewOrder::new(
+                    format!("b{}", chunk * 5000 + i),
+                    delayq::When::in_ms(0),
+                    json!({}),
+                )
+            })
+            .collect();
+        client
+            .schedule_many("order-close", &orders, delayq::Mode::Upsert)
+            .await
+            .unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+redis_url = "{}"
+shutdown_grace = "1s"
+[http]
+listen = "127.0.0.1:{}"
+[[handlers]]
+queue = "order-close"
+group = "close"
+kind = "webhook"
+url = "http://127.0.0.1:{hook_port}/close"
+concurrency = 64
+timeout = "60s"
+visibility_timeout = "2s"
+"#,
+            redis.url(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = spawn_serve(&cfg, dir.path().join("serve1.log"));
+    let p2 = p.clone();
+    wait_for("handlers running", Duration::from_secs(60), move || {
+        let c = p2.calls.load(Ordering::SeqCst);
+        async move { c >= 64 }
+    })
+    .await;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Exits 0 within the grace (1 s) + a bound, whatever the backlog: the running handlers
+    // take 30 s each and 50,000 orders wait.
+    let exited = tokio::time::timeout(
+        Duration::from_secs(1 + 5),
+        tokio::task::spawn_blocking(move || child.wait()),
+    )
+    .await
+    .expect("serve exited within the grace");
+    let status = exited.unwrap().unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(dir.path().join("serve1.log")).unwrap()
+    );
+    // A restarted service delivers every order; the abandoned ones after their lease.
+    p.slow.store(false, Ordering::SeqCst);
+    let mut child = spawn_serve(&cfg, dir.path().join("serve2.log"));
+    let p3 = p.clone();
+    wait_for(
+        "every order delivered",
+        Duration::from_secs(300),
+        move || {
+            let got = p3.ids.lock().unwrap().len();
+            async move { got >= n }
+        },
+    )
+    .await;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(child.wait().unwrap().success());
+    assert_eq!(p.ids.lock().unwrap().len(), n, "none lost");
+}
