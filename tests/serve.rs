@@ -548,3 +548,59 @@ visibility_timeout = "2s"
     assert!(child.wait().unwrap().success());
     assert_eq!(p.ids.lock().unwrap().len(), n, "none lost");
 }
+
+#[tokio::test]
+async fn a_wrong_redis_password_exits_3_at_start_up_and_no_secret_is_printed() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    let url = format!("redis://nobody:S3cretPW@127.0.0.1:{}", redis.port());
+    std::fs::write(
+        &cfg,
+        format!(
+            "redis_url = \"{url}\"\nqueues = [\"q\"]\n[http]\nlisten = \"127.0.0.1:{}\"\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env_remove("DELAYQ_REDIS_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut { stderr }, &mut s).unwrap();
+            (child.wait().unwrap(), s)
+        }),
+    )
+    .await
+    .expect("serve gave up at start-up instead of retrying forever")
+    .unwrap();
+    assert_eq!(out.0.code(), Some(3), "{}", out.1);
+    assert!(!out.1.contains("S3cretPW"), "{}", out.1);
+    // `--help` never shows the values of secret-bearing environment variables.
+    let o = Command::new(BIN)
+        .args(["schedule", "--help"])
+        .env("DELAYQ_REDIS_URL", &url)
+        .env("DELAYQ_DATABASE_URL", "postgres://u:DbSecret@h/db")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&o.stdout);
+    assert!(help.contains("DELAYQ_REDIS_URL"), "{help}");
+    assert!(
+        !help.contains("S3cretPW") && !help.contains("DbSecret"),
+        "{help}"
+    );
+    let o = Command::new(BIN)
+        .args(["demo", "--help"])
+        .env("DELAYQ_DATABASE_URL", "postgres://u:DbSecret@h/db")
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("DbSecret"));
+}

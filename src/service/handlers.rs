@@ -47,6 +47,9 @@ pub struct Webhook {
     secret: Option<Vec<u8>>,
 }
 
+/// The longest `Retry-After` honoured (one hour): a partner cannot park an order for years.
+const MAX_RETRY_AFTER_SECS: u64 = 3600;
+
 /// The one rule for a webhook URL: an absolute `http://` or `https://` URL.
 pub fn check_webhook_url(url: &str) -> std::result::Result<(), String> {
     let ok = url.starts_with("http://") || url.starts_with("https://");
@@ -146,8 +149,19 @@ impl Webhook {
             .get("retry-after")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let msg = format!("webhook answered {status}");
+            .map(|secs| Duration::from_secs(secs.min(MAX_RETRY_AFTER_SECS)));
+        let msg = if status.is_redirection() {
+            // Never followed: the configured endpoint did not take the order.
+            let to = resp
+                .headers()
+                .get("location")
+                .and_then(|v| v.to_str().ok())
+                .map(|l| l.split(['?', '#']).next().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            format!("webhook answered {status} (redirect to {to:?} not followed)")
+        } else {
+            format!("webhook answered {status}")
+        };
         Err(match after {
             Some(a) => HandlerError::retry_after(msg, a),
             None => HandlerError::retry(msg),
@@ -174,6 +188,90 @@ mod tests {
             shard: 0,
             attempt: 3,
             flag: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn redirects_are_never_followed_and_retry_after_is_capped() {
+        use axum::routing::post;
+        let hits = Arc::new(Mutex::new(0u32));
+        let h2 = hits.clone();
+        let target = axum::Router::new().route(
+            "/elsewhere",
+            post(move || {
+                *h2.lock().unwrap() += 1;
+                async { "ok" }
+            })
+            .get(|| async { "ok" }),
+        );
+        let tl = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tport = tl.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(tl, target).await.unwrap() });
+        let loc = format!("http://127.0.0.1:{tport}/elsewhere?token=SECRET");
+        let l2 = loc.clone();
+        let app = axum::Router::new()
+            .route(
+                "/302",
+                post(move || {
+                    let l = l2.clone();
+                    async move { (axum::http::StatusCode::FOUND, [("location", l)]) }
+                }),
+            )
+            .route(
+                "/307",
+                post(move || {
+                    let l = loc.clone();
+                    async move {
+                        (
+                            axum::http::StatusCode::TEMPORARY_REDIRECT,
+                            [("location", l)],
+                        )
+                    }
+                }),
+            )
+            .route(
+                "/busy",
+                post(|| async {
+                    (
+                        axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "4000000000")],
+                    )
+                }),
+            );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        for path in ["302", "307"] {
+            let w = Webhook::new(
+                &format!("http://127.0.0.1:{port}/{path}"),
+                Some("k"),
+                Duration::from_secs(5),
+            )
+            .unwrap();
+            match w.call(&delivery()).await {
+                Err(HandlerError::Retry { message, .. }) => {
+                    assert!(message.contains("not followed"), "{message}");
+                    assert!(!message.contains("SECRET"), "{message}");
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            *hits.lock().unwrap(),
+            0,
+            "the redirect target received nothing"
+        );
+        let w = Webhook::new(
+            &format!("http://127.0.0.1:{port}/busy"),
+            None,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        match w.call(&delivery()).await {
+            Err(HandlerError::Retry { after, .. }) => {
+                assert_eq!(after, Some(Duration::from_secs(MAX_RETRY_AFTER_SECS)))
+            }
+            other => panic!("{other:?}"),
         }
     }
 
