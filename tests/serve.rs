@@ -604,3 +604,90 @@ async fn a_wrong_redis_password_exits_3_at_start_up_and_no_secret_is_printed() {
         .unwrap();
     assert!(!String::from_utf8_lossy(&o.stdout).contains("DbSecret"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_is_obeyed_by_every_serve_process() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut children = Vec::new();
+    for (i, port) in ports.iter().enumerate() {
+        let cfg = dir.path().join(format!("delayq{i}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "redis_url = \"{}\"\nqueues = [\"order-close\"]\n[http]\nlisten = \"127.0.0.1:{port}\"\n",
+                redis.url()
+            ),
+        )
+        .unwrap();
+        children.push(spawn_serve(&cfg, dir.path().join(format!("serve{i}.log"))));
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    for port in ports {
+        let h = http.clone();
+        wait_for("serve to answer /readyz", Duration::from_secs(60), move || {
+            let h = h.clone();
+            async move {
+                matches!(h.get(format!("http://127.0.0.1:{port}/readyz")).send().await, Ok(r) if r.status() == 200)
+            }
+        })
+        .await;
+    }
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    let base = |i: usize| format!("http://127.0.0.1:{}/v1/queues/order-close", ports[i]);
+    // Paused through the first process...
+    let r = http
+        .post(format!("{}:pause", base(0)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // ...and, a second later, obeyed by both: orders scheduled through the second stay put.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for i in 0..20 {
+        let r = http
+            .put(format!("{}/messages/p{i}", base(1)))
+            .header("content-type", "application/json")
+            .body(json!({"delay_ms": 0}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let s = client.stats("order-close").await.unwrap();
+    assert_eq!(
+        (s.scheduled, s.stream_length),
+        (20, 0),
+        "dispatched while paused"
+    );
+    // Resumed through the second process: every order goes out.
+    let r = http
+        .post(format!("{}:resume", base(1)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let c = client.clone();
+    wait_for(
+        "dispatched after resume",
+        Duration::from_secs(30),
+        move || {
+            let c = c.clone();
+            async move { c.stats("order-close").await.unwrap().stream_length == 20 }
+        },
+    )
+    .await;
+    for mut child in children {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(child.wait().unwrap().success());
+    }
+}
