@@ -564,3 +564,37 @@ async fn pause_and_resume_over_http() {
     let (st, v) = call(&r, "POST", "/v1/queues/order-close:explode", None, None).await;
     assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
 }
+
+/// Calls of EVALSHA so far (stats.lua runs through it).
+async fn evalsha_calls(client: &delayq::Client) -> u64 {
+    let info: String = raw(client, &["INFO", "commandstats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn scrapes_do_not_multiply_redis_work() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let (st, _) = call(&r, "GET", "/metrics", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let after_first = evalsha_calls(&client).await;
+    assert!(
+        after_first >= support::QUEUES.len() as u64,
+        "the first scrape reads the stats"
+    );
+    // Scrapes right after it are served from the refreshed gauges.
+    for _ in 0..20 {
+        let (st, _) = call(&r, "GET", "/metrics", None, None).await;
+        assert_eq!(st, StatusCode::OK);
+    }
+    assert_eq!(evalsha_calls(&client).await, after_first);
+    // An unregistered name in a request never becomes a label value.
+    let (st, _) = call(&r, "GET", "/v1/queues/made-up/stats", None, None).await;
+    assert_eq!(st, StatusCode::NOT_FOUND);
+    let (_, text) = call(&r, "GET", "/metrics", None, None).await;
+    assert!(!text.as_str().unwrap_or_default().contains("made-up"));
+}
