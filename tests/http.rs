@@ -598,3 +598,44 @@ async fn scrapes_do_not_multiply_redis_work() {
     let (_, text) = call(&r, "GET", "/metrics", None, None).await;
     assert!(!text.as_str().unwrap_or_default().contains("made-up"));
 }
+
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive_and_405_is_in_the_envelope() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]), 1 << 20);
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let req = Request::builder()
+            .method("GET")
+            .uri("/v1/queues")
+            .header("authorization", format!("{scheme} {TOKEN}"))
+            .body(Body::empty())
+            .unwrap();
+        let (st, _) = raw_call(&r, req).await;
+        assert_eq!(st, StatusCode::OK, "{scheme}");
+    }
+    let req = Request::builder()
+        .method("GET")
+        .uri("/v1/queues")
+        .header("authorization", format!("Basic {TOKEN}"))
+        .body(Body::empty())
+        .unwrap();
+    let (st, v) = raw_call(&r, req).await;
+    assert_eq!((st, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    let (st, v) = call(&r, "DELETE", "/healthz", None, None).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+    );
+}
+
+#[test]
+fn tokens_of_spaces_are_refused() {
+    for tokens in [r#"["        "]"#, r#"["has a space"]"#, r#"["short"]"#] {
+        let e = delayq::service::config::load_str(
+            &format!("[http]\ntokens = {tokens}\n"),
+            figment::providers::Env::prefixed("DELAYQ_TEST_NONE_"),
+        )
+        .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("http.tokens"), "{tokens}: {e}");
+    }
+}

@@ -691,3 +691,30 @@ async fn a_pause_is_obeyed_by_every_serve_process() {
         assert!(child.wait().unwrap().success());
     }
 }
+
+#[tokio::test]
+async fn a_busy_port_is_reported_as_such() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{port}\"\n",
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let o = Command::new(BIN)
+        .args(["serve", "--config", cfg.to_str().unwrap()])
+        .env_remove("DELAYQ_REDIS_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("binding the HTTP listener"), "{stderr}");
+    assert!(!stderr.contains("redis"), "{stderr}");
+    drop(busy);
+}

@@ -221,10 +221,13 @@ fn check_http(h: &HttpConfig) -> Result<SocketAddr, ConfigError> {
             "must be at least 1024",
         ));
     }
-    if h.tokens.iter().any(|t| t.len() < 8) {
+    if h.tokens
+        .iter()
+        .any(|t| t.trim().len() < 8 || t.chars().any(char::is_whitespace))
+    {
         return Err(ConfigError::at(
             "http.tokens",
-            "each token must be at least 8 characters",
+            "each token must be at least 8 characters, without spaces",
         ));
     }
     Ok(listen)

@@ -73,6 +73,13 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .merge(v1)
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this route does not take that method",
+            )
+        })
         .layer(DefaultBodyLimit::max(max_body_bytes))
         .with_state(state)
 }
@@ -158,6 +165,13 @@ impl From<Error> for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 7235).
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
 /// Bearer-token check for `/v1/...`, comparing in constant time against every token.
 async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
     if st.tokens.is_empty() {
@@ -167,7 +181,7 @@ async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response 
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer_token)
         .unwrap_or("");
     let mut ok = subtle::Choice::from(0u8);
     for t in st.tokens.iter() {
