@@ -5,6 +5,7 @@ use crate::service::admin::{self, Admin};
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
+    let replay = matches!(action, DeadAction::Replay { .. });
     match action {
         DeadAction::List {
             queue,
@@ -38,14 +39,8 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             group,
             all,
             entry_ids,
-        } => {
-            admin::check_queue_group(&queue, group.as_deref())?;
-            let sel = admin::selection(all, entry_ids)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.dead_replay(&queue, group.as_deref(), &sel).await?);
-            Ok(())
         }
-        DeadAction::Purge {
+        | DeadAction::Purge {
             queue,
             group,
             all,
@@ -54,7 +49,11 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             admin::check_queue_group(&queue, group.as_deref())?;
             let sel = admin::selection(all, entry_ids)?;
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.dead_purge(&queue, group.as_deref(), &sel).await?);
+            if replay {
+                print_json(&a.dead_replay(&queue, group.as_deref(), &sel).await?);
+            } else {
+                print_json(&a.dead_purge(&queue, group.as_deref(), &sel).await?);
+            }
             Ok(())
         }
     }

@@ -186,20 +186,10 @@ impl Client {
         group: Option<&str>,
         which: &Selection,
     ) -> Result<u64> {
-        let mut n = 0;
-        loop {
-            let mut done = 0;
-            for (keys, ids) in self.select_dead(queue, group, which).await? {
-                for chunk in ids.chunks(200) {
-                    done += scripts::replay(&mut self.connection(), &keys, group, chunk).await?;
-                }
-            }
-            n += done;
-            // `All` works page by page; a page that moved nothing means nothing is left.
-            if !matches!(which, Selection::All) || done == 0 {
-                return Ok(n);
-            }
-        }
+        self.apply_dead(queue, group, which, 200, |keys, chunk| async move {
+            scripts::replay(&mut self.connection(), &keys, group, &chunk).await
+        })
+        .await
     }
 
     /// Deletes dead letters for good. Returns how many were deleted.
@@ -209,18 +199,38 @@ impl Client {
         group: Option<&str>,
         which: &Selection,
     ) -> Result<u64> {
+        self.apply_dead(queue, group, which, 500, |keys, chunk| async move {
+            redis::cmd("XDEL")
+                .arg(&keys.dead)
+                .arg(&chunk)
+                .query_async::<u64>(&mut self.connection())
+                .await
+                .ctx("purging dead letters")
+        })
+        .await
+    }
+
+    /// Runs `op` on the selected dead letters, `chunk` ids of one shard per call; `All` is
+    /// worked page by page until a page changes nothing (bounded memory). Returns the sum
+    /// of what `op` reported.
+    async fn apply_dead<F, Fut>(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        which: &Selection,
+        chunk: usize,
+        op: F,
+    ) -> Result<u64>
+    where
+        F: Fn(ShardKeys, Vec<String>) -> Fut,
+        Fut: std::future::Future<Output = Result<u64>>,
+    {
         let mut n = 0;
         loop {
             let mut done = 0;
             for (keys, ids) in self.select_dead(queue, group, which).await? {
-                for chunk in ids.chunks(500) {
-                    let d: u64 = redis::cmd("XDEL")
-                        .arg(&keys.dead)
-                        .arg(chunk)
-                        .query_async(&mut self.connection())
-                        .await
-                        .ctx("purging dead letters")?;
-                    done += d;
+                for c in ids.chunks(chunk) {
+                    done += op(keys.clone(), c.to_vec()).await?;
                 }
             }
             n += done;

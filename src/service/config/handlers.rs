@@ -1,11 +1,10 @@
 //! `[[handlers]]`: each entry becomes a [`HandlerSpec`] whose worker options the library
 //! checked.
 
-use super::{ConfigError, HandlerConfig, duration, lib_err};
+use super::{ConfigError, HandlerConfig, at_key, duration, lib_err};
 use crate::engine::backoff::Backoff;
 use crate::engine::keys::{QueueName, validate_member_name};
 use crate::engine::worker::WorkerOptions;
-use crate::error::InvalidInput;
 
 /// A handler's settings, checked.
 #[derive(Debug, Clone)]
@@ -138,10 +137,7 @@ fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, Conf
         o = o.max_attempts(n);
     }
     if let Some(b) = &h.backoff {
-        o = o.backoff(Backoff::parse(b).map_err(|e| match e {
-            InvalidInput::Option { reason, .. } => ConfigError::at(k("backoff"), reason),
-            other => ConfigError::at(k("backoff"), other),
-        })?);
+        o = o.backoff(Backoff::parse(b).map_err(at_key(&k("backoff")))?);
     }
     if let Some(d) = duration(&k("visibility_timeout"), h.visibility_timeout.as_deref())? {
         o = o.visibility_timeout(d);
@@ -150,10 +146,7 @@ fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, Conf
         o = o.prefetch(p);
     }
     if let Some(r) = &h.rate_limit {
-        let r = crate::engine::flow::RateLimit::parse(r).map_err(|e| match e {
-            InvalidInput::Option { reason, .. } => ConfigError::at(k("rate_limit"), reason),
-            other => ConfigError::at(k("rate_limit"), other),
-        })?;
+        let r = crate::engine::flow::RateLimit::parse(r).map_err(at_key(&k("rate_limit")))?;
         o = o.rate_limit(r);
     }
     o.validate().map_err(lib_err(prefix, RENAMES))?;

@@ -118,15 +118,18 @@ fn join(prefix: &str, key: &str) -> String {
     }
 }
 
+/// Blames a value's parse error on `key` (an option error's reason alone, else the error).
+pub(crate) fn at_key(key: &str) -> impl Fn(InvalidInput) -> ConfigError + '_ {
+    move |e| match e {
+        InvalidInput::Option { reason, .. } => ConfigError::at(key, reason),
+        other => ConfigError::at(key, other),
+    }
+}
+
 /// Parses an optional duration under `key`.
 pub(crate) fn duration(key: &str, v: Option<&str>) -> Result<Option<Duration>, ConfigError> {
-    v.map(|v| {
-        parse_duration("duration", v).map_err(|e| match e {
-            InvalidInput::Option { reason, .. } => ConfigError::at(key, reason),
-            other => ConfigError::at(key, other),
-        })
-    })
-    .transpose()
+    v.map(|v| parse_duration("duration", v).map_err(at_key(key)))
+        .transpose()
 }
 
 /// Reads `path` (TOML) with `DELAYQ_...` environment overrides and checks every value.
