@@ -104,10 +104,11 @@ pub enum Error {
         /// Dead letters.
         dead: u64,
     },
-    /// A durable schedule reached the leader but not enough replicas in time. The order is
-    /// on the leader and may still fire; retrying the schedule is safe (idempotent).
+    /// A durable schedule was not confirmed by enough replicas in time, or its connection
+    /// broke before they answered. The order may be on the leader and may still fire;
+    /// retrying the schedule is safe (idempotent).
     #[error(
-        "the schedule reached the leader but only {acked} of {wanted} replicas confirmed it within {timeout:?}; it may still fire"
+        "the schedule was confirmed by {acked} of {wanted} replicas within {timeout:?} (or the connection broke before they answered); it may have reached the leader and may still fire, and repeating it is safe"
     )]
     NotReplicated {
         /// Replicas that confirmed.
@@ -164,6 +165,39 @@ impl Error {
         match self {
             Error::Redis { source, .. } => is_transient_redis(source),
             _ => false,
+        }
+    }
+
+    /// A copy of this error, for reporting one failure on several calls (e.g. every call
+    /// of a batch that needed a connection that could not be opened). Variants that hold a
+    /// source which cannot be copied keep its message.
+    pub(crate) fn duplicate(&self) -> Error {
+        match self {
+            Error::Invalid(i) => Error::Invalid(i.clone()),
+            Error::Redis { context, source } => Error::Redis {
+                context,
+                source: source.clone(),
+            },
+            Error::Reply { context, detail } => Error::Reply {
+                context,
+                detail: detail.clone(),
+            },
+            Error::NotReplicated {
+                acked,
+                wanted,
+                timeout,
+            } => Error::NotReplicated {
+                acked: *acked,
+                wanted: *wanted,
+                timeout: *timeout,
+            },
+            Error::QueueNotFound { queue } => Error::QueueNotFound {
+                queue: queue.clone(),
+            },
+            other => Error::Io {
+                context: other.to_string(),
+                source: std::io::Error::other("(copied error)"),
+            },
         }
     }
 

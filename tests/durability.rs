@@ -76,3 +76,89 @@ async fn replicated_schedules_wait_for_a_replica() {
         .await
         .unwrap();
 }
+
+/// The connection of a durable schedule is killed after its write, while `WAIT` is still
+/// waiting (the replica hangs): the call reports `NotReplicated`, never success and never a
+/// bare connection error, and the order is on the leader.
+#[tokio::test]
+async fn a_durable_write_whose_connection_dies_before_wait_answers_is_not_replicated() {
+    let master = LocalRedis::start().unwrap();
+    let port = master.port().to_string();
+    let replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let admin = Client::connect(&master.url()).await.unwrap();
+    wait_for("the replica to sync", Duration::from_secs(60), || {
+        let c = admin.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c.connection())
+                .await
+                .unwrap();
+            info.contains("connected_slaves:1") && info.contains("state=online")
+        }
+    })
+    .await;
+    support::declare_queues(&admin).await;
+    // The replica hangs: WAIT blocks until its (long) timeout.
+    replica.suspend().unwrap();
+    let durable = Durability::Replicated {
+        replicas: 1,
+        timeout: Duration::from_secs(50),
+    };
+    let client = Client::connect_with(&master.url(), ClientOptions::default().durability(durable))
+        .await
+        .unwrap();
+    let call = tokio::spawn(async move {
+        client
+            .schedule("q", "o-killed", When::in_ms(60_000), json!({"n": 1}))
+            .await
+    });
+    // The write is done and WAIT is blocked on the durable connection: kill that connection.
+    let blocked_id = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    wait_for("WAIT to block", Duration::from_secs(20), || {
+        let (c, found) = (admin.clone(), blocked_id.clone());
+        async move {
+            let list: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut c.connection())
+                .await
+                .unwrap();
+            let id = list
+                .lines()
+                .find(|l| l.contains("cmd=wait"))
+                .and_then(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+                .map(str::to_owned);
+            let ok = id.is_some();
+            *found.lock().unwrap() = id;
+            ok
+        }
+    })
+    .await;
+    let blocked_id = blocked_id.lock().unwrap().clone();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(blocked_id.unwrap())
+        .query_async(&mut admin.connection())
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    let r = tokio::time::timeout(Duration::from_secs(30), call)
+        .await
+        .expect("the call returns once its connection is gone")
+        .unwrap();
+    let e = r.expect_err("a write whose WAIT never answered is not acknowledged");
+    assert!(
+        matches!(
+            e,
+            Error::NotReplicated {
+                acked: 0,
+                wanted: 1,
+                ..
+            }
+        ),
+        "expected NotReplicated, got {e}"
+    );
+    assert!(admin.get("q", "o-killed").await.unwrap().is_some());
+    replica.resume().unwrap();
+}

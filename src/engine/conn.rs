@@ -50,33 +50,6 @@ impl ConnectionLike for Conn {
     }
 }
 
-impl Conn {
-    /// `WAIT replicas timeout_ms` for the writes this connection made to `key`'s node. On a
-    /// cluster it is routed to the master of `key`'s slot (the cluster client would otherwise
-    /// send it to every primary and report the minimum, which says nothing about the node
-    /// that took the write).
-    pub async fn wait_for_replicas(
-        &mut self,
-        key: &str,
-        replicas: u32,
-        timeout_ms: u64,
-    ) -> RedisResult<u32> {
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(replicas).arg(timeout_ms);
-        match self {
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => {
-                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
-                    Route::with_key(key, SlotAddr::Master),
-                ));
-                let v = c.route_command(cmd, route).await?;
-                redis::from_redis_value(v).map_err(Into::into)
-            }
-        }
-    }
-}
-
 /// Opens connections to one server or to a cluster.
 #[derive(Clone)]
 pub enum RedisTarget {

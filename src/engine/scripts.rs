@@ -33,14 +33,13 @@ pub(crate) struct EnqueueArg<'a> {
     pub payload: &'a str,
 }
 
-/// Runs `enqueue.lua` for orders of one shard; returns one outcome per order.
-pub(crate) async fn enqueue<C: ConnectionLike>(
-    conn: &mut C,
+/// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
+pub(crate) fn enqueue_invocation<'a>(
     keys: &ShardKeys,
     if_absent: bool,
     now_ms: i64,
     orders: &[EnqueueArg<'_>],
-) -> Result<Vec<ScheduleOutcome>> {
+) -> redis::ScriptInvocation<'a> {
     let mut inv = ENQUEUE.prepare_invoke();
     inv.key(&keys.due)
         .key(&keys.payload)
@@ -49,14 +48,40 @@ pub(crate) async fn enqueue<C: ConnectionLike>(
     for o in orders {
         inv.arg(o.id).arg(o.due_ms).arg(o.payload);
     }
-    let codes: Vec<i64> = inv
+    inv
+}
+
+/// Runs `enqueue.lua` for orders of one shard; returns one outcome per order.
+pub(crate) async fn enqueue<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    if_absent: bool,
+    now_ms: i64,
+    orders: &[EnqueueArg<'_>],
+) -> Result<Vec<ScheduleOutcome>> {
+    let codes: Vec<i64> = enqueue_invocation(keys, if_absent, now_ms, orders)
         .invoke_async(conn)
         .await
         .ctx("scheduling orders (enqueue.lua)")?;
-    if codes.len() != orders.len() {
+    enqueue_outcomes(codes, orders.len())
+}
+
+/// Loads `enqueue.lua` (after a `NOSCRIPT` in a pipeline, which does not reload by itself).
+pub(crate) async fn load_enqueue<C: ConnectionLike>(conn: &mut C) -> Result<()> {
+    ENQUEUE
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .ctx("loading enqueue.lua")?;
+    Ok(())
+}
+
+/// `enqueue.lua`'s reply codes as outcomes, one per order.
+pub(crate) fn enqueue_outcomes(codes: Vec<i64>, orders: usize) -> Result<Vec<ScheduleOutcome>> {
+    if codes.len() != orders {
         return Err(Error::Reply {
             context: "scheduling orders (enqueue.lua)",
-            detail: format!("{} outcomes for {} orders", codes.len(), orders.len()),
+            detail: format!("{} outcomes for {orders} orders", codes.len()),
         });
     }
     codes

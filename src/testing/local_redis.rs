@@ -166,6 +166,35 @@ impl LocalRedis {
         }
     }
 
+    /// Freezes the server (SIGSTOP): it keeps its connections but answers nothing, as a
+    /// machine that hangs. [`resume`](Self::resume) thaws it.
+    pub fn suspend(&self) -> Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a server frozen by [`suspend`](Self::suspend) (SIGCONT).
+    pub fn resume(&self) -> Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, sig: &str) -> Result<()> {
+        let pid = self
+            .child
+            .as_ref()
+            .map(Child::id)
+            .ok_or_else(|| Error::LocalRedis("the server is not running".into()))?;
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(pid.to_string())
+            .status()
+            .map_err(|e| Error::LocalRedis(format!("kill {sig}: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::LocalRedis(format!("kill {sig} {pid}: {status}")))
+        }
+    }
+
     /// Starts the server again on the same port and directory (after [`kill`](Self::kill)).
     pub fn restart(&mut self) -> Result<()> {
         self.kill();

@@ -43,9 +43,9 @@ struct Inner {
     redis_clock: Option<Arc<RedisClock>>,
     /// Wakes this process's dispatchers when an earlier order is scheduled.
     wake: WakeRegistry,
-    /// The connection durable schedules use: `WAIT` blocks its connection, so it gets its own,
-    /// opened on first use, one durable batch at a time.
-    durable_conn: tokio::sync::Mutex<Option<Conn>>,
+    /// The connection durable schedules use (`WAIT` blocks its connection, so it gets its
+    /// own), opened on first use.
+    durable_conn: tokio::sync::OnceCell<Conn>,
     /// Queues already recorded in the `<ns>:queues` set by this client.
     /// Shard counts of queues this client found in the registry (or registered).
     pub(crate) known_queues: Mutex<HashMap<String, u16>>,
@@ -111,7 +111,7 @@ impl Client {
                 clock,
                 redis_clock,
                 wake: WakeRegistry::default(),
-                durable_conn: tokio::sync::Mutex::new(None),
+                durable_conn: tokio::sync::OnceCell::new(),
                 known_queues: Mutex::new(HashMap::new()),
             }),
         })

@@ -86,6 +86,17 @@ impl ClientOptions {
                 reason: "must be at least 1".into(),
             });
         }
+        if let Durability::Replicated { replicas, timeout } = self.durability
+            && (replicas == 0 || timeout.is_zero() || timeout > super::schedule::MAX_WAIT)
+        {
+            return Err(InvalidInput::Option {
+                name: "durability",
+                reason: format!(
+                    "replicated durability needs at least one replica and a timeout of 1 ms..={:?}",
+                    super::schedule::MAX_WAIT
+                ),
+            });
+        }
         if self.response_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(InvalidInput::Option {
                 name: "timeout",

@@ -9,8 +9,7 @@ use crate::engine::message::{Mode, NewOrder, ScheduleOutcome, Scheduled, When};
 use crate::engine::scripts::{self, EnqueueArg};
 use crate::engine::telemetry;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
-use futures_util::future::try_join_all;
-use std::collections::HashSet;
+use futures_util::future::join_all;
 use std::time::Duration;
 
 impl Client {
@@ -80,7 +79,9 @@ impl Client {
         let calls = self.plan_enqueue(&queue, shards, orders);
         let outcomes = self
             .enqueue_calls(&calls, orders, &dues, now, mode == Mode::IfAbsent)
-            .await?;
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
         let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
         for ((_, idxs), outs) in calls.iter().zip(outcomes) {
             for (&i, o) in idxs.iter().zip(outs) {
@@ -152,8 +153,9 @@ impl Client {
         calls
     }
 
-    /// Runs the planned enqueue calls, in flight together; with durable schedules, on a
-    /// connection of their own followed by `WAIT` on every shard written.
+    /// Runs the planned enqueue calls; returns each call's outcomes (or its error), in call
+    /// order. `Leader`: in flight together on the shared connection. `Replicated`: see
+    /// [`Client::enqueue_replicated`].
     async fn enqueue_calls(
         &self,
         calls: &[(ShardKeys, Vec<usize>)],
@@ -161,73 +163,212 @@ impl Client {
         dues: &[i64],
         now: i64,
         if_absent: bool,
-    ) -> Result<Vec<Vec<ScheduleOutcome>>> {
-        let mut durable_guard = match self.durability {
-            Durability::Leader => None,
-            Durability::Replicated { .. } => {
-                let mut g = self.inner.durable_conn.lock().await;
-                if g.is_none() {
-                    *g = Some(self.dedicated_connection(Duration::from_secs(60)).await?);
-                }
-                Some(g)
+    ) -> Vec<Result<Vec<ScheduleOutcome>>> {
+        let args: Vec<Vec<EnqueueArg<'_>>> = calls
+            .iter()
+            .map(|(_, idxs)| {
+                idxs.iter()
+                    .map(|&i| EnqueueArg {
+                        id: &orders[i].id,
+                        due_ms: dues[i],
+                        payload: orders[i].payload.as_str(),
+                    })
+                    .collect()
+            })
+            .collect();
+        match self.durability {
+            Durability::Leader => {
+                join_all(calls.iter().zip(&args).map(|((keys, _), args)| {
+                    let mut conn = self.inner.conn.clone();
+                    async move { scripts::enqueue(&mut conn, keys, if_absent, now, args).await }
+                }))
+                .await
             }
-        };
-        let base_conn = match durable_guard.as_ref().and_then(|g| g.as_ref()) {
-            Some(c) => c.clone(),
-            None => self.inner.conn.clone(),
-        };
-        let outcomes = try_join_all(calls.iter().map(|(keys, idxs)| {
-            let mut conn = base_conn.clone();
-            let args: Vec<EnqueueArg<'_>> = idxs
-                .iter()
-                .map(|&i| EnqueueArg {
-                    id: &orders[i].id,
-                    due_ms: dues[i],
-                    payload: orders[i].payload.as_str(),
-                })
-                .collect();
-            async move { scripts::enqueue(&mut conn, keys, if_absent, now, &args).await }
-        }))
-        .await?;
-        if let (Durability::Replicated { replicas, timeout }, Some(g)) =
-            (self.durability, durable_guard.as_mut())
-            && let Some(conn) = g.as_mut()
-        {
-            wait_replicated(conn, calls, replicas, timeout).await?;
+            Durability::Replicated { replicas, timeout } => {
+                let wait = Wait { replicas, timeout };
+                self.enqueue_replicated(calls, &args, if_absent, now, wait)
+                    .await
+            }
         }
-        Ok(outcomes)
+    }
+
+    /// Durable writes: each node's enqueue calls and a `WAIT` after them go out as **one
+    /// pipeline** on the durable connection, so the `WAIT` always runs on the connection that
+    /// made the writes. A connection lost anywhere in between (a reset, a `CLIENT KILL`, a
+    /// timeout) fails the whole pipeline and is reported as [`Error::NotReplicated`], never
+    /// as success: the writes may have reached the leader and may still fire, and repeating
+    /// them is safe. No lock is held: a pipeline is sent contiguously, and a `WAIT` that
+    /// also covers another batch's writes only waits for more.
+    async fn enqueue_replicated(
+        &self,
+        calls: &[(ShardKeys, Vec<usize>)],
+        args: &[Vec<EnqueueArg<'_>>],
+        if_absent: bool,
+        now: i64,
+        wait: Wait,
+    ) -> Vec<Result<Vec<ScheduleOutcome>>> {
+        let conn = match self.durable_connection().await {
+            Ok(c) => c,
+            Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
+        };
+        // One pipeline per node: on a cluster each shard is its own slot, on one server
+        // every call goes together.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        if self.is_cluster() {
+            let mut by_shard: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+            for (i, (keys, _)) in calls.iter().enumerate() {
+                by_shard.entry(keys.shard).or_default().push(i);
+            }
+            groups.extend(by_shard.into_values());
+        } else {
+            groups.push((0..calls.len()).collect());
+        }
+        let done = join_all(groups.iter().map(|g| {
+            let invs: Vec<_> = g
+                .iter()
+                .map(|&i| scripts::enqueue_invocation(&calls[i].0, if_absent, now, &args[i]))
+                .collect();
+            let sizes: Vec<usize> = g.iter().map(|&i| args[i].len()).collect();
+            durable_pipeline(conn.clone(), invs, sizes, wait)
+        }))
+        .await;
+        let mut out: Vec<Option<Result<Vec<ScheduleOutcome>>>> =
+            calls.iter().map(|_| None).collect();
+        for (g, results) in groups.iter().zip(done) {
+            for (&i, r) in g.iter().zip(results) {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(Error::Reply {
+                        context: "scheduling orders",
+                        detail: "a call got no result".into(),
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// The connection durable schedules use (opened on first use, with `enqueue.lua`
+    /// loaded, so a first pipeline is not spent on `NOSCRIPT`): its `WAIT`s block it, so
+    /// nothing else shares it.
+    async fn durable_connection(&self) -> Result<Conn> {
+        self.inner
+            .durable_conn
+            .get_or_try_init(|| async {
+                let mut conn = self.dedicated_connection(DURABLE_RESPONSE_TIMEOUT).await?;
+                scripts::load_enqueue(&mut conn).await?;
+                Ok(conn)
+            })
+            .await
+            .cloned()
     }
 }
 
-/// `WAIT` on the node of every shard written (each shard lives on its own node in a
-/// cluster); fails with [`Error::NotReplicated`] when fewer than `replicas` confirmed.
-async fn wait_replicated(
-    conn: &mut Conn,
-    calls: &[(ShardKeys, Vec<usize>)],
+/// How long a reply on the durable connection may take: the longest `WAIT` timeout
+/// ([`MAX_WAIT`]) plus the writes before it.
+const DURABLE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(70);
+
+/// A `WAIT`: how many replicas must confirm, within how long.
+#[derive(Debug, Clone, Copy)]
+struct Wait {
     replicas: u32,
     timeout: Duration,
-) -> Result<()> {
-    let mut acked = u32::MAX;
-    let mut waited = HashSet::new();
-    for (keys, _) in calls {
-        if waited.insert(keys.shard) {
-            let n = conn
-                .wait_for_replicas(
-                    &keys.due,
-                    replicas,
-                    u64::try_from(timeout.as_millis()).unwrap_or(1000).max(1),
-                )
-                .await
-                .ctx("waiting for replicas (WAIT)")?;
-            acked = acked.min(n);
+}
+
+impl Wait {
+    fn not_replicated(&self, acked: u32) -> Error {
+        Error::NotReplicated {
+            acked,
+            wanted: self.replicas,
+            timeout: self.timeout,
         }
     }
-    if acked < replicas {
-        return Err(Error::NotReplicated {
-            acked,
-            wanted: replicas,
-            timeout,
-        });
-    }
-    Ok(())
 }
+
+/// Runs `invs` then `WAIT` as one pipeline on `conn`; one result per invocation. A
+/// `NOSCRIPT` (Redis restarted, `SCRIPT FLUSH`) loads the script and sends the refused
+/// calls again (nothing of them was written).
+async fn durable_pipeline(
+    mut conn: Conn,
+    invs: Vec<redis::ScriptInvocation<'_>>,
+    sizes: Vec<usize>,
+    wait: Wait,
+) -> Vec<Result<Vec<ScheduleOutcome>>> {
+    let timeout_ms = u64::try_from(wait.timeout.min(MAX_WAIT).as_millis())
+        .unwrap_or(1000)
+        .max(1);
+    let mut out: Vec<Option<Result<Vec<ScheduleOutcome>>>> = invs.iter().map(|_| None).collect();
+    for round in 0..2 {
+        let todo: Vec<usize> = (0..invs.len()).filter(|&i| out[i].is_none()).collect();
+        if todo.is_empty() {
+            break;
+        }
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for &i in &todo {
+            pipe.invoke_script(&invs[i]);
+        }
+        pipe.cmd("WAIT").arg(wait.replicas).arg(timeout_ms);
+        let replies: Vec<redis::RedisResult<redis::Value>> = match pipe.query_async(&mut conn).await
+        {
+            Ok(r) => r,
+            // The connection broke somewhere between the writes and WAIT's reply.
+            Err(e) => {
+                tracing::warn!(error = %e, "durable write lost its connection before WAIT answered");
+                for i in todo {
+                    out[i] = Some(Err(wait.not_replicated(0)));
+                }
+                break;
+            }
+        };
+        let mut replies = replies.into_iter();
+        let calls: Vec<_> = replies.by_ref().take(todo.len()).collect();
+        let acked = match replies.next() {
+            Some(Ok(v)) => redis::from_redis_value::<u32>(v).unwrap_or(0),
+            _ => 0,
+        };
+        let mut noscript = false;
+        for (&i, r) in todo.iter().zip(calls) {
+            out[i] = match r {
+                Err(e)
+                    if round == 0
+                        && e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    noscript = true;
+                    None
+                }
+                Err(e) => Some(Err(e).ctx("scheduling orders (enqueue.lua)")),
+                Ok(v) => Some(
+                    redis::from_redis_value::<Vec<i64>>(v)
+                        .map_err(|e| Error::Reply {
+                            context: "scheduling orders (enqueue.lua)",
+                            detail: e.to_string(),
+                        })
+                        .and_then(|codes| scripts::enqueue_outcomes(codes, sizes[i]))
+                        .and_then(|o| {
+                            if acked < wait.replicas {
+                                Err(wait.not_replicated(acked))
+                            } else {
+                                Ok(o)
+                            }
+                        }),
+                ),
+            };
+        }
+        if noscript && let Err(e) = scripts::load_enqueue(&mut conn).await {
+            for o in out.iter_mut().filter(|o| o.is_none()) {
+                *o = Some(Err(e.duplicate()));
+            }
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(wait.not_replicated(0))))
+        .collect()
+}
+
+/// The longest `WAIT` a durable schedule makes.
+pub const MAX_WAIT: Duration = Duration::from_secs(60);
