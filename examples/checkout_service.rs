@@ -124,22 +124,26 @@ async fn main() -> anyhow::Result<()> {
         orders.clone(),
         &client,
         QUEUE,
+        "close-order",
         ReconcileOptions::default().grace(Duration::from_secs(60)),
     )?
     .run_once()
     .await?;
     println!(
-        "reconciliation: {} overdue pending order(s), {} close event(s) scheduled ({d} is one)",
-        report.overdue, report.scheduled
+        "reconciliation: {} overdue pending order(s), {} close event(s) sent to close-order ({d} is one)",
+        report.overdue, report.sent
     );
 
     for id in [&a, &b, &c, &d] {
         let o = orders.get(id).await?;
-        let event = client.get(QUEUE, id).await?;
+        let event = client.history(QUEUE, id).await?;
         println!(
             "{id}: {:?}, close event {}",
             o.map(|o| o.status),
-            event.map_or("none".into(), |e| format!("due at {}", e.due_at_ms))
+            event.map_or("none".into(), |h| format!(
+                "{:?}, due at {}",
+                h.state, h.due_at_ms
+            ))
         );
     }
     client.delete_namespace().await?;

@@ -1,18 +1,26 @@
--- dead.lua: move a failed entry to the dead-letter stream and acknowledge it, atomically.
+-- dead.lua: move a failed entry to the dead-letter stream and acknowledge it, atomically,
+-- and mark it dead in the order history.
 --
 -- KEYS[1]  the shard's STREAM
 -- KEYS[2]  the group's timers ZSET for this shard
 -- KEYS[3]  the shard's dead-letter STREAM
+-- KEYS[4]  the group's errors HASH for this shard (see retry.lua): the entry's field is removed
+-- KEYS[5]  the shard's history bucket of the entry (by the entry id's time; see dequeue.lua)
 -- ARGV[1]  group
 -- ARGV[2]  consumer that failed it
 -- ARGV[3]  entry id
 -- ARGV[4]  attempts made (the delivery count)
 -- ARGV[5]  last error
 -- ARGV[6]  now, unix ms
+-- ARGV[7]  the history marker field of (group, entry): "\1<group>\1<entry id>"
+-- ARGV[8]  when the history bucket expires, unix ms (0 = history off: KEYS[5] is untouched)
 --
 -- Dead-letter entry fields: the original entry's fields (id, due_ms, data or flag) followed by
--- group, attempts, error, dead_ms, entry (the original stream entry id).
+-- group, attempts, error, dead_ms, entry (the original stream entry id). The history marker
+-- is "d<attempts>:<dead-letter id>".
 -- Returns: 1 = dead-lettered; 0 = the entry is no longer this consumer's (nothing changed).
+-- Why one script: the dead letter, the XACK and the timer go together, so an entry is never
+-- both acknowledged and lost, nor dead-lettered twice. Redis >= 6.2.
 -- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
 local function int(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
@@ -20,6 +28,10 @@ local function int(s)
 end
 if not int(ARGV[4]) or not int(ARGV[6]) then
   return redis.error_reply('ERR delayq dead: attempts and now must be integers')
+end
+local hist_at = int(ARGV[8])
+if not hist_at or hist_at < 0 or type(ARGV[7]) ~= 'string' then
+  return redis.error_reply('ERR delayq dead: history marker and expiry expected')
 end
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
@@ -43,7 +55,12 @@ out[#out + 1] = 'attempts'; out[#out + 1] = ARGV[4]
 out[#out + 1] = 'error';    out[#out + 1] = ARGV[5]
 out[#out + 1] = 'dead_ms';  out[#out + 1] = ARGV[6]
 out[#out + 1] = 'entry';    out[#out + 1] = ARGV[3]
-redis.call('XADD', KEYS[3], '*', unpack(out))
+local did = redis.call('XADD', KEYS[3], '*', unpack(out))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('ZREM', KEYS[2], ARGV[3])
+redis.call('HDEL', KEYS[4], ARGV[3])
+if hist_at > 0 then
+  redis.call('HSET', KEYS[5], ARGV[7], 'd' .. ARGV[4] .. ':' .. did)
+  redis.call('PEXPIREAT', KEYS[5], hist_at)
+end
 return 1

@@ -3,6 +3,7 @@
 --
 -- KEYS[1]  the shard's STREAM
 -- KEYS[2]  the group's timers ZSET for this shard (see read.lua)
+-- KEYS[3]  the group's errors HASH for this shard (see retry.lua)
 -- ARGV[1]  group
 -- ARGV[2]  consumer
 -- ARGV[3]  now, unix ms
@@ -14,7 +15,10 @@
 --             the claim: XCLAIM adds one, so it counts this delivery)
 --   next_timer_ms = the earliest remaining timer (nil when none)
 -- Cost: O(log n) per claimed entry (ZRANGE BYSCORE LIMIT, XCLAIM by id, XPENDING by id).
--- Timers of entries that are no longer pending (acked, or deleted from the stream) are dropped.
+-- Timers (and error records) of entries that are no longer pending (acked, or deleted from the
+-- stream) are dropped.
+-- Why one script: the claim, the delivery count and the new lease go together, so a claimed
+-- entry always has a timer. Redis >= 6.2.
 -- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
 local function int(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
@@ -54,7 +58,10 @@ if #due > 0 then
     end
   end
   if #lease > 0 then redis.call('ZADD', KEYS[2], unpack(lease)) end
-  if #gone > 0 then redis.call('ZREM', KEYS[2], unpack(gone)) end
+  if #gone > 0 then
+    redis.call('ZREM', KEYS[2], unpack(gone))
+    redis.call('HDEL', KEYS[3], unpack(gone))
+  end
 end
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 return { out, head[2] or false }

@@ -2,21 +2,38 @@
 --
 -- KEYS[1]  the shard's dead-letter STREAM
 -- KEYS[2]  the shard's STREAM
+-- KEYS[3]  the shard's history bucket for "now" (see dequeue.lua)
 -- ARGV[1]  group filter: only dead letters of this group ("" = any group)
--- ARGV[2..] dead-letter entry ids
+-- ARGV[2]  when the history bucket expires, unix ms (0 = history off: KEYS[3] is untouched)
+-- ARGV[3..] dead-letter entry ids
 --
 -- Each dead letter is appended to the stream as a new entry with its original fields plus
 -- for_group = <its group> (every other group acknowledges it without running its handler),
--- then deleted from the dead-letter stream, in this one script: an interrupted replay loses
--- nothing. The new entry starts again at attempt 1.
+-- then deleted from the dead-letter stream, and the order's history follows the new entry.
+-- The new entry starts again at attempt 1.
+-- Why one script: the append and the delete go together, so an interrupted replay loses
+-- nothing and replays nothing twice. Redis >= 6.2.
 -- Returns: the number of entries replayed (ids not found or of another group are skipped).
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local hist_at = int(ARGV[2])
+if not hist_at or hist_at < 0 then
+  return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')
+end
 local n = 0
-for i = 2, #ARGV do
+local hist = {}
+for i = 3, #ARGV do
   local e = redis.call('XRANGE', KEYS[1], ARGV[i], ARGV[i])
   if e[1] then
     local f = e[1][2]
-    local group
-    for j = 1, #f, 2 do if f[j] == 'group' then group = f[j + 1] end end
+    local group, id, due
+    for j = 1, #f, 2 do
+      if f[j] == 'group' then group = f[j + 1]
+      elseif f[j] == 'id' then id = f[j + 1]
+      elseif f[j] == 'due_ms' then due = f[j + 1] end
+    end
     if group and (ARGV[1] == '' or ARGV[1] == group) then
       local out = {}
       for j = 1, #f, 2 do
@@ -28,10 +45,18 @@ for i = 2, #ARGV do
       end
       out[#out + 1] = 'for_group'
       out[#out + 1] = group
-      redis.call('XADD', KEYS[2], '*', unpack(out))
+      local eid = redis.call('XADD', KEYS[2], '*', unpack(out))
       redis.call('XDEL', KEYS[1], ARGV[i])
       n = n + 1
+      if hist_at > 0 and id and due then
+        hist[#hist + 1] = id
+        hist[#hist + 1] = eid .. ':' .. due
+      end
     end
   end
+end
+if #hist > 0 then
+  redis.call('HSET', KEYS[3], unpack(hist))
+  redis.call('PEXPIREAT', KEYS[3], hist_at)
 end
 return n

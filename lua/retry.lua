@@ -1,14 +1,20 @@
--- retry.lua: schedule the next attempt of a failed entry (the entry stays pending).
+-- retry.lua: schedule the next attempt of a failed entry (the entry stays pending), and
+-- record the failed attempt's error for the order history.
 --
 -- KEYS[1]  the shard's STREAM
 -- KEYS[2]  the group's timers ZSET for this shard
+-- KEYS[3]  the group's errors HASH for this shard: entry id -> "<attempt>:<error>" (the last
+--          failed attempt of an entry still pending; removed when it is acked or dead)
 -- ARGV[1]  group
 -- ARGV[2]  consumer that failed it
 -- ARGV[3]  entry id
 -- ARGV[4]  next attempt, unix ms
+-- ARGV[5]  the error (already redacted and bounded by the caller)
 --
 -- Returns: 1 = scheduled; 0 = the entry is no longer this consumer's (acked, or reclaimed by
 -- another consumer after this one's lease ran out): nothing is changed.
+-- Why one script: the ownership check (XPENDING by id), the timer and the error record move
+-- together, so a retry can never overwrite another consumer's lease. Redis >= 6.2.
 -- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
 local function int(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
@@ -17,7 +23,11 @@ end
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq retry: next attempt must be unix milliseconds')
 end
+if type(ARGV[5]) ~= 'string' then
+  return redis.error_reply('ERR delayq retry: the error is missing')
+end
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
+redis.call('HSET', KEYS[3], ARGV[3], p[1][4] .. ':' .. ARGV[5])
 return 1

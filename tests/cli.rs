@@ -101,7 +101,9 @@ async fn schedule_get_cancel() {
     assert_eq!(o.code, 0);
     assert_eq!(
         o.json(),
-        json!({"queue": "order-close", "id": "o1", "due_at_ms": 1_893_452_400_000_i64, "payload": null})
+        json!({"queue": "order-close", "id": "o1", "state": "scheduled",
+               "due_at_ms": 1_893_452_400_000_i64, "payload": null, "dispatched_at_ms": null,
+               "entry_id": null, "groups": []})
     );
     assert_eq!(run(&url, &["get", "order-close", "nope"]).code, 1);
 
@@ -502,7 +504,8 @@ async fn queues_are_created_listed_and_deleted_and_every_verb_sees_every_shard()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        listed.contains(&json!({"queue": "wide", "shards": 8, "paused": false})),
+        listed.contains(&json!({"queue": "wide", "shards": 8, "paused": false,
+                                "history_retention_ms": 86_400_000})),
         "{listed:?}"
     );
 
@@ -547,8 +550,9 @@ async fn queues_and_groups_pause_and_resume() {
     assert_eq!(o.json()["queues"][0]["paused"], json!(true));
     let o = run(&url, &["queue", "list"]);
     assert!(
-        o.stdout
-            .contains(r#"{"queue":"order-close","shards":1,"paused":true}"#),
+        o.stdout.contains(
+            r#"{"queue":"order-close","shards":1,"paused":true,"history_retention_ms":86400000}"#
+        ),
         "{}",
         o.stdout
     );

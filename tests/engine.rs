@@ -756,8 +756,26 @@ async fn the_scripts_accept_only_canonical_integers() {
                 "{dq:order-close:0}:due",
                 "{dq:order-close:0}:payload",
                 "{dq:order-close:0}:stream",
+                "{dq:order-close:0}:history:3600000:500000",
             ],
-            vec!["1e13", "10"],
+            vec!["1e13", "10", "0"],
+        ),
+        (
+            // A valid "now" that would move "existing", and a malformed history expiry.
+            delayq::engine::scripts::DEQUEUE_LUA,
+            vec![
+                "{dq:order-close:0}:due",
+                "{dq:order-close:0}:payload",
+                "{dq:order-close:0}:stream",
+                "{dq:order-close:0}:history:3600000:500000",
+            ],
+            vec!["4000000000000", "10", "1e13"],
+        ),
+        (
+            // A valid order first, then a malformed "now".
+            delayq::engine::history::REDELIVER_LUA,
+            vec!["{dq:order-close:0}:due", "{dq:order-close:0}:stream"],
+            vec!["close", "0", "1000", "17e11", "0", "a", "{}"],
         ),
         (
             delayq::engine::scripts::RESCHEDULE_LUA,

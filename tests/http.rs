@@ -101,7 +101,9 @@ async fn messages_put_get_delete() {
     assert_eq!(st, StatusCode::OK);
     assert_eq!(
         v,
-        json!({"queue": "order-close", "id": "o1", "due_at_ms": 1_893_456_000_000_i64, "payload": 1})
+        json!({"queue": "order-close", "id": "o1", "state": "scheduled",
+               "due_at_ms": 1_893_456_000_000_i64, "payload": 1, "dispatched_at_ms": null,
+               "entry_id": null, "groups": []})
     );
     let (st, v) = call(&r, "DELETE", uri, None, t).await;
     assert_eq!((st, v), (StatusCode::OK, json!({"outcome": "cancelled"})));

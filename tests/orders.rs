@@ -376,6 +376,7 @@ async fn reconcile_after_flushall(t: &TestDb) {
         orders.clone(),
         &client,
         Q,
+        "close-order",
         ReconcileOptions::default()
             .cron("* * * * * *")
             .grace(Duration::from_millis(500))
@@ -473,5 +474,128 @@ async fn reconcile_after_flushall(t: &TestDb) {
     hw.await.unwrap().unwrap();
     hd.await.unwrap();
     hr.await.unwrap().unwrap();
+    db.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciliation_leaves_events_on_their_way_alone_and_never_multiplies_them() {
+    for t in TestDb::all().await {
+        reconcile_backlogged(&t).await;
+    }
+}
+
+/// 1,000 overdue pending orders whose close events are already in the stream, no close
+/// worker running (a backlog): three reconciliation runs send nothing, the stream does not
+/// grow, and the other group (notify) receives each order exactly once. Once the close
+/// group has acknowledged an event without closing the row, the next run sends one new
+/// event to the close group alone.
+async fn reconcile_backlogged(t: &TestDb) {
+    const N: usize = 1_000;
+    let b = t.backend;
+    let (_redis, client) = support::start().await;
+    let db = t.migrated().await;
+    let orders = Orders::new(db.clone());
+    let now = client.now_ms();
+    for i in 0..N {
+        let id = format!("bk-{i:04}");
+        orders
+            .create(&id, 100, now - 600_000, now - 300_000)
+            .await
+            .unwrap();
+        client
+            .schedule(Q, &id, When::AtMs(now - 300_000), json!({}))
+            .await
+            .unwrap();
+    }
+    let stop = CancellationToken::new();
+    // The close group exists but nobody consumes it.
+    let close = Worker::new(
+        &client,
+        Q,
+        "close-order",
+        |_d: delayq::Delivery| async { Ok(()) },
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    close.ensure_groups().await.unwrap();
+    let rec = support::Recorder::default();
+    let notify = Worker::new(
+        &client,
+        Q,
+        "notify",
+        rec.handler(),
+        WorkerOptions::default().block(Duration::from_millis(50)),
+    )
+    .unwrap();
+    notify.ensure_groups().await.unwrap();
+    let hn = tokio::spawn(notify.run(stop.clone()));
+    let moved = Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap()
+        .moved;
+    assert_eq!(moved, N, "{b}");
+    let stream = "{dq:order-close:0}:stream";
+    let rec_job = Reconciler::new(
+        orders.clone(),
+        &client,
+        Q,
+        "close-order",
+        ReconcileOptions::default().grace(Duration::from_secs(60)),
+    )
+    .unwrap();
+    for run in 0..3 {
+        let r = rec_job.run_once().await.unwrap();
+        assert_eq!(
+            (r.overdue, r.sent, r.in_flight),
+            (N as u64, 0, N as u64),
+            "{b} run {run}"
+        );
+        let len: u64 = raw(&client, &["XLEN", stream]).await;
+        assert_eq!(len, N as u64, "{b} run {run}: the stream grew");
+    }
+    rec.wait_len(N, Duration::from_secs(60)).await;
+    assert!(
+        rec.counts().values().all(|&n| n == 1),
+        "{b}: notify got duplicates"
+    );
+    assert_eq!(rec.len(), N, "{b}");
+
+    // The close group acknowledges one event without closing its row (say the handler
+    // skipped it): the next run sends that order again, to the close group only.
+    let entry: Vec<(String, Vec<(String, String)>)> =
+        raw(&client, &["XRANGE", stream, "-", "+", "COUNT", "1"]).await;
+    let first = entry[0].0.clone();
+    // Delivered (its last-delivered id moves past it) and not pending: done.
+    let _: String = raw(&client, &["XGROUP", "SETID", stream, "close-order", &first]).await;
+    let r = rec_job.run_once().await.unwrap();
+    assert_eq!((r.sent, r.in_flight), (1, N as u64 - 1), "{b}");
+    let len: u64 = raw(&client, &["XLEN", stream]).await;
+    assert_eq!(len, N as u64 + 1, "{b}");
+    let last: Vec<(String, Vec<(String, String)>)> =
+        raw(&client, &["XREVRANGE", stream, "+", "-", "COUNT", "1"]).await;
+    let fields: std::collections::HashMap<_, _> = last[0].1.iter().cloned().collect();
+    assert_eq!(
+        fields.get("for_group").map(String::as_str),
+        Some("close-order"),
+        "{b}"
+    );
+    assert_eq!(fields.get("id"), Some(&entry[0].1[0].1), "{b}");
+    // A run right after leaves it alone: it is now on its way.
+    assert_eq!(rec_job.run_once().await.unwrap().sent, 0, "{b}");
+    // Notify skips the close group's event: still exactly one delivery each.
+    wait_for(
+        &format!("{b}: notify passed the new entry"),
+        Duration::from_secs(20),
+        || {
+            let c = client.clone();
+            async move { support::pending(&c, "{dq:order-close:0}:stream", "notify").await == 0 }
+        },
+    )
+    .await;
+    assert_eq!(rec.len(), N, "{b}");
+    stop.cancel();
+    hn.await.unwrap().unwrap();
     db.close().await;
 }

@@ -151,6 +151,9 @@ pub enum Command {
         /// A rate limit for the bench's handler group (e.g. 1000000/s), to measure its cost.
         #[arg(long)]
         rate_limit: Option<String>,
+        /// The bench queue's order-history retention (default 24h, as every queue; 0s: off).
+        #[arg(long, default_value = "24h")]
+        history_retention: String,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,
@@ -167,6 +170,9 @@ pub enum QueueAction {
         /// Shards (fixed for the queue's life).
         #[arg(long, default_value_t = 1)]
         shards: u16,
+        /// How long the history of dispatched orders is kept (default 24h; 0s: none).
+        #[arg(long)]
+        history_retention: Option<String>,
     },
     /// List the registered queues, one JSON line each.
     List,

@@ -1,16 +1,29 @@
 //! `delayq queue create|list|delete` and `delayq group delete`.
 
 use super::{Global, QueueAction, VerbResult, print_json};
+use crate::engine::duration::parse_duration;
+use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::QueueName;
 use crate::service::admin::Admin;
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
     match action {
-        QueueAction::Create { queue, shards } => {
+        QueueAction::Create {
+            queue,
+            shards,
+            history_retention,
+        } => {
             QueueName::new(&queue)?;
+            let retention = history_retention
+                .as_deref()
+                .map(|t| parse_duration("--history-retention", t))
+                .transpose()?;
+            if let Some(r) = retention {
+                HistoryPolicy::new(r)?;
+            }
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.create_queue(&queue, Some(shards)).await?);
+            print_json(&a.create_queue(&queue, Some(shards), retention).await?);
         }
         QueueAction::List => {
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;

@@ -186,8 +186,13 @@ impl Client {
         group: Option<&str>,
         which: &Selection,
     ) -> Result<u64> {
+        let q = QueueName::new(queue)?;
+        self.shards_of(&q).await?;
+        let history = self.queue_flags(&q, None).await?.history;
+        let history = &history;
         self.apply_dead(queue, group, which, 200, |keys, chunk| async move {
-            scripts::replay(&mut self.connection(), &keys, group, &chunk).await
+            let now = self.now_ms();
+            scripts::replay(&mut self.connection(), &keys, group, &chunk, now, history).await
         })
         .await
     }

@@ -10,7 +10,7 @@
 //! order. The script is atomic, so any number of dispatchers may run on one queue at once.
 
 use crate::engine::client::Client;
-use crate::engine::flow::PauseWatch;
+use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::retry::{Pacer, RetryPolicy};
 use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
@@ -113,8 +113,8 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
-    /// The queue's pause flag, as this process last saw it.
-    pause: PauseWatch,
+    /// The queue's pause flag and history retention, as this process last saw them.
+    watch: QueueWatch,
 }
 
 impl Dispatcher {
@@ -125,7 +125,7 @@ impl Dispatcher {
         let shards = client.queue_keys(&queue);
         Ok(Dispatcher {
             views: std::sync::Mutex::new(vec![None; shards.len()]),
-            pause: PauseWatch::new(queue.clone(), None),
+            watch: QueueWatch::new(queue.clone(), None),
             shards,
             wake: client.wake().get(queue.as_str()),
             client: client.clone(),
@@ -143,10 +143,12 @@ impl Dispatcher {
     /// clock's "now", all in flight together.
     pub async fn pass(&self) -> Result<Pass> {
         self.client.register(&self.queue).await?;
-        if self.pause.paused(&self.client).await? {
+        let flags = self.watch.flags(&self.client).await?;
+        if flags.paused {
             // Paused: the orders stay scheduled; look again after the idle sleep.
             return Ok(Pass::default());
         }
+        let history = flags.history;
         let now = self.client.now_ms();
         let started = Instant::now();
         let mut pass = Pass::default();
@@ -177,7 +179,8 @@ impl Dispatcher {
         let results = futures_util::future::try_join_all(call.iter().map(|&i| {
             let mut conn = self.client.connection();
             let keys = &self.shards[i];
-            async move { scripts::dequeue(&mut conn, keys, now, self.opts.batch).await }
+            let history = &history;
+            async move { scripts::dequeue(&mut conn, keys, now, self.opts.batch, history).await }
         }))
         .await;
         let results = match results {

@@ -3,8 +3,12 @@
 use crate::error::InvalidInput;
 use std::time::Duration;
 
+/// The longest duration accepted anywhere: 10 years (3,653 days), as for due times.
+pub const MAX_DURATION: Duration = Duration::from_secs(3653 * 86_400);
+
 /// Parses a duration made of `<integer><unit>` parts, units `ms`, `s`, `m`, `h`, `d`
-/// (e.g. `1h30m`, `500ms`). `field` names the input in the error.
+/// (e.g. `1h30m`, `500ms`), at most [`MAX_DURATION`]. `field` names the input in the
+/// error.
 pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, InvalidInput> {
     let bad = |reason: String| InvalidInput::Option {
         name: field,
@@ -48,8 +52,34 @@ pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, Inval
             .checked_add(n.saturating_mul(ms_per))
             .ok_or_else(|| bad(format!("{t:?}: too large")))?;
     }
-    let ms = u64::try_from(total).map_err(|_| bad(format!("{t:?}: too large")))?;
-    Ok(Duration::from_millis(ms))
+    let d = u64::try_from(total)
+        .ok()
+        .map(Duration::from_millis)
+        .filter(|d| *d <= MAX_DURATION)
+        .ok_or_else(|| bad(format!("{t:?} is more than 10 years")))?;
+    Ok(d)
+}
+
+/// A duration as this module parses it back: `1h30m`, `500ms`, `0s`.
+pub fn format_duration(d: Duration) -> String {
+    let mut ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms == 0 {
+        return "0s".into();
+    }
+    let mut out = String::new();
+    for (unit, per) in [
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+        ("ms", 1),
+    ] {
+        if ms >= per {
+            out.push_str(&format!("{}{unit}", ms / per));
+            ms %= per;
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -62,6 +92,10 @@ mod tests {
         assert_eq!(parse_duration("d", "1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("d", "15m"), Ok(Duration::from_secs(900)));
         assert_eq!(parse_duration("d", "0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("d", "3653d"), Ok(MAX_DURATION));
+        for d in ["1h30m", "500ms", "0s", "2d3h4m5s6ms"] {
+            assert_eq!(format_duration(parse_duration("d", d).unwrap()), d);
+        }
         for bad in [
             "",
             "-5s",
@@ -70,6 +104,8 @@ mod tests {
             "s",
             "1.5s",
             "99999999999999999999999d",
+            "200000000000d",
+            "3654d",
         ] {
             assert!(parse_duration("d", bad).is_err(), "{bad}");
         }

@@ -14,6 +14,7 @@
 //! the stream, unread.
 
 use crate::engine::client::Client;
+use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::QueueName;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
@@ -97,36 +98,87 @@ impl Client {
     }
 }
 
-/// A process's cached view of one pause flag, refreshed at most every [`PAUSE_REFRESH`].
-#[derive(Debug)]
-pub(crate) struct PauseWatch {
-    queue: QueueName,
-    group: Option<String>,
-    seen: Mutex<Option<(Instant, bool)>>,
+/// A queue's registry flags, as one process sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QueueFlags {
+    /// The watched pause flag (the queue's dispatch, or one group's consumption).
+    pub(crate) paused: bool,
+    /// The queue's order-history retention.
+    pub(crate) history: HistoryPolicy,
 }
 
-impl PauseWatch {
-    /// Watches `queue`'s flag (or `group`'s).
+impl Client {
+    /// The pause flag of `queue` (or of `group`) and the queue's history retention, read
+    /// together.
+    pub(crate) async fn queue_flags(
+        &self,
+        queue: &QueueName,
+        group: Option<&str>,
+    ) -> Result<QueueFlags> {
+        let (paused, history): (Option<String>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.queue_meta_key(queue))
+            .arg(pause_field(group))
+            .arg(RETENTION_FIELD)
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the queue's flags")?;
+        Ok(QueueFlags {
+            paused: paused.is_some(),
+            history: history.map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms),
+        })
+    }
+}
+
+/// A process's cached view of a queue's flags (one pause flag and the history retention),
+/// refreshed at most every [`PAUSE_REFRESH`].
+#[derive(Debug)]
+pub(crate) struct QueueWatch {
+    queue: QueueName,
+    group: Option<String>,
+    seen: Mutex<Option<(Instant, QueueFlags)>>,
+}
+
+impl QueueWatch {
+    /// Watches `queue`'s flags (with `group`'s pause flag, when given).
     pub(crate) fn new(queue: QueueName, group: Option<String>) -> Self {
-        PauseWatch {
+        QueueWatch {
             queue,
             group,
             seen: Mutex::new(None),
         }
     }
 
-    /// Whether it is paused (a Redis read when the cached value is older than
-    /// [`PAUSE_REFRESH`]; no lock is held across it).
-    pub(crate) async fn paused(&self, client: &Client) -> Result<bool> {
+    /// The flags (a Redis read when the cached value is older than [`PAUSE_REFRESH`]; no
+    /// lock is held across it).
+    pub(crate) async fn flags(&self, client: &Client) -> Result<QueueFlags> {
         let cached = *self.seen.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, p)) = cached
+        if let Some((at, f)) = cached
             && at.elapsed() < PAUSE_REFRESH
         {
-            return Ok(p);
+            return Ok(f);
         }
-        let p = client.is_paused(&self.queue, self.group.as_deref()).await?;
-        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), p));
-        Ok(p)
+        let f = client
+            .queue_flags(&self.queue, self.group.as_deref())
+            .await?;
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), f));
+        Ok(f)
+    }
+
+    /// Whether the watched flag says paused.
+    pub(crate) async fn paused(&self, client: &Client) -> Result<bool> {
+        Ok(self.flags(client).await?.paused)
+    }
+
+    /// The queue's history retention (history off when the record cannot be read: an entry
+    /// then just has no marker).
+    pub(crate) async fn history(&self, client: &Client) -> HistoryPolicy {
+        match self.flags(client).await {
+            Ok(f) => f.history,
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "reading the queue's flags failed");
+                HistoryPolicy::from_ms(0)
+            }
+        }
     }
 }
 

@@ -150,6 +150,20 @@ impl ShardKeys {
     pub fn timers(&self, group: &str) -> String {
         format!("{}:timers:{group}", self.tag)
     }
+
+    /// HASH of `group`'s failed attempts in this shard: entry id -> `"<attempt>:<error>"`,
+    /// for entries still pending (the order history's `retrying` and `last_error`).
+    pub fn errors(&self, group: &str) -> String {
+        format!("{}:errors:{group}", self.tag)
+    }
+
+    /// HASH of one order-history bucket: order id -> `"<entry id>:<due ms>"` of the
+    /// orders dispatched in bucket `bucket` (of `bucket_ms` milliseconds), plus the markers
+    /// of entries that died or needed several attempts. Expires on its own (see
+    /// [`crate::engine::history`]).
+    pub fn history(&self, bucket_ms: i64, bucket: i64) -> String {
+        format!("{}:history:{bucket_ms}:{bucket}", self.tag)
+    }
 }
 
 /// The shard of an order id: FNV-1a (64-bit) of the id's UTF-8 bytes, modulo `shards`.
@@ -206,6 +220,11 @@ mod tests {
         assert_eq!(k.stream, "{dq:order-close:7}:stream");
         assert_eq!(k.dead, "{dq:order-close:7}:dead");
         assert_eq!(k.timers("close"), "{dq:order-close:7}:timers:close");
+        assert_eq!(k.errors("close"), "{dq:order-close:7}:errors:close");
+        assert_eq!(
+            k.history(3_600_000, 5),
+            "{dq:order-close:7}:history:3600000:5"
+        );
     }
 
     #[test]

@@ -276,6 +276,16 @@ pub struct ScheduledOrder {
     pub payload: serde_json::Value,
 }
 
+/// `text` as a raw JSON value, byte for byte when it is valid JSON; otherwise (a value a
+/// foreign producer wrote) the text as a JSON string.
+pub(crate) fn raw_json(text: &str) -> Box<serde_json::value::RawValue> {
+    serde_json::value::RawValue::from_string(text.to_owned()).unwrap_or_else(|_| {
+        serde_json::value::to_raw_value(text).unwrap_or_else(|_| {
+            serde_json::value::RawValue::from_string("null".into()).unwrap_or_default()
+        })
+    })
+}
+
 /// Splits a stored payload value `"<enqueued_ms>:<json>"` into its parts.
 pub(crate) fn decode_stored(raw: &str) -> (Option<i64>, &str) {
     match raw.split_once(':') {

@@ -16,6 +16,9 @@
 //! - [`flow`]: flow control: pausing queues and groups, shared rate limits.
 //! - [`dead`]: dead letters: list, replay to the failing group, purge.
 //! - [`stats`]: queue statistics.
+//! - [`history`]: what happened to an order after dispatch (per group), and redelivery to
+//!   one group.
+//! - [`redact`]: the one helper that masks URL credentials, query strings and tokens.
 //! - [`backoff`], [`duration`]: retry policies and human durations.
 //! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
@@ -28,9 +31,11 @@ pub mod dead;
 pub mod dispatcher;
 pub mod duration;
 pub mod flow;
+pub mod history;
 pub mod housekeeping;
 pub mod keys;
 pub mod message;
+pub mod redact;
 pub mod registry;
 pub mod retry;
 pub mod scripts;

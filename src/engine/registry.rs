@@ -11,6 +11,7 @@
 //! another process stays known to this one until it restarts.
 
 use crate::engine::client::{Client, MAX_SHARDS};
+use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
@@ -24,6 +25,8 @@ pub struct QueueInfo {
     pub shards: u16,
     /// Whether dispatch is paused.
     pub paused: bool,
+    /// How long the history of its dispatched orders is kept, ms (0: none).
+    pub history_retention_ms: i64,
 }
 
 /// What [`Client::create_queue`] did.
@@ -109,11 +112,15 @@ impl Client {
     pub async fn queue_info(&self, queue: &str) -> Result<Option<QueueInfo>> {
         let q = QueueName::new(queue)?;
         match self.lookup(&q).await? {
-            Some(shards) => Ok(Some(QueueInfo {
-                queue: queue.to_owned(),
-                shards,
-                paused: self.is_paused(&q, None).await?,
-            })),
+            Some(shards) => {
+                let flags = self.queue_flags(&q, None).await?;
+                Ok(Some(QueueInfo {
+                    queue: queue.to_owned(),
+                    shards,
+                    paused: flags.paused,
+                    history_retention_ms: flags.history.retention_ms(),
+                }))
+            }
             None => Ok(None),
         }
     }
@@ -127,20 +134,24 @@ impl Client {
             pipe.cmd("HMGET")
                 .arg(self.queue_meta_key(&q))
                 .arg("shards")
-                .arg(crate::engine::flow::pause_field(None));
+                .arg(crate::engine::flow::pause_field(None))
+                .arg(RETENTION_FIELD);
         }
-        let records: Vec<(Option<u16>, Option<String>)> = pipe
+        let records: Vec<(Option<u16>, Option<String>, Option<i64>)> = pipe
             .query_async(&mut self.connection())
             .await
             .ctx("reading the queue registry")?;
         Ok(names
             .into_iter()
             .zip(records)
-            .filter_map(|(queue, (shards, paused))| {
+            .filter_map(|(queue, (shards, paused, history))| {
                 shards.map(|shards| QueueInfo {
                     queue,
                     shards,
                     paused: paused.is_some(),
+                    history_retention_ms: history
+                        .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms)
+                        .retention_ms(),
                 })
             })
             .collect())
@@ -168,8 +179,9 @@ impl Client {
             });
         }
         let groups: Vec<String> = stats.groups.iter().map(|g| g.group.clone()).collect();
+        let history = self.queue_flags(&q, None).await?.history;
         for k in &keys {
-            delete_shard(self, k, &groups).await?;
+            delete_shard(self, k, &groups, &history).await?;
         }
         let _: (i64, i64) = redis::pipe()
             .cmd("DEL")
@@ -225,6 +237,7 @@ impl Client {
             }
             let _: i64 = redis::cmd("DEL")
                 .arg(k.timers(group))
+                .arg(k.errors(group))
                 .query_async(&mut conn)
                 .await
                 .ctx("deleting the group's timers")?;
@@ -286,13 +299,22 @@ impl Client {
     }
 }
 
-/// Deletes one shard's keys: due, payloads, stream (with its groups), dead letters and the
-/// timers of `groups`.
-async fn delete_shard(client: &Client, k: &ShardKeys, groups: &[String]) -> Result<()> {
+/// Deletes one shard's keys: due, payloads, stream (with its groups), dead letters, the
+/// timers and error records of `groups`, and the history buckets `history` may have
+/// written (buckets of an earlier retention setting expire on their own).
+async fn delete_shard(
+    client: &Client,
+    k: &ShardKeys,
+    groups: &[String],
+    history: &HistoryPolicy,
+) -> Result<()> {
     let mut cmd = redis::cmd("DEL");
     cmd.arg(&k.due).arg(&k.payload).arg(&k.stream).arg(&k.dead);
     for g in groups {
-        cmd.arg(k.timers(g));
+        cmd.arg(k.timers(g)).arg(k.errors(g));
+    }
+    for bucket in history.buckets(k, client.now_ms()) {
+        cmd.arg(bucket);
     }
     let _: i64 = cmd
         .query_async(&mut client.connection())

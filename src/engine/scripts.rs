@@ -3,6 +3,7 @@
 //! Scripts are invoked by SHA (`EVALSHA`) and loaded again when Redis answers `NOSCRIPT`
 //! (after a restart or `SCRIPT FLUSH`); [`redis::Script::invoke_async`] does both.
 
+use crate::engine::history::{HistoryPolicy, marker_field};
 use crate::engine::keys::ShardKeys;
 use crate::engine::message::ScheduleOutcome;
 use crate::error::{Error, RedisContext, Result};
@@ -107,19 +108,23 @@ pub struct DequeueReport {
     pub next_due_ms: Option<i64>,
 }
 
-/// Runs `dequeue.lua` on one shard.
+/// Runs `dequeue.lua` on one shard, recording the order history as `history` says.
 pub(crate) async fn dequeue<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     now_ms: i64,
     limit: usize,
+    history: &HistoryPolicy,
 ) -> Result<DequeueReport> {
+    let (bucket, expires_at) = history.write_target(keys, now_ms);
     let (moved, next): (usize, Option<f64>) = DEQUEUE
         .key(&keys.due)
         .key(&keys.payload)
         .key(&keys.stream)
+        .key(bucket)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
+        .arg(expires_at)
         .invoke_async(conn)
         .await
         .ctx("dispatching due orders (dequeue.lua)")?;
@@ -242,6 +247,7 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
     RECLAIM
         .key(&keys.stream)
         .key(keys.timers(group))
+        .key(keys.errors(group))
         .arg(group)
         .arg(consumer)
         .arg(now_ms)
@@ -252,7 +258,8 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
         .ctx("reclaiming due entries (reclaim.lua)")
 }
 
-/// Runs `retry.lua`; false when the entry is no longer this consumer's.
+/// Runs `retry.lua` (the next attempt at `at_ms`; `error` recorded for the history); false
+/// when the entry is no longer this consumer's.
 pub(crate) async fn retry<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -260,14 +267,17 @@ pub(crate) async fn retry<C: ConnectionLike>(
     consumer: &str,
     entry_id: &str,
     at_ms: i64,
+    error: &str,
 ) -> Result<bool> {
     let n: i64 = RETRY
         .key(&keys.stream)
         .key(keys.timers(group))
+        .key(keys.errors(group))
         .arg(group)
         .arg(consumer)
         .arg(entry_id)
         .arg(at_ms)
+        .arg(error)
         .invoke_async(conn)
         .await
         .ctx("scheduling a retry (retry.lua)")?;
@@ -282,6 +292,8 @@ pub(crate) struct DeadArgs<'a> {
     pub attempts: u32,
     pub error: &'a str,
     pub now_ms: i64,
+    /// The queue's history retention (where the `dead` marker goes).
+    pub history: HistoryPolicy,
 }
 
 /// Runs `dead.lua`; false when the entry is no longer this consumer's.
@@ -290,33 +302,44 @@ pub(crate) async fn dead_letter<C: ConnectionLike>(
     keys: &ShardKeys,
     a: &DeadArgs<'_>,
 ) -> Result<bool> {
+    let (bucket, expires_at) = a.history.marker_target(keys, a.entry_id);
     let n: i64 = DEAD
         .key(&keys.stream)
         .key(keys.timers(a.group))
         .key(&keys.dead)
+        .key(keys.errors(a.group))
+        .key(bucket)
         .arg(a.group)
         .arg(a.consumer)
         .arg(a.entry_id)
         .arg(a.attempts)
         .arg(a.error)
         .arg(a.now_ms)
+        .arg(marker_field(a.group, a.entry_id))
+        .arg(expires_at)
         .invoke_async(conn)
         .await
         .ctx("dead-lettering an entry (dead.lua)")?;
     Ok(n == 1)
 }
 
-/// Runs `replay.lua`; returns how many dead letters were replayed.
+/// Runs `replay.lua` (the history follows the new entries, written at `now_ms`); returns how
+/// many dead letters were replayed.
 pub(crate) async fn replay<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     group: Option<&str>,
     dead_ids: &[String],
+    now_ms: i64,
+    history: &HistoryPolicy,
 ) -> Result<u64> {
+    let (bucket, expires_at) = history.write_target(keys, now_ms);
     REPLAY
         .key(&keys.dead)
         .key(&keys.stream)
+        .key(bucket)
         .arg(group.unwrap_or(""))
+        .arg(expires_at)
         .arg(dead_ids)
         .invoke_async(conn)
         .await

@@ -1,6 +1,7 @@
 //! Queue statistics: what is scheduled, overdue, in the streams, pending per group, dead.
 
 use crate::engine::client::Client;
+use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::QueueName;
 use crate::error::{RedisContext, Result};
 use serde::Serialize;
@@ -29,6 +30,9 @@ pub struct QueueStats {
     pub stream_length: u64,
     /// Dead letters.
     pub dead: u64,
+    /// Records in the order history (dispatched orders kept for `history_retention`, plus
+    /// the markers of entries that died or needed several attempts).
+    pub history: u64,
     /// Whether dispatch is paused.
     pub paused: bool,
     /// Per consumer group.
@@ -76,6 +80,7 @@ impl Client {
             next_due_at_ms: None,
             stream_length: 0,
             dead: 0,
+            history: 0,
             paused: false,
             groups: Vec::new(),
         };
@@ -85,8 +90,21 @@ impl Client {
             .await
             .ctx("reading the queue's flags")?;
         s.paused = flags.contains_key(&crate::engine::flow::pause_field(None));
+        let history = flags
+            .get(crate::engine::history::RETENTION_FIELD)
+            .and_then(|v| v.parse().ok())
+            .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms);
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
         for keys in self.registered_keys(&q).await? {
+            let mut hlen = redis::pipe();
+            for bucket in history.buckets(&keys, now) {
+                hlen.cmd("HLEN").arg(bucket);
+            }
+            let counts: Vec<u64> = hlen
+                .query_async(&mut self.connection())
+                .await
+                .ctx("counting the order history (HLEN)")?;
+            s.history += counts.iter().sum::<u64>();
             let raw: Raw = STATS
                 .key(&keys.due)
                 .key(&keys.stream)

@@ -17,7 +17,7 @@
 //! | `delayq_rate_limited_total` | counter | queue, group (reads that waited for the limit) |
 //! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
 //! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
-//! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead` | gauge | queue |
+//! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
 
 use crate::engine::stats::QueueStats;
@@ -111,6 +111,7 @@ pub fn queue_gauges(s: &QueueStats) {
     metrics::gauge!("delayq_oldest_overdue_seconds", "queue" => q.clone())
         .set(s.oldest_overdue_ms as f64 / 1000.0);
     metrics::gauge!("delayq_dead", "queue" => q.clone()).set(s.dead as f64);
+    metrics::gauge!("delayq_history", "queue" => q.clone()).set(s.history as f64);
     metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => "")
         .set(f64::from(u8::from(s.paused)));
     for g in &s.groups {

@@ -1,18 +1,22 @@
 //! Reconciliation, the compensation job: Redis is fast but the database is the system of
 //! record. Every run (a tokio-cron-scheduler job, default every 30 s) finds orders still
-//! `pending` whose `expires_at` passed more than `grace` ago and schedules their close
-//! event (if absent, due now), in bounded batches paged by `(expires_at, id)`.
+//! `pending` whose `expires_at` passed more than `grace` ago and sends their close event to
+//! the close group, in bounded batches paged by `(expires_at, id)`.
 //!
 //! It covers what no Redis setting can: the checkout service crashing between its database
 //! commit and its schedule call, and Redis losing data (a restart without persistence, a
-//! failover before replication, a `FLUSHALL`). Scheduling is if-absent, so an order whose
-//! event is still waiting in Redis is left alone; one whose event is in flight may be
-//! delivered twice, which the conditional close makes harmless.
+//! failover before replication, a `FLUSHALL`). It never multiplies events: through the
+//! order history ([`Client::redeliver`]), an order whose event is still scheduled, or
+//! dispatched and not yet `done` or `dead` in the close group (backlogged, retrying), is
+//! left alone. The event it sends (due now, payload `{"expires_at", "reconciled": true}`)
+//! goes to the close group only, as a dead-letter replay does: the queue's other groups
+//! never see it.
 
 use crate::engine::client::Client;
+use crate::engine::history::Redelivered;
 use crate::engine::housekeeping::{Chore, ChoreReport, run_chores, validate_cron};
-use crate::engine::keys::QueueName;
-use crate::engine::message::{Mode, NewOrder, ScheduleOutcome, When};
+use crate::engine::keys::{QueueName, validate_member_name};
+use crate::engine::message::{NewOrder, When};
 use crate::error::{InvalidInput, Result};
 use crate::orders::repo::Orders;
 use serde::Serialize;
@@ -79,8 +83,10 @@ impl ReconcileOptions {
 pub struct ReconcileReport {
     /// Overdue pending orders found.
     pub overdue: u64,
-    /// Close events scheduled for them (the rest were still scheduled).
-    pub scheduled: u64,
+    /// Close events sent to the close group for them.
+    pub sent: u64,
+    /// Orders left alone: their event is still scheduled, or on its way in the close group.
+    pub in_flight: u64,
 }
 
 /// Schedules the close event of every overdue pending order; see the module documentation.
@@ -89,23 +95,29 @@ pub struct Reconciler {
     orders: Orders,
     client: Client,
     queue: QueueName,
+    /// The close group: the only one that receives reconciliation events.
+    group: String,
     opts: ReconcileOptions,
 }
 
 impl Reconciler {
-    /// A reconciler of `orders` into `queue`.
+    /// A reconciler of `orders` into consumer group `group` (the one closing orders) of
+    /// `queue`.
     pub fn new(
         orders: Orders,
         client: &Client,
         queue: &str,
+        group: &str,
         opts: ReconcileOptions,
     ) -> Result<Reconciler> {
         let queue = QueueName::new(queue)?;
+        validate_member_name("group", group)?;
         opts.validate()?;
         Ok(Reconciler {
             orders,
             client: client.clone(),
             queue,
+            group: group.to_owned(),
             opts,
         })
     }
@@ -137,23 +149,25 @@ impl Reconciler {
                 .collect();
             let out = self
                 .client
-                .schedule_many(self.queue.as_str(), &events, Mode::IfAbsent)
+                .redeliver(self.queue.as_str(), &self.group, &events)
                 .await?;
             report.overdue += page.len() as u64;
-            report.scheduled += out
-                .iter()
-                .filter(|s| s.outcome == ScheduleOutcome::Created)
-                .count() as u64;
+            for o in out {
+                match o {
+                    Redelivered::Sent => report.sent += 1,
+                    Redelivered::Scheduled | Redelivered::InFlight => report.in_flight += 1,
+                }
+            }
             if page.len() < self.opts.batch {
                 break;
             }
             after = Some(last);
         }
-        if report.scheduled > 0 {
-            crate::engine::telemetry::reconciled(self.queue.as_str(), report.scheduled);
+        if report.sent > 0 {
+            crate::engine::telemetry::reconciled(self.queue.as_str(), report.sent);
             tracing::warn!(
-                queue = %self.queue, overdue = report.overdue, scheduled = report.scheduled,
-                "reconciliation scheduled close events that were missing from Redis"
+                queue = %self.queue, group = %self.group, overdue = report.overdue,
+                sent = report.sent, "reconciliation sent close events that were missing from Redis"
             );
         }
         Ok(report)
@@ -167,7 +181,7 @@ impl Reconciler {
             let this = this.clone();
             async move {
                 let r = this.run_once().await?;
-                Ok(ChoreReport { count: r.scheduled })
+                Ok(ChoreReport { count: r.sent })
             }
         });
         run_chores(vec![chore], cancel).await

@@ -8,12 +8,14 @@
 use crate::engine::client::{Client, ClientOptions};
 use crate::engine::dead::{DeadPage, Selection};
 use crate::engine::flow::PauseState;
+use crate::engine::history::{HistoryPolicy, OrderHistory};
 use crate::engine::keys::{QueueName, validate_id, validate_member_name};
 use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
 use crate::engine::registry::{QueueCreated, QueueInfo};
 use crate::engine::stats::QueueStats;
 use crate::error::{InvalidInput, Result};
 use serde::Serialize;
+use std::time::Duration;
 
 /// Most messages in one batch call.
 pub const MAX_BATCH: usize = 10_000;
@@ -51,19 +53,6 @@ impl ScheduledAnswer {
 pub struct BatchAnswer {
     /// The results.
     pub results: Vec<ScheduledAnswer>,
-}
-
-/// A scheduled order, as `get` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct OrderAnswer {
-    /// The queue.
-    pub queue: String,
-    /// The order id.
-    pub id: String,
-    /// When it is due, unix ms.
-    pub due_at_ms: i64,
-    /// Its payload.
-    pub payload: serde_json::Value,
 }
 
 /// The answer to a lookup of something that is not there.
@@ -237,19 +226,15 @@ impl Admin {
         })
     }
 
-    /// A scheduled order, or the not-found answer naming it.
+    /// What happened to an order (scheduled, or dispatched with each group's state), or the
+    /// not-found answer naming it.
     pub async fn get(
         &self,
         queue: &str,
         id: &str,
-    ) -> Result<std::result::Result<OrderAnswer, NotFoundAnswer>> {
-        Ok(match self.client.get(queue, id).await? {
-            Some(o) => Ok(OrderAnswer {
-                queue: queue.to_owned(),
-                id: o.id,
-                due_at_ms: o.due_at_ms,
-                payload: o.payload,
-            }),
+    ) -> Result<std::result::Result<OrderHistory, NotFoundAnswer>> {
+        Ok(match self.client.history(queue, id).await? {
+            Some(h) => Ok(h),
             None => Err(NotFoundAnswer {
                 queue: Some(queue.to_owned()),
                 id: Some(id.to_owned()),
@@ -277,9 +262,22 @@ impl Admin {
     }
 
     /// Registers a queue (`shards` defaults to 1). Idempotent; another shard count than the
-    /// registered one is refused.
-    pub async fn create_queue(&self, queue: &str, shards: Option<u16>) -> Result<QueueCreated> {
-        self.client.create_queue(queue, shards.unwrap_or(1)).await
+    /// registered one is refused. `history_retention`, when given, is set on it (checked
+    /// before anything is written).
+    pub async fn create_queue(
+        &self,
+        queue: &str,
+        shards: Option<u16>,
+        history_retention: Option<Duration>,
+    ) -> Result<QueueCreated> {
+        if let Some(r) = history_retention {
+            HistoryPolicy::new(r)?;
+        }
+        let created = self.client.create_queue(queue, shards.unwrap_or(1)).await?;
+        if let Some(r) = history_retention {
+            self.client.set_history_retention(queue, r).await?;
+        }
+        Ok(created)
     }
 
     /// Every registered queue.

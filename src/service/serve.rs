@@ -42,6 +42,15 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     // Every queue this service dispatches exists from now on: orders into it are accepted.
     for q in &settings.queues {
         client.create_queue(q, settings.client.shards).await?;
+        if let Some(r) = settings.history_retention {
+            client.set_history_retention(q, r).await?;
+        }
+    }
+    if settings.reconciliation.is_some() && settings.history_retention == Some(Duration::ZERO) {
+        tracing::warn!(
+            "history_retention is 0s: reconciliation cannot tell an event on its way from a \
+             lost one and may send close events again (the conditional close absorbs them)"
+        );
     }
     if cfg.http.tokens.is_empty() {
         tracing::warn!("http.tokens is empty: the HTTP API is open to anyone who can reach it");
@@ -131,7 +140,7 @@ fn spawn_handlers(
     }
     if let Some(r) = &settings.reconciliation {
         let orders = db_for(&r.database_url, 2)?;
-        let reconciler = Reconciler::new(orders, client, &r.queue, r.options.clone())?;
+        let reconciler = Reconciler::new(orders, client, &r.queue, &r.group, r.options.clone())?;
         tasks.spawn(reconciler.run(cancel.clone()));
     }
     Ok(())

@@ -61,6 +61,8 @@ pub struct BenchReport {
     /// This process's CPU (user + sys: producer, dispatcher and worker together) over the
     /// scenario / n, µs.
     pub client_cpu_us_per_order: Option<f64>,
+    /// Bytes of order history kept per dispatched order (`dispatch`).
+    pub history_bytes_per_order: Option<f64>,
     /// True when not every order was handled in time.
     pub timed_out: bool,
     /// Free text: what was measured and how.

@@ -50,6 +50,8 @@ pub struct BenchOptions {
     pub shards: u16,
     /// The handler group's rate limit, if any.
     pub rate_limit: Option<crate::engine::flow::RateLimit>,
+    /// The bench queue's order-history retention (zero: off).
+    pub history_retention: Duration,
 }
 
 fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
@@ -88,6 +90,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
     .await?;
     client.delete_namespace().await?;
     client.create_queue(QUEUE, opts.shards).await?;
+    client
+        .set_history_retention(QUEUE, opts.history_retention)
+        .await?;
     let result = match scenario {
         "spread" => timed(&client, opts, false).await,
         "storm" => timed(&client, opts, true).await,
@@ -148,12 +153,52 @@ async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchR
         })
         .collect();
     enqueue_all(client, &orders).await?;
+    let drained = drain_due(client, opts.orders).await?;
+    let history = history_bytes(client).await?;
     Ok(BenchReport {
         scenario: "dispatch".into(),
         n: opts.orders,
-        notes: "orders already due, drained by one dispatcher into the stream (no worker)".into(),
-        ..drain_due(client, opts.orders).await?
+        history_bytes_per_order: Some(history as f64 / opts.orders as f64),
+        notes: format!(
+            "orders already due, drained by one dispatcher into the stream (no worker); \
+             history retention {}",
+            crate::engine::duration::format_duration(opts.history_retention)
+        ),
+        ..drained
     })
+}
+
+/// Bytes held by the bench queue's order-history buckets (`MEMORY USAGE ... SAMPLES 0`:
+/// every field counted).
+async fn history_bytes(client: &Client) -> anyhow::Result<u64> {
+    let ns = client.keyspace().namespace();
+    let mut conn = client.connection();
+    let mut total = 0;
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{{{ns}:{QUEUE}:*}}:history:*"))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        for k in keys {
+            let n: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&k)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await?;
+            total += n.unwrap_or(0);
+        }
+        if next == 0 {
+            return Ok(total);
+        }
+        cursor = next;
+    }
 }
 
 /// Drains the `expected` due orders with one dispatcher; reports the drain time, rate and
@@ -380,6 +425,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         payload_bytes,
         shards,
         rate_limit,
+        history_retention,
         json,
     } = c
     else {
@@ -396,7 +442,9 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .as_deref()
             .map(crate::engine::flow::RateLimit::parse)
             .transpose()?,
+        history_retention: parse_duration("--history-retention", &history_retention)?,
     };
+    crate::engine::history::HistoryPolicy::new(opts.history_retention)?;
     if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
         return Err(Failure::Invalid(
             "--orders and --concurrency must be >= 1, --shards 1..=1024".into(),

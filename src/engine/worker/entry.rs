@@ -53,7 +53,7 @@ pub(super) fn is_nogroup(e: &Error) -> bool {
     matches!(e, Error::Redis { source, .. } if source.code() == Some("NOGROUP"))
 }
 
-pub(super) fn as_string(v: &Value) -> Option<String> {
+pub(crate) fn as_string(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
@@ -207,7 +207,7 @@ pub(super) fn claimed_entries(v: Value) -> Result<Vec<(String, Fields, u32)>> {
         .collect()
 }
 
-pub(super) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
+pub(crate) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
     match v {
         Value::Array(fv) => {
             let mut pairs = Vec::with_capacity(fv.len() / 2);

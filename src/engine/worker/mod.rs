@@ -26,7 +26,7 @@ mod reader;
 mod reclaim;
 mod settle;
 
-pub(crate) use entry::{ensure_groups, entries_of};
+pub(crate) use entry::{Fields, as_string, ensure_groups, entries_of, field_pairs};
 pub use handler::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, WorkerStats,
 };
@@ -64,8 +64,9 @@ struct Shared<H> {
     /// Cancelled when the worker stops taking entries: prefetched entries still waiting for
     /// a slot are then left to their lease instead of being started.
     stopping: CancellationToken,
-    /// The group's pause flag, as this process last saw it.
-    pause: crate::engine::flow::PauseWatch,
+    /// The group's pause flag and the queue's history retention, as this process last saw
+    /// them.
+    pause: crate::engine::flow::QueueWatch,
     /// Handler slots.
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
@@ -96,7 +97,7 @@ impl<H: Handler> Worker<H> {
         let consumer = opts.consumer.clone().unwrap_or_else(default_consumer_name);
         validate_member_name("consumer", &consumer)?;
         opts.validate()?;
-        let pause = crate::engine::flow::PauseWatch::new(queue.clone(), Some(group.to_owned()));
+        let pause = crate::engine::flow::QueueWatch::new(queue.clone(), Some(group.to_owned()));
         Ok(Worker {
             shared: Arc::new(Shared {
                 shards: client.queue_keys(&queue),
@@ -157,7 +158,7 @@ impl<H: Handler> Worker<H> {
         }
         tracing::info!(queue = %s.queue, group = %s.group, consumer = %s.consumer, "worker started");
 
-        let (ack_tx, ack_rx) = mpsc::unbounded_channel::<lease::Lease>();
+        let (ack_tx, ack_rx) = mpsc::unbounded_channel::<settle::Acked>();
         let acker = tokio::spawn(settle::ack_loop(s.clone(), ack_rx));
         // Background loops stop on their own token once handlers are done, or when this
         // future is dropped (the guard cancels it).

@@ -3,6 +3,9 @@
 use super::entry::{Taken, ms};
 use super::lease::Lease;
 use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
+use crate::engine::history::{HistoryPolicy, marker_field};
+use crate::engine::keys::ShardKeys;
+use crate::engine::redact;
 use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
 use crate::engine::telemetry;
@@ -75,7 +78,10 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         // A dead-letter replay for another group: not ours to handle.
         s.stats.skipped.fetch_add(1, Ordering::Relaxed);
         handled_metric(s, "skipped");
-        let _ = ack_tx.send(lease);
+        let _ = ack_tx.send(Acked {
+            lease,
+            attempt: d.attempt,
+        });
         return;
     }
     let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
@@ -96,7 +102,10 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
             // The lease travels with the ack and is released once XACK is done. The acker
             // outlives every task; a closed channel means shutdown already gave up on this
             // entry, which then stays pending and is delivered again.
-            let _ = ack_tx.send(lease);
+            let _ = ack_tx.send(Acked {
+                lease,
+                attempt: d.attempt,
+            });
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
@@ -129,9 +138,11 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
     let keys = &s.shards[usize::from(d.shard)];
     let at = s.client.now_ms() + ms(delay);
     let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
+    let error = redact::error(message);
+    let error = error.as_str();
     let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
-        async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at).await }
+        async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at, error).await }
     })
     .await;
     match r {
@@ -153,13 +164,15 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
         hook(s, "on_failure", || s.hooks.on_failure(d, message, None));
     }
     let keys = &s.shards[usize::from(d.shard)];
+    let error = redact::error(message);
     let args = DeadArgs {
         group: &s.group,
         consumer: &s.consumer,
         entry_id: &d.entry_id,
         attempts: d.attempt,
-        error: message,
+        error: &error,
         now_ms: s.client.now_ms(),
+        history: s.pause.history(&s.client).await,
     };
     let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
@@ -172,7 +185,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
             s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             handled_metric(s, "dead");
             telemetry::dead_lettered(s.queue.as_str(), &s.group);
-            tracing::warn!(id = %d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, error = %message, "dead-lettered");
+            tracing::warn!(id = %d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
                 hook(s, "on_dead", || s.hooks.on_dead(d, message));
             }
@@ -204,7 +217,7 @@ pub(super) async fn run_handler<H: Handler>(
         }
         Ok(Ok(Err(e))) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%id, error = %e, "handler failed");
+            tracing::warn!(%id, error = %redact::text(&e.to_string()), "handler failed");
             Err(e)
         }
         Ok(Err(_)) => {
@@ -222,37 +235,48 @@ pub(super) async fn run_handler<H: Handler>(
     }
 }
 
+/// An entry handled successfully, on its way to be acknowledged, with its lease.
+pub(super) struct Acked {
+    pub(super) lease: Lease,
+    /// Its delivery count: above 1, the entry may have an error record to drop, and its
+    /// history keeps how many attempts it took.
+    pub(super) attempt: u32,
+}
+
 /// Acknowledges entries in batches until every sender is gone. A failed ack is retried; an
 /// entry whose ack is finally given up on stays pending (delivered again, never lost).
-pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Lease>) {
+pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Acked>) {
     let mut buf = Vec::with_capacity(1024);
     while rx.recv_many(&mut buf, 1024).await > 0 {
-        let mut by_shard: HashMap<u16, Vec<String>> = HashMap::new();
-        for lease in &buf {
-            let (shard, id) = lease.key();
-            by_shard.entry(shard).or_default().push(id.to_owned());
+        let mut by_shard: HashMap<u16, Vec<(String, u32)>> = HashMap::new();
+        for a in &buf {
+            let (shard, id) = a.lease.key();
+            by_shard
+                .entry(shard)
+                .or_default()
+                .push((id.to_owned(), a.attempt));
         }
-        for (shard, ids) in by_shard {
+        let retried = by_shard.values().flatten().any(|(_, n)| *n > 1);
+        let history = if retried {
+            s.pause.history(&s.client).await
+        } else {
+            HistoryPolicy::from_ms(0)
+        };
+        for (shard, entries) in by_shard {
             let keys = &s.shards[usize::from(shard)];
-            let (group, ids, client) = (&s.group, &ids, &s.client);
-            // XACK then drop the timers, pipelined (two plain commands cost less Redis time than
-            // a script call; a crash between them only leaves a stale timer, which
-            // reclaim.lua drops when it finds the entry no longer pending).
+            let pipe = ack_pipeline(keys, &s.group, &entries, &history);
+            let (client, pipe) = (&s.client, &pipe);
             let r = with_retries("XACK", RetryPolicy::CALL, None, || {
                 let mut conn = client.connection();
                 async move {
-                    let (n, _): (u64, i64) = redis::pipe()
-                        .cmd("XACK")
-                        .arg(&keys.stream)
-                        .arg(group)
-                        .arg(ids)
-                        .cmd("ZREM")
-                        .arg(keys.timers(group))
-                        .arg(ids)
+                    let replies: Vec<redis::Value> = pipe
                         .query_async(&mut conn)
                         .await
                         .ctx("acknowledging entries (XACK + ZREM)")?;
-                    Ok(n)
+                    Ok(match replies.first() {
+                        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                        _ => 0,
+                    })
                 }
             })
             .await;
@@ -261,7 +285,7 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                     s.stats.acked.fetch_add(n, Ordering::Relaxed);
                 }
                 Err(e) => tracing::error!(
-                    error = %e, entries = ids.len(),
+                    error = %e, entries = entries.len(),
                     "ack failed; the entries stay pending and will be delivered again"
                 ),
             }
@@ -271,5 +295,47 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
     }
 }
 
+/// One shard's acknowledgements as one pipeline: `XACK`, then the timers' `ZREM` (two plain
+/// commands cost less Redis time than a script call; a crash between them only leaves a
+/// stale timer, which `reclaim.lua` drops). Entries that needed several attempts also drop
+/// their error record and leave the history marker `a<attempts>`.
+fn ack_pipeline(
+    keys: &ShardKeys,
+    group: &str,
+    entries: &[(String, u32)],
+    history: &HistoryPolicy,
+) -> redis::Pipeline {
+    let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+    let mut pipe = redis::pipe();
+    pipe.cmd("XACK").arg(&keys.stream).arg(group).arg(&ids);
+    pipe.cmd("ZREM").arg(keys.timers(group)).arg(&ids);
+    let retried: Vec<&(String, u32)> = entries.iter().filter(|(_, n)| *n > 1).collect();
+    if retried.is_empty() {
+        return pipe;
+    }
+    pipe.cmd("HDEL").arg(keys.errors(group)).arg(
+        retried
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
+    );
+    let mut buckets: HashMap<String, (i64, Vec<(String, String)>)> = HashMap::new();
+    for (id, n) in retried {
+        let (bucket, expires_at) = history.marker_target(keys, id);
+        if expires_at > 0 {
+            buckets
+                .entry(bucket)
+                .or_insert((expires_at, Vec::new()))
+                .1
+                .push((marker_field(group, id), format!("a{n}")));
+        }
+    }
+    for (bucket, (expires_at, fields)) in buckets {
+        pipe.cmd("HSET").arg(&bucket).arg(fields);
+        pipe.cmd("PEXPIREAT").arg(&bucket).arg(expires_at);
+    }
+    pipe
+}
+
 /// Where settled-successfully entries go to be acknowledged in batches, with their leases.
-pub(super) type AckSender = mpsc::UnboundedSender<Lease>;
+pub(super) type AckSender = mpsc::UnboundedSender<Acked>;

@@ -36,6 +36,8 @@ pub struct ReconcileSpec {
     pub database_url: String,
     /// The queue of close events.
     pub queue: String,
+    /// The group that closes orders: the only one reconciliation events go to.
+    pub group: String,
     /// Schedule, grace and batch size.
     pub options: ReconcileOptions,
 }
@@ -59,6 +61,9 @@ pub struct Settings {
     pub queues: Vec<String>,
     /// How long shutdown waits for running handlers (every worker's `shutdown_grace`).
     pub shutdown_grace: Duration,
+    /// The order-history retention set on every queue it dispatches (`None`: leave each
+    /// queue's as it is, 24 h unless set).
+    pub history_retention: Option<Duration>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
 }
@@ -164,6 +169,10 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     }
     let shutdown_grace = duration("shutdown_grace", config.shutdown_grace.as_deref())?
         .unwrap_or(crate::engine::worker::WorkerOptions::default().shutdown_grace);
+    let history_retention = duration("history_retention", config.history_retention.as_deref())?;
+    if let Some(r) = history_retention {
+        crate::engine::history::HistoryPolicy::new(r).map_err(at_key("history_retention"))?;
+    }
     let handlers = handlers::check_all(&config.handlers, shutdown_grace)?;
     queues.extend(handlers.iter().map(|h| h.queue.clone()));
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
@@ -181,6 +190,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         handlers,
         queues,
         shutdown_grace,
+        history_retention,
         reconciliation,
     })
 }
@@ -287,7 +297,9 @@ fn check_reconciliation(
     handlers: &[HandlerSpec],
 ) -> Result<Option<ReconcileSpec>, ConfigError> {
     let close = handlers.iter().find_map(|h| match &h.kind {
-        HandlerKind::OrderClose { database_url } => Some((h.queue.clone(), database_url.clone())),
+        HandlerKind::OrderClose { database_url } => {
+            Some((h.queue.clone(), h.group.clone(), database_url.clone()))
+        }
         _ => None,
     });
     if !r.enabled.unwrap_or(close.is_some()) {
@@ -300,7 +312,7 @@ fn check_reconciliation(
                 .map_err(|e| ConfigError::at("reconciliation.database_url", e))?;
             u.clone()
         }
-        (None, Some((_, u))) => u.clone(),
+        (None, Some((_, _, u))) => u.clone(),
         (None, None) => return Err(ConfigError::at("reconciliation.database_url", needed)),
     };
     let queue = match (&r.queue, &close) {
@@ -308,8 +320,23 @@ fn check_reconciliation(
             QueueName::new(q).map_err(|e| ConfigError::at("reconciliation.queue", e))?;
             q.clone()
         }
-        (None, Some((q, _))) => q.clone(),
+        (None, Some((q, _, _))) => q.clone(),
         (None, None) => return Err(ConfigError::at("reconciliation.queue", needed)),
+    };
+    // The close group: given, or the order-close handler's on that queue.
+    let group = match (&r.group, &close) {
+        (Some(g), _) => {
+            crate::engine::keys::validate_member_name("group", g)
+                .map_err(|e| ConfigError::at("reconciliation.group", e))?;
+            g.clone()
+        }
+        (None, Some((q, g, _))) if *q == queue => g.clone(),
+        _ => {
+            return Err(ConfigError::at(
+                "reconciliation.group",
+                "required unless an order-close handler consumes the reconciliation queue",
+            ));
+        }
     };
     let mut options = ReconcileOptions::default();
     if let Some(c) = &r.cron {
@@ -325,6 +352,7 @@ fn check_reconciliation(
     Ok(Some(ReconcileSpec {
         database_url,
         queue,
+        group,
         options,
     }))
 }

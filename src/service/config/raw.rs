@@ -24,6 +24,10 @@ pub struct Config {
     /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
     /// this plus a moment, whatever the backlog.
     pub shutdown_grace: Option<String>,
+    /// How long the history of dispatched orders is kept (`GET .../messages/{id}`, `delayq
+    /// get`, reconciliation): default `24h`, `0s` turns it off. Set on every queue this
+    /// service dispatches.
+    pub history_retention: Option<String>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -48,6 +52,7 @@ impl Default for Config {
             durability: "leader".into(),
             queues: Vec::new(),
             shutdown_grace: None,
+            history_retention: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
@@ -168,6 +173,9 @@ pub struct ReconciliationConfig {
     pub database_url: Option<String>,
     /// The queue of close events; unset = the first `order-close` handler's.
     pub queue: Option<String>,
+    /// The group that closes orders (the only one reconciliation events reach); unset = the
+    /// `order-close` handler's group on that queue.
+    pub group: Option<String>,
     /// When to run (six fields, seconds first, UTC; default every 30 s).
     pub cron: Option<String>,
     /// How long past its expiry a pending order must be to be rescheduled (default 60 s).

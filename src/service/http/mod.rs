@@ -325,13 +325,13 @@ async fn batch(
 async fn get_message(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
-) -> ApiResult<Json<admin::OrderAnswer>> {
+) -> ApiResult<Json<crate::engine::history::OrderHistory>> {
     match st.admin.get(&queue, &id).await? {
         Ok(o) => Ok(Json(o)),
         Err(_) => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
-            "the order is not scheduled",
+            "no such order: never scheduled, cancelled, or dispatched longer ago than the history retention",
         )),
     }
 }
@@ -354,6 +354,8 @@ async fn delete_message(
 #[serde(deny_unknown_fields)]
 struct CreateQueueBody {
     shards: Option<u16>,
+    /// A duration (`24h`, `0s` = no history).
+    history_retention: Option<String>,
 }
 
 async fn create_queue(
@@ -362,7 +364,12 @@ async fn create_queue(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let b: CreateQueueBody = json_body(body)?;
-    let a = st.admin.create_queue(&queue, b.shards).await?;
+    let retention = b
+        .history_retention
+        .as_deref()
+        .map(|t| crate::engine::duration::parse_duration("history_retention", t))
+        .transpose()?;
+    let a = st.admin.create_queue(&queue, b.shards, retention).await?;
     let status = if a.created {
         StatusCode::CREATED
     } else {

@@ -49,12 +49,33 @@ pub fn openapi() -> Value {
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
                     "code": {"type": "string"}, "message": {"type": "string"}}}}},
                 "Message": msg,
-                "Scheduled": scheduled
+                "Scheduled": scheduled,
+                "OrderHistory": order_history()
             }
         },
         "security": [{"bearer": []}],
         "paths": paths(&q, &id)
     })
+}
+
+/// The answer of `GET /v1/queues/{queue}/messages/{id}` (`engine::history::OrderHistory`).
+fn order_history() -> Value {
+    let nullable_int = json!({"type": "integer", "nullable": true});
+    json!({"type": "object", "required": ["queue", "id", "state", "due_at_ms", "payload", "dispatched_at_ms", "entry_id", "groups"],
+        "properties": {
+            "queue": {"type": "string"}, "id": {"type": "string"},
+            "state": {"type": "string", "enum": ["scheduled", "dispatched"]},
+            "due_at_ms": {"type": "integer"},
+            "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
+            "dispatched_at_ms": nullable_int, "entry_id": {"type": "string", "nullable": true},
+            "groups": {"type": "array", "items": {"type": "object",
+                "required": ["group", "state", "attempts", "last_error", "next_attempt_at_ms"],
+                "properties": {
+                    "group": {"type": "string"},
+                    "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead"]},
+                    "attempts": {"type": "integer", "minimum": 0},
+                    "last_error": {"type": "string", "nullable": true},
+                    "next_attempt_at_ms": nullable_int}}}}})
 }
 
 fn paths(q: &Value, id: &Value) -> Value {
@@ -72,8 +93,10 @@ fn message_paths(q: &Value, id: &Value) -> Value {
                     "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Message"}}}},
                     "responses": with(json!({"201": {"description": "created"}, "200": {"description": "updated or unchanged"}}),
                         json!({"400": e("invalid input"), "413": e("body too large")}))},
-                "get": {"summary": "Read a scheduled order", "parameters": [q, id],
-                    "responses": with(json!({"200": {"description": "the order"}}), json!({"404": e("not scheduled")}))},
+                "get": {"summary": "What happened to an order: scheduled, or dispatched with each group's state", "parameters": [q, id],
+                    "responses": with(json!({"200": {"description": "the order's history",
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OrderHistory"}}}}}),
+                        json!({"404": e("never scheduled, cancelled, or past the history retention")}))},
                 "delete": {"summary": "Cancel", "parameters": [q, id],
                     "responses": with(json!({"200": {"description": "cancelled"}}), json!({"404": e("not scheduled")}))}
             },

@@ -1,0 +1,102 @@
+-- redeliver.lua: send orders straight to one consumer group, unless they are still on
+-- their way: the reconciliation job's delivery (nothing else of the queue sees them).
+--
+-- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  the shard's STREAM
+-- KEYS[3 .. 2+k]  the shard's history buckets, newest first (see dequeue.lua); the one of
+--          "now" among them records the new entries
+-- ARGV[1]  the group
+-- ARGV[2]  k, the number of history buckets (0 = history off)
+-- ARGV[3]  the bucket length, ms
+-- ARGV[4 .. 3+k]  the bucket numbers of KEYS[3 .. 2+k]
+-- ARGV[4+k]  now, unix ms
+-- ARGV[5+k]  when the bucket of now expires, unix ms
+-- ARGV[6+k ..]  the orders as pairs: id, payload JSON
+--
+-- For each order: scheduled (in the due ZSET) -> left alone (0); its latest entry pending in
+-- the group, or not yet read by it -> left alone (2); otherwise (never dispatched, past the
+-- history retention, done or dead in the group) it is appended to the stream with
+-- for_group = <group> and due_ms = now (1), and the history follows the new entry.
+-- Returns one code per order.
+-- Why one script: the check and the append are one step, so two runs (or a run racing a
+-- schedule) never send an order twice. Every argument is checked before the first write.
+-- Redis >= 6.2.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local function parse_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function less(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  return am < bm or (am == bm and as < bs)
+end
+local group = ARGV[1]
+local k, len = int(ARGV[2]), int(ARGV[3])
+if type(group) ~= 'string' or group == '' or not k or k < 0 or not len or len < 1 then
+  return redis.error_reply('ERR delayq redeliver: group, bucket count and length expected')
+end
+for j = 1, k do
+  if not int(ARGV[3 + j]) then return redis.error_reply('ERR delayq redeliver: bad bucket') end
+end
+local now, hist_at = int(ARGV[4 + k]), int(ARGV[5 + k])
+if not now or now < 0 or not hist_at or hist_at < 0 then
+  return redis.error_reply('ERR delayq redeliver: now and expiry must be unix milliseconds')
+end
+if (#ARGV - 5 - k) % 2 ~= 0 then
+  return redis.error_reply('ERR delayq redeliver: orders come as id, payload pairs')
+end
+for i = 6 + k, #ARGV, 2 do
+  if ARGV[i] == '' then return redis.error_reply('ERR delayq redeliver: empty order id') end
+end
+local wkey
+for j = 1, k do
+  if int(ARGV[3 + j]) == math.floor(now / len) then wkey = KEYS[2 + j] end
+end
+local last = nil
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    local name, ld
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
+    end
+    if name == group then last = ld end
+  end
+end
+local out = {}
+local hist = {}
+for i = 6 + k, #ARGV, 2 do
+  local id, payload = ARGV[i], ARGV[i + 1]
+  local code = 1
+  if redis.call('ZSCORE', KEYS[1], id) then
+    code = 0
+  else
+    local found
+    for j = 1, k do
+      found = redis.call('HGET', KEYS[2 + j], id)
+      if found then break end
+    end
+    local eid = found and string.match(found, '^(%d+%-%d+):')
+    if eid and last then
+      local p = redis.call('XPENDING', KEYS[2], group, eid, eid, 1)
+      if p[1] or less(last, eid) then code = 2 end
+    end
+  end
+  if code == 1 then
+    local eid = redis.call('XADD', KEYS[2], '*', 'id', id, 'due_ms', ARGV[4 + k],
+      'data', ARGV[4 + k] .. ':' .. payload, 'for_group', group)
+    if wkey then
+      hist[#hist + 1] = id
+      hist[#hist + 1] = eid .. ':' .. ARGV[4 + k]
+    end
+  end
+  out[#out + 1] = code
+end
+if #hist > 0 then
+  redis.call('HSET', wkey, unpack(hist))
+  redis.call('PEXPIREAT', wkey, hist_at)
+end
+return out

@@ -1,0 +1,386 @@
+//! What happened to order 1234: an order followed through its states by HTTP
+//! (`GET /v1/queues/{q}/messages/{id}`) and the command line (`delayq get`), group by group,
+//! until its history expires.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use delayq::service::handlers::{Builtin, Webhook};
+use delayq::service::http::{AppState, app};
+use delayq::{Backoff, Delivery, Dispatcher, DispatcherOptions, When, Worker, WorkerOptions};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+use support::{start, wait_for};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+const Q: &str = "order-close";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// `GET /v1/queues/{q}/messages/{id}` through the router: status and body.
+async fn lookup(router: &axum::Router, id: &str) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .uri(format!("/v1/queues/{Q}/messages/{id}"))
+        .body(Body::empty())
+        .unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap())
+}
+
+/// `delayq get QUEUE ID`: exit code and the JSON line.
+fn cli_get(url: &str, id: &str) -> (i32, Value) {
+    let o = Command::new(BIN)
+        .args(["--redis-url", url, "get", Q, id])
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(Value::Null);
+    (o.status.code().unwrap_or(-1), v)
+}
+
+/// The state of `group` in an answer (`None` when the group is not listed).
+fn group_state(v: &Value, group: &str) -> Option<Value> {
+    v["groups"]
+        .as_array()?
+        .iter()
+        .find(|g| g["group"] == group)
+        .cloned()
+}
+
+/// Polls the lookup until `cond` holds; returns that answer.
+async fn await_answer(
+    router: &axum::Router,
+    id: &str,
+    what: &str,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
+    let found = Arc::new(std::sync::Mutex::new(Value::Null));
+    wait_for(what, WAIT, || {
+        let (r, found) = (router.clone(), found.clone());
+        let cond = &cond;
+        async move {
+            let (st, v) = lookup(&r, id).await;
+            let ok = st == StatusCode::OK && cond(&v);
+            *found.lock().unwrap() = v;
+            ok
+        }
+    })
+    .await;
+    found.lock().unwrap().clone()
+}
+
+fn worker_opts() -> WorkerOptions {
+    WorkerOptions::default()
+        .block(Duration::from_millis(50))
+        .reclaim_every(Duration::from_millis(50))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_order_is_followed_from_scheduled_to_done_in_every_group() {
+    let (server, client) = start().await;
+    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    client
+        .schedule(Q, "o-1234", When::in_ms(400), json!({"amount_cents": 1999}))
+        .await
+        .unwrap();
+
+    // Scheduled: due time and payload, no group yet.
+    let (st, v) = lookup(&router, "o-1234").await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["state"], "scheduled");
+    assert_eq!(v["payload"], json!({"amount_cents": 1999}));
+    assert_eq!(
+        (v["dispatched_at_ms"].clone(), v["entry_id"].clone()),
+        (Value::Null, Value::Null)
+    );
+    assert_eq!(v["groups"], json!([]));
+    let due = v["due_at_ms"].as_i64().unwrap();
+    let (code, cli) = cli_get(&server.url(), "o-1234");
+    assert_eq!((code, cli), (0, v.clone()));
+
+    // Two groups: "close" handles it (held until released), "notify" has not read yet.
+    let release = Arc::new(Semaphore::new(0));
+    let r2 = release.clone();
+    let stop = CancellationToken::new();
+    let close = Worker::new(
+        &client,
+        Q,
+        "close",
+        move |_d: Delivery| {
+            let r = r2.clone();
+            async move {
+                let _ = r.acquire().await.unwrap();
+                Ok(())
+            }
+        },
+        worker_opts(),
+    )
+    .unwrap();
+    close.ensure_groups().await.unwrap();
+    let notify = Worker::new(
+        &client,
+        Q,
+        "notify",
+        |_d: Delivery| async { Ok(()) },
+        worker_opts(),
+    )
+    .unwrap();
+    notify.ensure_groups().await.unwrap();
+    let hc = tokio::spawn(close.run(stop.clone()));
+    let hd = tokio::spawn(
+        Dispatcher::new(&client, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+
+    let v = await_answer(&router, "o-1234", "close running, notify waiting", |v| {
+        group_state(v, "close").is_some_and(|g| g["state"] == "running")
+    })
+    .await;
+    assert_eq!(v["state"], "dispatched");
+    assert_eq!(v["due_at_ms"], json!(due));
+    assert_eq!(v["payload"], json!({"amount_cents": 1999}));
+    let entry = v["entry_id"].as_str().unwrap().to_owned();
+    let dispatched: i64 = entry.split('-').next().unwrap().parse().unwrap();
+    assert_eq!(v["dispatched_at_ms"], json!(dispatched));
+    assert!(
+        dispatched >= due,
+        "dispatched {dispatched} before due {due}"
+    );
+    assert_eq!(
+        group_state(&v, "close").unwrap(),
+        json!({"group": "close", "state": "running", "attempts": 1, "last_error": null, "next_attempt_at_ms": null})
+    );
+    assert_eq!(
+        group_state(&v, "notify").unwrap(),
+        json!({"group": "notify", "state": "waiting", "attempts": 0, "last_error": null, "next_attempt_at_ms": null})
+    );
+    let (code, cli) = cli_get(&server.url(), "o-1234");
+    assert_eq!(code, 0);
+    assert_eq!(
+        (cli["state"].clone(), cli["entry_id"].clone()),
+        (json!("dispatched"), json!(entry))
+    );
+
+    // "close" finishes; "notify" starts and finishes.
+    release.add_permits(1);
+    await_answer(&router, "o-1234", "close done", |v| {
+        group_state(v, "close").is_some_and(|g| g["state"] == "done" && g["attempts"] == 1)
+            && group_state(v, "notify").is_some_and(|g| g["state"] == "waiting")
+    })
+    .await;
+    let hn = tokio::spawn(notify.run(stop.clone()));
+    let v = await_answer(&router, "o-1234", "notify done", |v| {
+        group_state(v, "notify").is_some_and(|g| g["state"] == "done")
+    })
+    .await;
+    assert_eq!(group_state(&v, "close").unwrap()["state"], "done");
+    let (code, cli) = cli_get(&server.url(), "o-1234");
+    assert_eq!(code, 0);
+    assert_eq!(cli["groups"], v["groups"]);
+
+    // Never scheduled: 404 and exit 1; a cancelled order never happened.
+    let (st, v) = lookup(&router, "o-never").await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (StatusCode::NOT_FOUND, json!("not_found"))
+    );
+    client
+        .schedule(Q, "o-paid", When::in_ms(60_000), json!(null))
+        .await
+        .unwrap();
+    client.cancel(Q, "o-paid").await.unwrap();
+    assert_eq!(lookup(&router, "o-paid").await.0, StatusCode::NOT_FOUND);
+    assert_eq!(cli_get(&server.url(), "o-paid").0, 1);
+    stop.cancel();
+    hc.await.unwrap().unwrap();
+    hn.await.unwrap().unwrap();
+    hd.await.unwrap();
+}
+
+/// A webhook partner that answers 500 to everything.
+async fn failing_partner() -> (u16, tokio::task::JoinHandle<()>) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
+    );
+    (
+        port,
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() }),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_webhook_fails_shows_retrying_then_dead() {
+    let (_server, client) = start().await;
+    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let (port, partner) = failing_partner().await;
+    let hook = Webhook::new(
+        &format!("http://127.0.0.1:{port}/hook?token=SECRET-TOKEN"),
+        None,
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    let stop = CancellationToken::new();
+    let w = Worker::new(
+        &client,
+        Q,
+        "webhook",
+        Builtin::Webhook(hook),
+        worker_opts()
+            .max_attempts(3)
+            .backoff(Backoff::Fixed(Duration::from_millis(700))),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let ok = Worker::new(
+        &client,
+        Q,
+        "notify",
+        |_d: Delivery| async { Ok(()) },
+        worker_opts(),
+    )
+    .unwrap();
+    ok.ensure_groups().await.unwrap();
+    let hw = tokio::spawn(w.run(stop.clone()));
+    let ho = tokio::spawn(ok.run(stop.clone()));
+    client
+        .schedule(Q, "o-500", When::in_ms(0), json!({"n": 1}))
+        .await
+        .unwrap();
+    let hd = tokio::spawn(
+        Dispatcher::new(&client, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+
+    // Two groups in different states at once: notify done, webhook retrying.
+    let v = await_answer(&router, "o-500", "webhook retrying after attempt 1", |v| {
+        group_state(v, "webhook").is_some_and(|g| g["state"] == "retrying" && g["attempts"] == 1)
+            && group_state(v, "notify").is_some_and(|g| g["state"] == "done")
+    })
+    .await;
+    let g = group_state(&v, "webhook").unwrap();
+    let err = g["last_error"].as_str().unwrap();
+    assert!(err.contains("500"), "{err}");
+    assert!(!v.to_string().contains("SECRET-TOKEN"), "{v}");
+    let next = g["next_attempt_at_ms"].as_i64().unwrap();
+    assert!(next > v["dispatched_at_ms"].as_i64().unwrap(), "{v}");
+
+    let v = await_answer(&router, "o-500", "webhook retrying after attempt 2", |v| {
+        group_state(v, "webhook").is_some_and(|g| g["state"] == "retrying" && g["attempts"] == 2)
+    })
+    .await;
+    assert!(
+        group_state(&v, "webhook").unwrap()["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("500")
+    );
+
+    let v = await_answer(&router, "o-500", "webhook dead", |v| {
+        group_state(v, "webhook").is_some_and(|g| g["state"] == "dead")
+    })
+    .await;
+    let g = group_state(&v, "webhook").unwrap();
+    assert_eq!(g["attempts"], 3);
+    assert!(g["last_error"].as_str().unwrap().contains("500"), "{g}");
+    assert_eq!(g["next_attempt_at_ms"], Value::Null);
+    assert!(!v.to_string().contains("SECRET-TOKEN"), "{v}");
+    assert_eq!(group_state(&v, "notify").unwrap()["state"], "done");
+    stop.cancel();
+    hw.await.unwrap().unwrap();
+    ho.await.unwrap().unwrap();
+    hd.await.unwrap();
+    partner.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_history_retention_an_order_answers_not_found() {
+    let (server, client) = start().await;
+    client
+        .set_history_retention(Q, Duration::from_secs(2))
+        .await
+        .unwrap();
+    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let stop = CancellationToken::new();
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        |_d: Delivery| async { Ok(()) },
+        worker_opts(),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let hw = tokio::spawn(w.run(stop.clone()));
+    let hd = tokio::spawn(
+        Dispatcher::new(&client, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+    client
+        .schedule(Q, "o-old", When::in_ms(0), json!(1))
+        .await
+        .unwrap();
+    await_answer(&router, "o-old", "done", |v| {
+        group_state(v, "close").is_some_and(|g| g["state"] == "done")
+    })
+    .await;
+    let done_at = client.now_ms();
+    wait_for("the history to expire", WAIT, || {
+        let r = router.clone();
+        async move { lookup(&r, "o-old").await.0 == StatusCode::NOT_FOUND }
+    })
+    .await;
+    // Not before the retention (2 s after dispatch).
+    assert!(client.now_ms() - done_at >= 1_000, "expired too early");
+    assert_eq!(cli_get(&server.url(), "o-old").0, 1);
+    stop.cancel();
+    hw.await.unwrap().unwrap();
+    hd.await.unwrap();
+}
+
+#[tokio::test]
+async fn history_off_answers_only_scheduled_orders() {
+    let (_server, client) = start().await;
+    client
+        .set_history_retention(Q, Duration::ZERO)
+        .await
+        .unwrap();
+    client
+        .schedule(Q, "o-x", When::in_ms(0), json!(1))
+        .await
+        .unwrap();
+    assert!(client.history(Q, "o-x").await.unwrap().is_some());
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    assert!(client.history(Q, "o-x").await.unwrap().is_none());
+    // No history bucket was written.
+    let keys: Vec<String> = support::raw(&client, &["KEYS", "*history*"]).await;
+    assert!(keys.is_empty(), "{keys:?}");
+    assert!(
+        client
+            .set_history_retention(Q, Duration::from_millis(10))
+            .await
+            .is_err(),
+        "a retention below one second is refused"
+    );
+    let info = client.queue_info(Q).await.unwrap().unwrap();
+    assert_eq!(info.history_retention_ms, 0);
+}
