@@ -118,6 +118,21 @@ pub enum Error {
         /// How long was waited.
         timeout: std::time::Duration,
     },
+    /// A batch failed part way: some of its script calls were applied, others were not or
+    /// may have been. `results` says, for every order in batch order, which; repeating the
+    /// batch is safe (scheduling by id is idempotent).
+    #[error(
+        "the batch was partly written ({} of {} orders written); repeating it is safe: {source}",
+        results.iter().filter(|r| matches!(r.outcome, crate::engine::message::ItemOutcome::Created | crate::engine::message::ItemOutcome::Updated | crate::engine::message::ItemOutcome::Unchanged)).count(),
+        results.len()
+    )]
+    PartialBatch {
+        /// One result per order, in batch order.
+        results: Vec<crate::engine::message::BatchItem>,
+        /// Why the rest failed.
+        #[source]
+        source: Box<Error>,
+    },
     /// The orders database failed or could not be reached while doing `context`.
     #[cfg(feature = "orders")]
     #[error("database error while {context}: {source}")]
@@ -201,6 +216,33 @@ impl Error {
         }
     }
 
+    /// For a failed write: whether it may have been applied. A call Redis refused (out of
+    /// memory, a script's argument check, a read-only replica, a refused connection) wrote
+    /// nothing; one that timed out or lost its connection after it was sent may have.
+    pub fn write_outcome(&self) -> WriteOutcome {
+        match self {
+            Error::Redis { source, .. }
+                if !source.is_connection_refusal()
+                    && (source.is_timeout()
+                        || source.is_connection_dropped()
+                        || source.is_io_error()) =>
+            {
+                WriteOutcome::Unknown
+            }
+            Error::NotReplicated { .. } | Error::PartialBatch { .. } => WriteOutcome::Unknown,
+            _ => WriteOutcome::NotApplied,
+        }
+    }
+
+    /// True when Redis refused a write for lack of memory (`maxmemory` reached).
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            Error::Redis { source, .. } => source.code() == Some("OOM"),
+            Error::PartialBatch { source, .. } => source.is_out_of_memory(),
+            _ => false,
+        }
+    }
+
     /// The input error, when this is one.
     pub fn as_invalid(&self) -> Option<&InvalidInput> {
         match self {
@@ -208,6 +250,16 @@ impl Error {
             _ => None,
         }
     }
+}
+
+/// Whether a failed write may have been applied ([`Error::write_outcome`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteOutcome {
+    /// Nothing was written.
+    NotApplied,
+    /// It may or may not have been written.
+    Unknown,
 }
 
 /// Whether a redis error is worth retrying (the connection or the server's role may recover).

@@ -68,17 +68,18 @@ pub use engine::clock::ManualClock;
 pub use engine::clock::{Clock, RedisClock};
 pub use engine::dead::{DeadLetter, Selection};
 pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
+pub use engine::history::{GroupHistory, GroupState, OrderHistory, OrderState};
 pub use engine::housekeeping::{Housekeeper, HousekeepingOptions};
 pub use engine::message::{
-    CancelOutcome, Mode, NewOrder, Payload, RescheduleOutcome, ScheduleOutcome, Scheduled,
-    ScheduledOrder, When,
+    BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
+    ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
 pub use engine::stats::{GroupStats, QueueStats};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
     WorkerOptions, WorkerStats,
 };
-pub use error::{Error, InvalidInput, Result};
+pub use error::{Error, InvalidInput, Result, WriteOutcome};
 #[cfg(feature = "orders")]
 pub use orders::close::OrderClose;
 #[cfg(feature = "orders")]

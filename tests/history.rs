@@ -88,7 +88,7 @@ fn worker_opts() -> WorkerOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_order_is_followed_from_scheduled_to_done_in_every_group() {
     let (server, client) = start().await;
-    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let router = app(AppState::new(client.clone(), vec![]));
     client
         .schedule(Q, "o-1234", When::in_ms(400), json!({"amount_cents": 1999}))
         .await
@@ -225,12 +225,13 @@ async fn failing_partner() -> (u16, tokio::task::JoinHandle<()>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_whose_webhook_fails_shows_retrying_then_dead() {
     let (_server, client) = start().await;
-    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let router = app(AppState::new(client.clone(), vec![]));
     let (port, partner) = failing_partner().await;
     let hook = Webhook::new(
         &format!("http://127.0.0.1:{port}/hook?token=SECRET-TOKEN"),
-        None,
+        &[],
         Duration::from_secs(5),
+        client.clock().clone(),
     )
     .unwrap();
     let stop = CancellationToken::new();
@@ -314,7 +315,7 @@ async fn past_the_history_retention_an_order_answers_not_found() {
         .set_history_retention(Q, Duration::from_secs(2))
         .await
         .unwrap();
-    let router = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let router = app(AppState::new(client.clone(), vec![]));
     let stop = CancellationToken::new();
     let w = Worker::new(
         &client,

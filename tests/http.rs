@@ -6,7 +6,7 @@ mod support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use delayq::service::http::{AppState, app};
+use delayq::service::http::{AppState, HttpLimits, app};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use support::{raw, start};
@@ -53,7 +53,7 @@ fn code(v: &Value) -> &str {
 #[tokio::test]
 async fn messages_put_get_delete() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
     let t = Some(TOKEN);
     let uri = "/v1/queues/order-close/messages/o1";
     let (st, v) = call(
@@ -124,7 +124,7 @@ async fn messages_put_get_delete() {
 #[tokio::test]
 async fn bad_input_is_400_with_a_code_and_writes_nothing() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     let big = "x".repeat(70 * 1024);
     let cases: Vec<(&str, &str, Option<Value>, &str)> = vec![
         (
@@ -237,7 +237,8 @@ async fn bad_input_is_400_with_a_code_and_writes_nothing() {
     let many: Vec<Value> = (0..10_001)
         .map(|i| json!({"id": format!("m{i}"), "delay_ms": 1}))
         .collect();
-    let r_big = app(AppState::new(client.clone(), vec![]), 4 << 20);
+    let r_big = app(AppState::new(client.clone(), vec![])
+        .with_limits(HttpLimits::default().max_body_bytes(4 << 20)));
     let (st, v) = call(
         &r_big,
         "POST",
@@ -257,7 +258,7 @@ async fn bad_input_is_400_with_a_code_and_writes_nothing() {
 #[tokio::test]
 async fn batches_return_one_result_per_message_in_order() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     client
         .schedule("q", "b", delayq::When::in_ms(60_000), json!(0))
         .await
@@ -303,8 +304,8 @@ async fn tokens_bodies_routes_and_probes() {
     assert!(delayq::service::metrics::handle().is_some());
     let (mut s, client) = start().await;
     let r = app(
-        AppState::new(client.clone(), vec![TOKEN.into(), "second-token".into()]),
-        2048,
+        AppState::new(client.clone(), vec![TOKEN.into(), "second-token".into()])
+            .with_limits(HttpLimits::default().max_body_bytes(2048)),
     );
     let body = Some(json!({"delay_ms": 1}));
     for token in [None, Some("wrong-token"), Some("change-me-pleasE")] {
@@ -368,7 +369,7 @@ async fn tokens_bodies_routes_and_probes() {
 #[tokio::test]
 async fn an_id_that_was_already_dispatched_is_created_anew() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     let uri = "/v1/queues/q/messages/o1";
     let (st, _) = call(&r, "PUT", uri, Some(json!({"delay_ms": 0})), None).await;
     assert_eq!(st, StatusCode::CREATED);
@@ -389,7 +390,7 @@ async fn an_id_that_was_already_dispatched_is_created_anew() {
 #[tokio::test]
 async fn queues_are_declared_objects() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     // Nothing goes into a queue nobody declared: 404 queue_not_found, nothing written.
     let before = support::snapshot(&client).await;
     let typo = "/v1/queues/typo-queue";
@@ -499,7 +500,7 @@ async fn queues_are_declared_objects() {
 #[tokio::test]
 async fn extreme_delays_are_refused_not_a_panic() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     let ten_years_ms: i64 = 3653 * 24 * 3600 * 1000;
     let before = support::snapshot(&client).await;
     for delay in [i64::MIN, i64::MAX, -1, ten_years_ms + 1] {
@@ -532,7 +533,7 @@ async fn extreme_delays_are_refused_not_a_panic() {
 #[tokio::test]
 async fn pause_and_resume_over_http() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     let (st, v) = call(&r, "POST", "/v1/queues/order-close:pause", None, None).await;
     assert_eq!(
         (st, v),
@@ -580,7 +581,7 @@ async fn evalsha_calls(client: &delayq::Client) -> u64 {
 #[tokio::test]
 async fn scrapes_do_not_multiply_redis_work() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![]));
     let (st, _) = call(&r, "GET", "/metrics", None, None).await;
     assert_eq!(st, StatusCode::OK);
     let after_first = evalsha_calls(&client).await;
@@ -604,7 +605,7 @@ async fn scrapes_do_not_multiply_redis_work() {
 #[tokio::test]
 async fn the_bearer_scheme_is_case_insensitive_and_405_is_in_the_envelope() {
     let (_s, client) = start().await;
-    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]), 1 << 20);
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let req = Request::builder()
             .method("GET")

@@ -17,7 +17,7 @@ use support::wait_for;
 
 const BIN: &str = env!("CARGO_BIN_EXE_delayq");
 const TOKEN: &str = "serve-test-token";
-const SECRET: &str = "hmac-key";
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
 /// One webhook call: its headers and body.
 type Call = (HeaderMap, Vec<u8>);
@@ -196,11 +196,33 @@ kind = "log"
         "a cancelled order was delivered"
     );
     for (headers, raw) in &calls {
-        let sig = headers["x-delayq-signature"].to_str().unwrap();
-        assert_eq!(
-            sig,
-            Webhook::signature(SECRET.as_bytes(), raw),
+        let h = |k: &str| headers[k].to_str().unwrap().to_owned();
+        assert!(
+            Webhook::verify(
+                SECRET,
+                &h("webhook-id"),
+                &h("webhook-timestamp"),
+                &h("webhook-signature"),
+                raw
+            ),
             "bad signature"
+        );
+        assert!(!Webhook::verify(
+            "whsec_AAAAAAAAAAAAAAAAAAAAAAAA",
+            &h("webhook-id"),
+            &h("webhook-timestamp"),
+            &h("webhook-signature"),
+            raw
+        ));
+        assert_eq!(h("webhook-id"), h("idempotency-key"));
+        let ts: i64 = h("webhook-timestamp").parse().unwrap();
+        let now_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        assert!(
+            (ts - now_s).abs() < 300,
+            "timestamp {ts} far from now {now_s}"
         );
         let b: Value = serde_json::from_slice(raw).unwrap();
         for k in ["queue", "id", "group", "due_at_ms", "payload", "attempt"] {

@@ -127,22 +127,38 @@ impl From<std::time::Duration> for When {
     }
 }
 
-/// A JSON payload, checked to be one valid JSON value and kept as compact text.
+/// Deepest nesting of arrays and objects a payload may have, on every surface.
+pub const MAX_PAYLOAD_DEPTH: usize = 64;
+
+/// A JSON payload: one valid JSON value, kept as the text the producer sent, byte for byte
+/// (numbers beyond 64-bit or double precision survive). Its size and depth are checked with
+/// the order ([`NewOrder`]), on every surface.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Payload(String);
 
 impl Payload {
-    /// From a JSON value.
+    /// From a JSON value (serialized compactly).
     pub fn from_value(v: &serde_json::Value) -> Self {
         Payload(v.to_string())
     }
 
-    /// From JSON text: refused unless it is exactly one valid JSON value.
+    /// From JSON text, kept byte for byte: refused unless it is exactly one valid JSON
+    /// value.
     pub fn from_json(text: &str) -> Result<Self, InvalidInput> {
         serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| InvalidInput::Payload {
             reason: format!("not valid JSON: {e}"),
         })?;
         Ok(Payload(text.to_owned()))
+    }
+
+    /// From a raw JSON value (an HTTP body's field), byte for byte.
+    pub fn from_raw(raw: &serde_json::value::RawValue) -> Self {
+        Payload(raw.get().to_owned())
+    }
+
+    /// How deep arrays and objects nest in it (0 for a scalar).
+    pub fn depth(&self) -> usize {
+        json_depth(&self.0)
     }
 
     /// The JSON text.
@@ -194,13 +210,22 @@ impl NewOrder {
         }
     }
 
-    /// Checks id, due time and payload size; returns the due time in unix ms.
+    /// Checks id, due time, payload size and depth (the one place, for every surface);
+    /// returns the due time in unix ms.
     pub(crate) fn validate(&self, now_ms: i64, max_payload: usize) -> Result<i64, InvalidInput> {
         validate_id(&self.id)?;
         if self.payload.len() > max_payload {
             return Err(InvalidInput::PayloadTooLarge {
                 size: self.payload.len(),
                 limit: max_payload,
+            });
+        }
+        let depth = self.payload.depth();
+        if depth > MAX_PAYLOAD_DEPTH {
+            return Err(InvalidInput::Payload {
+                reason: format!(
+                    "nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} levels of arrays and objects"
+                ),
             });
         }
         self.when.resolve(now_ms)
@@ -242,6 +267,42 @@ pub struct Scheduled {
     pub outcome: ScheduleOutcome,
 }
 
+/// What happened to one order of a batch that failed part way
+/// ([`Error::PartialBatch`](crate::Error::PartialBatch)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemOutcome {
+    /// Written: it was not scheduled, now it is.
+    Created,
+    /// Written: its due time and payload were replaced.
+    Updated,
+    /// Left as it was (`IfAbsent`).
+    Unchanged,
+    /// Not written: Redis refused its call before writing anything (e.g. out of memory).
+    NotWritten,
+    /// May or may not have been written (its call timed out or lost its connection).
+    Unknown,
+}
+
+impl From<ScheduleOutcome> for ItemOutcome {
+    fn from(o: ScheduleOutcome) -> Self {
+        match o {
+            ScheduleOutcome::Created => ItemOutcome::Created,
+            ScheduleOutcome::Updated => ItemOutcome::Updated,
+            ScheduleOutcome::Unchanged => ItemOutcome::Unchanged,
+        }
+    }
+}
+
+/// One order of a batch that failed part way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchItem {
+    /// The order id.
+    pub id: String,
+    /// What happened to it.
+    pub outcome: ItemOutcome,
+}
+
 /// The result of `cancel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -274,6 +335,33 @@ pub struct ScheduledOrder {
     pub enqueued_at_ms: Option<i64>,
     /// Its payload (`null` when the payload entry is missing).
     pub payload: serde_json::Value,
+}
+
+/// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes
+/// honoured); linear, no recursion.
+fn json_depth(text: &str) -> usize {
+    let (mut depth, mut max, mut in_str, mut escaped) = (0usize, 0usize, false, false);
+    for b in text.bytes() {
+        if in_str {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
 }
 
 /// `text` as a raw JSON value, byte for byte when it is valid JSON; otherwise (a value a
@@ -328,6 +416,25 @@ mod tests {
         assert!(When::at_ms(-5).resolve(now).is_err());
         assert!(When::at_ms(now + MAX_AHEAD_MS + 1).resolve(now).is_err());
         assert!(When::at_ms(now + MAX_AHEAD_MS).resolve(now).is_ok());
+    }
+
+    #[test]
+    fn payload_depth() {
+        assert_eq!(json_depth("1"), 0);
+        assert_eq!(json_depth(r#"{"a":[1,{"b":"]]]]{{"}]}"#), 3);
+        assert_eq!(json_depth(r#"["\"[[["]"#), 1);
+        let deep = format!("{}{}", "[".repeat(65), "]".repeat(65));
+        let o = NewOrder::new("o", When::in_ms(0), Payload::from_json(&deep).unwrap());
+        assert!(matches!(
+            o.validate(0, 1 << 20),
+            Err(InvalidInput::Payload { .. })
+        ));
+        let ok = format!("{}{}", "[".repeat(64), "]".repeat(64));
+        let o = NewOrder::new("o", When::in_ms(0), Payload::from_json(&ok).unwrap());
+        assert!(o.validate(0, 1 << 20).is_ok());
+        let big =
+            r#"{"n":123456789012345678901234567890,"d":0.1000000000000000055511151231257827}"#;
+        assert_eq!(Payload::from_json(big).unwrap().as_str(), big);
     }
 
     #[test]

@@ -2,10 +2,17 @@
 //! `log` (write each order to the log and acknowledge it) and `order-close` (close the order
 //! in the orders database: [`crate::orders::close`]).
 
+use crate::engine::clock::Clock;
+use crate::engine::redact;
 use crate::engine::worker::{Delivery, Handler, HandlerError, HandlerResult};
 use crate::error::{Error, Result};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
+use serde::Serialize;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A built-in handler.
@@ -35,39 +42,102 @@ impl Handler for Builtin {
     }
 }
 
-/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}` with the headers
-/// `Idempotency-Key`, `X-Delayq-Attempt` and, when a secret is set,
-/// `X-Delayq-Signature: sha256=<hex HMAC-SHA256 of the body>`. 2xx acknowledges; anything
-/// else, a connection error or a timeout is a retryable failure (a `Retry-After` in seconds
-/// is honoured).
-#[derive(Debug, Clone)]
+/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}` (the payload byte for byte
+/// as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt` and, with secrets,
+/// the [Standard Webhooks](https://www.standardwebhooks.com/) signature: `webhook-id` (the
+/// idempotency key, stable across attempts), `webhook-timestamp` (unix seconds, the Redis
+/// clock) and `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`, one per
+/// secret, space separated. 2xx acknowledges; anything else, a connection error or a timeout
+/// is a retryable failure (a `Retry-After` in seconds is honoured, capped at an hour).
+/// Redirects are never followed. Failures name their cause with the URL's credentials and
+/// query masked.
+#[derive(Clone)]
 pub struct Webhook {
     http: reqwest::Client,
     url: String,
-    secret: Option<Vec<u8>>,
+    /// The URL as errors and logs show it (credentials and query masked).
+    shown: String,
+    /// The HMAC keys, one per secret.
+    keys: Vec<Vec<u8>>,
+    timeout: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("url", &self.shown)
+            .field("secrets", &self.keys.len())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The longest `Retry-After` honoured (one hour): a partner cannot park an order for years.
 const MAX_RETRY_AFTER_SECS: u64 = 3600;
 
+/// The Standard Webhooks secret prefix: `whsec_<base64 key>`.
+const SECRET_PREFIX: &str = "whsec_";
+
 /// The one rule for a webhook URL: an absolute `http://` or `https://` URL.
 pub fn check_webhook_url(url: &str) -> std::result::Result<(), String> {
     let ok = url.starts_with("http://") || url.starts_with("https://");
     if !ok || reqwest::Url::parse(url).is_err() {
-        return Err(format!("{url:?} is not an http(s) URL"));
+        return Err(format!("{} is not an http(s) URL", redact::url(url)));
     }
     Ok(())
 }
 
+/// The one rule for a signing secret: `whsec_<base64>` (what Standard Webhooks libraries
+/// take), or any text of at least 16 bytes used as the key itself.
+pub fn check_secret(secret: &str) -> std::result::Result<(), String> {
+    match secret.strip_prefix(SECRET_PREFIX) {
+        Some(b64) => match BASE64.decode(b64) {
+            Ok(k) if k.len() >= 16 => Ok(()),
+            Ok(_) => Err("the whsec_ key must decode to at least 16 bytes".into()),
+            Err(_) => Err("after whsec_ comes the key in base64".into()),
+        },
+        None if secret.len() >= 16 => Ok(()),
+        None => Err("must be whsec_<base64> or at least 16 bytes".into()),
+    }
+}
+
+fn key_of(secret: &str) -> Vec<u8> {
+    secret
+        .strip_prefix(SECRET_PREFIX)
+        .and_then(|b64| BASE64.decode(b64).ok())
+        .unwrap_or_else(|| secret.as_bytes().to_vec())
+}
+
+/// What the webhook receives.
+#[derive(Serialize)]
+struct Body<'a> {
+    queue: &'a str,
+    id: &'a str,
+    group: &'a str,
+    due_at_ms: i64,
+    payload: &'a RawValue,
+    attempt: u32,
+}
+
 impl Webhook {
-    /// A webhook handler posting to `url` with a per-request `timeout`. Redirects are never
-    /// followed: a 3xx answer is a failed attempt (the configured endpoint did not take the
-    /// order).
-    pub fn new(url: &str, secret: Option<&str>, timeout: Duration) -> Result<Self> {
+    /// A webhook handler posting to `url` with a per-request `timeout`, signing with every
+    /// one of `secrets` (none: unsigned), timestamps from `clock`.
+    pub fn new(
+        url: &str,
+        secrets: &[String],
+        timeout: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
         check_webhook_url(url).map_err(|reason| crate::error::InvalidInput::Option {
             name: "url",
             reason,
         })?;
+        for s in secrets {
+            check_secret(s).map_err(|reason| crate::error::InvalidInput::Option {
+                name: "secret",
+                reason,
+            })?;
+        }
         // TLS through rustls with the ring provider (no C toolchain needed).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
@@ -77,43 +147,70 @@ impl Webhook {
             .build()
             .map_err(|e| Error::Io {
                 context: "building the webhook client".into(),
-                source: std::io::Error::other(e),
+                source: std::io::Error::other(e.without_url()),
             })?;
         Ok(Webhook {
             http,
+            shown: redact::url(url),
             url: url.to_owned(),
-            secret: secret.map(|s| s.as_bytes().to_vec()),
+            keys: secrets.iter().map(|s| key_of(s)).collect(),
+            timeout,
+            clock,
         })
     }
 
-    /// The JSON body sent for `d`.
+    /// The JSON body sent for `d`: the payload embedded byte for byte (a payload that is not
+    /// valid JSON, from a foreign producer, as a JSON string).
     pub fn body(d: &Delivery) -> Vec<u8> {
-        serde_json::json!({
-            "queue": d.queue,
-            "id": d.id,
-            "group": d.group,
-            "due_at_ms": d.due_at_ms,
-            "payload": d.payload,
-            "attempt": d.attempt,
+        let raw = crate::engine::message::raw_json(&d.payload_text);
+        serde_json::to_vec(&Body {
+            queue: &d.queue,
+            id: &d.id,
+            group: &d.group,
+            due_at_ms: d.due_at_ms,
+            payload: &raw,
+            attempt: d.attempt,
         })
-        .to_string()
-        .into_bytes()
+        .unwrap_or_default()
     }
 
-    /// `sha256=<hex HMAC-SHA256(secret, body)>`.
-    pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    /// One Standard Webhooks signature: `v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`.
+    pub fn signature(key: &[u8], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
         // HMAC accepts keys of any length.
-        let mut mac = match Hmac::<Sha256>::new_from_slice(secret) {
-            Ok(m) => m,
-            Err(_) => return String::new(),
+        let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(key) else {
+            return String::new();
         };
+        mac.update(msg_id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
         mac.update(body);
-        format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+        format!("v1,{}", BASE64.encode(mac.finalize().into_bytes()))
     }
 
-    /// The idempotency key of a delivery: hex SHA-256 of `queue \n id \n due_at_ms`, stable
-    /// across attempts and replays of the same order and due time (and header-safe whatever
-    /// the id holds).
+    /// Whether `signatures` (a `webhook-signature` header: space-separated `v1,<base64>`)
+    /// holds a valid signature of `body` for `msg_id` and `timestamp` (the `webhook-id` and
+    /// `webhook-timestamp` headers) under `secret`: what a receiver checks (it should also
+    /// refuse timestamps far from its clock, e.g. beyond five minutes, against replays).
+    pub fn verify(
+        secret: &str,
+        msg_id: &str,
+        timestamp: &str,
+        signatures: &str,
+        body: &[u8],
+    ) -> bool {
+        let Ok(ts) = timestamp.trim().parse::<i64>() else {
+            return false;
+        };
+        let want = Self::signature(&key_of(secret), msg_id, ts, body);
+        signatures
+            .split(' ')
+            .any(|s| bool::from(subtle::ConstantTimeEq::ct_eq(s.as_bytes(), want.as_bytes())))
+    }
+
+    /// The idempotency key of a delivery (also its `webhook-id`): hex SHA-256 of `queue \n id
+    /// \n due_at_ms`, stable across attempts and replays of the same order and due time (and
+    /// header-safe whatever the id holds).
     pub fn idempotency_key(d: &Delivery) -> String {
         let mut h = Sha256::new();
         h.update(d.queue.as_bytes());
@@ -126,20 +223,30 @@ impl Webhook {
 
     async fn call(&self, d: &Delivery) -> HandlerResult {
         let body = Self::body(d);
+        let msg_id = Self::idempotency_key(d);
         let mut req = self
             .http
             .post(&self.url)
             .header("content-type", "application/json")
-            .header("idempotency-key", Self::idempotency_key(d))
+            .header("idempotency-key", &msg_id)
             .header("x-delayq-attempt", d.attempt.to_string());
-        if let Some(secret) = &self.secret {
-            req = req.header("x-delayq-signature", Self::signature(secret, &body));
+        if !self.keys.is_empty() {
+            let ts = self.clock.now_ms().div_euclid(1000);
+            let sigs: Vec<String> = self
+                .keys
+                .iter()
+                .map(|k| Self::signature(k, &msg_id, ts, &body))
+                .collect();
+            req = req
+                .header("webhook-id", &msg_id)
+                .header("webhook-timestamp", ts.to_string())
+                .header("webhook-signature", sigs.join(" "));
         }
         let resp = req
             .body(body)
             .send()
             .await
-            .map_err(|e| HandlerError::retry(format!("webhook request failed: {e}")))?;
+            .map_err(|e| HandlerError::retry(self.describe(&e)))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
@@ -156,16 +263,53 @@ impl Webhook {
                 .headers()
                 .get("location")
                 .and_then(|v| v.to_str().ok())
-                .map(|l| l.split(['?', '#']).next().unwrap_or_default().to_owned())
+                .map(redact::url)
                 .unwrap_or_default();
-            format!("webhook answered {status} (redirect to {to:?} not followed)")
+            format!(
+                "webhook {} answered {status} (redirect to {to:?} not followed)",
+                self.shown
+            )
         } else {
-            format!("webhook answered {status}")
+            format!("webhook {} answered {status}", self.shown)
         };
         Err(match after {
             Some(a) => HandlerError::retry_after(msg, a),
             None => HandlerError::retry(msg),
         })
+    }
+
+    /// Why a request failed, in words an operator can act on, without the URL's secrets:
+    /// a timeout, a refused connection, too many open files, or the underlying error.
+    fn describe(&self, e: &reqwest::Error) -> String {
+        let url = &self.shown;
+        if e.is_timeout() {
+            return format!("webhook {url} timed out after {:?}", self.timeout);
+        }
+        let mut cause: &dyn std::error::Error = e;
+        let mut io = None;
+        while let Some(next) = cause.source() {
+            if let Some(i) = next.downcast_ref::<std::io::Error>() {
+                io = Some(i);
+            }
+            cause = next;
+        }
+        let what = match io {
+            Some(i) if i.kind() == std::io::ErrorKind::ConnectionRefused => {
+                "connection refused".to_owned()
+            }
+            // EMFILE / ENFILE: this process or the system is out of file descriptors.
+            Some(i) if matches!(i.raw_os_error(), Some(24 | 23)) => {
+                "too many open files (this process is out of file descriptors)".to_owned()
+            }
+            Some(i) => i.to_string(),
+            None => redact::text(&cause.to_string()),
+        };
+        let stage = if e.is_connect() {
+            "could not connect"
+        } else {
+            "request failed"
+        };
+        format!("webhook {url}: {stage}: {what}")
     }
 }
 
@@ -175,12 +319,29 @@ mod tests {
     use axum::http::HeaderMap;
     use std::sync::{Arc, Mutex};
 
+    /// A clock stopped at `ms`.
+    #[derive(Debug)]
+    struct Fixed(i64);
+    impl Clock for Fixed {
+        fn now_ms(&self) -> i64 {
+            self.0
+        }
+        fn now_us(&self) -> i64 {
+            self.0 * 1000
+        }
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(Fixed(1_614_265_330_000))
+    }
+
     fn delivery() -> Delivery {
         Delivery {
             queue: "order-close".into(),
             group: "close-order".into(),
             id: "o1".into(),
             payload: serde_json::json!({"amount_cents": 1999}),
+            payload_text: r#"{"amount_cents":1999}"#.into(),
             due_at_ms: 1_800_000_000_000,
             enqueued_at_ms: Some(1_799_999_000_000),
             dispatched_at_ms: 1_800_000_000_001,
@@ -243,14 +404,19 @@ mod tests {
         tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
         for path in ["302", "307"] {
             let w = Webhook::new(
-                &format!("http://127.0.0.1:{port}/{path}"),
-                Some("k"),
+                &format!("http://127.0.0.1:{port}/{path}?token=SECRET"),
+                &["a-secret-of-16-bytes".into()],
                 Duration::from_secs(5),
+                clock(),
             )
             .unwrap();
             match w.call(&delivery()).await {
                 Err(HandlerError::Retry { message, .. }) => {
                     assert!(message.contains("not followed"), "{message}");
+                    assert!(
+                        message.contains("302") || message.contains("307"),
+                        "{message}"
+                    );
                     assert!(!message.contains("SECRET"), "{message}");
                 }
                 other => panic!("{path}: {other:?}"),
@@ -263,8 +429,9 @@ mod tests {
         );
         let w = Webhook::new(
             &format!("http://127.0.0.1:{port}/busy"),
-            None,
+            &[],
             Duration::from_secs(5),
+            clock(),
         )
         .unwrap();
         match w.call(&delivery()).await {
@@ -276,12 +443,39 @@ mod tests {
     }
 
     #[test]
-    fn signature_is_hex_hmac_sha256() {
-        // RFC 4231 test case 2.
+    fn signatures_follow_standard_webhooks() {
+        // The specification's example (standard-webhooks/spec, "Verifying webhook
+        // authenticity").
+        let key = key_of("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
         assert_eq!(
-            Webhook::signature(b"Jefe", b"what do ya want for nothing?"),
-            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+            Webhook::signature(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1_614_265_330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
+        assert!(check_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_ok());
+        assert!(check_secret("whsec_***").is_err());
+        assert!(check_secret("short").is_err());
+        assert!(check_secret("a-plain-secret-of-enough-bytes").is_ok());
+    }
+
+    #[test]
+    fn the_body_embeds_the_payload_byte_for_byte() {
+        let mut d = delivery();
+        d.payload_text =
+            r#"{"n":123456789012345678901234567890,"d":0.1000000000000000055511151231257827}"#
+                .into();
+        let body = String::from_utf8(Webhook::body(&d)).unwrap();
+        assert!(
+            body.contains(&format!("\"payload\":{}", d.payload_text)),
+            "{body}"
+        );
+        d.payload_text = "not json".into();
+        let body = String::from_utf8(Webhook::body(&d)).unwrap();
+        assert!(body.contains(r#""payload":"not json""#), "{body}");
     }
 
     #[test]
@@ -314,14 +508,15 @@ mod tests {
         tokio::spawn(async move { axum::serve(l, app).await });
         let w = Webhook::new(
             &format!("http://127.0.0.1:{port}/hook"),
-            None,
+            &[],
             Duration::from_secs(5),
+            clock(),
         )
         .unwrap();
         Builtin::Webhook(w).handle(delivery()).await.unwrap();
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 1);
-        assert!(seen[0].get("x-delayq-signature").is_none());
+        assert!(seen[0].get("webhook-signature").is_none());
         assert_eq!(seen[0]["x-delayq-attempt"], "3");
         assert_eq!(seen[0]["content-type"], "application/json");
     }

@@ -15,7 +15,7 @@ use crate::orders::reconcile::Reconciler;
 use crate::orders::repo::Orders;
 use crate::service::config::{HandlerKind, Settings};
 use crate::service::handlers::{Builtin, Webhook};
-use crate::service::http::{AppState, app};
+use crate::service::http::{AppState, app, server};
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::task::JoinSet;
@@ -58,19 +58,24 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     spawn_engine(&settings, &client, &cancel, &mut tasks)?;
     spawn_handlers(&settings, &client, &cancel, &mut tasks)?;
-    let router = app(
-        AppState::new(client.clone(), cfg.http.tokens.clone()),
-        cfg.http.max_body_bytes,
+    let router =
+        app(AppState::new(client.clone(), cfg.http.tokens.clone())
+            .with_limits(settings.http.clone()));
+    // Room kept outside the HTTP cap: Redis and database connections, files, and every
+    // handler's outbound calls (webhooks), so a flood of inbound connections never starves
+    // delivery.
+    let outbound: usize = settings.handlers.iter().map(|h| h.worker.concurrency).sum();
+    let reserve = 256 + 2 * u64::try_from(outbound).unwrap_or(u64::MAX / 4);
+    let cap = server::connection_cap(settings.http.max_connections, reserve);
+    tracing::info!(max_connections = cap, "HTTP connection cap");
+    let (limits, shutdown, grace) = (
+        settings.http.clone(),
+        cancel.clone(),
+        settings.shutdown_grace,
     );
-    let shutdown = cancel.clone();
     tasks.spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move { shutdown.cancelled().await })
-            .await
-            .map_err(|source| crate::Error::Io {
-                context: "serving HTTP".into(),
-                source,
-            })
+        server::serve(listener, router, limits, cap, shutdown, grace).await;
+        Ok(())
     });
     tracing::info!(
         listen = %settings.listen, queues = ?settings.queues, handlers = settings.handlers.len(),
@@ -124,10 +129,11 @@ fn spawn_handlers(
     };
     for h in &settings.handlers {
         let handler = match &h.kind {
-            HandlerKind::Webhook { url, secret } => Builtin::Webhook(Webhook::new(
+            HandlerKind::Webhook { url, secrets } => Builtin::Webhook(Webhook::new(
                 url,
-                secret.as_deref(),
+                secrets,
                 h.worker.handler_timeout,
+                client.clock().clone(),
             )?),
             HandlerKind::Log => Builtin::Log,
             HandlerKind::OrderClose { database_url } => Builtin::OrderClose(OrderClose::new(

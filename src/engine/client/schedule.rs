@@ -5,10 +5,12 @@ use super::Client;
 use super::options::{Durability, ENQUEUE_CHUNK_BYTES, ENQUEUE_CHUNK_ORDERS};
 use crate::engine::conn::Conn;
 use crate::engine::keys::{QueueName, ShardKeys, shard_of};
-use crate::engine::message::{Mode, NewOrder, ScheduleOutcome, Scheduled, When};
+use crate::engine::message::{
+    BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
+};
 use crate::engine::scripts::{self, EnqueueArg};
 use crate::engine::telemetry;
-use crate::error::{Error, InvalidInput, RedisContext, Result};
+use crate::error::{Error, InvalidInput, RedisContext, Result, WriteOutcome};
 use futures_util::future::join_all;
 use std::time::Duration;
 
@@ -48,8 +50,10 @@ impl Client {
 
     /// Schedules a batch. The whole batch is validated first: one invalid order refuses the
     /// batch ([`InvalidInput::InBatch`] names its index) and nothing is written. Orders are
-    /// sent many per script call; each order is atomic, and a batch interrupted by a Redis
-    /// failure may be partly applied (scheduling is idempotent: retry it).
+    /// sent many per script call; each call is atomic (a call refused by Redis, e.g. out of
+    /// memory, writes nothing). When a call fails after others succeeded, the error is
+    /// [`Error::PartialBatch`], which says for every order whether it was written, not
+    /// written, or may have been; repeating the batch is safe (scheduling is idempotent).
     ///
     /// Returns one result per order, in order. An id repeated in one batch is applied in
     /// order (the last upsert wins).
@@ -79,17 +83,39 @@ impl Client {
         let calls = self.plan_enqueue(&queue, shards, orders);
         let outcomes = self
             .enqueue_calls(&calls, orders, &dues, now, mode == Mode::IfAbsent)
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>>>()?;
-        let mut results: Vec<Option<ScheduleOutcome>> = vec![None; orders.len()];
-        for ((_, idxs), outs) in calls.iter().zip(outcomes) {
-            for (&i, o) in idxs.iter().zip(outs) {
-                results[i] = Some(o);
+            .await;
+        let mut results: Vec<Option<ItemOutcome>> = vec![None; orders.len()];
+        let (mut failed, mut succeeded): (Option<Error>, bool) = (None, false);
+        for ((_, idxs), r) in calls.iter().zip(outcomes) {
+            match r {
+                Ok(outs) => {
+                    succeeded = true;
+                    for (&i, o) in idxs.iter().zip(outs) {
+                        results[i] = Some(o.into());
+                    }
+                }
+                Err(e) => {
+                    let o = match e.write_outcome() {
+                        WriteOutcome::NotApplied => ItemOutcome::NotWritten,
+                        WriteOutcome::Unknown => ItemOutcome::Unknown,
+                    };
+                    for &i in idxs {
+                        results[i] = Some(o);
+                    }
+                    // Keep the error that says the least: "may have been written" over
+                    // "not written".
+                    if failed
+                        .as_ref()
+                        .is_none_or(|f| f.write_outcome() == WriteOutcome::NotApplied)
+                    {
+                        failed = Some(e);
+                    }
+                }
             }
         }
-        let written =
-            |o: &Option<ScheduleOutcome>| o.is_some_and(|o| o != ScheduleOutcome::Unchanged);
+        let written = |o: &Option<ItemOutcome>| {
+            o.is_some_and(|o| matches!(o, ItemOutcome::Created | ItemOutcome::Updated))
+        };
         let earliest = results
             .iter()
             .zip(&dues)
@@ -103,17 +129,43 @@ impl Client {
             queue.as_str(),
             results.iter().filter(|o| written(o)).count() as u64,
         );
+        if let Some(e) = failed {
+            // No call went through: the error says for the whole batch whether anything may
+            // have been written. Some did: each order's fate is reported.
+            if !succeeded {
+                return Err(e);
+            }
+            return Err(Error::PartialBatch {
+                results: results
+                    .into_iter()
+                    .zip(orders)
+                    .map(|(o, order)| BatchItem {
+                        id: order.id.clone(),
+                        outcome: o.unwrap_or(ItemOutcome::Unknown),
+                    })
+                    .collect(),
+                source: Box::new(e),
+            });
+        }
         results
             .into_iter()
             .zip(orders.iter().zip(dues))
             .map(|(o, (order, due))| {
+                let outcome = match o {
+                    Some(ItemOutcome::Created) => ScheduleOutcome::Created,
+                    Some(ItemOutcome::Updated) => ScheduleOutcome::Updated,
+                    Some(ItemOutcome::Unchanged) => ScheduleOutcome::Unchanged,
+                    _ => {
+                        return Err(Error::Reply {
+                            context: "scheduling orders",
+                            detail: "an order got no outcome".into(),
+                        });
+                    }
+                };
                 Ok(Scheduled {
                     id: order.id.clone(),
                     due_at_ms: due,
-                    outcome: o.ok_or(Error::Reply {
-                        context: "scheduling orders",
-                        detail: "an order got no outcome".into(),
-                    })?,
+                    outcome,
                 })
             })
             .collect()

@@ -119,6 +119,7 @@ pub(super) fn parse_delivery(
         group: group.to_owned(),
         id: id.clone().unwrap_or_default(),
         payload,
+        payload_text: text.to_owned(),
         due_at_ms: due.unwrap_or(dispatched_at_ms),
         enqueued_at_ms: enq,
         dispatched_at_ms,

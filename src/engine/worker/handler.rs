@@ -30,8 +30,12 @@ pub struct Delivery {
     pub group: String,
     /// The order id.
     pub id: String,
-    /// The payload that was scheduled.
+    /// The payload that was scheduled, parsed (numbers beyond `f64` lose precision here:
+    /// see [`payload_text`](Delivery::payload_text)).
     pub payload: serde_json::Value,
+    /// The payload's JSON text exactly as it was scheduled, byte for byte (the stored text
+    /// itself when `flag` says it is not valid JSON).
+    pub payload_text: String,
     /// When the order was due, unix ms.
     pub due_at_ms: i64,
     /// When it was (last) scheduled, unix ms, if known.

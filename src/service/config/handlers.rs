@@ -20,14 +20,14 @@ pub struct HandlerSpec {
 }
 
 /// The built-in handler kinds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub enum HandlerKind {
-    /// POST each order to `url`, signed with `secret` when set.
+    /// POST each order to `url`, signed with every secret of `secrets` (Standard Webhooks).
     Webhook {
         /// The URL.
         url: String,
-        /// The HMAC key.
-        secret: Option<String>,
+        /// The signing secrets (none: unsigned).
+        secrets: Vec<String>,
     },
     /// Write each order to the log and acknowledge it.
     Log,
@@ -36,6 +36,25 @@ pub enum HandlerKind {
         /// The orders database.
         database_url: String,
     },
+}
+
+impl std::fmt::Debug for HandlerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs with their credentials masked; secrets counted, never shown.
+        use crate::engine::redact::url;
+        match self {
+            HandlerKind::Webhook { url: u, secrets } => f
+                .debug_struct("Webhook")
+                .field("url", &url(u))
+                .field("secrets", &secrets.len())
+                .finish(),
+            HandlerKind::Log => f.write_str("Log"),
+            HandlerKind::OrderClose { database_url } => f
+                .debug_struct("OrderClose")
+                .field("database_url", &url(database_url))
+                .finish(),
+        }
+    }
 }
 
 /// The library's option names that the config spells differently.
@@ -86,10 +105,15 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
                 .ok_or_else(|| ConfigError::at(k("url"), "required for kind = \"webhook\""))?;
             crate::service::handlers::check_webhook_url(&url)
                 .map_err(|e| ConfigError::at(k("url"), e))?;
-            HandlerKind::Webhook {
-                url,
-                secret: h.secret.clone(),
+            let secrets = h.secret.as_ref().map(|s| s.list()).unwrap_or_default();
+            for (j, sec) in secrets.iter().enumerate() {
+                let key = match h.secret {
+                    Some(super::Secrets::Many(_)) => format!("{}[{j}]", k("secret")),
+                    _ => k("secret"),
+                };
+                crate::service::handlers::check_secret(sec).map_err(|e| ConfigError::at(key, e))?;
             }
+            HandlerKind::Webhook { url, secrets }
         }
         "log" => HandlerKind::Log,
         "order-close" => {

@@ -13,7 +13,7 @@ pub mod raw;
 pub use handlers::{HandlerKind, HandlerSpec};
 pub use raw::{
     Config, DeadConfig, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig,
-    ReconciliationConfig,
+    ReconciliationConfig, Secrets,
 };
 
 use crate::engine::client::{ClientOptions, Durability};
@@ -21,8 +21,10 @@ use crate::engine::dispatcher::DispatcherOptions;
 use crate::engine::duration::parse_duration;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
+use crate::engine::redact;
 use crate::error::InvalidInput;
 use crate::orders::reconcile::ReconcileOptions;
+use crate::service::http::HttpLimits;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use std::net::SocketAddr;
@@ -30,7 +32,7 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The reconciliation job's settings, checked.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone, PartialEq)]
 pub struct ReconcileSpec {
     /// The orders database.
     pub database_url: String,
@@ -42,6 +44,17 @@ pub struct ReconcileSpec {
     pub options: ReconcileOptions,
 }
 
+impl std::fmt::Debug for ReconcileSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReconcileSpec")
+            .field("database_url", &redact::url(&self.database_url))
+            .field("queue", &self.queue)
+            .field("group", &self.group)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
 /// The configuration, checked: what `serve` runs.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -49,6 +62,8 @@ pub struct Settings {
     pub config: Config,
     /// Where the HTTP API listens.
     pub listen: SocketAddr,
+    /// The HTTP edge's limits.
+    pub http: HttpLimits,
     /// The client (namespace, shards, payload limit, durability).
     pub client: ClientOptions,
     /// Every dispatcher's options.
@@ -137,6 +152,39 @@ pub(crate) fn duration(key: &str, v: Option<&str>) -> Result<Option<Duration>, C
         .transpose()
 }
 
+/// A figment error as a [`ConfigError`] naming its key, with no value in it: a mistyped
+/// token, secret or URL must not be echoed to the terminal or the logs.
+fn figment_error(e: figment::Error) -> ConfigError {
+    use figment::error::{Actual, Kind};
+    let kind_of = |a: &Actual| -> String {
+        match a {
+            Actual::Bool(_) => "a boolean".into(),
+            Actual::Unsigned(_) | Actual::Signed(_) => "an integer".into(),
+            Actual::Float(_) => "a float".into(),
+            Actual::Char(_) | Actual::Str(_) => "a string".into(),
+            Actual::Bytes(_) => "bytes".into(),
+            Actual::Seq => "a list".into(),
+            Actual::Map => "a table".into(),
+            other => format!("{other}"),
+        }
+    };
+    let cause = match &e.kind {
+        Kind::InvalidType(a, expected) => format!("found {}, expected {expected}", kind_of(a)),
+        Kind::InvalidValue(a, expected) => {
+            format!("invalid {}, expected {expected}", kind_of(a))
+        }
+        Kind::UnknownField(f, known) => format!("unknown key {f:?} (known: {})", known.join(", ")),
+        Kind::Message(m) => crate::engine::redact::text(m.lines().next().unwrap_or_default()),
+        other => crate::engine::redact::text(&other.to_string()),
+    };
+    let key = e.path.join(".");
+    if key.is_empty() {
+        ConfigError::whole(cause)
+    } else {
+        ConfigError::at(key, cause)
+    }
+}
+
 /// Reads `path` (TOML) with `DELAYQ_...` environment overrides and checks every value.
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
     let text = std::fs::read_to_string(path)
@@ -150,7 +198,7 @@ pub fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
         .merge(Toml::string(text))
         .merge(env)
         .extract()
-        .map_err(ConfigError::whole)?;
+        .map_err(figment_error)?;
     check(config)
 }
 
@@ -159,7 +207,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     crate::engine::conn::RedisTarget::open(&config.redis_url)
         .map_err(|e| ConfigError::at("redis_url", e))?;
     let client = client_options(&config)?;
-    let listen = check_http(&config.http)?;
+    let (listen, http) = check_http(&config.http)?;
     let dispatcher = dispatcher_options(&config.dispatcher)?;
     let housekeeping = housekeeping_options(&config.housekeeping, &config.dead)?;
     let mut queues: Vec<String> = Vec::new();
@@ -184,6 +232,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     Ok(Settings {
         config,
         listen,
+        http,
         client,
         dispatcher,
         housekeeping,
@@ -223,17 +272,11 @@ fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
     Ok(o)
 }
 
-fn check_http(h: &HttpConfig) -> Result<SocketAddr, ConfigError> {
+fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), ConfigError> {
     let listen: SocketAddr = h
         .listen
         .parse()
         .map_err(|e| ConfigError::at("http.listen", format!("{:?}: {e}", h.listen)))?;
-    if h.max_body_bytes < 1024 {
-        return Err(ConfigError::at(
-            "http.max_body_bytes",
-            "must be at least 1024",
-        ));
-    }
     if h.tokens
         .iter()
         .any(|t| t.trim().len() < 8 || t.chars().any(char::is_whitespace))
@@ -243,7 +286,27 @@ fn check_http(h: &HttpConfig) -> Result<SocketAddr, ConfigError> {
             "each token must be at least 8 characters, without spaces",
         ));
     }
-    Ok(listen)
+    let mut l = HttpLimits::default();
+    if let Some(n) = h.max_body_bytes {
+        l = l.max_body_bytes(n);
+    }
+    if let Some(d) = duration("http.header_timeout", h.header_timeout.as_deref())? {
+        l = l.header_timeout(d);
+    }
+    if let Some(d) = duration("http.body_timeout", h.body_timeout.as_deref())? {
+        l = l.body_timeout(d);
+    }
+    if let Some(d) = duration("http.idle_timeout", h.idle_timeout.as_deref())? {
+        l = l.idle_timeout(d);
+    }
+    if let Some(d) = duration("http.request_timeout", h.request_timeout.as_deref())? {
+        l = l.request_timeout(d);
+    }
+    if let Some(n) = h.max_connections {
+        l = l.max_connections(n);
+    }
+    l.validate().map_err(lib_err("http", &[]))?;
+    Ok((listen, l))
 }
 
 fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigError> {
@@ -377,7 +440,7 @@ queue = "order-close"
 group = "close-order"
 kind = "webhook"
 url = "http://127.0.0.1:9000/orders/close"
-secret = "hmac-key"
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 concurrency = 16
 timeout = "10s"
 max_attempts = 10
@@ -586,13 +649,68 @@ database_url = "sqlite://orders.db"
                 "reconciliation.database_url",
             ),
             (
-                GOOD.replace("secret = \"hmac-key\"", "database_url = \"sqlite://x.db\""),
+                GOOD.replace(
+                    "secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"",
+                    "database_url = \"sqlite://x.db\"",
+                ),
                 "handlers[0].database_url",
             ),
         ];
         for (text, key) in cases {
             let e = load_str(&text, env()).unwrap_err();
             assert!(e.to_string().contains(key), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn secrets_never_show_in_errors_or_debug_output() {
+        // A value of the wrong type is named by its key and kind, never echoed.
+        for (text, key) in [
+            ("[http]\ntokens = \"TOKEN-VALUE-123\"\n", "http.tokens"),
+            ("redis_url = [\"redis://:PASSWORD@h:1\"]\n", "redis_url"),
+            (
+                "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"webhook\"\nurl = \"http://h/x?token=QUERY-SECRET\"\nsecret = 42\n",
+                "handlers",
+            ),
+            (
+                "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"webhook\"\nurl = \"ftp://u:URLPASS@h/x?token=QUERY-SECRET\"\n",
+                "handlers[0].url",
+            ),
+        ] {
+            let e = load_str(text, env()).unwrap_err().to_string();
+            assert!(e.contains(key), "{key}: {e}");
+            for secret in ["TOKEN-VALUE-123", "PASSWORD", "QUERY-SECRET", "URLPASS"] {
+                assert!(!e.contains(secret), "{e}");
+            }
+        }
+        let text = r#"
+redis_url = "redis://:REDISPASS@127.0.0.1:6379"
+[http]
+tokens = ["HTTP-TOKEN-1234"]
+[[handlers]]
+queue = "q"
+group = "g"
+kind = "webhook"
+url = "https://u:HOOKPASS@h/x?token=HOOK-QUERY"
+secret = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "a-second-secret-SECOND"]
+[[handlers]]
+queue = "q"
+group = "c"
+kind = "order-close"
+database_url = "postgres://app:DBPASS@db/shop"
+"#;
+        let settings = load_str(text, env()).unwrap();
+        let shown = format!("{settings:?}");
+        for secret in [
+            "REDISPASS",
+            "HTTP-TOKEN-1234",
+            "HOOKPASS",
+            "HOOK-QUERY",
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "SECOND",
+            "DBPASS",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
         }
     }
 }

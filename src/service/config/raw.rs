@@ -2,10 +2,11 @@
 //! it. Unset fields mean "the library's default": no default is written here that a library
 //! option type already has.
 
+use crate::engine::redact;
 use serde::{Deserialize, Serialize};
 
-/// The whole configuration file.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The whole configuration file. Its `Debug` masks credentials, tokens and secrets.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Redis URL.
@@ -63,16 +64,41 @@ impl Default for Config {
     }
 }
 
-/// `[http]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("redis_url", &redact::url(&self.redis_url))
+            .field("namespace", &self.namespace)
+            .field("shards", &self.shards)
+            .field("durability", &self.durability)
+            .field("queues", &self.queues)
+            .field("http", &self.http)
+            .field("handlers", &self.handlers)
+            .field("reconciliation", &self.reconciliation)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `[http]`. Unset limits are [`HttpLimits`](crate::service::http::HttpLimits)'s defaults.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Address to listen on.
     pub listen: String,
     /// Bearer tokens accepted on `/v1/...`; empty = the API is open (a warning is logged).
     pub tokens: Vec<String>,
-    /// Largest request body, bytes (413 above).
-    pub max_body_bytes: usize,
+    /// Largest request body, bytes (413 above; default 1 MiB).
+    pub max_body_bytes: Option<usize>,
+    /// A request head must arrive within this of its first byte (default `10s`).
+    pub header_timeout: Option<String>,
+    /// A request body must arrive within this (default `30s`).
+    pub body_timeout: Option<String>,
+    /// An idle keep-alive connection is closed after this (default `60s`).
+    pub idle_timeout: Option<String>,
+    /// A request's handling is cut off after this (default `30s`).
+    pub request_timeout: Option<String>,
+    /// Connections served at once (default 10,000; kept under the open-files limit).
+    pub max_connections: Option<usize>,
 }
 
 impl Default for HttpConfig {
@@ -80,8 +106,23 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: "127.0.0.1:7070".into(),
             tokens: Vec::new(),
-            max_body_bytes: 1 << 20,
+            max_body_bytes: None,
+            header_timeout: None,
+            body_timeout: None,
+            idle_timeout: None,
+            request_timeout: None,
+            max_connections: None,
         }
+    }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("listen", &self.listen)
+            .field("tokens", &format_args!("{} hidden", self.tokens.len()))
+            .field("max_body_bytes", &self.max_body_bytes)
+            .finish_non_exhaustive()
     }
 }
 
@@ -120,7 +161,7 @@ pub struct DeadConfig {
 }
 
 /// One `[[handlers]]` entry.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
     /// The queue.
@@ -135,9 +176,10 @@ pub struct HandlerConfig {
     /// Webhook URL (kind = webhook).
     #[serde(default)]
     pub url: Option<String>,
-    /// HMAC-SHA256 key signing webhook bodies.
+    /// The Standard Webhooks signing secret (`whsec_<base64>`, or any text used as the key
+    /// as is), or a list of them while a key is rotated (each signs).
     #[serde(default)]
-    pub secret: Option<String>,
+    pub secret: Option<Secrets>,
     /// Handler calls at once (default 16).
     #[serde(default)]
     pub concurrency: Option<usize>,
@@ -162,9 +204,52 @@ pub struct HandlerConfig {
     pub rate_limit: Option<String>,
 }
 
-/// `[reconciliation]`: reschedules the close event of every order still pending in the
-/// database well past its expiry (see [`crate::orders::reconcile`]).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+impl std::fmt::Debug for HandlerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandlerConfig")
+            .field("queue", &self.queue)
+            .field("group", &self.group)
+            .field("kind", &self.kind)
+            .field("url", &self.url.as_deref().map(redact::url))
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact::url),
+            )
+            .field("secret", &self.secret)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One webhook secret, or several (key rotation).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Secrets {
+    /// One secret.
+    One(String),
+    /// Several; every one signs.
+    Many(Vec<String>),
+}
+
+impl Secrets {
+    /// The secrets, in order.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Secrets::One(s) => vec![s.clone()],
+            Secrets::Many(v) => v.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print a secret.
+        write!(f, "Secrets({} hidden)", self.list().len())
+    }
+}
+
+/// `[reconciliation]`: sends the close event of every order still pending in the database
+/// well past its expiry (see [`crate::orders::reconcile`]).
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconciliationConfig {
     /// On or off; unset = on when an `order-close` handler is configured.
@@ -182,4 +267,18 @@ pub struct ReconciliationConfig {
     pub grace: Option<String>,
     /// Orders per query and per schedule call, 1..=1000 (default 500).
     pub batch: Option<usize>,
+}
+
+impl std::fmt::Debug for ReconciliationConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReconciliationConfig")
+            .field("enabled", &self.enabled)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact::url),
+            )
+            .field("queue", &self.queue)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
 }

@@ -1,0 +1,187 @@
+//! Middleware at the edge, in the order a request meets it:
+//!
+//! 1. [`envelope`]: any error response that is not JSON yet (a framework rejection: a bad
+//!    path, a wrong method, bad UTF-8) is put into the error envelope;
+//! 2. [`head_limits`]: request targets over [`MAX_URI_BYTES`] (414) and headers over
+//!    [`MAX_HEADERS`] / [`MAX_HEADER_BYTES`] (431) are refused;
+//! 3. [`auth`] (on `/v1`): bearer tokens, before any body is read;
+//! 4. [`read_body`]: the whole body is read within `body_timeout` and `max_body_bytes` (408,
+//!    413), then the handler runs within `request_timeout` (503).
+
+use super::AppState;
+use super::error::ApiError;
+use super::limits::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
+use crate::engine::duration::format_duration;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+/// Puts error responses that are not JSON into the envelope.
+pub(super) async fn envelope(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if status.as_u16() < 400 || json {
+        return resp;
+    }
+    let body = axum::body::to_bytes(resp.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    ApiError::for_status(status, &String::from_utf8_lossy(&body)).into_response()
+}
+
+/// Refuses oversized request targets and headers, in the envelope.
+pub(super) async fn head_limits(req: Request, next: Next) -> Response {
+    let target = req.uri().path_and_query().map_or(0, |pq| pq.as_str().len());
+    if target > MAX_URI_BYTES {
+        return ApiError::new(
+            StatusCode::URI_TOO_LONG,
+            "uri_too_long",
+            format!("the request target is {target} bytes; at most {MAX_URI_BYTES}"),
+        )
+        .into_response();
+    }
+    let headers = req.headers();
+    let bytes: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len())
+        .sum();
+    if headers.len() > MAX_HEADERS || bytes > MAX_HEADER_BYTES {
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "headers_too_large",
+            format!(
+                "{} headers of {bytes} bytes; at most {MAX_HEADERS} headers and {MAX_HEADER_BYTES} bytes",
+                headers.len()
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
+/// (RFC 7235).
+fn bearer_token(v: &str) -> Option<&str> {
+    let (scheme, token) = v.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// True when `given` is one of `tokens` (compared in constant time against every token).
+pub(crate) fn token_ok(tokens: &[String], given: &str) -> bool {
+    let mut ok = subtle::Choice::from(0u8);
+    for t in tokens {
+        ok |= given.as_bytes().ct_eq(t.as_bytes());
+    }
+    bool::from(ok)
+}
+
+/// Bearer-token check for `/v1/...` (open when no tokens are configured).
+pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    if st.tokens.is_empty() {
+        return next.run(req).await;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .unwrap_or("");
+    if token_ok(&st.tokens, given) {
+        next.run(req).await
+    } else {
+        ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a valid bearer token is required",
+        )
+        .into_response()
+    }
+}
+
+/// Reads the whole body within the body deadline and size limit, then runs the handler
+/// within the request deadline. A slow or stalled upload holds a connection and its bytes
+/// for at most `body_timeout`.
+pub(super) async fn read_body(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let l = &st.limits;
+    let (parts, body) = req.into_parts();
+    let read = tokio::time::timeout(
+        l.body_timeout,
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, l.max_body_bytes)),
+    )
+    .await;
+    let bytes = match read {
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                format!(
+                    "the request body did not arrive within {}",
+                    format_duration(l.body_timeout)
+                ),
+            )
+            .into_response();
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the request body is larger than {} bytes", l.max_body_bytes),
+            )
+            .into_response();
+        }
+        Ok(Err(_)) => {
+            return ApiError::bad("invalid_body", "the request body could not be read")
+                .into_response();
+        }
+        Ok(Ok(c)) => c.to_bytes(),
+    };
+    let safe = matches!(parts.method, Method::GET | Method::HEAD);
+    let req = Request::from_parts(parts, Body::from(bytes));
+    match tokio::time::timeout(l.request_timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => {
+            let took = format_duration(l.request_timeout);
+            if safe {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "request_timeout",
+                    format!("the request took longer than {took}; try again"),
+                )
+            } else {
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "outcome_unknown",
+                    format!(
+                        "the request took longer than {took}: a write may or may not have been \
+                         applied; repeating the request is safe (idempotent by id)"
+                    ),
+                )
+            }
+            .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_tokens_compare_exactly() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bEaReR  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        let tokens = vec!["secret-one".to_owned(), "secret-two".to_owned()];
+        assert!(token_ok(&tokens, "secret-two"));
+        assert!(!token_ok(&tokens, "secret-tw"));
+        assert!(!token_ok(&[], "x"));
+    }
+}

@@ -1,0 +1,125 @@
+//! [`HttpLimits`]: what the HTTP edge allows a client, with the one place their defaults
+//! and ranges are written (the `[http]` config keys map onto it).
+
+use crate::error::InvalidInput;
+use std::time::Duration;
+
+/// The HTTP edge's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HttpLimits {
+    /// Largest request body, bytes (413 above; default 1 MiB).
+    pub max_body_bytes: usize,
+    /// A request's head (request line and headers) must arrive within this once its first
+    /// byte did, or the connection is closed (default 10 s).
+    pub header_timeout: Duration,
+    /// A request's whole body must arrive within this (408 `body_timeout`; default 30 s).
+    pub body_timeout: Duration,
+    /// A keep-alive connection with no request in progress is closed after this (default
+    /// 60 s).
+    pub idle_timeout: Duration,
+    /// A request's handling (after its body arrived) is cut off after this (503; default
+    /// 30 s).
+    pub request_timeout: Duration,
+    /// Connections served at once (default 10,000): beyond it new connections wait in the
+    /// listen backlog; the effective cap also stays under the process's open-files limit.
+    pub max_connections: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_body_bytes: 1 << 20,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            request_timeout: Duration::from_secs(30),
+            max_connections: 10_000,
+        }
+    }
+}
+
+/// Longest request target (path and query) accepted, bytes (414 above).
+pub const MAX_URI_BYTES: usize = 8 * 1024;
+/// Most request header bytes accepted (431 above, in the error envelope).
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// Most request headers accepted (431 above, in the error envelope).
+pub const MAX_HEADERS: usize = 100;
+
+impl HttpLimits {
+    /// Sets the body limit.
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.max_body_bytes = n;
+        self
+    }
+
+    /// Sets the header timeout.
+    pub fn header_timeout(mut self, d: Duration) -> Self {
+        self.header_timeout = d;
+        self
+    }
+
+    /// Sets the body timeout.
+    pub fn body_timeout(mut self, d: Duration) -> Self {
+        self.body_timeout = d;
+        self
+    }
+
+    /// Sets the keep-alive idle timeout.
+    pub fn idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d;
+        self
+    }
+
+    /// Sets the request timeout.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// Sets the connection cap.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Checks every limit (the one place their ranges are written).
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let bad = |name: &'static str, reason: String| Err(InvalidInput::Option { name, reason });
+        if !(1024..=1 << 30).contains(&self.max_body_bytes) {
+            return bad("max_body_bytes", "must be 1024..=1073741824".into());
+        }
+        for (name, d) in [
+            ("header_timeout", self.header_timeout),
+            ("body_timeout", self.body_timeout),
+            ("idle_timeout", self.idle_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+                return bad(name, "must be 100ms..=1h".into());
+            }
+        }
+        if !(1..=1_000_000).contains(&self.max_connections) {
+            return bad("max_connections", "must be 1..=1000000".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_ranges_hold() {
+        assert!(HttpLimits::default().validate().is_ok());
+        assert!(HttpLimits::default().max_body_bytes(10).validate().is_err());
+        assert!(
+            HttpLimits::default()
+                .header_timeout(Duration::ZERO)
+                .validate()
+                .is_err()
+        );
+        assert!(HttpLimits::default().max_connections(0).validate().is_err());
+    }
+}

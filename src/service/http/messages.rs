@@ -1,0 +1,198 @@
+//! `/v1/queues/{queue}/messages...`: schedule (one or a batch), look up, cancel. Payloads
+//! are taken as raw JSON and stored byte for byte.
+
+use super::AppState;
+use super::error::{ApiError, ApiResult};
+use crate::engine::history::OrderHistory;
+use crate::engine::message::{Mode, NewOrder, Payload, ScheduleOutcome, When};
+use crate::error::InvalidInput;
+use crate::service::admin;
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+/// Parses a JSON body of the expected shape (400 `invalid_json` naming what is wrong).
+pub(super) fn json_body<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<T> {
+    let bytes =
+        body.map_err(|_| ApiError::bad("invalid_body", "the request body could not be read"))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad("invalid_json", format!("invalid request body: {e}")))
+}
+
+/// One message: when it is due and its payload.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MessageBody {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    delay_ms: Option<i64>,
+    #[serde(default)]
+    due_at: Option<Value>,
+    /// Kept as the producer wrote it.
+    #[serde(default)]
+    payload: Option<Box<RawValue>>,
+    #[serde(default)]
+    if_absent: bool,
+}
+
+impl MessageBody {
+    fn when(&self) -> Result<When, InvalidInput> {
+        match (&self.delay_ms, &self.due_at) {
+            (Some(ms), None) => Ok(When::in_ms(*ms)),
+            (None, Some(Value::String(s))) => When::parse_at(s),
+            (None, Some(Value::Number(n))) => When::parse_at(&n.to_string()),
+            (None, Some(_)) => Err(InvalidInput::DueTime {
+                reason: "due_at must be an RFC 3339 string or unix milliseconds".into(),
+            }),
+            _ => Err(InvalidInput::DueTime {
+                reason: "give exactly one of delay_ms or due_at".into(),
+            }),
+        }
+    }
+
+    fn payload(&self) -> Payload {
+        self.payload
+            .as_deref()
+            .map_or_else(|| Payload::from_value(&Value::Null), Payload::from_raw)
+    }
+}
+
+fn mode(if_absent: bool) -> Mode {
+    if if_absent {
+        Mode::IfAbsent
+    } else {
+        Mode::Upsert
+    }
+}
+
+pub(super) async fn put_message(
+    State(st): State<AppState>,
+    Path((queue, id)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let b: MessageBody = json_body(body)?;
+    if b.id.is_some() {
+        return Err(ApiError::bad(
+            "invalid_body",
+            "the id goes in the path, not the body",
+        ));
+    }
+    let order = NewOrder::new(id, b.when()?, b.payload());
+    let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
+    let status = if a.outcome == ScheduleOutcome::Created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(a)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    /// Parsed one by one, so an error names the message's index.
+    messages: Vec<Box<RawValue>>,
+    #[serde(default)]
+    if_absent: bool,
+}
+
+/// serde_json's message without its " at line L column C" suffix (positions inside one
+/// message of a batch mean nothing to the caller; the index does).
+fn without_position(e: &serde_json::Error) -> String {
+    let s = e.to_string();
+    match s.rfind(" at line ") {
+        Some(i) => s[..i].to_owned(),
+        None => s,
+    }
+}
+
+pub(super) async fn batch(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<admin::BatchAnswer>> {
+    let b: BatchBody = json_body(body)?;
+    admin::check_batch_len(b.messages.len())?;
+    let mut orders = Vec::with_capacity(b.messages.len());
+    for (index, raw) in b.messages.iter().enumerate() {
+        let in_batch = |e: InvalidInput| InvalidInput::InBatch {
+            index,
+            source: Box::new(e),
+        };
+        let m: MessageBody = serde_json::from_str(raw.get()).map_err(|e| {
+            ApiError::bad(
+                "invalid_json",
+                format!("message {index}: {}", without_position(&e)),
+            )
+        })?;
+        let id = m.id.clone().ok_or_else(|| {
+            in_batch(InvalidInput::Id {
+                reason: "missing".into(),
+            })
+        })?;
+        if m.if_absent {
+            return Err(in_batch(InvalidInput::Option {
+                name: "if_absent",
+                reason: "set if_absent for the whole batch, not per message".into(),
+            })
+            .into());
+        }
+        let when = m.when().map_err(in_batch)?;
+        orders.push(NewOrder::new(id, when, m.payload()));
+    }
+    let a = st
+        .admin
+        .schedule_batch(&queue, &orders, mode(b.if_absent))
+        .await?;
+    Ok(Json(a))
+}
+
+pub(super) async fn get_message(
+    State(st): State<AppState>,
+    Path((queue, id)): Path<(String, String)>,
+) -> ApiResult<Json<OrderHistory>> {
+    match st.admin.get(&queue, &id).await? {
+        Ok(o) => Ok(Json(o)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such order: never scheduled, cancelled, or dispatched longer ago than the history retention",
+        )),
+    }
+}
+
+pub(super) async fn delete_message(
+    State(st): State<AppState>,
+    Path((queue, id)): Path<(String, String)>,
+) -> ApiResult<Json<admin::CancelledAnswer>> {
+    match st.admin.cancel(&queue, &id).await? {
+        Ok(a) => Ok(Json(a)),
+        Err(_) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "the order is not scheduled (never, cancelled, or already dispatched)",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_are_dropped_from_batch_errors() {
+        let e = serde_json::from_str::<MessageBody>(r#"{"bogus": 1}"#).unwrap_err();
+        let m = without_position(&e);
+        assert!(m.starts_with("unknown field `bogus`"), "{m}");
+        assert!(!m.contains("line"), "{m}");
+    }
+}
