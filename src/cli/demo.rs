@@ -87,9 +87,9 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
     };
     let db = Db::connect(&db_url)
         .await
-        .with_context(|| format!("opening {}", crate::orders::db::redact(&db_url)))?;
+        .with_context(|| format!("opening {}", crate::engine::redact::url(&db_url)))?;
     db.migrate().await?;
-    eprintln!("orders database: {}", crate::orders::db::redact(&db_url));
+    eprintln!("orders database: {}", crate::engine::redact::url(&db_url));
     let ns = format!("dq-demo-{}", std::process::id());
     let client = Client::connect_with(&url, ClientOptions::default().namespace(&ns)).await?;
     // A deployment's first step: the queue exists before anything is scheduled into it.
@@ -97,7 +97,7 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
     let result = demo(&client, Orders::new(db.clone()), &ns, opts).await;
     db.close().await;
     let result = result.map(|s| DemoSummary {
-        database: crate::orders::db::redact(&db_url),
+        database: crate::engine::redact::url(&db_url),
         ..s
     });
     if let Err(e) = client.delete_namespace().await {

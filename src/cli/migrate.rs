@@ -1,7 +1,8 @@
 //! `delayq migrate --database-url URL`: applies the embedded orders schema.
 
 use super::{VerbResult, print_json};
-use crate::orders::db::{Db, MIGRATOR, check_url, redact};
+use crate::engine::redact;
+use crate::orders::db::{Db, MIGRATOR, check_url};
 use serde_json::json;
 
 /// Runs the verb.
@@ -13,6 +14,6 @@ pub(super) async fn run(database_url: &str) -> VerbResult {
     r?;
     let version = MIGRATOR.iter().map(|m| m.version).max();
     print_json(&json!({"outcome": "migrated", "backend": db.backend(),
-                       "database": redact(database_url), "version": version}));
+                       "database": redact::url(database_url), "version": version}));
     Ok(())
 }

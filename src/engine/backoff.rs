@@ -4,6 +4,9 @@ use crate::engine::duration::parse_duration;
 use crate::error::InvalidInput;
 use std::time::Duration;
 
+/// The shortest delay a backoff policy may give.
+pub const MIN_BACKOFF: Duration = Duration::from_millis(10);
+
 /// The delay before the next attempt, given how many attempts failed so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -61,19 +64,50 @@ impl Backoff {
         };
         let parts: Vec<&str> = text.trim().split(':').collect();
         let d = |s: &str| parse_duration("backoff", s);
-        match parts.as_slice() {
-            ["fixed", x] => Ok(Backoff::Fixed(d(x)?)),
-            ["linear", a, b] => Ok(Backoff::Linear { a: d(a)?, b: d(b)? }),
-            ["exponential", base, cap] => {
-                let (base, cap) = (d(base)?, d(cap)?);
-                if base.is_zero() || cap < base {
-                    return Err(bad(format!("{text:?}: base must be > 0 and cap >= base")));
-                }
-                Ok(Backoff::Exponential { base, cap })
+        let b = match parts.as_slice() {
+            ["fixed", x] => Backoff::Fixed(d(x)?),
+            ["linear", a, b] => Backoff::Linear { a: d(a)?, b: d(b)? },
+            ["exponential", base, cap] => Backoff::Exponential {
+                base: d(base)?,
+                cap: d(cap)?,
+            },
+            _ => {
+                return Err(bad(format!(
+                    "{text:?} is not fixed:<d>, linear:<a>:<b> or exponential:<base>:<cap>"
+                )));
             }
-            _ => Err(bad(format!(
-                "{text:?} is not fixed:<d>, linear:<a>:<b> or exponential:<base>:<cap>"
-            ))),
+        };
+        b.validate().map_err(|e| match e {
+            InvalidInput::Option { reason, .. } => bad(format!("{text:?}: {reason}")),
+            other => other,
+        })?;
+        Ok(b)
+    }
+
+    /// Checks the policy (the one place its ranges are written): its first delay is at
+    /// least [`MIN_BACKOFF`] (a zero delay would retry a failing order in a tight loop), and
+    /// an exponential cap is at least its base.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let bad = |reason: String| {
+            Err(InvalidInput::Option {
+                name: "backoff",
+                reason,
+            })
+        };
+        match *self {
+            Backoff::Fixed(d) if d < MIN_BACKOFF => {
+                bad(format!("the delay must be at least {MIN_BACKOFF:?}"))
+            }
+            Backoff::Linear { a, b } if a + b < MIN_BACKOFF => bad(format!(
+                "the first delay (a + b) must be at least {MIN_BACKOFF:?}"
+            )),
+            Backoff::Exponential { base, cap } if base < MIN_BACKOFF * 2 || cap < base => {
+                bad(format!(
+                    "base must be at least {:?} and cap at least base",
+                    MIN_BACKOFF * 2
+                ))
+            }
+            _ => Ok(()),
         }
     }
 }
@@ -104,6 +138,11 @@ mod tests {
             "exponential:0s:1m",
             "exponential:1m:1s",
             "x:1s",
+            "fixed:0s",
+            "fixed:9ms",
+            "linear:0s:0s",
+            "exponential:10ms:1s",
+            "fixed:200000000000d",
         ] {
             assert!(Backoff::parse(bad).is_err(), "{bad}");
         }

@@ -3,6 +3,7 @@
 //! set of queries serve both: timestamps are unix milliseconds in `BIGINT` columns and every
 //! query uses `$N` placeholders, which both drivers accept.
 
+use crate::engine::redact;
 use crate::error::{Error, InvalidInput, Result};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -83,6 +84,32 @@ impl Db {
         Ok(db)
     }
 
+    /// Opens one connection to tell a refused login from an unreachable server: wrong
+    /// credentials (or an unknown role) are an error, since waiting will not fix them; an
+    /// unreachable or slow server is only logged, and its first queries are retried.
+    pub async fn check_credentials(&self) -> Result<()> {
+        let r = tokio::time::timeout(ACQUIRE_TIMEOUT, async {
+            with_pool!(self, p => p.acquire().await.map(drop))
+        })
+        .await;
+        match r {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if is_auth_failure(&e) => {
+                Err(db_err("logging in to the orders database")(e))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %redact::text(&e.to_string()), "the orders database is not reachable yet; its queries will be retried");
+                Ok(())
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the orders database did not answer within 5 s; its queries will be retried"
+                );
+                Ok(())
+            }
+        }
+    }
+
     /// Applies the embedded migrations that are not applied yet (idempotent). Refuses a
     /// database on which an applied migration differs from the embedded one.
     pub async fn migrate(&self) -> Result<()> {
@@ -127,7 +154,7 @@ fn scheme(url: &str) -> Result<Backend, InvalidInput> {
             name: "database_url",
             reason: format!(
                 "{:?} is not a postgres://, postgresql:// or sqlite: URL",
-                redact(url)
+                redact::url(url)
             ),
         })
     }
@@ -136,23 +163,15 @@ fn scheme(url: &str) -> Result<Backend, InvalidInput> {
 fn bad_url(url: &str, e: sqlx::Error) -> Error {
     InvalidInput::Option {
         name: "database_url",
-        reason: format!("{:?}: {e}", redact(url)),
+        reason: format!("{:?}: {}", redact::url(url), redact::text(&e.to_string())),
     }
     .into()
 }
 
-/// `url` without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
+/// True for a refused login: PostgreSQL's SQLSTATE class 28 (invalid authorization:
+/// wrong password, unknown role).
+fn is_auth_failure(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("28")))
 }
 
 /// Maps a sqlx error to [`Error::Database`] with `context`.
@@ -173,10 +192,7 @@ mod tests {
                 ..
             }))
         ));
-        assert_eq!(
-            redact("postgres://app:s3cret@db:5432/orders"),
-            "postgres://app:***@db:5432/orders"
-        );
-        assert_eq!(redact("sqlite://orders.db"), "sqlite://orders.db");
+        let e = Db::connect_lazy("mysql://app:s3cret@db/x", 1).unwrap_err();
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 }

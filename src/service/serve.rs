@@ -57,7 +57,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     }
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     spawn_engine(&settings, &client, &cancel, &mut tasks)?;
-    spawn_handlers(&settings, &client, &cancel, &mut tasks)?;
+    spawn_handlers(&settings, &client, &cancel, &mut tasks).await?;
     let router =
         app(AppState::new(client.clone(), cfg.http.tokens.clone())
             .with_limits(settings.http.clone()));
@@ -111,8 +111,9 @@ fn spawn_engine(
 }
 
 /// One worker per configured handler, and the reconciliation job; handlers on one orders
-/// database share one pool.
-fn spawn_handlers(
+/// database share one pool. A database that refuses the configured login stops start-up
+/// (waiting will not fix it); one that is unreachable is retried by its queries.
+async fn spawn_handlers(
     settings: &Settings,
     client: &Client,
     cancel: &CancellationToken,
@@ -127,6 +128,7 @@ fn spawn_handlers(
         dbs.insert(url.to_owned(), db.clone());
         Ok(Orders::new(db))
     };
+    let mut workers = Vec::new();
     for h in &settings.handlers {
         let handler = match &h.kind {
             HandlerKind::Webhook { url, secrets } => Builtin::Webhook(Webhook::new(
@@ -141,13 +143,33 @@ fn spawn_handlers(
                 client,
             )),
         };
-        let w = Worker::new(client, &h.queue, &h.group, handler, h.worker.clone())?;
-        tasks.spawn(w.run(cancel.clone()));
+        workers.push(Worker::new(
+            client,
+            &h.queue,
+            &h.group,
+            handler,
+            h.worker.clone(),
+        )?);
     }
+    let mut reconciler = None;
     if let Some(r) = &settings.reconciliation {
         let orders = db_for(&r.database_url, 2)?;
-        let reconciler = Reconciler::new(orders, client, &r.queue, &r.group, r.options.clone())?;
-        tasks.spawn(reconciler.run(cancel.clone()));
+        reconciler = Some(Reconciler::new(
+            orders,
+            client,
+            &r.queue,
+            &r.group,
+            r.options.clone(),
+        )?);
+    }
+    for db in dbs.values() {
+        db.check_credentials().await?;
+    }
+    for w in workers {
+        tasks.spawn(w.run(cancel.clone()));
+    }
+    if let Some(r) = reconciler {
+        tasks.spawn(r.run(cancel.clone()));
     }
     Ok(())
 }

@@ -5,6 +5,8 @@
 pub mod cluster;
 #[cfg(feature = "orders")]
 pub mod db;
+#[cfg(feature = "cli")]
+pub mod serve;
 
 use delayq::{Client, ClientOptions, Clock, Delivery, HandlerResult, LocalRedis};
 use std::collections::HashMap;

@@ -141,6 +141,7 @@ impl WorkerOptions {
         if self.concurrency == 0 || self.concurrency > 10_000 {
             return Err(bad("concurrency", "must be 1..=10000"));
         }
+        self.backoff.validate()?;
         if self.prefetch.is_some_and(|p| p > 10_000) {
             return Err(bad("prefetch", "must be 0..=10000"));
         }

@@ -1,133 +1,242 @@
-//! The OpenAPI 3 description served at `/openapi.json`.
+//! The OpenAPI 3 description served at `/openapi.json`: every route, every answer's shape,
+//! and the error envelope as the `default` response of each operation (so a client, or a
+//! schema fuzzer, can check that every error is inside it).
 
-use crate::service::admin::MAX_BATCH;
+use crate::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN};
+use crate::service::admin::{MAX_BATCH, MAX_DEAD_LIMIT};
 use serde_json::{Value, json};
 
-/// An error response in the envelope.
-fn e(desc: &str) -> Value {
-    let err = json!({"$ref": "#/components/schemas/Error"});
-    json!({"description": desc, "content": {"application/json": {"schema": err}}})
+fn schema_ref(name: &str) -> Value {
+    json!({"$ref": format!("#/components/schemas/{name}")})
 }
 
-/// `base` responses plus `extra` plus the ones every `/v1` call may give.
-fn with(mut base: Value, extra: Value) -> Value {
-    let common =
-        json!({"401": e("missing or invalid bearer token"), "503": e("redis unavailable")});
-    if let (Some(b), Some(x), Some(c)) =
-        (base.as_object_mut(), extra.as_object(), common.as_object())
-    {
-        for (k, v) in x.iter().chain(c) {
-            b.insert(k.clone(), v.clone());
-        }
+/// A JSON response with the schema `name`.
+fn ok(desc: &str, name: &str) -> Value {
+    json!({"description": desc, "content": {"application/json": {"schema": schema_ref(name)}}})
+}
+
+/// An operation: its summary, parameters, request body (a schema name), success responses,
+/// and the error envelope for every other status.
+fn op(summary: &str, params: Vec<&Value>, body: Option<&str>, success: Value) -> Value {
+    let mut responses = success;
+    if let Some(r) = responses.as_object_mut() {
+        r.insert(
+            "default".into(),
+            ok(
+                "an error: 400 bad input, 401 token, 404, 405, 408, 409, 413, 414, 431, 503 (redis_unavailable, redis_oom, outcome_unknown, partial_write, not_replicated)",
+                "Error",
+            ),
+        );
     }
-    base
+    let mut o = json!({"summary": summary, "parameters": params, "responses": responses});
+    if let (Some(name), Some(m)) = (body, o.as_object_mut()) {
+        m.insert(
+            "requestBody".into(),
+            json!({"required": true, "content": {"application/json": {"schema": schema_ref(name)}}}),
+        );
+    }
+    o
 }
 
 /// The API described as OpenAPI 3.
 pub fn openapi() -> Value {
-    let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9._-]{1,64}$"}});
-    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 256}});
-    let msg = json!({
-        "type": "object", "additionalProperties": false,
-        "properties": {
-            "delay_ms": {"type": "integer", "minimum": 0},
-            "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
-            "payload": {},
-            "if_absent": {"type": "boolean"}
-        }
-    });
-    let scheduled = json!({"type": "object", "properties": {
-        "queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": {"type": "integer"},
-        "outcome": {"type": "string", "enum": ["created", "updated", "unchanged"]}}});
     json!({
         "openapi": "3.0.3",
         "info": {"title": "delayq", "version": env!("CARGO_PKG_VERSION"),
-                 "description": "Order-expiry delay queue on Redis."},
+                 "description": "Order-expiry delay queue on Redis. Scheduling and cancelling by id are idempotent: a request that failed with a 503 is safe to repeat."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": {
-                "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
-                    "code": {"type": "string"}, "message": {"type": "string"}}}}},
-                "Message": msg,
-                "Scheduled": scheduled,
-                "OrderHistory": order_history()
-            }
+            "schemas": schemas()
         },
         "security": [{"bearer": []}],
-        "paths": paths(&q, &id)
+        "paths": paths()
+    })
+}
+
+fn int() -> Value {
+    json!({"type": "integer"})
+}
+
+fn nullable(t: &str) -> Value {
+    json!({"type": t, "nullable": true})
+}
+
+fn object(required: &[&str], props: Value) -> Value {
+    json!({"type": "object", "required": required, "properties": props})
+}
+
+fn schemas() -> Value {
+    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged"]});
+    let scheduled = object(
+        &["queue", "id", "due_at_ms", "outcome"],
+        json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome}),
+    );
+    let group_stats = object(
+        &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
+        json!({"group": {"type": "string"}, "pending": int(), "lag": nullable("integer"),
+               "consumers": int(), "idle_ms": nullable("integer"), "paused": {"type": "boolean"}}),
+    );
+    let queue_stats = object(
+        &[
+            "queue",
+            "scheduled",
+            "overdue",
+            "oldest_overdue_ms",
+            "next_due_at_ms",
+            "stream_length",
+            "dead",
+            "history",
+            "paused",
+            "groups",
+        ],
+        json!({"queue": {"type": "string"}, "scheduled": int(), "overdue": int(), "oldest_overdue_ms": int(),
+               "next_due_at_ms": nullable("integer"), "stream_length": int(), "dead": int(), "history": int(),
+               "paused": {"type": "boolean"}, "groups": {"type": "array", "items": group_stats}}),
+    );
+    let dead_letter = object(
+        &[
+            "entry_id",
+            "queue",
+            "id",
+            "group",
+            "attempts",
+            "last_error",
+            "dead_at_ms",
+            "due_at_ms",
+            "payload",
+        ],
+        json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
+               "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
+               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}}),
+    );
+    let selection = json!({"type": "object", "additionalProperties": false, "properties": {
+        "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
+        "group": {"type": "string"}}});
+    json!({
+        "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
+            "code": {"type": "string"}, "message": {"type": "string"}}))})),
+        "Message": {"type": "object", "additionalProperties": false, "properties": {
+            "delay_ms": {"type": "integer", "minimum": 0},
+            "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+            "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
+            "if_absent": {"type": "boolean"}}},
+        "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
+            "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
+            "delay_ms": {"type": "integer", "minimum": 0},
+            "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+            "payload": {}}},
+        "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
+            "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
+            "if_absent": {"type": "boolean"}}},
+        "Scheduled": scheduled.clone(),
+        "BatchAnswer": object(&["results"], json!({"results": {"type": "array", "items": scheduled}})),
+        "Cancelled": object(&["outcome"], json!({"outcome": {"type": "string", "enum": ["cancelled"]}})),
+        "OrderHistory": order_history(),
+        "Queues": object(&["queues"], json!({"queues": {"type": "array", "items": {"type": "string"}}})),
+        "CreateQueue": {"type": "object", "additionalProperties": false, "properties": {
+            "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
+            "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"}}},
+        "QueueCreated": object(&["queue", "shards", "created"], json!({"queue": {"type": "string"}, "shards": int(), "created": {"type": "boolean"}})),
+        "QueueDeleted": object(&["queue", "deleted", "scheduled", "pending", "dead"], json!({"queue": {"type": "string"},
+            "deleted": {"type": "boolean"}, "scheduled": int(), "pending": int(), "dead": int()})),
+        "Pause": {"type": "object", "additionalProperties": false, "properties": {"group": {"type": "string"}}},
+        "PauseState": object(&["queue", "group", "paused"], json!({"queue": {"type": "string"}, "group": nullable("string"), "paused": {"type": "boolean"}})),
+        "GroupDeleted": object(&["queue", "group", "deleted", "pending"], json!({"queue": {"type": "string"},
+            "group": {"type": "string"}, "deleted": {"type": "boolean"}, "pending": int()})),
+        "Stats": object(&["queues"], json!({"queues": {"type": "array", "items": queue_stats}})),
+        "DeadPage": object(&["dead_letters", "next"], json!({"dead_letters": {"type": "array", "items": dead_letter}, "next": nullable("string")})),
+        "Selection": selection,
+        "Replayed": object(&["replayed"], json!({"replayed": int()})),
+        "Purged": object(&["purged"], json!({"purged": int()})),
+        "Status": object(&["status"], json!({"status": {"type": "string"}}))
     })
 }
 
 /// The answer of `GET /v1/queues/{queue}/messages/{id}` (`engine::history::OrderHistory`).
 fn order_history() -> Value {
-    let nullable_int = json!({"type": "integer", "nullable": true});
-    json!({"type": "object", "required": ["queue", "id", "state", "due_at_ms", "payload", "dispatched_at_ms", "entry_id", "groups"],
-        "properties": {
-            "queue": {"type": "string"}, "id": {"type": "string"},
-            "state": {"type": "string", "enum": ["scheduled", "dispatched"]},
-            "due_at_ms": {"type": "integer"},
-            "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
-            "dispatched_at_ms": nullable_int, "entry_id": {"type": "string", "nullable": true},
-            "groups": {"type": "array", "items": {"type": "object",
-                "required": ["group", "state", "attempts", "last_error", "next_attempt_at_ms"],
-                "properties": {
-                    "group": {"type": "string"},
-                    "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead"]},
-                    "attempts": {"type": "integer", "minimum": 0},
-                    "last_error": {"type": "string", "nullable": true},
-                    "next_attempt_at_ms": nullable_int}}}}})
+    let group = object(
+        &[
+            "group",
+            "state",
+            "attempts",
+            "last_error",
+            "next_attempt_at_ms",
+        ],
+        json!({"group": {"type": "string"},
+               "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead"]},
+               "attempts": {"type": "integer", "minimum": 0}, "last_error": nullable("string"),
+               "next_attempt_at_ms": nullable("integer")}),
+    );
+    object(
+        &[
+            "queue",
+            "id",
+            "state",
+            "due_at_ms",
+            "payload",
+            "dispatched_at_ms",
+            "entry_id",
+            "groups",
+        ],
+        json!({"queue": {"type": "string"}, "id": {"type": "string"},
+               "state": {"type": "string", "enum": ["scheduled", "dispatched"]}, "due_at_ms": int(),
+               "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
+               "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
+               "groups": {"type": "array", "items": group}}),
+    )
 }
 
-fn paths(q: &Value, id: &Value) -> Value {
-    let mut p = message_paths(q, id);
-    if let (Some(m), Some(o)) = (p.as_object_mut(), other_paths(q).as_object()) {
-        m.extend(o.clone());
-    }
-    p
-}
-
-fn message_paths(q: &Value, id: &Value) -> Value {
+fn paths() -> Value {
+    let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")}});
+    let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN}});
+    let g = json!({"name": "group", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 128}});
+    let force = json!({"name": "force", "in": "query", "schema": {"type": "boolean"}});
+    let dead_group = json!({"name": "group", "in": "query", "schema": {"type": "string"}});
+    let limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_DEAD_LIMIT}});
+    let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}});
+    let open = |mut o: Value| {
+        if let Some(m) = o.as_object_mut() {
+            m.insert("security".into(), json!([]));
+        }
+        o
+    };
     json!({
-            "/v1/queues/{queue}/messages/{id}": {
-                "put": {"summary": "Schedule (upsert, or if_absent)", "parameters": [q, id],
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Message"}}}},
-                    "responses": with(json!({"201": {"description": "created"}, "200": {"description": "updated or unchanged"}}),
-                        json!({"400": e("invalid input"), "413": e("body too large")}))},
-                "get": {"summary": "What happened to an order: scheduled, or dispatched with each group's state", "parameters": [q, id],
-                    "responses": with(json!({"200": {"description": "the order's history",
-                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OrderHistory"}}}}}),
-                        json!({"404": e("never scheduled, cancelled, or past the history retention")}))},
-                "delete": {"summary": "Cancel", "parameters": [q, id],
-                    "responses": with(json!({"200": {"description": "cancelled"}}), json!({"404": e("not scheduled")}))}
-            },
-            "/v1/queues/{queue}/messages:batch": {
-                "post": {"summary": "Schedule up to 10,000 orders; validated whole first", "parameters": [q],
-                    "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object",
-                        "properties": {"messages": {"type": "array", "maxItems": MAX_BATCH, "items": {"$ref": "#/components/schemas/Message"}},
-                                       "if_absent": {"type": "boolean"}}}}}},
-                    "responses": with(json!({"200": {"description": "one result per message, in order"}}),
-                        json!({"400": e("an invalid message (its index is named); nothing written"), "413": e("body too large")}))}
-            }
-    })
-}
-
-fn other_paths(q: &Value) -> Value {
-    json!({
-            "/v1/queues": {"get": {"summary": "Queue names", "responses": with(json!({"200": {"description": "queues"}}), json!({}))}},
-            "/v1/queues/{queue}/stats": {"get": {"summary": "Statistics", "parameters": [q],
-                "responses": with(json!({"200": {"description": "as delayq stats --json"}}), json!({"400": e("invalid queue")}))}},
-            "/v1/queues/{queue}/dead": {"get": {"summary": "Dead letters", "parameters": [q,
-                {"name": "group", "in": "query", "schema": {"type": "string"}},
-                {"name": "limit", "in": "query", "schema": {"type": "integer"}},
-                {"name": "after", "in": "query", "schema": {"type": "string"}}],
-                "responses": with(json!({"200": {"description": "{\"dead_letters\": [...], \"next\": cursor or null}, oldest first across shards"}}), json!({"400": e("invalid input"), "404": e("queue_not_found")}))}},
-            "/v1/queues/{queue}/dead/replay": {"post": {"summary": "Replay dead letters to the group that failed them", "parameters": [q],
-                "requestBody": {"required": true, "content": {"application/json": {"schema": {"type": "object", "properties": {
-                    "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}}, "group": {"type": "string"}}}}}},
-                "responses": with(json!({"200": {"description": "how many were replayed"}}), json!({"400": e("invalid input")}))}},
-            "/healthz": {"get": {"summary": "Process up", "security": [], "responses": {"200": {"description": "ok"}}}},
-            "/readyz": {"get": {"summary": "Redis reachable", "security": [], "responses": {"200": {"description": "ready"}, "503": e("redis unavailable")}}},
-            "/metrics": {"get": {"summary": "Prometheus metrics", "security": [], "responses": {"200": {"description": "text"}}}},
-            "/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "OpenAPI 3"}}}}
+        "/v1/queues/{queue}/messages/{id}": {
+            "put": op("Schedule (upsert, or if_absent)", vec![&q, &id], Some("Message"),
+                json!({"201": ok("created", "Scheduled"), "200": ok("updated or unchanged", "Scheduled")})),
+            "get": op("What happened to an order: scheduled, or dispatched with each group's state", vec![&q, &id], None,
+                json!({"200": ok("the order's history", "OrderHistory")})),
+            "delete": op("Cancel a scheduled order", vec![&q, &id], None, json!({"200": ok("cancelled", "Cancelled")}))
+        },
+        "/v1/queues/{queue}/messages:batch": {
+            "post": op("Schedule up to 10,000 orders, validated whole first (an error names the message's index); a 503 partial_write lists each message's outcome in `results`",
+                vec![&q], Some("Batch"), json!({"200": ok("one result per message, in order", "BatchAnswer")}))
+        },
+        "/v1/queues": {"get": op("Registered queues", vec![], None, json!({"200": ok("queue names", "Queues")}))},
+        "/v1/queues/{queue}": {
+            "put": op("Register a queue (idempotent)", vec![&q], Some("CreateQueue"),
+                json!({"201": ok("created", "QueueCreated"), "200": ok("already registered", "QueueCreated")})),
+            "delete": op("Delete a queue and everything in it (409 queue_not_empty unless forced)", vec![&q, &force], None,
+                json!({"200": ok("deleted", "QueueDeleted")})),
+            "post": op("`{queue}:pause` or `{queue}:resume` (optional group)", vec![&q], Some("Pause"),
+                json!({"200": ok("the new state", "PauseState")}))
+        },
+        "/v1/queues/{queue}/groups/{group}": {
+            "delete": op("Delete a consumer group (409 group_busy while a consumer read in the last minute, unless forced)", vec![&q, &g, &force], None,
+                json!({"200": ok("deleted", "GroupDeleted")}))
+        },
+        "/v1/queues/{queue}/stats": {"get": op("Statistics", vec![&q], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
+        "/v1/queues/{queue}/dead": {"get": op("Dead letters, oldest first across shards, paged", vec![&q, &dead_group, &limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "DeadPage")}))},
+        "/v1/queues/{queue}/dead/replay": {"post": op("Replay dead letters to the group that failed them", vec![&q], Some("Selection"),
+            json!({"200": ok("how many", "Replayed")}))},
+        "/v1/queues/{queue}/dead/purge": {"post": op("Delete dead letters for good", vec![&q], Some("Selection"),
+            json!({"200": ok("how many", "Purged")}))},
+        "/healthz": {"get": open(op("Process up", vec![], None, json!({"200": ok("ok", "Status")})))},
+        "/readyz": {"get": open(op("Redis reachable", vec![], None, json!({"200": ok("ready", "Status")})))},
+        "/metrics": {"get": open(op("Prometheus metrics", vec![], None,
+            json!({"200": {"description": "text", "content": {"text/plain": {"schema": {"type": "string"}}}}})))},
+        "/openapi.json": {"get": open(op("This document", vec![], None,
+            json!({"200": {"description": "OpenAPI 3", "content": {"application/json": {"schema": {"type": "object"}}}}})))}
     })
 }

@@ -1,0 +1,723 @@
+//! The hardened edge, tried as an attacker or an unlucky operator would: redirecting
+//! receivers, slow and idle connections, SIGTERM with a half-sent request, payloads that must
+//! survive byte for byte, Redis out of memory or frozen, a refused database login, secrets
+//! in URLs, and the error envelope for whatever the framework refuses.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use delayq::service::handlers::{Builtin, Webhook};
+use delayq::service::http::{AppState, app};
+use delayq::{
+    Backoff, Client, ClientOptions, Dispatcher, DispatcherOptions, LocalRedis, When, Worker,
+    WorkerOptions,
+};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::serve::{BIN, Serve, free_port};
+use support::wait_for;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// An HTTP client (TLS through rustls with the ring provider, as the service's own).
+fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::new()
+}
+
+/// Raw bodies received by a webhook endpoint.
+#[derive(Clone, Default)]
+struct Received {
+    bodies: Arc<Mutex<Vec<Vec<u8>>>>,
+}
+
+/// An endpoint on a free port: `/ok` records and answers 200; `/302` and `/307` redirect to
+/// `/elsewhere?token=...`, which records what reaches it.
+async fn receiver() -> (u16, Received, Received) {
+    let (ok, elsewhere) = (Received::default(), Received::default());
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let target = format!("http://127.0.0.1:{port}/elsewhere?token=REDIRECT-SECRET");
+    let record = |State(r): State<Received>, body: axum::body::Bytes| async move {
+        r.bodies.lock().unwrap().push(body.to_vec());
+        StatusCode::OK
+    };
+    let (t1, t2) = (target.clone(), target);
+    let app = axum::Router::new()
+        .route("/ok", axum::routing::post(record).with_state(ok.clone()))
+        .route(
+            "/elsewhere",
+            axum::routing::post(record)
+                .get(|State(r): State<Received>| async move {
+                    r.bodies.lock().unwrap().push(b"GET".to_vec());
+                    StatusCode::OK
+                })
+                .with_state(elsewhere.clone()),
+        )
+        .route(
+            "/302",
+            axum::routing::post(move || {
+                let t = t1.clone();
+                async move { (StatusCode::FOUND, [("location", t)]) }
+            }),
+        )
+        .route(
+            "/307",
+            axum::routing::post(move || {
+                let t = t2.clone();
+                async move { (StatusCode::TEMPORARY_REDIRECT, [("location", t)]) }
+            }),
+        );
+    tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+    (port, ok, elsewhere)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirecting_receivers_never_acknowledge_and_their_target_receives_nothing() {
+    let (_redis, client) = support::start().await;
+    let (port, _ok, elsewhere) = receiver().await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut handles = Vec::new();
+    for (group, path) in [("r302", "302"), ("r307", "307")] {
+        let hook = Webhook::new(
+            &format!("http://127.0.0.1:{port}/{path}"),
+            &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()],
+            Duration::from_secs(5),
+            client.clock().clone(),
+        )
+        .unwrap();
+        let w = Worker::new(
+            &client,
+            "order-close",
+            group,
+            Builtin::Webhook(hook),
+            WorkerOptions::default()
+                .max_attempts(2)
+                .backoff(Backoff::Fixed(Duration::from_millis(100)))
+                .block(Duration::from_millis(50))
+                .reclaim_every(Duration::from_millis(50)),
+        )
+        .unwrap();
+        w.ensure_groups().await.unwrap();
+        handles.push(tokio::spawn(w.run(stop.clone())));
+    }
+    for i in 0..10 {
+        client
+            .schedule(
+                "order-close",
+                &format!("o{i}"),
+                When::in_ms(0),
+                json!({"i": i}),
+            )
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(&client, "order-close", DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    // Each group: every order retried once, then dead-lettered, the cause named.
+    wait_for("20 dead letters", WAIT, || {
+        let c = client.clone();
+        async move { c.stats("order-close").await.unwrap().dead == 20 }
+    })
+    .await;
+    let dead = client.dead_list("order-close", None, 100).await.unwrap();
+    assert_eq!(dead.len(), 20);
+    for d in &dead {
+        assert_eq!(d.attempts, 2, "{d:?}");
+        assert!(d.last_error.contains("not followed"), "{}", d.last_error);
+        assert!(
+            d.last_error.contains("302") || d.last_error.contains("307"),
+            "{}",
+            d.last_error
+        );
+        assert!(
+            !d.last_error.contains("REDIRECT-SECRET"),
+            "{}",
+            d.last_error
+        );
+    }
+    assert!(
+        elsewhere.bodies.lock().unwrap().is_empty(),
+        "the redirect target received something"
+    );
+    stop.cancel();
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+}
+
+/// Raises this test process's own open-files limit (it holds thousands of connections).
+fn raise_own_fd_limit(at_least: u64) {
+    let (_, hard) = rlimit::Resource::NOFILE.get().unwrap();
+    assert!(
+        hard >= at_least,
+        "this machine's hard open-files limit is {hard}; the test needs {at_least}"
+    );
+    rlimit::increase_nofile_limit(at_least).unwrap();
+}
+
+fn webhook_config(redis: &LocalRedis, hook: &str, extra: &str) -> String {
+    format!(
+        r#"
+redis_url = "{}"
+shutdown_grace = "2s"
+{extra}
+[http]
+listen = "127.0.0.1:{{port}}"
+header_timeout = "1s"
+[[handlers]]
+queue = "order-close"
+group = "webhook"
+kind = "webhook"
+url = "{hook}"
+max_attempts = 3
+backoff = "fixed:200ms"
+"#,
+        redis.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_headers_are_cut_off_and_deliveries_go_on_under_2000_idle_connections() {
+    raise_own_fd_limit(4096);
+    let redis = LocalRedis::start().unwrap();
+    let (hport, ok, _) = receiver().await;
+    // The service starts with a soft limit of 1,024 open files (as many distributions give
+    // a service) and raises it to the hard limit itself.
+    let mut serve = Serve::start(
+        &webhook_config(&redis, &format!("http://127.0.0.1:{hport}/ok"), ""),
+        Some("ulimit -S -n 1024;"),
+    );
+    serve.wait_ready(WAIT).await;
+
+    // A request head sent one byte at a time, slower than the 1 s header timeout: the
+    // server closes the connection (it used to wait forever).
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+        .await
+        .unwrap();
+    let head = b"GET /healthz HTTP/1.1\r\nhost: x\r\n";
+    let closed = tokio::time::timeout(WAIT, async {
+        for b in head.iter().cycle() {
+            if slow.write_all(&[*b]).await.is_err() {
+                return true;
+            }
+            let mut buf = [0u8; 64];
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_millis(300), slow.read(&mut buf)).await
+            {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert_eq!(closed, Ok(true), "a slowloris head was kept open");
+
+    // 2,000 idle connections held open (within the 60 s idle timeout).
+    let mut idle = Vec::new();
+    for _ in 0..2000 {
+        idle.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+                .await
+                .unwrap(),
+        );
+    }
+    let http = http_client();
+    let r = http
+        .get(format!("{}/healthz", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // Deliveries go on: outbound webhook calls still get file descriptors.
+    for i in 0..30 {
+        let r = http
+            .put(format!(
+                "{}/v1/queues/order-close/messages/o{i}",
+                serve.base()
+            ))
+            .header("content-type", "application/json")
+            .body(r#"{"delay_ms": 0, "payload": {"n": 1}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+    }
+    wait_for("30 webhook deliveries", WAIT, || {
+        let n = ok.bodies.lock().unwrap().len();
+        async move { n >= 30 }
+    })
+    .await;
+    let stats: Value = http
+        .get(format!("{}/v1/queues/order-close/stats", serve.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .map(|t| serde_json::from_str(&t).unwrap())
+        .unwrap();
+    assert_eq!(stats["queues"][0]["dead"], 0, "{stats}");
+    drop(idle);
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_half_sent_request_exits_within_the_grace() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(&webhook_config(&redis, "http://127.0.0.1:9/ok", ""), None);
+    serve.wait_ready(WAIT).await;
+    // Headers but never the body, and a head never finished; then SIGTERM.
+    let mut no_body = tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+        .await
+        .unwrap();
+    no_body
+        .write_all(b"PUT /v1/queues/order-close/messages/x HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"de")
+        .await
+        .unwrap();
+    let mut half_head = tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+        .await
+        .unwrap();
+    half_head
+        .write_all(b"GET /healthz HTTP/1.1\r\nho")
+        .await
+        .unwrap();
+    serve.sigterm();
+    // shutdown_grace is 2 s.
+    let code = serve.wait_exit(Duration::from_secs(2 + 3)).await;
+    assert_eq!(code, Some(0), "serve did not exit within the grace");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn payloads_arrive_byte_for_byte_at_the_webhook_in_get_and_through_the_cli() {
+    let redis = LocalRedis::start().unwrap();
+    let (hport, ok, _) = receiver().await;
+    let mut serve = Serve::start(
+        &webhook_config(&redis, &format!("http://127.0.0.1:{hport}/ok"), ""),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let payload = r#"{"n":123456789012345678901234567890,"u":18446744073709551616,"d":0.1000000000000000055511151231257827,"s":"é\u00e9"}"#;
+    let http = http_client();
+    let put = |id: &str, delay: i64| {
+        http.put(format!(
+            "{}/v1/queues/order-close/messages/{id}",
+            serve.base()
+        ))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"delay_ms": {delay}, "payload": {payload}}}"#))
+        .send()
+    };
+    assert_eq!(put("later", 3_600_000).await.unwrap().status(), 201);
+    // GET of a scheduled order: the payload text exactly as sent.
+    let text = http
+        .get(format!(
+            "{}/v1/queues/order-close/messages/later",
+            serve.base()
+        ))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains(&format!(r#""payload":{payload}"#)), "{text}");
+    // The webhook receives it byte for byte.
+    assert_eq!(put("now", 0).await.unwrap().status(), 201);
+    wait_for("the webhook call", WAIT, || {
+        let n = ok.bodies.lock().unwrap().len();
+        async move { n >= 1 }
+    })
+    .await;
+    let body = String::from_utf8(ok.bodies.lock().unwrap()[0].clone()).unwrap();
+    assert!(body.contains(&format!(r#""payload":{payload}"#)), "{body}");
+    // The command line too.
+    let o = std::process::Command::new(BIN)
+        .args([
+            "--redis-url",
+            &redis.url(),
+            "schedule",
+            "order-close",
+            "cli",
+            "--in",
+            "1h",
+            "--payload",
+            payload,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = std::process::Command::new(BIN)
+        .args(["--redis-url", &redis.url(), "get", "order-close", "cli"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8(o.stdout).unwrap();
+    assert!(out.contains(&format!(r#""payload":{payload}"#)), "{out}");
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// `GET/PUT/...` through the in-process router: status and the JSON body.
+async fn call(
+    r: &axum::Router,
+    method: &str,
+    uri: &str,
+    body: Option<String>,
+) -> (StatusCode, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, Body::from))
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| panic!("not JSON ({status}): {}", String::from_utf8_lossy(&bytes)));
+    (status, v)
+}
+
+#[tokio::test]
+async fn deep_payloads_are_refused_alike_on_every_surface() {
+    let (redis, client) = support::start().await;
+    let deep = format!("{}{}", "[".repeat(20_000), "]".repeat(20_000));
+    let r = app(AppState::new(client.clone(), vec![]));
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/q/messages/deep",
+        Some(format!(r#"{{"delay_ms": 0, "payload": {deep}}}"#)),
+    )
+    .await;
+    assert_eq!(
+        (st, v["error"]["code"].clone()),
+        (StatusCode::BAD_REQUEST, json!("invalid_payload")),
+        "{v}"
+    );
+    let o = std::process::Command::new(BIN)
+        .args([
+            "--redis-url",
+            &redis.url(),
+            "schedule",
+            "q",
+            "deep",
+            "--in",
+            "1s",
+            "--payload",
+            &deep,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("nested"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let e = client
+        .schedule(
+            "q",
+            "deep",
+            When::in_ms(0),
+            delayq::Payload::from_json(&deep).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("nested"), "{e}");
+    assert!(client.get("q", "deep").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn framework_rejections_and_limits_answer_in_the_envelope() {
+    let (_redis, client) = support::start().await;
+    let r = app(AppState::new(client.clone(), vec![]));
+    let long = format!("/v1/queues/q/messages/{}", "x".repeat(9000));
+    let many: Vec<(String, String)> = (0..150).map(|i| (format!("x-h{i}"), "v".into())).collect();
+    for (method, uri, status, code) in [
+        (
+            "PATCH",
+            "/v1/queues/q/messages/o",
+            405,
+            "method_not_allowed",
+        ),
+        ("GET", long.as_str(), 414, "uri_too_long"),
+        (
+            "GET",
+            "/v1/queues/q/messages/%FF%FE",
+            400,
+            "invalid_request",
+        ),
+        ("GET", "/nowhere", 404, "not_found"),
+    ] {
+        let (st, v) = call(&r, method, uri, None).await;
+        assert_eq!(
+            (st.as_u16(), v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {uri}: {v}"
+        );
+        assert!(v["error"]["message"].is_string(), "{v}");
+    }
+    let mut req = Request::builder().uri("/healthz");
+    for (k, v) in &many {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let resp = r
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 431);
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(v["error"]["code"], "headers_too_large");
+    // A bad field of a batch item is named by its index, not a line and column.
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/q/messages:batch",
+        Some(
+            r#"{"messages": [{"id": "a", "delay_ms": 0}, {"id": "b", "delay_ms": "soon"}]}"#.into(),
+        ),
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST);
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.starts_with("message 1:"), "{m}");
+    assert!(!m.contains("line"), "{m}");
+    assert_eq!(support::data_keys(&client).await, 0);
+}
+
+#[tokio::test]
+async fn a_batch_under_maxmemory_writes_all_or_reports_each_order() {
+    let server =
+        LocalRedis::start_with(&["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"])
+            .unwrap();
+    let client = Client::connect(&server.url()).await.unwrap();
+    support::declare_queues(&client).await;
+    let r = app(AppState::new(client.clone(), vec![])
+        .with_limits(delayq::service::http::HttpLimits::default().max_body_bytes(16 << 20)));
+    let pad = "x".repeat(400);
+    let messages: Vec<Value> = (0..10_000)
+        .map(|i| json!({"id": format!("m{i}"), "delay_ms": 3_600_000, "payload": {"pad": pad}}))
+        .collect();
+    let body = json!({ "messages": messages }).to_string();
+    let (st, v) = call(&r, "POST", "/v1/queues/q/messages:batch", Some(body)).await;
+    assert_eq!(st, StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    let scheduled: u64 = support::raw(&client, &["ZCARD", "{dq:q:0}:due"]).await;
+    match v["error"]["code"].as_str() {
+        // Nothing went through: nothing was written.
+        Some("redis_oom") => assert_eq!(scheduled, 0),
+        // Part went through: each order's fate, and it matches Redis.
+        Some("partial_write") => {
+            let results = v["results"].as_array().unwrap();
+            assert_eq!(results.len(), 10_000);
+            let mut written = 0;
+            for (i, item) in results.iter().enumerate() {
+                assert_eq!(item["id"], format!("m{i}"));
+                let score: Option<f64> =
+                    support::raw(&client, &["ZSCORE", "{dq:q:0}:due", &format!("m{i}")]).await;
+                match item["outcome"].as_str().unwrap() {
+                    "created" => {
+                        written += 1;
+                        assert!(score.is_some(), "m{i} reported written, not in Redis");
+                    }
+                    "not_written" => {
+                        assert!(score.is_none(), "m{i} reported not written, in Redis")
+                    }
+                    other => panic!("m{i}: {other}"),
+                }
+            }
+            assert!(written > 0 && written < 10_000, "{written}");
+            assert_eq!(scheduled, written);
+        }
+        other => panic!("unexpected {other:?}: {v}"),
+    }
+}
+
+#[tokio::test]
+async fn a_frozen_redis_answers_outcome_unknown_and_the_write_is_safe_to_repeat() {
+    let server = LocalRedis::start().unwrap();
+    let mut opts = ClientOptions::default();
+    opts.response_timeout = Duration::from_millis(500);
+    let client = Client::connect_with(&server.url(), opts).await.unwrap();
+    support::declare_queues(&client).await;
+    let r = app(AppState::new(client.clone(), vec![]));
+    server.suspend().unwrap();
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/q/messages/o1",
+        Some(r#"{"delay_ms": 0}"#.into()),
+    )
+    .await;
+    server.resume().unwrap();
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("outcome_unknown")),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("safe"),
+        "{v}"
+    );
+    // Repeating it is safe: it ends scheduled once.
+    wait_for("the repeat to go through", WAIT, || {
+        let r = r.clone();
+        async move {
+            let (st, _) = call(
+                &r,
+                "PUT",
+                "/v1/queues/q/messages/o1",
+                Some(r#"{"delay_ms": 0}"#.into()),
+            )
+            .await;
+            st.is_success()
+        }
+    })
+    .await;
+    let n: u64 = support::raw(&client, &["ZCARD", "{dq:q:0}:due"]).await;
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn a_refused_database_login_exits_3_at_start_up() {
+    let redis = LocalRedis::start().unwrap();
+    let pg = std::env::var("DELAYQ_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    // A role that does not exist, with a password that must never be printed.
+    let rest = pg
+        .split_once('@')
+        .map_or("127.0.0.1:5432/postgres", |(_, r)| r);
+    let url = format!("postgres://no_such_role_delayq:DBPASSWORD@{rest}");
+    let mut serve = Serve::start(
+        &format!(
+            r#"
+redis_url = "{}"
+[http]
+listen = "127.0.0.1:{{port}}"
+[[handlers]]
+queue = "order-close"
+group = "close"
+kind = "order-close"
+database_url = "{url}"
+"#,
+            redis.url()
+        ),
+        None,
+    );
+    assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
+    let log = serve.log();
+    assert!(log.contains("database"), "{log}");
+    assert!(!log.contains("DBPASSWORD"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webhook_token_never_reaches_logs_or_dead_letters() {
+    let redis = LocalRedis::start().unwrap();
+    let closed = free_port(); // nobody listens: connection refused
+    let mut serve = Serve::start(
+        &webhook_config(
+            &redis,
+            &format!("http://user:URLPASSWORD@127.0.0.1:{closed}/hook?token=TOPSECRET"),
+            "",
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let http = http_client();
+    let base = serve.base();
+    let r = http
+        .put(format!("{base}/v1/queues/order-close/messages/o1"))
+        .header("content-type", "application/json")
+        .body(r#"{"delay_ms": 0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    wait_for("a dead letter", WAIT, || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let v: Value = http
+                .get(format!("{base}/v1/queues/order-close/dead"))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .map(|t| serde_json::from_str(&t).unwrap())
+                .unwrap();
+            v["dead_letters"].as_array().is_some_and(|d| !d.is_empty())
+        }
+    })
+    .await;
+    let dead = http
+        .get(format!("{base}/v1/queues/order-close/dead"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(dead.contains("connection refused"), "{dead}");
+    let history = http
+        .get(format!("{base}/v1/queues/order-close/messages/o1"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+    let log = serve.log();
+    assert!(log.contains("dead-lettered"), "{log}");
+    for text in [&dead, &history, &log] {
+        assert!(
+            !text.contains("TOPSECRET") && !text.contains("URLPASSWORD"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn absurd_durations_are_refused_naming_the_key() {
+    let redis = LocalRedis::start().unwrap();
+    for (line, key) in [
+        ("shutdown_grace = \"200000000000d\"", "shutdown_grace"),
+        ("[http]\nidle_timeout = \"0s\"", "http.idle_timeout"),
+    ] {
+        let mut serve = Serve::start(&format!("redis_url = \"{}\"\n{line}\n", redis.url()), None);
+        assert_eq!(serve.wait_exit(WAIT).await, Some(2), "{line}");
+        assert!(serve.log().contains(key), "{line}: {}", serve.log());
+    }
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nbackoff = \"fixed:0s\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    assert_eq!(serve.wait_exit(WAIT).await, Some(2));
+    assert!(
+        serve.log().contains("handlers[0].backoff"),
+        "{}",
+        serve.log()
+    );
+}

@@ -1,0 +1,138 @@
+//! `delayq serve` as a real process for tests: a config in a temp dir, the log captured, its
+//! HTTP port waited for, SIGTERM and the exit awaited.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `delayq` binary of this build.
+pub const BIN: &str = env!("CARGO_BIN_EXE_delayq");
+
+/// A free TCP port on 127.0.0.1.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `delayq serve`.
+pub struct Serve {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+}
+
+impl Serve {
+    /// Writes `config` (the text may use `{port}` for the HTTP port) and starts `serve`,
+    /// through `sh -c "<prefix> exec delayq serve ..."` when a shell prefix is given (e.g.
+    /// `ulimit -S -n 1024;`).
+    pub fn start(config: &str, shell_prefix: Option<&str>) -> Serve {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("delayq.toml");
+        std::fs::write(&cfg, config.replace("{port}", &port.to_string())).unwrap();
+        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+        let mut cmd = match shell_prefix {
+            Some(prefix) => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!(
+                    "{prefix} exec {BIN} serve --config {}",
+                    cfg.display()
+                ));
+                c
+            }
+            None => {
+                let mut c = Command::new(BIN);
+                c.args(["serve", "--config", cfg.to_str().unwrap()]);
+                c
+            }
+        };
+        let child = cmd
+            .env_remove("DELAYQ_REDIS_URL")
+            .env_remove("DELAYQ_NAMESPACE")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Serve { child, dir, port }
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("serve.log")
+    }
+
+    /// Waits until `/healthz` answers 200 (panics with the log after `within`).
+    pub async fn wait_ready(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("serve exited with {status}:\n{}", self.log());
+            }
+            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = s
+                    .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                    .await;
+                let mut buf = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
+                if buf.starts_with(b"HTTP/1.1 200") {
+                    return;
+                }
+            }
+            if Instant::now() > deadline {
+                panic!("serve did not answer within {within:?}:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit; its exit code, or `None` if it is still running after
+    /// `within` (then it is killed).
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status.code().unwrap_or(-1));
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- serve log ---\n{}", self.log());
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
