@@ -286,3 +286,49 @@ async fn an_abandoned_group_can_be_deleted_and_trimming_resumes() {
             .all(|g| g.group != "old")
     );
 }
+
+/// A group whose worker runs but has had nothing to do is alive: Redis 7.0 creates no
+/// consumer on a read that finds nothing, so the worker's heartbeat says it. Deleting the
+/// group without force is refused until the worker stops.
+#[tokio::test]
+async fn a_quiet_group_with_a_running_worker_counts_as_alive() {
+    let (_s, client) = support::start().await;
+    let w = Worker::new(
+        &client,
+        Q,
+        "quiet",
+        |_d: delayq::Delivery| async { Ok(()) },
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    let c = client.clone();
+    wait_for(
+        "the worker's heartbeat",
+        Duration::from_secs(30),
+        move || {
+            let c = c.clone();
+            async move {
+                c.stats(Q)
+                    .await
+                    .unwrap()
+                    .groups
+                    .iter()
+                    .any(|g| g.group == "quiet" && g.consumers == 1)
+            }
+        },
+    )
+    .await;
+    let g = client.stats(Q).await.unwrap().groups;
+    let quiet = g.iter().find(|g| g.group == "quiet").unwrap();
+    assert!(quiet.idle_ms.is_some_and(|i| i < 60_000), "{quiet:?}");
+    let e = client.delete_group(Q, "quiet", false).await.unwrap_err();
+    assert!(matches!(e, Error::GroupBusy { .. }), "{e}");
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    let g = client.stats(Q).await.unwrap().groups;
+    let quiet = g.iter().find(|g| g.group == "quiet").unwrap();
+    assert_eq!(quiet.consumers, 0, "{quiet:?}");
+    assert_eq!(client.delete_group(Q, "quiet", false).await.unwrap(), 0);
+}

@@ -51,9 +51,14 @@ pub struct QueueContents {
     pub dead: u64,
 }
 
-/// A consumer that read within this window counts as alive: its group is not deleted
-/// without `force`.
+/// A consumer that read or sent a heartbeat within this window counts as alive: its group
+/// is not deleted without `force`.
 pub const GROUP_ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+/// How often a running worker says it is alive (well within [`GROUP_ALIVE_WITHIN`]).
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// Heartbeats older than this are dropped (the key stays bounded by the consumers of the
+/// last hour).
+const HEARTBEAT_KEPT_MS: i64 = 3_600_000;
 
 impl QueueContents {
     fn is_empty(&self) -> bool {
@@ -186,6 +191,7 @@ impl Client {
         let _: (i64, i64) = redis::pipe()
             .cmd("DEL")
             .arg(self.queue_meta_key(&q))
+            .arg(self.alive_key(&q))
             .cmd("SREM")
             .arg(self.queues_key())
             .arg(q.as_str())
@@ -243,6 +249,75 @@ impl Client {
                 .ctx("deleting the group's timers")?;
         }
         Ok(g.pending)
+    }
+
+    /// The ZSET of a queue's live consumers: member `<group>\x01<consumer>`, score = the unix
+    /// ms of its last heartbeat. (Redis 7.0 neither creates a consumer nor refreshes its idle
+    /// time on a read that finds nothing, so a quiet group would look abandoned without it.)
+    pub(crate) fn alive_key(&self, queue: &QueueName) -> String {
+        format!("{{{}}}:alive:{}", self.keyspace().namespace(), queue)
+    }
+
+    /// Records that `consumer` of `group` is alive now (`alive = false`: it stopped), and
+    /// drops heartbeats older than an hour.
+    pub(crate) async fn heartbeat(
+        &self,
+        queue: &QueueName,
+        group: &str,
+        consumer: &str,
+        alive: bool,
+    ) -> Result<()> {
+        let key = self.alive_key(queue);
+        let member = format!("{group}\u{1}{consumer}");
+        let now = self.now_ms();
+        let mut pipe = redis::pipe();
+        if alive {
+            pipe.cmd("ZADD").arg(&key).arg(now).arg(&member).ignore();
+        } else {
+            pipe.cmd("ZREM").arg(&key).arg(&member).ignore();
+        }
+        pipe.cmd("ZREMRANGEBYSCORE")
+            .arg(&key)
+            .arg("-inf")
+            .arg(now - HEARTBEAT_KEPT_MS)
+            .ignore();
+        let () = pipe
+            .query_async(&mut self.connection())
+            .await
+            .ctx("recording a heartbeat")?;
+        Ok(())
+    }
+
+    /// Per group: live consumers (a heartbeat within [`GROUP_ALIVE_WITHIN`]) and the unix
+    /// ms of the latest heartbeat.
+    pub(crate) async fn liveness(
+        &self,
+        queue: &QueueName,
+    ) -> Result<std::collections::HashMap<String, (u64, i64)>> {
+        let now = self.now_ms();
+        let beats: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(self.alive_key(queue))
+            .arg(now - HEARTBEAT_KEPT_MS)
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("WITHSCORES")
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading heartbeats")?;
+        let alive_ms = i64::try_from(GROUP_ALIVE_WITHIN.as_millis()).unwrap_or(60_000);
+        let mut out: std::collections::HashMap<String, (u64, i64)> = Default::default();
+        for (member, score) in beats {
+            let Some((group, _)) = member.split_once('\u{1}') else {
+                continue;
+            };
+            let at = crate::engine::scripts::score_to_ms(score);
+            let e = out.entry(group.to_owned()).or_insert((0, at));
+            if at >= now - alive_ms {
+                e.0 += 1;
+            }
+            e.1 = e.1.max(at);
+        }
+        Ok(out)
     }
 
     /// The shard count of a registered queue; [`Error::QueueNotFound`] when it is not.

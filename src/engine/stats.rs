@@ -49,10 +49,12 @@ pub struct GroupStats {
     pub pending: u64,
     /// Entries not yet delivered to the group (`None` when Redis cannot tell).
     pub lag: Option<u64>,
-    /// Consumers (the largest count over the shards).
+    /// Live consumers: workers that sent a heartbeat within the last minute (for consumers
+    /// that send none, such as another language's, the largest count over the shards).
     pub consumers: u64,
-    /// Milliseconds since any consumer of the group last read (`None` without consumers):
-    /// a group whose handler was removed shows a growing value.
+    /// Milliseconds since any consumer of the group was last seen alive (a heartbeat, or a
+    /// read that took entries; `None` without consumers): a group whose handler was removed
+    /// shows a growing value.
     pub idle_ms: Option<u64>,
     /// Whether the group is paused.
     pub paused: bool,
@@ -143,6 +145,15 @@ impl Client {
                     (Some(a), Ok(b)) => Some(a + b),
                     _ => None,
                 };
+            }
+        }
+        // Workers' heartbeats say more than the streams: an empty read neither creates a
+        // consumer nor refreshes its idle time.
+        for (group, (live, last)) in self.liveness(&q).await? {
+            if let Some(g) = groups.get_mut(&group) {
+                let since = u64::try_from(now - last).unwrap_or(0);
+                g.idle_ms = Some(g.idle_ms.map_or(since, |i| i.min(since)));
+                g.consumers = live;
             }
         }
         s.groups = groups.into_values().collect();

@@ -21,13 +21,41 @@
 //! | `delayq_pending` | gauge | queue, group |
 
 use crate::engine::stats::QueueStats;
+use std::sync::{Arc, OnceLock};
 
 /// The lateness histogram's name (the service sets its buckets).
 pub const LATENESS_SECONDS: &str = "delayq_lateness_seconds";
 
+/// Receives the same numbers as the metrics, as they are recorded (the dashboard's ring
+/// buffer of throughput and lateness). One per process, installed with [`set_sink`].
+pub trait Sink: Send + Sync + 'static {
+    /// Orders written by a schedule call.
+    fn scheduled(&self, queue: &str, n: u64);
+    /// Orders moved into the streams.
+    fn dispatched(&self, queue: &str, n: u64);
+    /// One settled entry, by outcome (`success`, `retry`, `dead`, `skipped`).
+    fn handled(&self, queue: &str, group: &str, outcome: &'static str);
+    /// How late a handler started, in seconds.
+    fn lateness(&self, queue: &str, group: &str, seconds: f64);
+}
+
+static SINK: OnceLock<Arc<dyn Sink>> = OnceLock::new();
+
+/// Installs the process's sink; false when one is already installed.
+pub fn set_sink(sink: Arc<dyn Sink>) -> bool {
+    SINK.set(sink).is_ok()
+}
+
+fn sink() -> Option<&'static Arc<dyn Sink>> {
+    SINK.get()
+}
+
 /// Orders written by a schedule call.
 pub fn scheduled(queue: &str, n: u64) {
     metrics::counter!("delayq_scheduled_total", "queue" => queue.to_owned()).increment(n);
+    if let Some(s) = sink() {
+        s.scheduled(queue, n);
+    }
 }
 
 /// An order cancelled.
@@ -38,6 +66,9 @@ pub fn cancelled(queue: &str) {
 /// Orders moved into the streams.
 pub fn dispatched(queue: &str, n: u64) {
     metrics::counter!("delayq_dispatched_total", "queue" => queue.to_owned()).increment(n);
+    if let Some(s) = sink() {
+        s.dispatched(queue, n);
+    }
 }
 
 /// One settled entry, by outcome (`success`, `retry`, `dead`, `skipped`).
@@ -49,6 +80,9 @@ pub fn handled(queue: &str, group: &str, outcome: &'static str) {
         "outcome" => outcome
     )
     .increment(1);
+    if let Some(s) = sink() {
+        s.handled(queue, group, outcome);
+    }
 }
 
 /// One entry moved to the dead-letter stream.
@@ -69,6 +103,9 @@ pub fn lateness(queue: &str, group: &str, seconds: f64) {
         "group" => group.to_owned()
     )
     .record(seconds.max(0.0));
+    if let Some(s) = sink() {
+        s.lateness(queue, group, seconds.max(0.0));
+    }
 }
 
 /// One outcome of the order-close handler.

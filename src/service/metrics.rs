@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Lateness buckets, seconds: 1 ms .. 5 min.
-const LATENESS_BUCKETS: &[f64] = &[
+pub(crate) const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 

@@ -3,7 +3,9 @@
 //! - [`config`]: the TOML configuration, env overrides, conversion into the library's
 //!   option types with the key named on error.
 //! - [`admin`]: the operations the CLI and the HTTP API share: validation, typed answers.
-//! - [`http`]: the HTTP API (`http::app(state) -> Router`).
+//! - [`http`]: the HTTP API (`http::app(state) -> Router`) and its server.
+//! - [`ui`]: the web dashboard under `/ui/` (sessions, the timing ring buffer, embedded
+//!   assets).
 //! - [`handlers`]: the built-in handlers (webhook, log, order-close).
 //! - [`metrics`]: the Prometheus recorder and the gauges.
 //! - [`serve`]: dispatchers, housekeeping, workers and the HTTP API together.
@@ -14,3 +16,4 @@ pub mod handlers;
 pub mod http;
 pub mod metrics;
 pub mod serve;
+pub mod ui;

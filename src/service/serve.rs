@@ -16,7 +16,9 @@ use crate::orders::repo::Orders;
 use crate::service::config::{HandlerKind, Settings};
 use crate::service::handlers::{Builtin, Webhook};
 use crate::service::http::{AppState, app, server};
+use crate::service::ui::timing::Timing;
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -58,9 +60,14 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
     spawn_engine(&settings, &client, &cancel, &mut tasks)?;
     spawn_handlers(&settings, &client, &cancel, &mut tasks).await?;
-    let router =
-        app(AppState::new(client.clone(), cfg.http.tokens.clone())
-            .with_limits(settings.http.clone()));
+    // The dashboard's charts: fed by the same calls as the metrics, one per process.
+    let timing = Arc::new(Timing::new(client.clock().clone()));
+    if !crate::engine::telemetry::set_sink(timing.clone()) {
+        tracing::warn!("a telemetry sink was already installed: the dashboard's charts stay empty");
+    }
+    let router = app(AppState::new(client.clone(), cfg.http.tokens.clone())
+        .with_limits(settings.http.clone())
+        .with_timing(timing));
     // Room kept outside the HTTP cap: Redis and database connections, files, and every
     // handler's outbound calls (webhooks), so a flood of inbound connections never starves
     // delivery.

@@ -2,6 +2,8 @@
 //! drop, its log printed when the test panics). Nothing here touches a shared Redis.
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
+#[cfg(feature = "cli")]
+pub mod browser;
 pub mod cluster;
 #[cfg(feature = "orders")]
 pub mod db;

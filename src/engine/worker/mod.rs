@@ -165,6 +165,7 @@ impl<H: Handler> Worker<H> {
         let bg = CancellationToken::new();
         let _bg_guard = bg.clone().drop_guard();
         let leases = tokio::spawn(lease::lease_loop(s.clone(), bg.clone()));
+        let beats = tokio::spawn(heartbeat_loop(s.clone(), bg.clone()));
         // Readers and the reclaimer stop with `cancel`, or when this future is dropped.
         let reading = cancel.child_token();
         let _reading_guard = reading.clone().drop_guard();
@@ -189,12 +190,39 @@ impl<H: Handler> Worker<H> {
         finish_in_flight(&s, task_sets).await;
         bg.cancel();
         let _ = leases.await;
+        let _ = beats.await;
         drop(ack_tx);
         if let Err(e) = acker.await {
             tracing::error!(error = %e, "ack task failed");
         }
         tracing::info!(queue = %s.queue, group = %s.group, "worker stopped");
         Ok(())
+    }
+}
+
+/// Says this consumer is alive every [`HEARTBEAT_EVERY`](crate::engine::registry::HEARTBEAT_EVERY)
+/// until `stop`, then that it stopped (stats and `delete_group` tell a quiet group from an
+/// abandoned one by it).
+async fn heartbeat_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
+    loop {
+        if let Err(e) = s
+            .client
+            .heartbeat(&s.queue, &s.group, &s.consumer, true)
+            .await
+        {
+            tracing::debug!(error = %e, "heartbeat failed");
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(crate::engine::registry::HEARTBEAT_EVERY) => {}
+            _ = stop.cancelled() => break,
+        }
+    }
+    if let Err(e) = s
+        .client
+        .heartbeat(&s.queue, &s.group, &s.consumer, false)
+        .await
+    {
+        tracing::debug!(error = %e, "last heartbeat failed");
     }
 }
 

@@ -12,6 +12,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::limits::{MAX_HEADER_BYTES, MAX_HEADERS, MAX_URI_BYTES};
 use crate::engine::duration::format_duration;
+use crate::service::ui::session;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode, header};
@@ -83,8 +84,41 @@ pub(crate) fn token_ok(tokens: &[String], given: &str) -> bool {
     bool::from(ok)
 }
 
-/// Bearer-token check for `/v1/...` (open when no tokens are configured).
+/// Two secrets compared in constant time.
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
+    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// True when a browser says the request comes from a page of another origin than this
+/// service (an `Origin` that is not this host, `Sec-Fetch-Site: cross-site`). Clients that
+/// are not browsers send neither.
+pub(crate) fn cross_origin(headers: &axum::http::HeaderMap) -> bool {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if get("sec-fetch-site") == Some("cross-site") {
+        return true;
+    }
+    match (get("origin"), get("host")) {
+        (None, _) => false,
+        (Some(origin), Some(host)) => {
+            origin != format!("http://{host}") && origin != format!("https://{host}")
+        }
+        (Some(_), None) => true,
+    }
+}
+
+fn forbidden(code: &'static str, message: &str) -> Response {
+    ApiError::new(StatusCode::FORBIDDEN, code, message).into_response()
+}
+
+/// Who may call `/v1/...`: a request that would change something from a page of another
+/// origin never does (this also guards an open API against cross-site forms); then a valid
+/// bearer token, or a dashboard session cookie (with its CSRF token for changes). Open when
+/// no tokens are configured.
 pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let write = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+    if write && cross_origin(req.headers()) {
+        return forbidden("cross_origin", "requests from another origin are refused");
+    }
     if st.tokens.is_empty() {
         return next.run(req).await;
     }
@@ -95,15 +129,28 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
         .and_then(bearer_token)
         .unwrap_or("");
     if token_ok(&st.tokens, given) {
-        next.run(req).await
-    } else {
-        ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "a valid bearer token is required",
-        )
-        .into_response()
+        return next.run(req).await;
     }
+    let now = st.admin.client().now_ms();
+    if let Some(cookie) = session::from_headers(req.headers())
+        && st.sessions.valid(&cookie, now)
+    {
+        let csrf = req
+            .headers()
+            .get(session::CSRF_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if write && !st.sessions.csrf_ok(&cookie, csrf) {
+            return forbidden("csrf", "this change needs the session's CSRF token");
+        }
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "a valid bearer token (or a dashboard session) is required",
+    )
+    .into_response()
 }
 
 /// Reads the whole body within the body deadline and size limit, then runs the handler

@@ -13,7 +13,7 @@
 //! - [`server`]: the accept loop: header, idle and connection limits, bounded shutdown.
 //! - [`openapi`]: the OpenAPI 3 document at `/openapi.json`.
 
-mod edge;
+pub(crate) mod edge;
 pub mod error;
 pub mod limits;
 mod messages;
@@ -43,6 +43,10 @@ pub struct AppState {
     pub(crate) admin: Admin,
     pub(crate) tokens: Arc<Vec<String>>,
     pub(crate) limits: Arc<HttpLimits>,
+    /// Dashboard sessions (signed with a key derived from `tokens`).
+    pub(crate) sessions: Arc<crate::service::ui::session::Sessions>,
+    /// The dashboard's ring buffer of throughput and lateness (`None`: not recorded).
+    pub(crate) timing: Option<Arc<crate::service::ui::timing::Timing>>,
     /// When the gauges were last refreshed: at most once per second, whatever the scrape
     /// rate.
     gauges_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
@@ -53,10 +57,18 @@ impl AppState {
     pub fn new(client: Client, tokens: Vec<String>) -> Self {
         AppState {
             admin: Admin::new(client),
+            sessions: Arc::new(crate::service::ui::session::Sessions::new(&tokens)),
             tokens: Arc::new(tokens),
             limits: Arc::new(HttpLimits::default()),
+            timing: None,
             gauges_at: Arc::default(),
         }
+    }
+
+    /// The same state, answering `GET /v1/queues/{queue}/timing` from `timing`.
+    pub fn with_timing(mut self, timing: Arc<crate::service::ui::timing::Timing>) -> Self {
+        self.timing = Some(timing);
+        self
     }
 
     /// The same state with `limits`.
@@ -70,6 +82,8 @@ impl AppState {
 pub fn app(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/queues", get(queues::list_queues))
+        .route("/v1/stats", get(queues::stats_all))
+        .route("/v1/queues/{queue}/timing", get(queues::timing))
         .route(
             "/v1/queues/{queue}",
             put(queues::create_queue)
@@ -103,6 +117,7 @@ pub fn app(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(|| async { Json(openapi()) }))
         .merge(v1)
+        .merge(crate::service::ui::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

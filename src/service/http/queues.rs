@@ -128,6 +128,25 @@ pub(super) async fn list_queues(
     Ok(Json(st.admin.queues().await?))
 }
 
+pub(super) async fn stats_all(State(st): State<AppState>) -> ApiResult<Json<admin::StatsAnswer>> {
+    Ok(Json(st.admin.stats(None).await?))
+}
+
+/// The dashboard's timing of a registered queue (this process's numbers, the last hour).
+pub(super) async fn timing(
+    State(st): State<AppState>,
+    Path(queue): Path<String>,
+) -> ApiResult<Json<crate::service::ui::timing::TimingAnswer>> {
+    if st.admin.client().queue_info(&queue).await?.is_none() {
+        return Err(crate::Error::QueueNotFound { queue }.into());
+    }
+    Ok(Json(match &st.timing {
+        Some(t) => t.answer(&queue),
+        None => crate::service::ui::timing::Timing::new(st.admin.client().clock().clone())
+            .answer(&queue),
+    }))
+}
+
 pub(super) async fn stats(
     State(st): State<AppState>,
     Path(queue): Path<String>,

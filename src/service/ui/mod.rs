@@ -1,0 +1,184 @@
+//! The web dashboard, served by `delayq serve` under `/ui/` from assets embedded in the
+//! binary (nothing fetched at run time).
+//!
+//! - [`session`]: sign-in with a bearer token, then a signed `HttpOnly`, `SameSite=Strict`
+//!   session cookie; CSRF tokens for changes.
+//! - [`timing`]: the in-process ring buffer behind the throughput and lateness charts.
+//!
+//! The page is one HTML document with its script and style sheet (`assets/`); it reads and
+//! changes everything through the same `/v1` API and admin layer as every other client, its
+//! session cookie standing in for the bearer token. Every text from Redis (order ids,
+//! payloads, errors) is put in the page as text, never as markup, and a strict Content
+//! Security Policy allows only the page's own script and style.
+
+pub mod session;
+pub mod timing;
+
+use crate::service::http::edge::{cross_origin, token_ok};
+use crate::service::http::{ApiError, AppState};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+
+/// The page.
+const INDEX_HTML: &str = include_str!("assets/index.html");
+/// Its script.
+const APP_JS: &str = include_str!("assets/app.js");
+/// Its style sheet.
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// Bytes of the dashboard's HTML, CSS and JS together (the page weight).
+pub fn page_weight() -> usize {
+    INDEX_HTML.len() + APP_JS.len() + APP_CSS.len()
+}
+
+/// The dashboard's routes.
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/ui/", get(index))
+        .route(
+            "/ui/app.js",
+            get(|| async { asset("text/javascript; charset=utf-8", APP_JS) }),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| async { asset("text/css; charset=utf-8", APP_CSS) }),
+        )
+        .route("/ui/session", get(session_info))
+        .route("/ui/login", post(login))
+        .route("/ui/logout", post(logout))
+        .layer(middleware::from_fn(security_headers))
+}
+
+/// Only the page's own script, style and API: no inline script, no frames, no other origin.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+async fn security_headers(req: Request, next: Next) -> Response {
+    let mut resp = next.run(req).await;
+    let h = resp.headers_mut();
+    for (k, v) in [
+        ("content-security-policy", CSP),
+        ("x-frame-options", "DENY"),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("cache-control", "no-store"),
+    ] {
+        h.insert(k, HeaderValue::from_static(v));
+    }
+    resp
+}
+
+async fn index() -> Response {
+    asset(
+        "text/html; charset=utf-8",
+        &INDEX_HTML.replace("{{version}}", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+fn asset(content_type: &'static str, body: &str) -> Response {
+    (
+        [(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+        body.to_owned(),
+    )
+        .into_response()
+}
+
+/// What the page learns about its session.
+#[derive(Debug, Serialize)]
+struct SessionInfo {
+    /// No tokens are configured: the API and the dashboard are open.
+    open: bool,
+    /// A valid session cookie came with the request.
+    signed_in: bool,
+    /// The session's CSRF token, to send in `X-CSRF-Token` with changes.
+    csrf: Option<String>,
+}
+
+async fn session_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
+    let open = st.tokens.is_empty();
+    let now = st.admin.client().now_ms();
+    let cookie = session::from_headers(&headers).filter(|c| st.sessions.valid(c, now));
+    let csrf = cookie.as_deref().map(|c| st.sessions.csrf(c));
+    axum::Json(SessionInfo {
+        open,
+        signed_in: cookie.is_some(),
+        csrf,
+    })
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginBody {
+    token: String,
+}
+
+/// `POST /ui/login {"token"}`: 204 with the session cookie, 401 for a wrong token (the
+/// token is never logged), 429 after too many failures in a minute.
+async fn login(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+    if cross_origin(&headers) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_origin",
+            "requests from another origin are refused",
+        )
+        .into_response();
+    }
+    let now = st.admin.client().now_ms();
+    if st.sessions.locked(now) {
+        return too_many();
+    }
+    let Ok(b) = serde_json::from_slice::<LoginBody>(&body) else {
+        return ApiError::bad("invalid_body", "expected {\"token\": \"...\"}").into_response();
+    };
+    if st.tokens.is_empty() || token_ok(&st.tokens, &b.token) {
+        let value = st.sessions.issue(now);
+        let mut resp = StatusCode::NO_CONTENT.into_response();
+        if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&value)) {
+            resp.headers_mut().insert(header::SET_COOKIE, v);
+        }
+        return resp;
+    }
+    tracing::warn!("dashboard sign-in refused: wrong token");
+    if !st.sessions.failed_sign_in(now) {
+        return too_many();
+    }
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "that is not one of the configured tokens",
+    )
+    .into_response()
+}
+
+fn too_many() -> Response {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_sign_ins",
+        "too many failed sign-ins; try again in a minute",
+    )
+    .into_response()
+}
+
+async fn logout(headers: HeaderMap) -> Response {
+    if cross_origin(&headers) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "cross_origin",
+            "requests from another origin are refused",
+        )
+        .into_response();
+    }
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    resp
+}

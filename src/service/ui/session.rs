@@ -1,0 +1,172 @@
+//! Dashboard sign-in. A browser signs in once with one of the configured bearer tokens and
+//! then carries a session cookie instead: `HttpOnly` (no script reads it), `SameSite=Strict`
+//! (no other site sends it), expiring after [`SESSION_TTL`]. The token itself never reaches
+//! a page, a URL or a log.
+//!
+//! The cookie is `<expires unix s>.<nonce>.<signature>`, signed (HMAC-SHA256) with a key
+//! derived from the configured tokens: every `serve` process with the same tokens accepts
+//! it, a restart keeps it, and changing the tokens signs everyone out. State-changing
+//! requests made with the cookie also need the session's CSRF token in `X-CSRF-Token`
+//! (which a page of another site cannot read or send), and the edge refuses cross-origin
+//! requests outright.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "delayq_session";
+/// How long a session lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The header carrying the CSRF token on state-changing requests.
+pub const CSRF_HEADER: &str = "x-csrf-token";
+/// Failed sign-ins allowed per minute (per process) before answering 429.
+const MAX_FAILURES_PER_MINUTE: u32 = 20;
+
+/// Issues and checks sessions.
+pub struct Sessions {
+    key: [u8; 32],
+    /// (minute, failed sign-ins in it).
+    failures: Mutex<(i64, u32)>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sessions(..)")
+    }
+}
+
+impl Sessions {
+    /// Sessions signed with a key derived from `tokens`.
+    pub fn new(tokens: &[String]) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"delayq-ui-session\0");
+        for t in tokens {
+            h.update(t.as_bytes());
+            h.update(b"\0");
+        }
+        Sessions {
+            key: h.finalize().into(),
+            failures: Mutex::new((0, 0)),
+        }
+    }
+
+    fn mac(&self, parts: &[&[u8]]) -> String {
+        let Ok(mut m) = Hmac::<Sha256>::new_from_slice(&self.key) else {
+            return String::new();
+        };
+        for p in parts {
+            m.update(p);
+            m.update(b"|");
+        }
+        B64.encode(m.finalize().into_bytes())
+    }
+
+    /// A new session cookie value, valid until `now_ms` + [`SESSION_TTL`].
+    pub fn issue(&self, now_ms: i64) -> String {
+        let expires = now_ms.div_euclid(1000) + i64::try_from(SESSION_TTL.as_secs()).unwrap_or(0);
+        let nonce = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        let sig = self.mac(&[b"session", expires.to_string().as_bytes(), nonce.as_bytes()]);
+        format!("{expires}.{nonce}.{sig}")
+    }
+
+    /// Whether `value` is a session this key signed that has not expired at `now_ms`.
+    pub fn valid(&self, value: &str, now_ms: i64) -> bool {
+        let mut parts = value.split('.');
+        let (Some(expires), Some(nonce), Some(sig), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return false;
+        };
+        let Ok(exp) = expires.parse::<i64>() else {
+            return false;
+        };
+        let want = self.mac(&[b"session", expires.as_bytes(), nonce.as_bytes()]);
+        exp > now_ms.div_euclid(1000) && crate::service::http::edge::same_secret(sig, &want)
+    }
+
+    /// The CSRF token of session `value`.
+    pub fn csrf(&self, value: &str) -> String {
+        self.mac(&[b"csrf", value.as_bytes()])
+    }
+
+    /// Whether `given` is the CSRF token of session `value`.
+    pub fn csrf_ok(&self, value: &str, given: &str) -> bool {
+        crate::service::http::edge::same_secret(given, &self.csrf(value))
+    }
+
+    /// Counts a failed sign-in at `now_ms`; false when the minute's allowance is spent.
+    pub fn failed_sign_in(&self, now_ms: i64) -> bool {
+        let minute = now_ms.div_euclid(60_000);
+        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        if f.0 != minute {
+            *f = (minute, 0);
+        }
+        f.1 += 1;
+        f.1 <= MAX_FAILURES_PER_MINUTE
+    }
+
+    /// Whether sign-ins are being refused for too many failures this minute.
+    pub fn locked(&self, now_ms: i64) -> bool {
+        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        f.0 == now_ms.div_euclid(60_000) && f.1 >= MAX_FAILURES_PER_MINUTE
+    }
+}
+
+/// The `Set-Cookie` value for session `value`.
+pub fn set_cookie(value: &str) -> String {
+    format!(
+        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        SESSION_TTL.as_secs()
+    )
+}
+
+/// The `Set-Cookie` value that ends the session in the browser.
+pub fn clear_cookie() -> String {
+    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+}
+
+/// The session cookie's value in a request's `Cookie` headers.
+pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_signed_expire_and_follow_the_tokens() {
+        let s = Sessions::new(&["token-one-123".into()]);
+        let now = 1_800_000_000_000;
+        let v = s.issue(now);
+        assert!(s.valid(&v, now));
+        assert!(!s.valid(&v, now + 13 * 3_600_000), "expired");
+        assert!(!s.valid(&v.replace('.', "x"), now));
+        let mut forged = v.clone();
+        forged.insert(0, '9');
+        assert!(!s.valid(&forged, now), "a longer expiry is not signed");
+        assert!(!Sessions::new(&["other-token-9".into()]).valid(&v, now));
+        assert!(s.csrf_ok(&v, &s.csrf(&v)));
+        assert!(!s.csrf_ok(&v, &s.csrf(&s.issue(now))));
+        for _ in 0..MAX_FAILURES_PER_MINUTE {
+            assert!(s.failed_sign_in(now));
+        }
+        assert!(!s.failed_sign_in(now));
+        assert!(s.locked(now));
+        assert!(!s.locked(now + 60_000));
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("cookie", format!("a=b; {COOKIE}={v}").parse().unwrap());
+        assert_eq!(from_headers(&h), Some(v));
+    }
+}
