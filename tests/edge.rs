@@ -697,6 +697,34 @@ async fn a_webhook_token_never_reaches_logs_or_dead_letters() {
 }
 
 #[tokio::test]
+async fn other_delayq_variables_in_the_environment_are_not_config_keys() {
+    // The CLI's DELAYQ_DATABASE_URL and unrelated DELAYQ_* variables leave serve alone;
+    // nested overrides of its own keys still apply.
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start_with_env(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n",
+            redis.url()
+        ),
+        None,
+        &[
+            ("DELAYQ_DATABASE_URL", "postgres://someone@db/shop"),
+            ("DELAYQ_SOMETHING_ELSE", "1"),
+            ("DELAYQ_HTTP__TOKENS", "[\"an-env-token-123\"]"),
+        ],
+    );
+    serve.wait_ready(WAIT).await;
+    let r = http_client()
+        .get(format!("{}/v1/queues", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401, "the token from the environment applies");
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test]
 async fn absurd_durations_are_refused_naming_the_key() {
     let redis = LocalRedis::start().unwrap();
     for (line, key) in [

@@ -70,7 +70,12 @@ tokens = ["schemathesis-token"]
                 "Authorization: Bearer schemathesis-token".to_owned(),
             ]);
         }
-        Command::new("python3").args(&args).output().unwrap()
+        // Run in the test's temp dir: schemathesis keeps a cache in its working directory.
+        Command::new("python3")
+            .args(&args)
+            .current_dir(serve.dir.path())
+            .output()
+            .unwrap()
     };
     for (auth, seed, examples) in [(true, "1", "30"), (false, "2", "10")] {
         let o = run(auth, seed, examples);

@@ -29,6 +29,15 @@ impl Serve {
     /// through `sh -c "<prefix> exec delayq serve ..."` when a shell prefix is given (e.g.
     /// `ulimit -S -n 1024;`).
     pub fn start(config: &str, shell_prefix: Option<&str>) -> Serve {
+        Self::start_with_env(config, shell_prefix, &[])
+    }
+
+    /// [`start`](Self::start) with extra environment variables.
+    pub fn start_with_env(
+        config: &str,
+        shell_prefix: Option<&str>,
+        envs: &[(&str, &str)],
+    ) -> Serve {
         let port = free_port();
         let dir = tempfile::tempdir().unwrap();
         let cfg = dir.path().join("delayq.toml");
@@ -52,6 +61,7 @@ impl Serve {
         let child = cmd
             .env_remove("DELAYQ_REDIS_URL")
             .env_remove("DELAYQ_NAMESPACE")
+            .envs(envs.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)

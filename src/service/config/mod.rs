@@ -189,7 +189,20 @@ fn figment_error(e: figment::Error) -> ConfigError {
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| ConfigError::whole(format!("cannot read {}: {e}", path.display())))?;
-    load_str(&text, Env::prefixed("DELAYQ_").split("__"))
+    load_str(&text, env())
+}
+
+/// The `DELAYQ_<KEY>` environment overrides (nested keys with `__`), for the config's own
+/// keys only.
+pub fn env() -> Env {
+    Env::prefixed("DELAYQ_")
+        .filter(|k| {
+            let top = k.as_str().split("__").next().unwrap_or_default();
+            raw::TOP_LEVEL_KEYS
+                .iter()
+                .any(|known| known.eq_ignore_ascii_case(top))
+        })
+        .split("__")
 }
 
 /// Like [`load`], from TOML text and an environment provider (tests pass their own).
@@ -447,6 +460,16 @@ max_attempts = 10
 backoff = "linear:2m:1m"
 visibility_timeout = "30s"
 "#;
+
+    #[test]
+    fn the_environment_keys_are_the_config_keys() {
+        let v = serde_json::to_value(Config::default()).unwrap();
+        let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        let mut known = raw::TOP_LEVEL_KEYS.to_vec();
+        fields.sort_unstable();
+        known.sort_unstable();
+        assert_eq!(fields, known);
+    }
 
     #[test]
     fn the_documented_example_loads() {

@@ -64,6 +64,25 @@ impl Default for Config {
     }
 }
 
+/// The top-level keys of [`Config`]: the only `DELAYQ_<KEY>` environment variables `serve`
+/// reads (others, such as the CLI's `DELAYQ_DATABASE_URL`, are not its business).
+pub const TOP_LEVEL_KEYS: &[&str] = &[
+    "redis_url",
+    "namespace",
+    "shards",
+    "max_payload_bytes",
+    "durability",
+    "queues",
+    "shutdown_grace",
+    "history_retention",
+    "http",
+    "dispatcher",
+    "housekeeping",
+    "dead",
+    "handlers",
+    "reconciliation",
+];
+
 impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")

@@ -148,7 +148,12 @@ fn schemas() -> Value {
         "Selection": selection,
         "Replayed": object(&["replayed"], json!({"replayed": int()})),
         "Purged": object(&["purged"], json!({"purged": int()})),
-        "Status": object(&["status"], json!({"status": {"type": "string"}}))
+        "Status": object(&["status"], json!({"status": {"type": "string"}})),
+        "Timing": object(&["queue", "slot_ms", "points"], json!({"queue": {"type": "string"}, "slot_ms": int(),
+            "points": {"type": "array", "items": object(
+                &["at_ms", "scheduled_per_s", "dispatched_per_s", "acked_per_s", "late_p50_ms", "late_p99_ms"],
+                json!({"at_ms": int(), "scheduled_per_s": {"type": "number"}, "dispatched_per_s": {"type": "number"},
+                       "acked_per_s": {"type": "number"}, "late_p50_ms": nullable("number"), "late_p99_ms": nullable("number")}))}}))
     })
 }
 
@@ -226,6 +231,9 @@ fn paths() -> Value {
                 json!({"200": ok("deleted", "GroupDeleted")}))
         },
         "/v1/queues/{queue}/stats": {"get": op("Statistics", vec![&q], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
+        "/v1/stats": {"get": op("Statistics of every registered queue", vec![], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
+        "/v1/queues/{queue}/timing": {"get": op("Throughput and lateness over the last hour, in 10 s slots (this process's numbers)", vec![&q], None,
+            json!({"200": ok("one point per slot, oldest first", "Timing")}))},
         "/v1/queues/{queue}/dead": {"get": op("Dead letters, oldest first across shards, paged", vec![&q, &dead_group, &limit, &after], None,
             json!({"200": ok("a page and the cursor of the next", "DeadPage")}))},
         "/v1/queues/{queue}/dead/replay": {"post": op("Replay dead letters to the group that failed them", vec![&q], Some("Selection"),
