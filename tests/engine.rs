@@ -140,6 +140,78 @@ async fn upsert_replaces_and_if_absent_keeps() {
 }
 
 #[tokio::test]
+async fn an_id_twice_in_one_call_acts_as_two_calls_in_order() {
+    // enqueue.lua writes a whole call with one ZADD and one HSET per 500 orders; an id that
+    // appears twice must still read as two schedules in order, and a call larger than Lua's
+    // unpack limit (8,000 values) must work when the script is called directly.
+    let (_s, client) = start().await;
+    let at = |ms: i64| When::at_ms(T0 + ms);
+    let out = client
+        .schedule_many(
+            Q,
+            &[
+                NewOrder::new("a", at(1), json!(1)),
+                NewOrder::new("a", at(2), json!(2)),
+                NewOrder::new("b", at(3), json!(3)),
+            ],
+            Mode::Upsert,
+        )
+        .await
+        .unwrap();
+    let outcomes: Vec<_> = out.iter().map(|s| s.outcome).collect();
+    use ScheduleOutcome::{Created, Unchanged, Updated};
+    assert_eq!(outcomes, vec![Created, Updated, Created]);
+    let a = client.get(Q, "a").await.unwrap().unwrap();
+    assert_eq!((a.due_at_ms, a.payload), (T0 + 2, json!(2)));
+
+    let out = client
+        .schedule_many(
+            Q,
+            &[
+                NewOrder::new("c", at(4), json!(4)),
+                NewOrder::new("c", at(5), json!(5)),
+                NewOrder::new("a", at(6), json!(6)),
+            ],
+            Mode::IfAbsent,
+        )
+        .await
+        .unwrap();
+    let outcomes: Vec<_> = out.iter().map(|s| s.outcome).collect();
+    assert_eq!(outcomes, vec![Created, Unchanged, Unchanged]);
+    let c = client.get(Q, "c").await.unwrap().unwrap();
+    assert_eq!((c.due_at_ms, c.payload), (T0 + 4, json!(4)));
+    let a = client.get(Q, "a").await.unwrap().unwrap();
+    assert_eq!((a.due_at_ms, a.payload), (T0 + 2, json!(2)));
+
+    // 5,000 orders in one direct call: 10,000 values for ZADD and for HSET.
+    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let mut inv = script.key("{dq:order-close:0}:due");
+    inv.key("{dq:order-close:0}:payload")
+        .arg("upsert")
+        .arg(T0.to_string());
+    for i in 0..5000 {
+        inv.arg(format!("big-{i}"))
+            .arg((T0 + i).to_string())
+            .arg(format!("{{\"i\":{i}}}"));
+    }
+    let mut conn = client.connection();
+    let codes: Vec<i64> = inv.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(codes.len(), 5000);
+    assert!(codes.iter().all(|&c| c == 1));
+    let last = client.get(Q, "big-4999").await.unwrap().unwrap();
+    assert_eq!(
+        (last.due_at_ms, last.payload),
+        (T0 + 4999, json!({"i": 4999}))
+    );
+    let n: i64 = redis::cmd("ZCARD")
+        .arg("{dq:order-close:0}:due")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(n, 5003);
+}
+
+#[tokio::test]
 async fn cancel_before_due_is_never_delivered() {
     let clock = Arc::new(ManualClock::new(T0));
     let (_s, client) = start_with_clock(clock.clone()).await;

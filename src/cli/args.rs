@@ -154,6 +154,9 @@ pub enum Command {
         /// The bench queue's order-history retention (default 24h, as every queue; 0s: off).
         #[arg(long, default_value = "24h")]
         history_retention: String,
+        /// The dispatcher's linger between small passes (default: the library's, off).
+        #[arg(long)]
+        linger: Option<String>,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

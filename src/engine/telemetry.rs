@@ -71,43 +71,6 @@ pub fn dispatched(queue: &str, n: u64) {
     }
 }
 
-/// One settled entry, by outcome (`success`, `retry`, `dead`, `skipped`).
-pub fn handled(queue: &str, group: &str, outcome: &'static str) {
-    metrics::counter!(
-        "delayq_handled_total",
-        "queue" => queue.to_owned(),
-        "group" => group.to_owned(),
-        "outcome" => outcome
-    )
-    .increment(1);
-    if let Some(s) = sink() {
-        s.handled(queue, group, outcome);
-    }
-}
-
-/// One entry moved to the dead-letter stream.
-pub fn dead_lettered(queue: &str, group: &str) {
-    metrics::counter!(
-        "delayq_dead_lettered_total",
-        "queue" => queue.to_owned(),
-        "group" => group.to_owned()
-    )
-    .increment(1);
-}
-
-/// How late a handler started, in seconds (never negative).
-pub fn lateness(queue: &str, group: &str, seconds: f64) {
-    metrics::histogram!(
-        LATENESS_SECONDS,
-        "queue" => queue.to_owned(),
-        "group" => group.to_owned()
-    )
-    .record(seconds.max(0.0));
-    if let Some(s) = sink() {
-        s.lateness(queue, group, seconds.max(0.0));
-    }
-}
-
 /// One outcome of the order-close handler.
 pub fn order_close(queue: &str, group: &str, outcome: &'static str) {
     metrics::counter!(
@@ -117,6 +80,87 @@ pub fn order_close(queue: &str, group: &str, outcome: &'static str) {
         "outcome" => outcome
     )
     .increment(1);
+}
+
+/// One consumer group's per-order metrics, registered once when its worker starts, so
+/// handling an order allocates no label strings.
+#[derive(Clone)]
+pub struct GroupMetrics {
+    queue: String,
+    group: String,
+    success: metrics::Counter,
+    retry: metrics::Counter,
+    dead: metrics::Counter,
+    skipped: metrics::Counter,
+    dead_lettered: metrics::Counter,
+    lateness: metrics::Histogram,
+}
+
+impl std::fmt::Debug for GroupMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupMetrics")
+            .field("queue", &self.queue)
+            .field("group", &self.group)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GroupMetrics {
+    /// The handles of `group` on `queue` (with the recorder installed now).
+    pub fn new(queue: &str, group: &str) -> Self {
+        let handled = |outcome: &'static str| {
+            metrics::counter!(
+                "delayq_handled_total",
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned(),
+                "outcome" => outcome
+            )
+        };
+        GroupMetrics {
+            queue: queue.to_owned(),
+            group: group.to_owned(),
+            success: handled("success"),
+            retry: handled("retry"),
+            dead: handled("dead"),
+            skipped: handled("skipped"),
+            dead_lettered: metrics::counter!(
+                "delayq_dead_lettered_total",
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned()
+            ),
+            lateness: metrics::histogram!(
+                LATENESS_SECONDS,
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned()
+            ),
+        }
+    }
+
+    /// One settled entry, by outcome (`success`, `retry`, `dead`, `skipped`).
+    pub fn handled(&self, outcome: &'static str) {
+        match outcome {
+            "success" => self.success.increment(1),
+            "retry" => self.retry.increment(1),
+            "dead" => self.dead.increment(1),
+            _ => self.skipped.increment(1),
+        }
+        if let Some(s) = sink() {
+            s.handled(&self.queue, &self.group, outcome);
+        }
+    }
+
+    /// One entry moved to the dead-letter stream.
+    pub fn dead_lettered(&self) {
+        self.dead_lettered.increment(1);
+    }
+
+    /// How late a handler started, in seconds (never negative).
+    pub fn lateness(&self, seconds: f64) {
+        self.lateness.record(seconds.max(0.0));
+        if let Some(s) = sink() {
+            s.lateness(&self.queue, &self.group, seconds.max(0.0));
+        }
+    }
 }
 
 /// Dead letters removed by retention or the per-queue cap.

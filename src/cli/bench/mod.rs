@@ -52,6 +52,16 @@ pub struct BenchOptions {
     pub rate_limit: Option<crate::engine::flow::RateLimit>,
     /// The bench queue's order-history retention (zero: off).
     pub history_retention: Duration,
+    /// The dispatcher's linger between small passes (`None`: its default).
+    pub linger: Option<Duration>,
+}
+
+/// The bench dispatcher's options: the defaults, with `--linger` when given.
+fn dispatcher_options(opts: &BenchOptions) -> DispatcherOptions {
+    match opts.linger {
+        Some(l) => DispatcherOptions::default().linger(l),
+        None => DispatcherOptions::default(),
+    }
 }
 
 fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
@@ -335,9 +345,8 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
     let enqueue_done = client.now_ms();
     let mem_after = info_field::<i64>(client, "memory", "used_memory").await?;
     let w = tokio::spawn(worker.run(stop.clone()));
-    let d = tokio::spawn(
-        Dispatcher::new(client, QUEUE, DispatcherOptions::default())?.run(stop.clone()),
-    );
+    let d =
+        tokio::spawn(Dispatcher::new(client, QUEUE, dispatcher_options(opts))?.run(stop.clone()));
     let limit = opts.lead + opts.window + Duration::from_secs(120);
     let timed_out = tokio::time::timeout(limit, rec.all_done.cancelled())
         .await
@@ -426,6 +435,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         shards,
         rate_limit,
         history_retention,
+        linger,
         json,
     } = c
     else {
@@ -443,7 +453,12 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .map(crate::engine::flow::RateLimit::parse)
             .transpose()?,
         history_retention: parse_duration("--history-retention", &history_retention)?,
+        linger: linger
+            .as_deref()
+            .map(|l| parse_duration("--linger", l))
+            .transpose()?,
     };
+    dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;
     if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
         return Err(Failure::Invalid(

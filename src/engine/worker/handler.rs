@@ -52,6 +52,27 @@ pub struct Delivery {
     pub flag: Option<DeliveryFlag>,
 }
 
+impl Delivery {
+    /// A copy with what settling an entry needs (ids, shard, attempt, due time), without
+    /// the payload: kept while the handler owns the delivery itself.
+    pub(crate) fn settling_copy(&self) -> Delivery {
+        Delivery {
+            queue: String::new(),
+            group: String::new(),
+            id: self.id.clone(),
+            payload: serde_json::Value::Null,
+            payload_text: String::new(),
+            due_at_ms: self.due_at_ms,
+            enqueued_at_ms: self.enqueued_at_ms,
+            dispatched_at_ms: self.dispatched_at_ms,
+            entry_id: self.entry_id.clone(),
+            shard: self.shard,
+            attempt: self.attempt,
+            flag: self.flag,
+        }
+    }
+}
+
 /// How a handler failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -56,6 +56,11 @@ struct Shared<H> {
     shards: Vec<ShardKeys>,
     handler: H,
     hooks: Arc<dyn Hooks>,
+    /// Whether hooks were set: without them a delivery is moved into the handler, not
+    /// copied for the hooks.
+    has_hooks: bool,
+    /// The group's metric handles, registered when the worker starts.
+    metrics: std::sync::OnceLock<crate::engine::telemetry::GroupMetrics>,
     opts: WorkerOptions,
     stats: Arc<WorkerStats>,
     /// The entries this worker holds (running or waiting for a slot): their leases are
@@ -71,6 +76,15 @@ struct Shared<H> {
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
     taken: Arc<Semaphore>,
+}
+
+impl<H> Shared<H> {
+    /// The group's metric handles.
+    fn metrics(&self) -> &crate::engine::telemetry::GroupMetrics {
+        self.metrics.get_or_init(|| {
+            crate::engine::telemetry::GroupMetrics::new(self.queue.as_str(), &self.group)
+        })
+    }
 }
 
 impl<H> std::fmt::Debug for Worker<H> {
@@ -107,6 +121,8 @@ impl<H: Handler> Worker<H> {
                 consumer,
                 handler,
                 hooks: Arc::new(NoHooks),
+                has_hooks: false,
+                metrics: std::sync::OnceLock::new(),
                 sem: Arc::new(Semaphore::new(opts.concurrency)),
                 taken: Arc::new(Semaphore::new(opts.taken_limit())),
                 opts,
@@ -122,6 +138,7 @@ impl<H: Handler> Worker<H> {
     pub fn with_hooks(mut self, hooks: impl Hooks) -> Self {
         if let Some(s) = Arc::get_mut(&mut self.shared) {
             s.hooks = Arc::new(hooks);
+            s.has_hooks = true;
         }
         self
     }
@@ -148,6 +165,8 @@ impl<H: Handler> Worker<H> {
     /// the worker does not give up on its own.
     pub async fn run(self, cancel: CancellationToken) -> Result<()> {
         let s = self.shared;
+        // Registered now, after the application installed its metrics recorder.
+        let _ = s.metrics();
         let started = until_ok("starting the worker", &cancel, || async {
             s.client.register(&s.queue).await?;
             ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await

@@ -8,7 +8,6 @@ use crate::engine::keys::ShardKeys;
 use crate::engine::redact;
 use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
-use crate::engine::telemetry;
 use crate::error::RedisContext;
 use futures_util::FutureExt;
 use std::collections::HashMap;
@@ -85,15 +84,23 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         return;
     }
     let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
-    telemetry::lateness(s.queue.as_str(), &s.group, late_s);
-    let outcome = if d.attempt > s.opts.max_attempts {
+    s.metrics().lateness(late_s);
+    // What settling needs once the handler has the delivery: all of it with hooks, else
+    // the few fields that name the entry.
+    let (d, outcome) = if d.attempt > s.opts.max_attempts {
         // Delivered more often than allowed without a result: its consumers kept dying.
-        Err(HandlerError::permanent(format!(
+        let e = HandlerError::permanent(format!(
             "delivered {} times without a result (consumers crashed or lost their lease)",
             d.attempt
-        )))
+        ));
+        (d, Err(e))
+    } else if s.has_hooks {
+        let r = run_handler(&s.handler, d.clone(), s.opts.handler_timeout, &s.stats).await;
+        (d, r)
     } else {
-        run_handler(&s.handler, d.clone(), s.opts.handler_timeout, &s.stats).await
+        let kept = d.settling_copy();
+        let r = run_handler(&s.handler, d, s.opts.handler_timeout, &s.stats).await;
+        (kept, r)
     };
     match outcome {
         Ok(()) => {
@@ -184,7 +191,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
         Ok(true) => {
             s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             handled_metric(s, "dead");
-            telemetry::dead_lettered(s.queue.as_str(), &s.group);
+            s.metrics().dead_lettered();
             tracing::warn!(id = %d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
                 hook(s, "on_dead", || s.hooks.on_dead(d, message));
@@ -198,7 +205,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
 }
 
 fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
-    telemetry::handled(s.queue.as_str(), &s.group, outcome);
+    s.metrics().handled(outcome);
 }
 
 /// Runs the handler once. Panics and timeouts count as retryable failures.
@@ -235,6 +242,11 @@ pub(super) async fn run_handler<H: Handler>(
     }
 }
 
+/// Most entries acknowledged in one call per shard.
+const ACK_BATCH: usize = 1024;
+/// How long a small batch of acknowledgements waits for more.
+const ACK_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// An entry handled successfully, on its way to be acknowledged, with its lease.
 pub(super) struct Acked {
     pub(super) lease: Lease,
@@ -246,8 +258,19 @@ pub(super) struct Acked {
 /// Acknowledges entries in batches until every sender is gone. A failed ack is retried; an
 /// entry whose ack is finally given up on stays pending (delivered again, never lost).
 pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiver<Acked>) {
-    let mut buf = Vec::with_capacity(1024);
-    while rx.recv_many(&mut buf, 1024).await > 0 {
+    let mut buf = Vec::with_capacity(ACK_BATCH);
+    while rx.recv_many(&mut buf, ACK_BATCH).await > 0 {
+        // A trickle of successes: gather a few milliseconds' worth into one call (their
+        // leases stay held meanwhile). A closed channel (shutdown) flushes at once.
+        if buf.len() < ACK_BATCH / 8 {
+            let deadline = tokio::time::Instant::now() + ACK_LINGER;
+            while buf.len() < ACK_BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(a)) => buf.push(a),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
         let mut by_shard: HashMap<u16, Vec<(String, u32)>> = HashMap::new();
         for a in &buf {
             let (shard, id) = a.lease.key();

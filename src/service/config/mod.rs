@@ -330,6 +330,9 @@ fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigE
     if let Some(m) = duration("dispatcher.max_idle", d.max_idle.as_deref())? {
         o = o.max_idle(m);
     }
+    if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
+        o = o.linger(l);
+    }
     o.validate().map_err(lib_err("dispatcher", &[]))?;
     Ok(o)
 }

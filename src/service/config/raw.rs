@@ -153,6 +153,8 @@ pub struct DispatcherConfig {
     pub batch: Option<usize>,
     /// Longest idle sleep (default 250 ms).
     pub max_idle: Option<String>,
+    /// Least time between two passes that moved a few orders (default 2 ms; `0s` off).
+    pub linger: Option<String>,
 }
 
 /// `[housekeeping]` (six-field cron expressions, seconds first, UTC).
