@@ -565,8 +565,12 @@ visibility_timeout = "30s"
         assert_eq!(w.backoff, d.backoff);
         let dd = crate::engine::dispatcher::DispatcherOptions::default();
         assert_eq!(
-            (s.dispatcher.batch, s.dispatcher.max_idle),
-            (dd.batch, dd.max_idle)
+            (
+                s.dispatcher.batch,
+                s.dispatcher.max_idle,
+                s.dispatcher.linger
+            ),
+            (dd.batch, dd.max_idle, dd.linger)
         );
         let c = crate::engine::client::ClientOptions::default();
         assert_eq!(
@@ -604,6 +608,7 @@ visibility_timeout = "30s"
             ("max_payload_bytes = 0\n", "max_payload_bytes"),
             ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
             ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
+            ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
             (
                 "[housekeeping]\ntrim_cron = \"* * *\"\n",
                 "housekeeping.trim_cron",
