@@ -141,7 +141,9 @@ async fn login(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> R
     if st.tokens.is_empty() || token_ok(&st.tokens, &b.token) {
         let value = st.sessions.issue(now);
         let mut resp = StatusCode::NO_CONTENT.into_response();
-        if let Ok(v) = HeaderValue::from_str(&session::set_cookie(&value)) {
+        if let Ok(v) =
+            HeaderValue::from_str(&session::set_cookie(&value, session::over_https(&headers)))
+        {
             resp.headers_mut().insert(header::SET_COOKIE, v);
         }
         return resp;
@@ -177,7 +179,7 @@ async fn logout(headers: HeaderMap) -> Response {
         .into_response();
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();
-    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie()) {
+    if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(session::over_https(&headers))) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
     }
     resp

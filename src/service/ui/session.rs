@@ -116,17 +116,46 @@ impl Sessions {
     }
 }
 
-/// The `Set-Cookie` value for session `value`.
-pub fn set_cookie(value: &str) -> String {
+/// Whether the browser reached the page over HTTPS (behind a TLS-terminating proxy): its
+/// `Origin` is `https://...`, or the proxy says `X-Forwarded-Proto: https`. The cookie is
+/// then marked `Secure`, so it is never sent over plain HTTP; over plain HTTP (a local
+/// `serve`) a `Secure` cookie would not be stored at all.
+pub fn over_https(headers: &axum::http::HeaderMap) -> bool {
+    let is = |name: &str, f: fn(&str) -> bool| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(f)
+    };
+    is("origin", |o| {
+        o.get(..8)
+            .is_some_and(|p| p.eq_ignore_ascii_case("https://"))
+    }) || is("x-forwarded-proto", |p| {
+        p.trim().eq_ignore_ascii_case("https")
+    })
+}
+
+/// The attributes every session cookie carries.
+fn attributes(secure: bool) -> &'static str {
+    if secure {
+        "Path=/; HttpOnly; SameSite=Strict; Secure"
+    } else {
+        "Path=/; HttpOnly; SameSite=Strict"
+    }
+}
+
+/// The `Set-Cookie` value for session `value` (`secure`: see [`over_https`]).
+pub fn set_cookie(value: &str, secure: bool) -> String {
     format!(
-        "{COOKIE}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
+        "{COOKIE}={value}; {}; Max-Age={}",
+        attributes(secure),
         SESSION_TTL.as_secs()
     )
 }
 
 /// The `Set-Cookie` value that ends the session in the browser.
-pub fn clear_cookie() -> String {
-    format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0")
+pub fn clear_cookie(secure: bool) -> String {
+    format!("{COOKIE}=; {}; Max-Age=0", attributes(secure))
 }
 
 /// The session cookie's value in a request's `Cookie` headers.
@@ -144,6 +173,26 @@ pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cookie_is_secure_when_the_browser_came_over_https() {
+        use axum::http::{HeaderMap, HeaderValue};
+        let with = |name: &'static str, v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static(v));
+            h
+        };
+        assert!(over_https(&with("origin", "https://ops.example.com")));
+        assert!(over_https(&with("origin", "HTTPS://ops.example.com")));
+        assert!(over_https(&with("x-forwarded-proto", "https")));
+        assert!(!over_https(&with("origin", "http://127.0.0.1:8080")));
+        assert!(!over_https(&with("x-forwarded-proto", "http")));
+        assert!(!over_https(&HeaderMap::new()));
+        assert!(set_cookie("v", true).contains("; Secure;"));
+        assert!(!set_cookie("v", false).contains("Secure"));
+        assert!(clear_cookie(true).contains("; Secure;"));
+        assert!(set_cookie("v", false).contains("HttpOnly; SameSite=Strict"));
+    }
 
     #[test]
     fn sessions_are_signed_expire_and_follow_the_tokens() {
