@@ -32,6 +32,12 @@ fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// The body of a GET of `url`, as text.
+async fn get_text(http: &reqwest::Client, url: String) -> String {
+    let r = http.get(url).send().await.unwrap();
+    r.text().await.unwrap()
+}
+
 /// Raw bodies received by a webhook endpoint.
 #[derive(Clone, Default)]
 struct Received {
@@ -321,17 +327,11 @@ async fn payloads_arrive_byte_for_byte_at_the_webhook_in_get_and_through_the_cli
     };
     assert_eq!(put("later", 3_600_000).await.unwrap().status(), 201);
     // GET of a scheduled order: the payload text exactly as sent.
-    let text = http
-        .get(format!(
-            "{}/v1/queues/order-close/messages/later",
-            serve.base()
-        ))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(
+        &http,
+        format!("{}/v1/queues/order-close/messages/later", serve.base()),
+    )
+    .await;
     assert!(text.contains(&format!(r#""payload":{payload}"#)), "{text}");
     // The webhook receives it byte for byte.
     assert_eq!(put("now", 0).await.unwrap().status(), 201);
@@ -654,36 +654,15 @@ async fn a_webhook_token_never_reaches_logs_or_dead_letters() {
     wait_for("a dead letter", WAIT, || {
         let (http, base) = (http.clone(), base.clone());
         async move {
-            let v: Value = http
-                .get(format!("{base}/v1/queues/order-close/dead"))
-                .send()
-                .await
-                .unwrap()
-                .text()
-                .await
-                .map(|t| serde_json::from_str(&t).unwrap())
-                .unwrap();
+            let body = get_text(&http, format!("{base}/v1/queues/order-close/dead")).await;
+            let v: Value = serde_json::from_str(&body).unwrap();
             v["dead_letters"].as_array().is_some_and(|d| !d.is_empty())
         }
     })
     .await;
-    let dead = http
-        .get(format!("{base}/v1/queues/order-close/dead"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let dead = get_text(&http, format!("{base}/v1/queues/order-close/dead")).await;
     assert!(dead.contains("connection refused"), "{dead}");
-    let history = http
-        .get(format!("{base}/v1/queues/order-close/messages/o1"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let history = get_text(&http, format!("{base}/v1/queues/order-close/messages/o1")).await;
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0));
     let log = serve.log();

@@ -58,13 +58,7 @@ async fn sign_in(b: &Browser, serve: &Serve, token: &str) {
         .unwrap();
     let input = b.wait("#signin #token").await;
     input.send_keys(token).await.unwrap();
-    b.client
-        .find(Locator::Css("#signin button[type=submit]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#signin button[type=submit]").await;
 }
 
 /// The API, with the bearer token.
@@ -138,13 +132,7 @@ async fn a_wrong_token_is_refused_and_the_right_one_opens_the_overview() {
     );
     assert!(c.expires().is_some(), "the session expires");
     // Signing out ends it.
-    b.client
-        .find(Locator::Css("#signout"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#signout").await;
     b.wait("#signin #token").await;
     b.client.refresh().await.unwrap();
     b.wait("#signin #token").await;
@@ -191,13 +179,7 @@ async fn the_overview_follows_orders_scheduled_through_the_api() {
     assert_eq!(same, json!(true), "the page was reloaded");
     b.screenshot("overview").await;
     // The queue page: groups, facts and the timing charts.
-    b.client
-        .find(Locator::Css("tr[data-queue='order-close'] th a"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("tr[data-queue='order-close'] th a").await;
     b.wait_text("#fact-scheduled", "the queue's facts", |t| t == "7")
         .await;
     b.wait("figure svg.chart polyline").await;
@@ -240,13 +222,7 @@ async fn an_order_is_looked_up_with_its_state_in_every_group() {
     let b = Browser::start(1280, 800).await;
     sign_in(&b, &serve, TOKEN).await;
     b.wait("#queues-body tr").await;
-    b.client
-        .find(Locator::Css("nav a[data-nav=order]"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("nav a[data-nav=order]").await;
     b.wait("#order-queue option[value='order-close']").await;
     b.client
         .find(Locator::Css("#order-id"))
@@ -255,13 +231,7 @@ async fn an_order_is_looked_up_with_its_state_in_every_group() {
         .send_keys("order-1234")
         .await
         .unwrap();
-    b.client
-        .find(Locator::Css("#order-form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#order-form button").await;
     b.wait_text(
         "#order-groups tr[data-group='close']",
         "the close group",
@@ -379,25 +349,13 @@ async fn a_dead_letter_is_replayed_from_the_page_and_delivered() {
                 .unwrap();
         }
     }
-    b.client
-        .find(Locator::Css("#replay-selected"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#replay-selected").await;
     b.wait_text("#confirm-text", "the confirmation", |t| {
         t.contains("Replay 1 dead letter")
     })
     .await;
     b.screenshot("dead-letters-confirm").await;
-    b.client
-        .find(Locator::Css("#confirm-ok"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click("#confirm-ok").await;
     b.wait_text(".notice", "the result", |t| t.contains("Replayed 1"))
         .await;
     wait_for("the replayed order to be delivered", WAIT, || {
@@ -458,13 +416,7 @@ async fn a_queue_and_a_group_are_paused_and_resumed_from_the_page_with_the_keybo
     .await;
     assert_eq!(v["queues"][0]["paused"], true);
     let group = "button[data-pause='order-close/close']";
-    b.client
-        .find(Locator::Css(group))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click(group).await;
     b.wait_text(group, "the group's resume button", |t| t == "Resume")
         .await;
     let (_, v) = v1(
@@ -476,22 +428,10 @@ async fn a_queue_and_a_group_are_paused_and_resumed_from_the_page_with_the_keybo
     .await;
     assert_eq!(v["queues"][0]["groups"][0]["paused"], true);
     b.screenshot("paused").await;
-    b.client
-        .find(Locator::Css(button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click(button).await;
     b.wait_text(button, "the pause button again", |t| t == "Pause")
         .await;
-    b.client
-        .find(Locator::Css(group))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click(group).await;
     b.wait_text(group, "the group's pause button again", |t| t == "Pause")
         .await;
     let (_, v) = v1(
@@ -594,13 +534,7 @@ fetch("{target}", {{method: "POST", credentials: "include", mode: "no-cors", bod
     let button = "button[data-pause='order-close']";
     b.wait_text(button, "the pause button", |t| t == "Pause")
         .await;
-    b.client
-        .find(Locator::Css(button))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    b.click(button).await;
     wait_for("the queue to be paused", WAIT, || async { paused().await }).await;
     b.close().await;
 }

@@ -5,7 +5,7 @@
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A ChromeDriver process and a browser session on it.
 pub struct Browser {
@@ -25,14 +25,13 @@ impl Browser {
             .spawn()
             .expect("chromedriver is not installed (apt-get install chromium chromium-driver; .ci/run does)");
         let url = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "chromedriver did not start");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let up = super::poll(Duration::from_secs(30), async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()
+        })
+        .await;
+        assert!(up.is_some(), "chromedriver did not start");
         let profile = tempfile::tempdir().unwrap();
         let mut caps = serde_json::Map::new();
         caps.insert(
@@ -49,63 +48,78 @@ impl Browser {
             }),
         );
         let connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        let mut last = None;
-        for _ in 0..5 {
-            match ClientBuilder::new(connector.clone())
-                .capabilities(caps.clone())
-                .connect(&url)
-                .await
-            {
-                Ok(client) => {
-                    return Browser {
-                        client,
-                        driver,
-                        _profile: profile,
-                    };
-                }
-                Err(e) => {
-                    last = Some(e);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+        let last = std::cell::RefCell::new(None);
+        let client = super::poll(Duration::from_secs(10), || {
+            let (connector, caps, url, last) = (connector.clone(), caps.clone(), &url, &last);
+            async move {
+                let mut builder = ClientBuilder::new(connector);
+                builder.capabilities(caps);
+                let r = builder.connect(url).await;
+                r.map_err(|e| *last.borrow_mut() = Some(e)).ok()
             }
+        })
+        .await;
+        let last = last.into_inner();
+        let Some(client) = client else {
+            panic!("no browser session: {last:?}");
+        };
+        Browser {
+            client,
+            driver,
+            _profile: profile,
         }
-        panic!("no browser session: {last:?}");
     }
 
     /// Waits until `css` matches an element whose text satisfies `cond`; returns its text.
     pub async fn wait_text(&self, css: &str, what: &str, cond: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let mut last = String::new();
-        loop {
-            if let Ok(el) = self.client.find(Locator::Css(css)).await
-                && let Ok(t) = el.text().await
-            {
+        let last = std::cell::RefCell::new(String::new());
+        let found = super::poll(Duration::from_secs(30), || {
+            let (client, last, cond) = (&self.client, &last, &cond);
+            async move {
+                let t = client
+                    .find(Locator::Css(css))
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
                 if cond(&t) {
-                    return t;
+                    return Some(t);
                 }
-                last = t;
+                *last.borrow_mut() = t;
+                None
             }
-            if Instant::now() > deadline {
+        })
+        .await;
+        let last = last.into_inner();
+        match found {
+            Some(t) => t,
+            None => {
                 let page = self.client.source().await.unwrap_or_default();
                 panic!("timed out waiting for {what} ({css}); last text {last:?}; page:\n{page}");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     /// Waits until `css` matches an element, and returns it.
     pub async fn wait(&self, css: &str) -> fantoccini::elements::Element {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(el) = self.client.find(Locator::Css(css)).await {
-                return el;
-            }
-            if Instant::now() > deadline {
+        let found = super::poll(Duration::from_secs(30), || async {
+            self.client.find(Locator::Css(css)).await.ok()
+        })
+        .await;
+        match found {
+            Some(el) => el,
+            None => {
                 let page = self.client.source().await.unwrap_or_default();
                 panic!("timed out waiting for {css}; page:\n{page}");
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Clicks the element `css` matches now.
+    pub async fn click(&self, css: &str) {
+        let el = self.client.find(Locator::Css(css)).await.unwrap();
+        el.click().await.unwrap();
     }
 
     /// Saves a screenshot of the page as `<name>.png`.

@@ -84,21 +84,39 @@ pub async fn data_keys(client: &Client) -> usize {
     keys.iter().filter(|k| !k.starts_with("{dq}:")).count()
 }
 
-/// Polls `cond` every 10 ms until it holds; panics with `what` after `within`.
+/// Calls `f` every 10 ms until its future gives a value; `None` once `within` has passed.
+/// The one polling loop of the tests, for conditions no event announces (a port opening, a
+/// process exiting, a page changing); everything else awaits its event.
+pub async fn poll<T, F, Fut>(within: Duration, mut f: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return Some(v);
+        }
+        if tokio::time::Instant::now() > deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Polls `cond` (see [`poll`]) until it holds; panics with `what` after `within`.
 pub async fn wait_for<F, Fut>(what: &str, within: Duration, mut cond: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        if cond().await {
-            return;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out after {within:?} waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+    let held = poll(within, || {
+        let c = cond();
+        async move { c.await.then_some(()) }
+    })
+    .await;
+    if held.is_none() {
+        panic!("timed out after {within:?} waiting for: {what}");
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The `delayq` binary of this build.
 pub const BIN: &str = env!("CARGO_BIN_EXE_delayq");
@@ -86,26 +86,27 @@ impl Serve {
 
     /// Waits until `/healthz` answers 200 (panics with the log after `within`).
     pub async fn wait_ready(&mut self, within: Duration) {
-        let deadline = Instant::now() + within;
-        loop {
+        let port = self.port;
+        let ready = super::poll(within, || {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("serve exited with {status}:\n{}", self.log());
             }
-            if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", self.port)).await {
+            async move {
                 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()?;
                 let _ = s
                     .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
                     .await;
                 let mut buf = Vec::new();
                 let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
-                if buf.starts_with(b"HTTP/1.1 200") {
-                    return;
-                }
+                buf.starts_with(b"HTTP/1.1 200").then_some(())
             }
-            if Instant::now() > deadline {
-                panic!("serve did not answer within {within:?}:\n{}", self.log());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        })
+        .await;
+        if ready.is_none() {
+            panic!("serve did not answer within {within:?}:\n{}", self.log());
         }
     }
 
@@ -122,18 +123,21 @@ impl Serve {
     /// Waits for the process to exit; its exit code, or `None` if it is still running after
     /// `within` (then it is killed).
     pub async fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status.code().unwrap_or(-1));
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        let code = super::poll(within, || {
+            let code = self
+                .child
+                .try_wait()
+                .ok()
+                .flatten()
+                .map(|s| s.code().unwrap_or(-1));
+            async move { code }
+        })
+        .await;
+        if code.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
+        code
     }
 }
 

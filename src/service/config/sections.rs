@@ -1,0 +1,194 @@
+//! One function per config section: its raw values turned into the library's option type,
+//! which validates itself; a library error is blamed on the section's key.
+
+use super::{
+    Config, ConfigError, DeadConfig, DispatcherConfig, HandlerKind, HandlerSpec,
+    HousekeepingConfig, HttpConfig, ReconcileSpec, ReconciliationConfig, duration, lib_err,
+};
+use crate::engine::client::{ClientOptions, Durability};
+use crate::engine::dispatcher::DispatcherOptions;
+use crate::engine::housekeeping::HousekeepingOptions;
+use crate::engine::keys::QueueName;
+use crate::error::InvalidInput;
+use crate::orders::reconcile::ReconcileOptions;
+use crate::service::http::HttpLimits;
+use std::net::SocketAddr;
+
+pub(super) fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
+    let mut o = ClientOptions::default();
+    if let Some(ns) = &c.namespace {
+        o = o.namespace(ns.clone());
+    }
+    if let Some(n) = c.shards {
+        o = o.shards(n);
+    }
+    if let Some(n) = c.max_payload_bytes {
+        o = o.max_payload_bytes(n);
+    }
+    o = o.durability(match c.durability.as_str() {
+        "leader" => Durability::Leader,
+        "replicated" => Durability::replicated(),
+        other => {
+            return Err(ConfigError::at(
+                "durability",
+                format!("{other:?} is not leader or replicated"),
+            ));
+        }
+    });
+    o.validate().map_err(|e| match e {
+        InvalidInput::Namespace { .. } => ConfigError::at("namespace", e),
+        e => lib_err("", &[])(e),
+    })?;
+    Ok(o)
+}
+
+pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), ConfigError> {
+    let listen: SocketAddr = h
+        .listen
+        .parse()
+        .map_err(|e| ConfigError::at("http.listen", format!("{:?}: {e}", h.listen)))?;
+    if h.tokens
+        .iter()
+        .any(|t| t.trim().len() < 8 || t.chars().any(char::is_whitespace))
+    {
+        return Err(ConfigError::at(
+            "http.tokens",
+            "each token must be at least 8 characters, without spaces",
+        ));
+    }
+    let mut l = HttpLimits::default();
+    if let Some(n) = h.max_body_bytes {
+        l = l.max_body_bytes(n);
+    }
+    if let Some(d) = duration("http.header_timeout", h.header_timeout.as_deref())? {
+        l = l.header_timeout(d);
+    }
+    if let Some(d) = duration("http.body_timeout", h.body_timeout.as_deref())? {
+        l = l.body_timeout(d);
+    }
+    if let Some(d) = duration("http.idle_timeout", h.idle_timeout.as_deref())? {
+        l = l.idle_timeout(d);
+    }
+    if let Some(d) = duration("http.request_timeout", h.request_timeout.as_deref())? {
+        l = l.request_timeout(d);
+    }
+    if let Some(n) = h.max_connections {
+        l = l.max_connections(n);
+    }
+    l.validate().map_err(lib_err("http", &[]))?;
+    Ok((listen, l))
+}
+
+pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigError> {
+    let mut o = DispatcherOptions::default();
+    if let Some(b) = d.batch {
+        o = o.batch(b);
+    }
+    if let Some(m) = duration("dispatcher.max_idle", d.max_idle.as_deref())? {
+        o = o.max_idle(m);
+    }
+    if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
+        o = o.linger(l);
+    }
+    o.validate().map_err(lib_err("dispatcher", &[]))?;
+    Ok(o)
+}
+
+pub(super) fn housekeeping_options(
+    h: &HousekeepingConfig,
+    dead: &DeadConfig,
+) -> Result<HousekeepingOptions, ConfigError> {
+    let mut o = HousekeepingOptions::default();
+    if let Some(c) = &h.trim_cron {
+        o = o.trim_cron(c.clone());
+    }
+    if let Some(c) = &h.consumers_cron {
+        o = o.consumers_cron(c.clone());
+    }
+    if let Some(c) = &h.sweep_cron {
+        o = o.sweep_cron(c.clone());
+    }
+    let key = "housekeeping.consumer_max_idle";
+    if let Some(d) = duration(key, h.consumer_max_idle.as_deref())? {
+        o = o.consumer_max_idle(d);
+    }
+    if let Some(d) = duration("dead.retention", dead.retention.as_deref())? {
+        o = o.dead_retention(d);
+    }
+    if let Some(n) = dead.max_per_queue {
+        o = o.dead_max_per_queue(n);
+    }
+    o.validate().map_err(|e| match e {
+        InvalidInput::Option {
+            name: "dead_max_per_queue",
+            reason,
+        } => ConfigError::at("dead.max_per_queue", reason),
+        e => lib_err("housekeeping", &[])(e),
+    })?;
+    Ok(o)
+}
+
+pub(super) fn check_reconciliation(
+    r: &ReconciliationConfig,
+    handlers: &[HandlerSpec],
+) -> Result<Option<ReconcileSpec>, ConfigError> {
+    let close = handlers.iter().find_map(|h| match &h.kind {
+        HandlerKind::OrderClose { database_url } => {
+            Some((h.queue.clone(), h.group.clone(), database_url.clone()))
+        }
+        _ => None,
+    });
+    if !r.enabled.unwrap_or(close.is_some()) {
+        return Ok(None);
+    }
+    let needed = "required when no order-close handler is configured";
+    let database_url = match (&r.database_url, &close) {
+        (Some(u), _) => {
+            crate::orders::db::check_url(u)
+                .map_err(|e| ConfigError::at("reconciliation.database_url", e))?;
+            u.clone()
+        }
+        (None, Some((_, _, u))) => u.clone(),
+        (None, None) => return Err(ConfigError::at("reconciliation.database_url", needed)),
+    };
+    let queue = match (&r.queue, &close) {
+        (Some(q), _) => {
+            QueueName::new(q).map_err(|e| ConfigError::at("reconciliation.queue", e))?;
+            q.clone()
+        }
+        (None, Some((q, _, _))) => q.clone(),
+        (None, None) => return Err(ConfigError::at("reconciliation.queue", needed)),
+    };
+    // The close group: given, or the order-close handler's on that queue.
+    let group = match (&r.group, &close) {
+        (Some(g), _) => {
+            crate::engine::keys::validate_member_name("group", g)
+                .map_err(|e| ConfigError::at("reconciliation.group", e))?;
+            g.clone()
+        }
+        (None, Some((q, g, _))) if *q == queue => g.clone(),
+        _ => {
+            return Err(ConfigError::at(
+                "reconciliation.group",
+                "required unless an order-close handler consumes the reconciliation queue",
+            ));
+        }
+    };
+    let mut options = ReconcileOptions::default();
+    if let Some(c) = &r.cron {
+        options = options.cron(c.clone());
+    }
+    if let Some(g) = duration("reconciliation.grace", r.grace.as_deref())? {
+        options = options.grace(g);
+    }
+    if let Some(b) = r.batch {
+        options = options.batch(b);
+    }
+    options.validate().map_err(lib_err("reconciliation", &[]))?;
+    Ok(Some(ReconcileSpec {
+        database_url,
+        queue,
+        group,
+        options,
+    }))
+}

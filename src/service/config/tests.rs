@@ -1,0 +1,306 @@
+use super::*;
+
+fn env() -> Env {
+    Env::prefixed("DELAYQ_TEST_NONE_")
+}
+
+const GOOD: &str = r#"
+redis_url = "redis://127.0.0.1:6379"
+namespace = "dq"
+[http]
+listen = "127.0.0.1:7070"
+tokens = ["change-me"]
+max_body_bytes = 1048576
+[[handlers]]
+queue = "order-close"
+group = "close-order"
+kind = "webhook"
+url = "http://127.0.0.1:9000/orders/close"
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+concurrency = 16
+timeout = "10s"
+max_attempts = 10
+backoff = "linear:2m:1m"
+visibility_timeout = "30s"
+"#;
+
+#[test]
+fn the_environment_keys_are_the_config_keys() {
+    let v = serde_json::to_value(Config::default()).unwrap();
+    let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut known = raw::TOP_LEVEL_KEYS.to_vec();
+    fields.sort_unstable();
+    known.sort_unstable();
+    assert_eq!(fields, known);
+}
+
+#[test]
+fn the_documented_example_loads() {
+    let s = load_str(GOOD, env()).unwrap();
+    assert_eq!(s.handlers.len(), 1);
+    assert_eq!(s.queues, vec!["order-close"]);
+    assert_eq!(
+        s.handlers[0].worker.handler_timeout,
+        Duration::from_secs(10)
+    );
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases = [
+        (
+            GOOD.replace(
+                "namespace = \"dq\"",
+                "namespace = \"dq\"\nnamespaec = \"x\"",
+            ),
+            "namespaec",
+        ),
+        (
+            GOOD.replace(
+                "max_body_bytes = 1048576",
+                "max_body_bytes = 1048576\nport = 1",
+            ),
+            "port",
+        ),
+        (
+            GOOD.replace("concurrency = 16", "concurrency = 16\nretries = 3"),
+            "retries",
+        ),
+        (
+            GOOD.replace("timeout = \"10s\"", "timeout = \"10 seconds\""),
+            "handlers[0].timeout",
+        ),
+        (
+            GOOD.replace("linear:2m:1m", "linear:2m"),
+            "handlers[0].backoff",
+        ),
+        (
+            GOOD.replace("kind = \"webhook\"", "kind = \"email\""),
+            "handlers[0].kind",
+        ),
+        (GOOD.replace("127.0.0.1:7070", "localhost"), "http.listen"),
+        (
+            GOOD.replace("concurrency = 16", "concurrency = \"many\""),
+            "concurrency",
+        ),
+        (
+            GOOD.replace("redis://127.0.0.1:6379", "mysql://x"),
+            "redis_url",
+        ),
+        (
+            GOOD.replace("http://127.0.0.1:9000/orders/close", "ftp://x"),
+            "handlers[0].url",
+        ),
+    ];
+    for (text, key) in cases {
+        let e = load_str(&text, env()).unwrap_err();
+        assert!(e.to_string().contains(key), "{key}: {e}");
+    }
+}
+
+/// Config and library agree: an empty file gives exactly the library's defaults, and a
+/// value the library refuses is refused by the config under its key.
+#[test]
+fn config_and_library_agree() {
+    let text = "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\n";
+    let s = load_str(text, env()).unwrap();
+    let w = &s.handlers[0].worker;
+    let d = crate::engine::worker::WorkerOptions::default();
+    assert_eq!(
+        (
+            w.concurrency,
+            w.handler_timeout,
+            w.max_attempts,
+            w.visibility_timeout,
+            w.prefetch
+        ),
+        (
+            d.concurrency,
+            d.handler_timeout,
+            d.max_attempts,
+            d.visibility_timeout,
+            d.prefetch
+        )
+    );
+    assert_eq!(w.backoff, d.backoff);
+    let dd = crate::engine::dispatcher::DispatcherOptions::default();
+    assert_eq!(
+        (
+            s.dispatcher.batch,
+            s.dispatcher.max_idle,
+            s.dispatcher.linger
+        ),
+        (dd.batch, dd.max_idle, dd.linger)
+    );
+    let c = crate::engine::client::ClientOptions::default();
+    assert_eq!(
+        (
+            s.client.shards,
+            s.client.max_payload_bytes,
+            s.client.namespace.as_str()
+        ),
+        (c.shards, c.max_payload_bytes, c.namespace.as_str())
+    );
+    // The library's limits, reported under the config's keys.
+    let cases = [
+        (
+            "visibility_timeout = \"29ms\"",
+            "handlers[0].visibility_timeout",
+        ),
+        ("visibility_timeout = \"30ms\"", ""),
+        ("concurrency = 0", "handlers[0].concurrency"),
+        ("concurrency = 10001", "handlers[0].concurrency"),
+        ("timeout = \"0s\"", "handlers[0].timeout"),
+        ("prefetch = 10001", "handlers[0].prefetch"),
+        ("max_attempts = 0", "handlers[0].max_attempts"),
+    ];
+    for (line, key) in cases {
+        let r = load_str(&format!("{text}{line}\n"), env());
+        match (key, r) {
+            ("", r) => assert!(r.is_ok(), "{line}: {:?}", r.err()),
+            (key, Err(e)) => assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}"),
+            (key, Ok(_)) => panic!("{line} accepted; expected an error at {key}"),
+        }
+    }
+    for (text, key) in [
+        ("shards = 0\n", "shards"),
+        ("shards = 1025\n", "shards"),
+        ("max_payload_bytes = 0\n", "max_payload_bytes"),
+        ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
+        ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
+        ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
+        (
+            "[housekeeping]\ntrim_cron = \"* * *\"\n",
+            "housekeeping.trim_cron",
+        ),
+        ("namespace = \"a b\"\n", "namespace"),
+    ] {
+        let e = load_str(text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+    }
+}
+
+const CLOSE: &str = r#"
+[[handlers]]
+queue = "order-close"
+group = "close-order"
+kind = "order-close"
+database_url = "sqlite://orders.db"
+"#;
+
+#[test]
+fn an_order_close_handler_turns_reconciliation_on() {
+    let s = load_str(CLOSE, env()).unwrap();
+    assert_eq!(
+        s.handlers[0].kind,
+        HandlerKind::OrderClose {
+            database_url: "sqlite://orders.db".into()
+        }
+    );
+    let r = s.reconciliation.unwrap();
+    assert_eq!(
+        (r.queue.as_str(), r.database_url.as_str()),
+        ("order-close", "sqlite://orders.db")
+    );
+    assert_eq!(
+        (r.options.cron.as_str(), r.options.grace),
+        ("*/30 * * * * *", Duration::from_secs(60))
+    );
+    let off = format!("{CLOSE}\n[reconciliation]\nenabled = false\n");
+    assert!(load_str(&off, env()).unwrap().reconciliation.is_none());
+    // Without an order-close handler it is off unless asked for.
+    assert!(load_str(GOOD, env()).unwrap().reconciliation.is_none());
+}
+
+#[test]
+fn order_close_errors_name_the_key() {
+    let cases = [
+        (
+            CLOSE.replace("database_url = \"sqlite://orders.db\"", ""),
+            "handlers[0].database_url",
+        ),
+        (
+            CLOSE.replace("sqlite://orders.db", "mysql://db/orders"),
+            "handlers[0].database_url",
+        ),
+        (
+            format!("{CLOSE}\n[reconciliation]\ngrace = \"soon\"\n"),
+            "reconciliation.grace",
+        ),
+        (
+            format!("{CLOSE}\n[reconciliation]\ncron = \"* * * * *\"\n"),
+            "reconciliation.cron",
+        ),
+        (
+            format!("{CLOSE}\n[reconciliation]\ngrase = \"1m\"\n"),
+            "grase",
+        ),
+        (
+            "[reconciliation]\nenabled = true\n".to_owned(),
+            "reconciliation.database_url",
+        ),
+        (
+            GOOD.replace(
+                "secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"",
+                "database_url = \"sqlite://x.db\"",
+            ),
+            "handlers[0].database_url",
+        ),
+    ];
+    for (text, key) in cases {
+        let e = load_str(&text, env()).unwrap_err();
+        assert!(e.to_string().contains(key), "{key}: {e}");
+    }
+}
+
+#[test]
+fn secrets_never_show_in_errors_or_debug_output() {
+    // A value of the wrong type is named by its key and kind, never echoed.
+    for (text, key) in [
+        ("[http]\ntokens = \"TOKEN-VALUE-123\"\n", "http.tokens"),
+        ("redis_url = [\"redis://:PASSWORD@h:1\"]\n", "redis_url"),
+        (
+            "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"webhook\"\nurl = \"http://h/x?token=QUERY-SECRET\"\nsecret = 42\n",
+            "handlers",
+        ),
+        (
+            "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"webhook\"\nurl = \"ftp://u:URLPASS@h/x?token=QUERY-SECRET\"\n",
+            "handlers[0].url",
+        ),
+    ] {
+        let e = load_str(text, env()).unwrap_err().to_string();
+        assert!(e.contains(key), "{key}: {e}");
+        for secret in ["TOKEN-VALUE-123", "PASSWORD", "QUERY-SECRET", "URLPASS"] {
+            assert!(!e.contains(secret), "{e}");
+        }
+    }
+    let text = r#"
+redis_url = "redis://:REDISPASS@127.0.0.1:6379"
+[http]
+tokens = ["HTTP-TOKEN-1234"]
+[[handlers]]
+queue = "q"
+group = "g"
+kind = "webhook"
+url = "https://u:HOOKPASS@h/x?token=HOOK-QUERY"
+secret = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "a-second-secret-SECOND"]
+[[handlers]]
+queue = "q"
+group = "c"
+kind = "order-close"
+database_url = "postgres://app:DBPASS@db/shop"
+"#;
+    let settings = load_str(text, env()).unwrap();
+    let shown = format!("{settings:?}");
+    for secret in [
+        "REDISPASS",
+        "HTTP-TOKEN-1234",
+        "HOOKPASS",
+        "HOOK-QUERY",
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "SECOND",
+        "DBPASS",
+    ] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+}
