@@ -6,12 +6,19 @@
 -- KEYS[3]  the shard's STREAM       one entry per dispatched order
 -- KEYS[4]  the shard's history bucket for "now" ({ns:q:s}:history:<bucket_ms>:<bucket>):
 --          HASH order id -> "<entry id>:<due ms>"
+-- KEYS[5]  the shard's marker HASH: while its field `paused` is set, nothing is moved
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
 --
--- Returns: { moved, next_due_ms }  moved = orders written to the stream by this call,
---          next_due_ms = score of the earliest order still scheduled (nil when none).
+-- Returns: { moved, next_due_ms, paused, gone }  moved = orders written to the stream by
+--          this call, next_due_ms = score of the earliest order still scheduled (nil when
+--          none), paused = 1 when the queue's dispatch is paused (then moved is 0), gone = 1
+--          when the shard has no epoch (the queue was deleted, or Redis lost its data: a
+--          dispatcher the application made declares its queue again, one a supervisor made
+--          leaves it to the registry). Due orders are moved either way.
+-- The pause flag is read here, inside the script, so once a pause has been written no
+-- dispatch starts: it takes effect when the pause command answers, not at a later poll.
 --
 -- Stream entry fields: id, due_ms, data = the HASH value as stored ("<enqueued_ms>:<json>",
 -- split by the consumer so Redis does no string work), or, when the HASH field is missing
@@ -41,6 +48,12 @@ if not limit or limit < 1 or limit > 1000 then
 end
 if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq dequeue: history expiry must be unix milliseconds or 0')
+end
+
+local gone = 1 - redis.call('HEXISTS', KEYS[5], 'epoch')
+if redis.call('HEXISTS', KEYS[5], 'paused') == 1 then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return { 0, first[2] or false, 1, gone }
 end
 
 local n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
@@ -74,4 +87,4 @@ if n > 0 then
 end
 
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return { n, head[2] or false }
+return { n, head[2] or false, 0, gone }

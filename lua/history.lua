@@ -10,7 +10,9 @@
 -- ARGV[2]  k, the number of history buckets
 -- ARGV[3]  the bucket length, ms
 -- ARGV[4 .. 3+k]  the bucket numbers of KEYS[5 .. 4+k]
--- ARGV[4+k ..]    the group names (g of them)
+-- ARGV[4+k]       the cutoff, unix ms: a record of an entry older than this is past the
+--                 retention (its bucket may outlive it by up to one bucket length)
+-- ARGV[5+k ..]    the group names (g of them)
 --
 -- Returns:
 --   false                                        never seen, or past the history retention
@@ -21,6 +23,8 @@
 -- 'running' (pending, leased), 'retrying' (pending, its current attempt failed: the errors
 -- HASH holds that attempt), 'done' (acknowledged), 'dead' (history marker "d<n>:<dead id>").
 -- A done entry acknowledged after several attempts has the marker "a<n>".
+-- Each group is reported on its own delivery: the order's record, or the redirect
+-- "\2<group>\2<order id>" a replay or a redelivery to that group wrote (see replay.lua).
 -- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
 local function int(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
@@ -40,26 +44,65 @@ local k, len = int(ARGV[2]), int(ARGV[3])
 if not k or k < 0 or not len or len < 1 then
   return redis.error_reply('ERR delayq history: bucket count and length expected')
 end
+local cutoff = int(ARGV[4 + k])
+if not cutoff then
+  return redis.error_reply('ERR delayq history: the cutoff must be unix milliseconds')
+end
 local due = redis.call('ZSCORE', KEYS[1], id)
 if due then
   return { 'scheduled', due, redis.call('HGET', KEYS[2], id) or false }
 end
-local found
-for j = 1, k do
-  found = redis.call('HGET', KEYS[4 + j], id)
-  if found then break end
+-- The order's record (its first dispatch) and, per group, a redirect written when a replay
+-- or a reconciliation redelivered it to that group alone: each group is reported on the
+-- delivery it actually handles.
+local function lookup(field)
+  for j = 1, k do
+    local v = redis.call('HGET', KEYS[4 + j], field)
+    if v then return v end
+  end
+  return nil
 end
-if not found then return false end
-local eid, due_ms = string.match(found, '^(%d+%-%d+):(.+)$')
-if not eid then return false end
-local ems = parse_id(eid)
-local entry = redis.call('XRANGE', KEYS[3], eid, eid)
-local fields = false
-if entry[1] then fields = entry[1][2] end
--- The bucket holding the entry's markers: the one of the entry id's time.
-local mkey
-for j = 1, k do
-  if int(ARGV[3 + j]) == math.floor(ems / len) then mkey = KEYS[4 + j] end
+local function entry_of(v)
+  if not v then return nil end
+  local e, d = string.match(v, '^(%d+%-%d+):(.+)$')
+  if not e or parse_id(e) < cutoff then return nil end
+  return e, d
+end
+local eid, due_ms = entry_of(lookup(id))
+local ng = #ARGV - 4 - k
+local per = {}
+local any = eid ~= nil
+for i = 1, ng do
+  local g = ARGV[4 + k + i]
+  local reid, rdue = entry_of(lookup('\2' .. g .. '\2' .. id))
+  if reid then
+    per[i] = reid
+    any = true
+    if not eid then eid, due_ms = reid, rdue end
+  else
+    per[i] = eid
+  end
+end
+if not any then return false end
+local function fields_of(e)
+  local entry = redis.call('XRANGE', KEYS[3], e, e)
+  if entry[1] then return entry[1][2] end
+  return false
+end
+local fields = fields_of(eid)
+-- An entry made for one group only (a reconciliation of a lost order): the other groups
+-- never saw the order, so they are not reported.
+local only = false
+if fields then
+  for j = 1, #fields, 2 do if fields[j] == 'for_group' then only = fields[j + 1] end end
+end
+-- The bucket holding an entry's markers: the one of the entry id's time.
+local function marker_bucket(e)
+  local ems = parse_id(e)
+  for j = 1, k do
+    if int(ARGV[3 + j]) == math.floor(ems / len) then return KEYS[4 + j] end
+  end
+  return nil
 end
 local last = {}
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -72,27 +115,29 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   end
 end
 local groups = {}
-local ng = #ARGV - 3 - k
 for i = 1, ng do
-  local g = ARGV[3 + k + i]
+  local g = ARGV[4 + k + i]
+  local e = per[i]
   local timers, errors = KEYS[4 + k + 2 * i - 1], KEYS[4 + k + 2 * i]
-  if last[g] then
-    local p = redis.call('XPENDING', KEYS[3], g, eid, eid, 1)
+  local skip = (only and only ~= g and e == eid) or not e
+  if last[g] and not skip then
+    local p = redis.call('XPENDING', KEYS[3], g, e, e, 1)
     if p[1] then
       local count = p[1][4]
-      local err = redis.call('HGET', errors, eid)
+      local err = redis.call('HGET', errors, e)
       local at, text = nil, nil
       if err then at, text = string.match(err, '^(%d+):(.*)$') end
       if at and tonumber(at) == count then
-        groups[#groups + 1] = { g, 'retrying', count, text, redis.call('ZSCORE', timers, eid) or false }
+        groups[#groups + 1] = { g, 'retrying', count, text, redis.call('ZSCORE', timers, e) or false }
       else
         groups[#groups + 1] = { g, 'running', count, text or false, false }
       end
-    elseif less(last[g], eid) then
+    elseif less(last[g], e) then
       groups[#groups + 1] = { g, 'waiting', 0, false, false }
     else
+      local mkey = marker_bucket(e)
       local m = false
-      if mkey then m = redis.call('HGET', mkey, '\1' .. g .. '\1' .. eid) end
+      if mkey then m = redis.call('HGET', mkey, '\1' .. g .. '\1' .. e) end
       local dn, did = false, false
       if m then dn, did = string.match(m, '^d(%d+):(.+)$') end
       if dn then
@@ -107,6 +152,15 @@ for i = 1, ng do
         local an = m and string.match(m, '^a(%d+)$')
         groups[#groups + 1] = { g, 'done', tonumber(an or 1), false, false }
       end
+    end
+  end
+end
+-- The payload: from the first delivery, or any group's redelivery once that is trimmed.
+if not fields then
+  for i = 1, ng do
+    if per[i] and per[i] ~= eid then
+      fields = fields_of(per[i])
+      if fields then break end
     end
   end
 end

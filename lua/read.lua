@@ -3,15 +3,18 @@
 -- KEYS[1]  the shard's STREAM
 -- KEYS[2]  the group's timers ZSET for this shard   member = entry id, score = unix ms after
 --          which the entry may be taken by another consumer (lease end, or retry time)
+-- KEYS[3]  the shard's marker HASH: while its field `paused:<group>` is set, nothing is read
 -- ARGV[1]  group
 -- ARGV[2]  consumer
 -- ARGV[3]  count, 1..1000
 -- ARGV[4]  lease end, unix ms (now + visibility timeout)
 --
--- Returns: { entries, last_id }
+-- Returns: { entries, last_id, paused }
 --   entries = XREADGROUP's entries for this stream ([id, [field, value, ...]], ...), or {}
 --   last_id = id of the stream's last entry ("0-0" when empty): a consumer that got fewer than
 --             count entries may block with XREAD on entries after it.
+--   paused  = 1 when the group is paused (then entries is empty): checked here, so no read
+--             starts once a pause has been written.
 --
 -- XREADGROUP (which puts the entries in the consumer's pending list) and the lease (ZADD into
 -- the timers ZSET) happen together, so no crash can leave a pending entry without a timer:
@@ -28,6 +31,14 @@ local count = int(ARGV[3])
 if not count or count < 1 or count > 1000 then
   return redis.error_reply('ERR delayq read: count must be 1..1000')
 end
+local function last_id()
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+  if last[1] then return last[1][1] end
+  return '0-0'
+end
+if redis.call('HEXISTS', KEYS[3], 'paused:' .. ARGV[1]) == 1 then
+  return { {}, last_id(), 1 }
+end
 local reply = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count,
   'STREAMS', KEYS[1], '>')
 local entries = {}
@@ -40,7 +51,4 @@ if reply and reply[1] then
   end
   if #z > 0 then redis.call('ZADD', KEYS[2], unpack(z)) end
 end
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local last_id = '0-0'
-if last[1] then last_id = last[1][1] end
-return { entries, last_id }
+return { entries, last_id(), 0 }

@@ -16,8 +16,13 @@
 -- For each order: scheduled (in the due ZSET) -> left alone (0); its latest entry pending in
 -- the group, or not yet read by it -> left alone (2); otherwise (never dispatched, past the
 -- history retention, done or dead in the group) it is appended to the stream with
--- for_group = <group> and due_ms = now (1), and the history follows the new entry.
--- Returns one code per order.
+-- for_group = <group> and due_ms = now (1), and the group's history follows the new entry:
+-- a redirect "\2<group>\2<order id>" -> "<entry id>:<due ms>" when the order has a record
+-- (the other groups keep reporting what they handled), else the order's record itself
+-- (an entry only the group sees: the lookup reports that group alone).
+-- Returns one code per order. Error "ERR delayq group_not_found ..." (nothing written) when
+-- the group does not exist on this shard's stream: without it, nothing could tell an order
+-- on its way from a lost one, and every run would append every order again.
 -- Why one script: the check and the append are one step, so two runs (or a run racing a
 -- schedule) never send an order twice. Every argument is checked before the first write.
 -- Redis >= 6.2.
@@ -66,8 +71,12 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
     if name == group then last = ld end
   end
 end
+if not last then
+  return redis.error_reply('ERR delayq group_not_found: the group does not exist on this shard')
+end
 local out = {}
 local hist = {}
+local recorded = {}
 for i = 6 + k, #ARGV, 2 do
   local id, payload = ARGV[i], ARGV[i + 1]
   local code = 1
@@ -76,11 +85,18 @@ for i = 6 + k, #ARGV, 2 do
   else
     local found
     for j = 1, k do
-      found = redis.call('HGET', KEYS[2 + j], id)
+      found = redis.call('HGET', KEYS[2 + j], '\2' .. group .. '\2' .. id)
       if found then break end
     end
+    if not found then
+      for j = 1, k do
+        found = redis.call('HGET', KEYS[2 + j], id)
+        if found then break end
+      end
+    end
+    recorded[i] = found
     local eid = found and string.match(found, '^(%d+%-%d+):')
-    if eid and last then
+    if eid then
       local p = redis.call('XPENDING', KEYS[2], group, eid, eid, 1)
       if p[1] or less(last, eid) then code = 2 end
     end
@@ -89,7 +105,11 @@ for i = 6 + k, #ARGV, 2 do
     local eid = redis.call('XADD', KEYS[2], '*', 'id', id, 'due_ms', ARGV[4 + k],
       'data', ARGV[4 + k] .. ':' .. payload, 'for_group', group)
     if wkey then
-      hist[#hist + 1] = id
+      if recorded[i] then
+        hist[#hist + 1] = '\2' .. group .. '\2' .. id
+      else
+        hist[#hist + 1] = id
+      end
       hist[#hist + 1] = eid .. ':' .. ARGV[4 + k]
     end
   end

@@ -9,7 +9,9 @@
 --
 -- Each dead letter is appended to the stream as a new entry with its original fields plus
 -- for_group = <its group> (every other group acknowledges it without running its handler),
--- then deleted from the dead-letter stream, and the order's history follows the new entry.
+-- then deleted from the dead-letter stream, and that group's history follows the new entry:
+-- the field "\2<group>\2<order id>" -> "<new entry id>:<due ms>" in the bucket of now
+-- redirects that group only; every other group keeps reporting the delivery it handled.
 -- The new entry starts again at attempt 1.
 -- Why one script: the append and the delete go together, so an interrupted replay loses
 -- nothing and replays nothing twice. Redis >= 6.2.
@@ -49,7 +51,7 @@ for i = 3, #ARGV do
       redis.call('XDEL', KEYS[1], ARGV[i])
       n = n + 1
       if hist_at > 0 and id and due then
-        hist[#hist + 1] = id
+        hist[#hist + 1] = '\2' .. group .. '\2' .. id
         hist[#hist + 1] = eid .. ':' .. due
       end
     end

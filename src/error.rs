@@ -92,17 +92,49 @@ pub enum Error {
     },
     /// A delete without `force` of a queue that still holds work.
     #[error(
-        "queue {queue:?} is not empty: {scheduled} scheduled, {pending} pending, {dead} dead (use force to delete it anyway)"
+        "queue {queue:?} is not empty: {scheduled} scheduled, {unread} not yet read by a group{}, {pending} pending, {dead} dead (use force to delete it anyway)",
+        lag_text(lag)
     )]
     QueueNotEmpty {
         /// The queue.
         queue: String,
         /// Orders scheduled.
         scheduled: u64,
+        /// Stream entries some group has not read yet (the largest lag of any group).
+        unread: u64,
+        /// Each group's lag: entries it has not read yet.
+        lag: Vec<(String, u64)>,
         /// Entries pending in some group.
         pending: u64,
         /// Dead letters.
         dead: u64,
+    },
+    /// The namespace already has the most queues it may have (`max_queues`).
+    #[error(
+        "the namespace already has {max} queues, the most it may have (delete one, or raise max_queues)"
+    )]
+    TooManyQueues {
+        /// The cap.
+        max: usize,
+    },
+    /// The queue already has the most consumer groups it may have (`max_groups`).
+    #[error(
+        "queue {queue:?} already has {max} consumer groups, the most it may have (delete one, or raise max_groups)"
+    )]
+    TooManyGroups {
+        /// The queue.
+        queue: String,
+        /// The cap.
+        max: usize,
+    },
+    /// The consumer group was deleted while its worker ran: the worker stops rather than
+    /// create it again (which would deliver every retained entry once more).
+    #[error("consumer group {group:?} of queue {queue:?} was deleted; its worker stopped")]
+    GroupDeleted {
+        /// The queue.
+        queue: String,
+        /// The group.
+        group: String,
     },
     /// A durable schedule was not confirmed by enough replicas in time, or its connection
     /// broke before they answered. The order may be on the leader and may still fire;
@@ -249,6 +281,20 @@ impl Error {
             Error::Invalid(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+/// `" (lag: a=3, b=50)"`, or nothing when no group lags.
+fn lag_text(lag: &[(String, u64)]) -> String {
+    let lagging: Vec<String> = lag
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(g, n)| format!("{g}={n}"))
+        .collect();
+    if lagging.is_empty() {
+        String::new()
+    } else {
+        format!(" (lag: {})", lagging.join(", "))
     }
 }
 

@@ -20,8 +20,9 @@
 //!
 //! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
 //! - [`engine`]: keys, connections, the clock, the Lua scripts, the producer
-//!   [`Client`], the [`Dispatcher`], the [`Worker`], housekeeping, dead letters, statistics.
-//!   Always built.
+//!   [`Client`], the queue registry, the [`Dispatcher`] and the [`Supervisor`] that runs one
+//!   per registered queue, the [`Worker`], the maintenance services, dead letters,
+//!   statistics. Always built.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
 //!   handler and the reconciliation job.
 //! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
@@ -75,6 +76,7 @@ pub use engine::message::{
     ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
 pub use engine::stats::{GroupStats, QueueStats};
+pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
     WorkerOptions, WorkerStats,

@@ -463,7 +463,8 @@ async fn bench_reports_every_field_and_loses_nothing() {
             .contains("raw pipelined ZADD")
     );
     // It cleaned up after itself.
-    assert_eq!(support::data_keys(&client).await, 0);
+    let left: Vec<String> = support::raw(&client, &["KEYS", "*"]).await;
+    assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
 }
 
 #[tokio::test]
@@ -585,4 +586,54 @@ async fn queues_and_groups_pause_and_resume() {
     assert_eq!(o.json()["queues"][0]["groups"][0]["paused"], json!(true));
     let o = run(&url, &["queue", "pause", "typo-queue"]);
     assert_eq!(o.code, 1);
+}
+
+#[tokio::test]
+async fn queue_list_on_a_fresh_redis_and_after_the_last_delete_prints_nothing() {
+    let fresh = delayq::LocalRedis::start().unwrap();
+    let o = run(&fresh.url(), &["queue", "list"]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.stderr);
+    let o = run(&fresh.url(), &["queue", "create", "only"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = run(&fresh.url(), &["queue", "delete", "only"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = run(&fresh.url(), &["queue", "list"]);
+    assert_eq!((o.code, o.stdout.as_str()), (0, ""), "{}", o.stderr);
+    let o = run(&fresh.url(), &["stats", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+}
+
+#[tokio::test]
+async fn queue_delete_is_refused_while_a_paused_group_has_unread_entries() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let _: () = raw(
+        &client,
+        &[
+            "XGROUP",
+            "CREATE",
+            "{dq:q:0}:stream",
+            "slow",
+            "0",
+            "MKSTREAM",
+        ],
+    )
+    .await;
+    let o = run(&url, &["queue", "pause", "q", "--group", "slow"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    for i in 0..5 {
+        let o = run(&url, &["schedule", "q", &format!("o{i}"), "--in", "0s"]);
+        assert_eq!(o.code, 0, "{}", o.stderr);
+    }
+    delayq::Dispatcher::new(&client, "q", delayq::DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let o = run(&url, &["queue", "delete", "q"]);
+    assert_eq!(o.code, 2, "{}", o.stdout);
+    assert!(o.stderr.contains("5 not yet read"), "{}", o.stderr);
+    assert!(o.stderr.contains("slow=5"), "{}", o.stderr);
+    let len: i64 = raw(&client, &["XLEN", "{dq:q:0}:stream"]).await;
+    assert_eq!(len, 5, "nothing deleted");
 }

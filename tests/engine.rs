@@ -185,10 +185,13 @@ async fn an_id_twice_in_one_call_acts_as_two_calls_in_order() {
 
     // 5,000 orders in one direct call: 10,000 values for ZADD and for HSET.
     let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let epoch = support::epoch(&client, "order-close").await;
     let mut inv = script.key("{dq:order-close:0}:due");
     inv.key("{dq:order-close:0}:payload")
+        .key("{dq:order-close:0}:meta")
         .arg("upsert")
-        .arg(T0.to_string());
+        .arg(T0.to_string())
+        .arg(&epoch);
     for i in 0..5000 {
         inv.arg(format!("big-{i}"))
             .arg((T0 + i).to_string())
@@ -810,11 +813,14 @@ async fn the_scripts_refuse_malformed_arguments_without_writing() {
     let (_s, client) = start().await;
     let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
     let mut conn = client.connection();
+    let epoch = support::epoch(&client, "q").await;
     let r: redis::RedisResult<Vec<i64>> = script
         .key("{dq:q:0}:due")
         .key("{dq:q:0}:payload")
+        .key("{dq:q:0}:meta")
         .arg("upsert")
         .arg(T0)
+        .arg(&epoch)
         .arg("a")
         .arg(T0)
         .arg("{}")
@@ -842,6 +848,7 @@ async fn the_scripts_accept_only_canonical_integers() {
         .unwrap();
     let before = snapshot(&client).await;
     let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let epoch = support::epoch(&client, "order-close").await;
     let good = T0.to_string();
     for bad in [
         " 5",
@@ -860,8 +867,10 @@ async fn the_scripts_accept_only_canonical_integers() {
             let r: redis::RedisResult<Vec<i64>> = script
                 .key("{dq:order-close:0}:due")
                 .key("{dq:order-close:0}:payload")
+                .key("{dq:order-close:0}:meta")
                 .arg("upsert")
                 .arg(now)
+                .arg(&epoch)
                 .arg("a")
                 .arg(&good)
                 .arg("{}")

@@ -127,7 +127,8 @@ pub enum Command {
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
     /// redis-server when none is reachable).
     Bench {
-        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth.
+        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth, idle
+        /// (idle: `--orders` declared queues, nothing due, for `--window`).
         #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.

@@ -50,6 +50,8 @@ impl From<Error> for Failure {
             }
             e @ (Error::ShardMismatch { .. }
             | Error::QueueNotEmpty { .. }
+            | Error::TooManyQueues { .. }
+            | Error::TooManyGroups { .. }
             | Error::GroupBusy { .. }) => Failure::Invalid(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }

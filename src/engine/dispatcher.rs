@@ -111,8 +111,10 @@ pub struct Pass {
     pub moved: usize,
     /// True when some shard returned a full batch (more may be due right now).
     pub more: bool,
-    /// Earliest due time still scheduled, over all shards.
+    /// Earliest due time still scheduled, over all shards (not counting paused ones).
     pub next_due_ms: Option<i64>,
+    /// True when the queue's dispatch is paused.
+    pub paused: bool,
 }
 
 /// What the last call on a shard said.
@@ -134,17 +136,44 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
-    /// The queue's pause flag and history retention, as this process last saw them.
+    /// The queue's history retention, as this process last saw it.
     watch: QueueWatch,
+    /// Register the queue with the client's shard count before each pass (a dispatcher
+    /// the application made), or not (one a supervisor made from the registry record).
+    register: bool,
 }
 
 impl Dispatcher {
-    /// A dispatcher for `queue`.
+    /// A dispatcher for `queue`, registering it with the client's shard count when it runs.
     pub fn new(client: &Client, queue: &str, opts: DispatcherOptions) -> Result<Self> {
+        let shards = client.options().shards;
+        Self::build(client, queue, shards, opts, true)
+    }
+
+    /// A dispatcher for a queue registered with `shards` shards (what a supervisor runs for
+    /// each queue of the registry): it never registers the queue, so a deleted queue stays
+    /// deleted.
+    pub fn for_registered(
+        client: &Client,
+        queue: &str,
+        shards: u16,
+        opts: DispatcherOptions,
+    ) -> Result<Self> {
+        Self::build(client, queue, shards, opts, false)
+    }
+
+    fn build(
+        client: &Client,
+        queue: &str,
+        shards: u16,
+        opts: DispatcherOptions,
+        register: bool,
+    ) -> Result<Self> {
         let queue = QueueName::new(queue)?;
         opts.validate()?;
-        let shards = client.queue_keys(&queue);
+        let shards = client.keyspace().shards(&queue, shards);
         Ok(Dispatcher {
+            register,
             views: std::sync::Mutex::new(vec![None; shards.len()]),
             watch: QueueWatch::new(queue.clone(), None),
             shards,
@@ -163,13 +192,11 @@ impl Dispatcher {
     /// One pass: one `dequeue.lua` call per shard that may have due orders, with the
     /// clock's "now", all in flight together.
     pub async fn pass(&self) -> Result<Pass> {
-        self.client.register(&self.queue).await?;
-        let flags = self.watch.flags(&self.client).await?;
-        if flags.paused {
-            // Paused: the orders stay scheduled; look again after the idle sleep.
-            return Ok(Pass::default());
+        if self.register {
+            self.client.register(&self.queue).await?;
         }
-        let history = flags.history;
+        // A pause is checked by dequeue.lua itself, so it holds from the moment it is set.
+        let history = self.watch.flags(&self.client).await?.history;
         let now = self.client.now_ms();
         let started = Instant::now();
         let mut pass = Pass::default();
@@ -212,7 +239,18 @@ impl Dispatcher {
             }
         };
         let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        let gone = results.iter().any(|r| r.gone);
         for (&i, r) in call.iter().zip(results) {
+            if r.paused {
+                // Paused: its orders wait; call it again after the idle sleep (or at once
+                // when this process resumes it).
+                pass.paused = true;
+                views[i] = Some(ShardView {
+                    next_due_ms: None,
+                    at: started,
+                });
+                continue;
+            }
             pass.moved += r.moved;
             let full = r.moved >= self.opts.batch;
             pass.more |= full;
@@ -224,6 +262,12 @@ impl Dispatcher {
             });
         }
         drop(views);
+        if gone && self.register {
+            // The queue vanished under a dispatcher the application made (deleted, or Redis
+            // lost its data): it declares its queue again on the next pass, as at start.
+            tracing::warn!(queue = %self.queue, "the queue is not registered any more; declaring it again");
+            self.client.forget(&self.queue);
+        }
         if pass.moved > 0 {
             tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
             telemetry::dispatched(self.queue.as_str(), pass.moved as u64);

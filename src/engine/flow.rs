@@ -1,9 +1,11 @@
 //! Flow control: pausing a queue's dispatch or a group's consumption, and rate limits shared
 //! by every process of a group.
 //!
-//! **Pause** flags live in the queue's registry record (`{ns}:queue:<q>`: field `paused` for
-//! the queue, `paused:<group>` for a group). Dispatchers and workers read them at most every
-//! [`PAUSE_REFRESH`], so every process obeys a pause or resume within a second. A paused
+//! **Pause** flags live in every shard's marker (`{ns:q:s}:meta`: field `paused` for the
+//! queue, `paused:<group>` for a group), checked inside `dequeue.lua` and `read.lua`: once
+//! a pause call has answered, no dispatch or read starts anywhere. The registry record
+//! keeps a copy for listings. A resume wakes this process's dispatchers and readers at
+//! once; other processes look again within [`PAUSE_REFRESH`]. A paused
 //! queue keeps accepting schedules, cancels and reads; its orders wait in the schedule and
 //! go out earliest first when resumed. A paused group takes no new entries; entries it
 //! holds finish and are acknowledged, the rest wait in the stream (no attempt used, no
@@ -64,21 +66,49 @@ impl Client {
                 });
             }
         }
-        let cmd = if paused {
-            let mut c = redis::cmd("HSET");
-            c.arg(self.queue_meta_key(&q))
-                .arg(pause_field(group))
+        // The shards' markers first: the scripts that dispatch and read check them, so the
+        // pause holds from the moment this call answers. The record's copy is what listings
+        // show.
+        let keys = self.registered_keys(&q).await?;
+        let field = pause_field(group);
+        futures_util::future::try_join_all(keys.iter().map(|k| {
+            let mut conn = self.connection();
+            let c = if paused {
+                let mut c = redis::cmd("HSET");
+                c.arg(&k.meta).arg(&field).arg("1");
+                c
+            } else {
+                let mut c = redis::cmd("HDEL");
+                c.arg(&k.meta).arg(&field);
+                c
+            };
+            async move {
+                let _: i64 = c
+                    .query_async(&mut conn)
+                    .await
+                    .ctx("setting the pause flag")?;
+                Ok::<(), Error>(())
+            }
+        }))
+        .await?;
+        let mut pipe = redis::pipe();
+        if paused {
+            pipe.cmd("HSET")
+                .arg(self.queue_meta_key(&q))
+                .arg(&field)
                 .arg("1");
-            c
         } else {
-            let mut c = redis::cmd("HDEL");
-            c.arg(self.queue_meta_key(&q)).arg(pause_field(group));
-            c
-        };
-        let _: i64 = cmd
+            pipe.cmd("HDEL").arg(self.queue_meta_key(&q)).arg(&field);
+        }
+        pipe.cmd("INCR").arg(self.keyspace().registry_version());
+        let _: (i64, i64) = pipe
             .query_async(&mut self.connection())
             .await
             .ctx("setting the pause flag")?;
+        if !paused {
+            // Resumed: this process's dispatchers and readers look again at once.
+            self.wake().resumed(queue);
+        }
         Ok(PauseState {
             queue: queue.to_owned(),
             group: group.map(str::to_owned),
@@ -162,6 +192,11 @@ impl QueueWatch {
             .await?;
         *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), f));
         Ok(f)
+    }
+
+    /// Forgets the cached flags: the next call reads them again.
+    pub(crate) fn invalidate(&self) {
+        *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Whether the watched flag says paused.
@@ -254,12 +289,7 @@ pub(crate) async fn take_permits(
     limit: &RateLimit,
     wanted: usize,
 ) -> Result<(usize, Duration)> {
-    let key = format!(
-        "{{{}}}:rate:{}:{}",
-        client.keyspace().namespace(),
-        queue,
-        group
-    );
+    let key = client.keyspace().rate(queue, group);
     let (granted, wait_us): (i64, i64) = RATELIMIT
         .key(key)
         .arg(client.clock().now_us())

@@ -42,6 +42,9 @@ pub const REDELIVER_LUA: &str = include_str!("../../lua/redeliver.lua");
 static HISTORY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HISTORY_LUA));
 static REDELIVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REDELIVER_LUA));
 
+/// The length of a history bucket, ms: one hour, independent of the retention.
+pub const HISTORY_BUCKET_MS: i64 = 3_600_000;
+
 /// A queue's history retention and the bucket arithmetic that follows from it: the one
 /// place buckets are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,9 +97,17 @@ impl HistoryPolicy {
         self.retention_ms > 0
     }
 
-    /// A bucket's length: a 24th of the retention, at least one second.
+    /// A bucket's length: fixed ([`HISTORY_BUCKET_MS`], one hour), whatever the retention,
+    /// so changing the retention never hides a record: it only sets when buckets expire.
+    /// Lookups ignore records older than the retention, so a record answers for exactly
+    /// the retention even though its bucket lives up to an hour longer.
     pub fn bucket_ms(&self) -> i64 {
-        ((self.retention_ms + 23) / 24).max(1000)
+        HISTORY_BUCKET_MS
+    }
+
+    /// The oldest dispatch time (unix ms) a lookup at `now_ms` answers for.
+    pub(crate) fn cutoff(&self, now_ms: i64) -> i64 {
+        now_ms - self.retention_ms
     }
 
     fn bucket_of(&self, at_ms: i64) -> i64 {
@@ -252,7 +263,7 @@ impl Client {
             .query_async(&mut self.connection())
             .await
             .ctx("setting the history retention")?;
-        Ok(())
+        self.bump_registry().await
     }
 
     /// What happened to order `id` of `queue`: scheduled, or dispatched with each group's
@@ -280,6 +291,7 @@ impl Client {
         for &b in &buckets {
             inv.arg(b);
         }
+        inv.arg(policy.cutoff(self.now_ms()));
         for g in &groups {
             inv.arg(g);
         }
@@ -503,8 +515,13 @@ mod tests {
         let b = p.bucket_of(now);
         assert!(p.expires_at(b) >= now + 24 * 3_600_000);
         assert!(p.expires_at(b) <= now + 25 * 3_600_000);
+        // The width does not follow the retention: a change of retention finds the same
+        // buckets.
         let short = HistoryPolicy::new(Duration::from_secs(2)).unwrap();
-        assert_eq!(short.bucket_ms(), 1000);
+        assert_eq!(short.bucket_ms(), 3_600_000);
+        assert_eq!(short.cutoff(now), now - 2000);
+        let half = HistoryPolicy::new(Duration::from_secs(12 * 3600)).unwrap();
+        assert!(half.lookup(now).iter().all(|b| l.contains(b)));
         assert!(HistoryPolicy::new(Duration::ZERO).is_ok_and(|p| !p.is_on()));
         assert!(HistoryPolicy::new(Duration::from_millis(10)).is_err());
         assert!(HistoryPolicy::new(MAX_HISTORY_RETENTION * 2).is_err());

@@ -1,10 +1,14 @@
-//! Housekeeping chores, scheduled with tokio-cron-scheduler:
+//! Maintenance services, scheduled with tokio-cron-scheduler, over every queue of the
+//! registry (or a fixed list, for an application that wants that). Each is a method that
+//! makes one pass and returns a typed report (what tests call directly); every pass is safe
+//! to run in any number of processes at once, and feeds `delayq_maintenance_*`:
 //!
 //! - **trim** (`trim.lua`): trims each stream below the minimum over groups of (oldest
 //!   pending id, last-delivered id), so the stream stays short under steady load and never
 //!   loses an entry some group has not acknowledged;
+//! - **dead letters**: deletes dead letters past the retention, then beyond the per-queue cap;
 //! - **idle consumers** (`consumers.lua`): deletes consumers idle for long with nothing
-//!   pending;
+//!   pending, and heartbeats older than an hour;
 //! - **safety sweep**: runs the dispatch script every second in addition to the dispatchers'
 //!   own adaptive loops, so a missed wake-up can never stall dispatch.
 //!
@@ -18,6 +22,7 @@ use crate::engine::client::Client;
 use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::keys::QueueName;
 use crate::engine::scripts;
+use crate::engine::telemetry;
 use crate::error::{InvalidInput, RedisContext, Result};
 use std::future::Future;
 use std::pin::Pin;
@@ -122,16 +127,17 @@ pub struct ChoreReport {
     pub count: u64,
 }
 
-/// Runs the housekeeping chores for a set of queues.
+/// Runs the maintenance services for every registered queue (or a fixed set).
 #[derive(Debug, Clone)]
 pub struct Housekeeper {
     client: Client,
-    queues: Vec<QueueName>,
+    /// `None`: every queue of the registry, read at each pass.
+    queues: Option<Vec<QueueName>>,
     opts: HousekeepingOptions,
 }
 
 impl Housekeeper {
-    /// A housekeeper for `queues`.
+    /// A housekeeper for `queues` only.
     pub fn new(client: &Client, queues: &[&str], opts: HousekeepingOptions) -> Result<Self> {
         let queues = queues
             .iter()
@@ -140,26 +146,56 @@ impl Housekeeper {
         opts.validate()?;
         Ok(Housekeeper {
             client: client.clone(),
-            queues,
+            queues: Some(queues),
             opts,
         })
     }
 
-    /// The keys of every shard of `q` as registered; none (nothing to tend) when it is not
-    /// registered (yet, or any more).
-    async fn keys_of(&self, q: &QueueName) -> Result<Vec<crate::engine::keys::ShardKeys>> {
-        match self.client.registered_keys(q).await {
-            Err(crate::Error::QueueNotFound { .. }) => Ok(Vec::new()),
-            other => other,
+    /// A housekeeper for every queue of the registry (what `delayq serve` runs): a queue
+    /// created anywhere is tended from the next pass on.
+    pub fn for_registry(client: &Client, opts: HousekeepingOptions) -> Result<Self> {
+        opts.validate()?;
+        Ok(Housekeeper {
+            client: client.clone(),
+            queues: None,
+            opts,
+        })
+    }
+
+    /// The queues to tend now, each with the keys of every shard as registered (queues
+    /// not registered, yet or any more, are left out).
+    async fn queues(&self) -> Result<Vec<(QueueName, Vec<crate::engine::keys::ShardKeys>)>> {
+        match &self.queues {
+            None => self
+                .client
+                .list_queues()
+                .await?
+                .into_iter()
+                .map(|q| {
+                    let name = QueueName::new(&q.queue)?;
+                    let keys = self.client.keyspace().shards(&name, q.shards);
+                    Ok((name, keys))
+                })
+                .collect(),
+            Some(list) => {
+                let mut out = Vec::new();
+                for q in list {
+                    match self.client.registered_keys(q).await {
+                        Err(crate::Error::QueueNotFound { .. }) => {}
+                        other => out.push((q.clone(), other?)),
+                    }
+                }
+                Ok(out)
+            }
         }
     }
 
     /// Trims every shard stream of every queue once; returns the entries removed.
     pub async fn trim(&self) -> Result<ChoreReport> {
         let mut count = 0;
-        for q in &self.queues {
-            for keys in self.keys_of(q).await? {
-                count += scripts::trim(&mut self.client.connection(), &keys).await?;
+        for (_, keys) in self.queues().await? {
+            for k in keys {
+                count += scripts::trim(&mut self.client.connection(), &k).await?;
             }
         }
         Ok(ChoreReport { count })
@@ -171,8 +207,7 @@ impl Housekeeper {
         let retention = i64::try_from(self.opts.dead_retention.as_millis()).unwrap_or(i64::MAX);
         let min_id = self.client.now_ms().saturating_sub(retention).max(0);
         let mut count = 0;
-        for q in &self.queues {
-            let keys = self.keys_of(q).await?;
+        for (q, keys) in self.queues().await? {
             if keys.is_empty() {
                 continue;
             }
@@ -202,15 +237,23 @@ impl Housekeeper {
         Ok(ChoreReport { count })
     }
 
-    /// Deletes idle consumers with nothing pending once; returns how many.
+    /// Deletes idle consumers with nothing pending once, and heartbeats older than an
+    /// hour; returns how many consumers.
     pub async fn remove_idle_consumers(&self) -> Result<ChoreReport> {
         let idle = i64::try_from(self.opts.consumer_max_idle.as_millis()).unwrap_or(i64::MAX);
         let mut count = 0;
-        for q in &self.queues {
-            for keys in self.keys_of(q).await? {
-                count += scripts::remove_idle_consumers(&mut self.client.connection(), &keys, idle)
-                    .await?;
+        for (q, keys) in self.queues().await? {
+            for k in keys {
+                count +=
+                    scripts::remove_idle_consumers(&mut self.client.connection(), &k, idle).await?;
             }
+            let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
+                .arg(self.client.keyspace().alive(&q))
+                .arg("-inf")
+                .arg(self.client.now_ms() - crate::engine::registry::HEARTBEAT_KEPT_MS)
+                .query_async(&mut self.client.connection())
+                .await
+                .ctx("pruning heartbeats")?;
         }
         Ok(ChoreReport { count })
     }
@@ -224,11 +267,17 @@ impl Housekeeper {
     /// [`sweep`](Housekeeper::sweep), stopping between dispatch passes once `cancel` fires.
     async fn sweep_until(&self, cancel: &CancellationToken) -> Result<ChoreReport> {
         let mut count = 0;
-        for q in &self.queues {
+        for (q, keys) in self.queues().await? {
             if cancel.is_cancelled() {
                 break;
             }
-            let d = Dispatcher::new(&self.client, q.as_str(), DispatcherOptions::default())?;
+            let shards = u16::try_from(keys.len()).unwrap_or(1);
+            let d = Dispatcher::for_registered(
+                &self.client,
+                q.as_str(),
+                shards,
+                DispatcherOptions::default(),
+            )?;
             count += d.drain_until(cancel).await?.moved as u64;
         }
         Ok(ChoreReport { count })
@@ -247,17 +296,31 @@ impl Housekeeper {
             chores.push(Chore::new(name, cron, move || {
                 let (this, cancel) = (this.clone(), cancel.clone());
                 async move {
-                    match name {
+                    let (r, what) = match name {
                         "trim" => {
-                            let streams = this.trim().await?;
-                            let dead = this.trim_dead().await?;
-                            Ok(ChoreReport {
-                                count: streams.count + dead.count,
-                            })
+                            let streams = this.trim().await;
+                            let dead = this.trim_dead().await;
+                            let ok = streams.is_ok() && dead.is_ok();
+                            let (s, d) = (
+                                streams.as_ref().map_or(0, |r| r.count),
+                                dead.as_ref().map_or(0, |r| r.count),
+                            );
+                            telemetry::maintenance_pass(
+                                "trim",
+                                ok,
+                                &[("entries", s), ("dead_letters", d)],
+                            );
+                            return streams.and(dead).map(|_| ChoreReport { count: s + d });
                         }
-                        "consumers" => this.remove_idle_consumers().await,
-                        _ => this.sweep_until(&cancel).await,
-                    }
+                        "consumers" => (this.remove_idle_consumers().await, "consumers"),
+                        _ => (this.sweep_until(&cancel).await, "orders"),
+                    };
+                    telemetry::maintenance_pass(
+                        name,
+                        r.is_ok(),
+                        &[(what, r.as_ref().map_or(0, |r| r.count))],
+                    );
+                    r
                 }
             }));
         }

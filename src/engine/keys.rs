@@ -116,9 +116,38 @@ impl Keyspace {
             payload: format!("{tag}:payload"),
             stream: format!("{tag}:stream"),
             dead: format!("{tag}:dead"),
+            meta: format!("{tag}:meta"),
             tag,
             shard,
         }
+    }
+
+    /// SET of the registered queue names (the registry's index).
+    pub fn queues(&self) -> String {
+        format!("{{{}}}:queues", self.ns)
+    }
+
+    /// HASH: one queue's registry record (`shards`, `epoch`, `history_retention_ms`, the
+    /// pause flags as last set).
+    pub fn queue_record(&self, queue: &QueueName) -> String {
+        format!("{{{}}}:queue:{}", self.ns, queue)
+    }
+
+    /// STRING: a counter bumped by every change of the registry (a queue created, deleted
+    /// or changed), so a supervisor sees a change with one `GET`.
+    pub fn registry_version(&self) -> String {
+        format!("{{{}}}:registry:version", self.ns)
+    }
+
+    /// ZSET of a queue's live consumers (heartbeats). Under shard 0's hash tag, so each
+    /// queue's heartbeats land in its own cluster slot, not in the namespace's.
+    pub fn alive(&self, queue: &QueueName) -> String {
+        format!("{}:alive", self.shard(queue, 0).tag)
+    }
+
+    /// STRING: the rate-limit state (GCRA) of `group` on `queue`, under shard 0's hash tag.
+    pub fn rate(&self, queue: &QueueName, group: &str) -> String {
+        format!("{}:rate:{group}", self.shard(queue, 0).tag)
     }
 
     /// The keys of every shard of `queue`, shard 0 first.
@@ -138,6 +167,10 @@ pub struct ShardKeys {
     pub stream: String,
     /// STREAM: dead letters of every group of this shard.
     pub dead: String,
+    /// HASH: the shard's marker. `epoch` (the queue's, while it exists: `enqueue.lua`
+    /// refuses to write without it), `paused` (dispatch) and `paused:<group>` (a group's
+    /// reads), checked inside the scripts that dispatch and read.
+    pub meta: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.
@@ -219,6 +252,12 @@ mod tests {
         assert_eq!(k.payload, "{dq:order-close:7}:payload");
         assert_eq!(k.stream, "{dq:order-close:7}:stream");
         assert_eq!(k.dead, "{dq:order-close:7}:dead");
+        assert_eq!(k.meta, "{dq:order-close:7}:meta");
+        assert_eq!(ks.queues(), "{dq}:queues");
+        assert_eq!(ks.queue_record(&q), "{dq}:queue:order-close");
+        assert_eq!(ks.registry_version(), "{dq}:registry:version");
+        assert_eq!(ks.alive(&q), "{dq:order-close:0}:alive");
+        assert_eq!(ks.rate(&q, "wh"), "{dq:order-close:0}:rate:wh");
         assert_eq!(k.timers("close"), "{dq:order-close:7}:timers:close");
         assert_eq!(k.errors("close"), "{dq:order-close:7}:errors:close");
         assert_eq!(

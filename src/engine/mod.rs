@@ -11,6 +11,7 @@
 //! - [`client`]: the producer and admin API ([`Client`](client::Client)).
 //! - [`registry`]: queues as declared objects (create, list, delete; the shard count).
 //! - [`dispatcher`]: the poller moving due orders into the streams.
+//! - [`supervisor`]: one dispatcher for every queue of the registry, following it.
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`flow`]: flow control: pausing queues and groups, shared rate limits.
@@ -40,6 +41,7 @@ pub mod registry;
 pub mod retry;
 pub mod scripts;
 pub mod stats;
+pub mod supervisor;
 pub mod telemetry;
 mod wake;
 pub mod worker;

@@ -1,18 +1,21 @@
 //! The queue registry: a queue exists once registered, and its record holds its shard count.
 //!
-//! `{ns}:queue:<q>` (HASH, field `shards`) and `{ns}:queues` (SET of names). Producer and
-//! admin calls on an unregistered queue fail with [`Error::QueueNotFound`] and write
-//! nothing; they use the shard count of the record, so no surface ever sees a subset of a
-//! queue's shards. Dispatchers and workers register their queue when they start, with their
-//! client's shard count, and refuse a queue registered with another
-//! ([`Error::ShardMismatch`]).
+//! `{ns}:queue:<q>` (HASH: `shards`, `epoch`, settings) and `{ns}:queues` (SET of names);
+//! `{ns}:registry:version` is bumped by every change, so a supervisor notices one with a
+//! single `GET`. Each shard also carries the queue's **epoch** in its marker
+//! (`{ns:q:s}:meta`), written at creation and removed first at deletion: `enqueue.lua`
+//! refuses a shard without it (`queue_not_found`) or with another one (`stale_epoch`), so a
+//! producer with a stale view can never write into a deleted queue. Producer and admin
+//! calls on an unregistered queue fail with [`Error::QueueNotFound`] and write nothing;
+//! they use the shard count of the record, so no surface ever sees a subset of a queue's
+//! shards.
 //!
-//! A client caches the shard counts it has seen (they never change). A queue deleted by
-//! another process stays known to this one until it restarts.
+//! A client caches the records it has seen; a refusal by the scripts drops the entry.
 
 use crate::engine::client::{Client, MAX_SHARDS};
 use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::scripts::{self, ScriptRefusal};
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
 
@@ -40,15 +43,29 @@ pub struct QueueCreated {
     pub created: bool,
 }
 
+/// What a producer needs to know of a registered queue: its shard count and its epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct QueueRef {
+    /// The shard count, fixed at creation.
+    pub(crate) shards: u16,
+    /// The epoch, checked by `enqueue.lua` against each shard's marker.
+    pub(crate) epoch: String,
+}
+
 /// What is still in a queue: why a delete without `force` was refused.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct QueueContents {
     /// Orders scheduled.
     pub scheduled: u64,
+    /// Stream entries some group has not read yet (the largest lag of any group).
+    pub unread: u64,
     /// Entries pending in some group (taken, not settled).
     pub pending: u64,
     /// Dead letters.
     pub dead: u64,
+    /// Each group's lag (entries it has not read yet), summed over the shards.
+    #[serde(skip)]
+    pub lag: Vec<(String, u64)>,
 }
 
 /// A consumer that read or sent a heartbeat within this window counts as alive: its group
@@ -58,18 +75,28 @@ pub const GROUP_ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_se
 pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// Heartbeats older than this are dropped (the key stays bounded by the consumers of the
 /// last hour).
-const HEARTBEAT_KEPT_MS: i64 = 3_600_000;
+pub(crate) const HEARTBEAT_KEPT_MS: i64 = 3_600_000;
 
 impl QueueContents {
-    fn is_empty(&self) -> bool {
-        self.scheduled == 0 && self.pending == 0 && self.dead == 0
+    fn add(&mut self, f: &scripts::Fence) {
+        self.scheduled += f.scheduled;
+        self.dead += f.dead;
+        for (g, pending, lag) in &f.groups {
+            self.pending += pending;
+            match self.lag.iter_mut().find(|(n, _)| n == g) {
+                Some((_, l)) => *l += lag,
+                None => self.lag.push((g.clone(), *lag)),
+            }
+        }
+        self.unread = self.lag.iter().map(|(_, l)| *l).max().unwrap_or(0);
     }
 }
 
 impl Client {
     /// Registers `queue` with `shards` shards. Idempotent: an existing queue with that count
     /// answers `created: false`; one with another count is refused
-    /// ([`Error::ShardMismatch`]) and left as it is.
+    /// ([`Error::ShardMismatch`]) and left as it is. Refused with [`Error::TooManyQueues`]
+    /// when the namespace already has `max_queues` queues.
     pub async fn create_queue(&self, queue: &str, shards: u16) -> Result<QueueCreated> {
         let q = QueueName::new(queue)?;
         if !(1..=MAX_SHARDS).contains(&shards) {
@@ -79,49 +106,76 @@ impl Client {
             }
             .into());
         }
-        let meta = self.queue_meta_key(&q);
-        let (created, _, stored): (i64, i64, Option<u16>) = redis::pipe()
-            .cmd("HSETNX")
-            .arg(&meta)
-            .arg("shards")
-            .arg(shards)
-            .cmd("SADD")
-            .arg(self.queues_key())
-            .arg(q.as_str())
-            .cmd("HGET")
-            .arg(&meta)
-            .arg("shards")
-            .query_async(&mut self.connection())
-            .await
-            .ctx("registering the queue")?;
-        let stored = stored.ok_or_else(|| Error::Reply {
-            context: "registering the queue",
-            detail: "the queue record has no shard count".into(),
-        })?;
-        if stored != shards {
+        let (created, stored) = self.register_record(&q, shards).await?;
+        if stored.shards != shards {
             return Err(Error::ShardMismatch {
                 queue: queue.to_owned(),
-                existing: stored,
+                existing: stored.shards,
                 wanted: shards,
             });
         }
-        self.remember(&q, stored);
         Ok(QueueCreated {
             queue: queue.to_owned(),
             shards,
-            created: created == 1,
+            created,
         })
+    }
+
+    /// Runs `create_queue.lua` (the record, its epoch, the cap) and writes the epoch into
+    /// every shard's marker, so producers may write into it; remembers the record.
+    async fn register_record(&self, q: &QueueName, shards: u16) -> Result<(bool, QueueRef)> {
+        let new_epoch = format!("{:x}-{:016x}", self.now_ms(), fastrand::u64(..));
+        let reply = scripts::create_queue(
+            &mut self.connection(),
+            self.keyspace(),
+            q,
+            shards,
+            &new_epoch,
+            self.options().max_queues,
+        )
+        .await;
+        let (created, stored, epoch) = match reply {
+            Err(e) if ScriptRefusal::of(&e) == Some(ScriptRefusal::TooManyQueues) => {
+                return Err(Error::TooManyQueues {
+                    max: self.options().max_queues,
+                });
+            }
+            other => other?,
+        };
+        let r = QueueRef {
+            shards: stored,
+            epoch,
+        };
+        futures_util::future::try_join_all(self.keyspace().shards(q, stored).into_iter().map(
+            |k| {
+                let mut conn = self.connection();
+                let epoch = r.epoch.clone();
+                async move {
+                    let () = redis::cmd("HSET")
+                        .arg(&k.meta)
+                        .arg("epoch")
+                        .arg(epoch)
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("marking the queue's shards")?;
+                    Ok::<(), Error>(())
+                }
+            },
+        ))
+        .await?;
+        self.remember(q, r.clone());
+        Ok((created, r))
     }
 
     /// A registered queue, or `None`.
     pub async fn queue_info(&self, queue: &str) -> Result<Option<QueueInfo>> {
         let q = QueueName::new(queue)?;
         match self.lookup(&q).await? {
-            Some(shards) => {
+            Some(r) => {
                 let flags = self.queue_flags(&q, None).await?;
                 Ok(Some(QueueInfo {
                     queue: queue.to_owned(),
-                    shards,
+                    shards: r.shards,
                     paused: flags.paused,
                     history_retention_ms: flags.history.retention_ms(),
                 }))
@@ -130,14 +184,17 @@ impl Client {
         }
     }
 
-    /// Every registered queue, sorted by name.
+    /// Every registered queue, sorted by name (empty on a fresh Redis).
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
         let names = self.queues().await?;
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
         for n in &names {
             let q = QueueName::new(n)?;
             pipe.cmd("HMGET")
-                .arg(self.queue_meta_key(&q))
+                .arg(self.keyspace().queue_record(&q))
                 .arg("shards")
                 .arg(crate::engine::flow::pause_field(None))
                 .arg(RETENTION_FIELD);
@@ -162,44 +219,105 @@ impl Client {
             .collect())
     }
 
+    /// The registry's version: it changes whenever a queue is created, deleted or changed
+    /// (one `GET`; what a supervisor polls).
+    pub async fn registry_version(&self) -> Result<i64> {
+        let v: Option<i64> = redis::cmd("GET")
+            .arg(self.keyspace().registry_version())
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the registry version")?;
+        Ok(v.unwrap_or(0))
+    }
+
+    /// Records a change of a queue's settings (supervisors re-read the registry).
+    pub(crate) async fn bump_registry(&self) -> Result<()> {
+        let _: i64 = redis::cmd("INCR")
+            .arg(self.keyspace().registry_version())
+            .query_async(&mut self.connection())
+            .await
+            .ctx("bumping the registry version")?;
+        Ok(())
+    }
+
     /// Deletes `queue` and every key of it (schedule, payloads, streams, groups, timers, dead
     /// letters, its record). Without `force` it is refused ([`Error::QueueNotEmpty`]) while
-    /// anything is scheduled, pending in a group or dead. Returns what it held.
+    /// anything is scheduled, not yet read by a group, pending in a group or dead. Returns
+    /// what it held.
+    ///
+    /// One step producers cannot race: each shard is first *fenced* (`fence.lua` checks it
+    /// and removes its epoch in one script, so `enqueue.lua` refuses it from then on); a
+    /// refusal on any shard restores the epochs of those already fenced. Then the record
+    /// goes (supervisors stop the queue's dispatchers) and the shards' keys are deleted.
     pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueContents> {
         let q = QueueName::new(queue)?;
-        let shards = self.shards_of(&q).await?;
-        let keys = self.keyspace().shards(&q, shards);
-        let stats = self.stats(queue).await?;
-        let contents = QueueContents {
-            scheduled: stats.scheduled,
-            pending: stats.groups.iter().map(|g| g.pending).sum(),
-            dead: stats.dead,
-        };
-        if !force && !contents.is_empty() {
+        // Read the record afresh: a cached epoch may be stale.
+        self.forget(&q);
+        let r = self.queue_ref(&q).await?;
+        let keys = self.keyspace().shards(&q, r.shards);
+        let mut contents = QueueContents::default();
+        let mut fenced = Vec::new();
+        let mut refused = false;
+        for k in &keys {
+            let f = scripts::fence(&mut self.connection(), k, &r.epoch, force).await;
+            let f = match f {
+                Ok(f) => f,
+                Err(e) => {
+                    self.unfence(&fenced, &r.epoch).await;
+                    return Err(e);
+                }
+            };
+            contents.add(&f);
+            match f.fenced {
+                1 => fenced.push(k.clone()),
+                0 => refused = true,
+                _ => {}
+            }
+        }
+        if refused {
+            self.unfence(&fenced, &r.epoch).await;
             return Err(Error::QueueNotEmpty {
                 queue: queue.to_owned(),
                 scheduled: contents.scheduled,
+                unread: contents.unread,
+                lag: contents.lag,
                 pending: contents.pending,
                 dead: contents.dead,
             });
         }
-        let groups: Vec<String> = stats.groups.iter().map(|g| g.group.clone()).collect();
+        let groups: Vec<String> = contents.lag.iter().map(|(g, _)| g.clone()).collect();
         let history = self.queue_flags(&q, None).await?.history;
-        for k in &keys {
-            delete_shard(self, k, &groups, &history).await?;
-        }
-        let _: (i64, i64) = redis::pipe()
+        let _: (i64, i64, i64) = redis::pipe()
             .cmd("DEL")
-            .arg(self.queue_meta_key(&q))
-            .arg(self.alive_key(&q))
+            .arg(self.keyspace().queue_record(&q))
             .cmd("SREM")
-            .arg(self.queues_key())
+            .arg(self.keyspace().queues())
             .arg(q.as_str())
+            .cmd("INCR")
+            .arg(self.keyspace().registry_version())
             .query_async(&mut self.connection())
             .await
             .ctx("deleting the queue record")?;
-        self.inner_known().remove(q.as_str());
+        self.forget(&q);
+        for k in &fenced {
+            delete_shard(self, &q, k, &groups, &history).await?;
+        }
         Ok(contents)
+    }
+
+    /// Gives fenced shards their epoch back (a delete that was refused part way).
+    async fn unfence(&self, shards: &[ShardKeys], epoch: &str) {
+        for k in shards {
+            let r: redis::RedisResult<i64> = redis::cmd("HSET")
+                .arg(&k.meta)
+                .arg("epoch")
+                .arg(epoch)
+                .query_async(&mut self.connection())
+                .await;
+            if let Err(e) = r {
+                tracing::error!(shard = %k.tag, error = %e, "restoring a shard's epoch after a refused delete failed; create the queue again to repair it");
+            }
+        }
     }
 
     /// Deletes consumer group `group` on every shard of `queue`, with its timers, so stream
@@ -255,37 +373,30 @@ impl Client {
     /// ms of its last heartbeat. (Redis 7.0 neither creates a consumer nor refreshes its idle
     /// time on a read that finds nothing, so a quiet group would look abandoned without it.)
     pub(crate) fn alive_key(&self, queue: &QueueName) -> String {
-        format!("{{{}}}:alive:{}", self.keyspace().namespace(), queue)
+        self.keyspace().alive(queue)
     }
 
     /// Records that `consumer` of `group` is alive now (`alive = false`: it stopped), and
-    /// drops heartbeats older than an hour.
+    /// drops heartbeats older than an hour. False when the queue no longer exists (nothing
+    /// is written).
     pub(crate) async fn heartbeat(
         &self,
         queue: &QueueName,
         group: &str,
         consumer: &str,
         alive: bool,
-    ) -> Result<()> {
-        let key = self.alive_key(queue);
-        let member = format!("{group}\u{1}{consumer}");
+    ) -> Result<bool> {
         let now = self.now_ms();
-        let mut pipe = redis::pipe();
-        if alive {
-            pipe.cmd("ZADD").arg(&key).arg(now).arg(&member).ignore();
-        } else {
-            pipe.cmd("ZREM").arg(&key).arg(&member).ignore();
-        }
-        pipe.cmd("ZREMRANGEBYSCORE")
-            .arg(&key)
-            .arg("-inf")
-            .arg(now - HEARTBEAT_KEPT_MS)
-            .ignore();
-        let () = pipe
-            .query_async(&mut self.connection())
-            .await
-            .ctx("recording a heartbeat")?;
-        Ok(())
+        scripts::heartbeat(
+            &mut self.connection(),
+            &self.alive_key(queue),
+            &self.keyspace().shard(queue, 0),
+            &format!("{group}\u{1}{consumer}"),
+            now,
+            alive,
+            now - HEARTBEAT_KEPT_MS,
+        )
+        .await
     }
 
     /// Per group: live consumers (a heartbeat within [`GROUP_ALIVE_WITHIN`]) and the unix
@@ -322,6 +433,12 @@ impl Client {
 
     /// The shard count of a registered queue; [`Error::QueueNotFound`] when it is not.
     pub(crate) async fn shards_of(&self, queue: &QueueName) -> Result<u16> {
+        Ok(self.queue_ref(queue).await?.shards)
+    }
+
+    /// The shard count and epoch of a registered queue; [`Error::QueueNotFound`] when it
+    /// is not.
+    pub(crate) async fn queue_ref(&self, queue: &QueueName) -> Result<QueueRef> {
         self.lookup(queue)
             .await?
             .ok_or_else(|| Error::QueueNotFound {
@@ -338,7 +455,7 @@ impl Client {
     /// Registers `queue` with this client's shard count (dispatchers and workers, at start).
     pub(crate) async fn register(&self, queue: &QueueName) -> Result<()> {
         let wanted = self.options().shards;
-        let known = self.inner_known().get(queue.as_str()).copied();
+        let known = self.inner_known().get(queue.as_str()).map(|r| r.shards);
         match known {
             Some(existing) if existing == wanted => return Ok(()),
             Some(existing) => {
@@ -353,40 +470,65 @@ impl Client {
         self.create_queue(queue.as_str(), wanted).await.map(drop)
     }
 
-    async fn lookup(&self, queue: &QueueName) -> Result<Option<u16>> {
-        if let Some(&n) = self.inner_known().get(queue.as_str()) {
-            return Ok(Some(n));
+    /// The record of `queue` (cached once seen). A record written by an earlier version,
+    /// without an epoch, gets one here (and its shards their markers).
+    async fn lookup(&self, queue: &QueueName) -> Result<Option<QueueRef>> {
+        if let Some(r) = self.inner_known().get(queue.as_str()) {
+            return Ok(Some(r.clone()));
         }
-        let stored: Option<u16> = redis::cmd("HGET")
-            .arg(self.queue_meta_key(queue))
+        let (shards, epoch): (Option<u16>, Option<String>) = redis::cmd("HMGET")
+            .arg(self.keyspace().queue_record(queue))
             .arg("shards")
+            .arg("epoch")
             .query_async(&mut self.connection())
             .await
             .ctx("reading the queue registry")?;
-        if let Some(n) = stored {
-            self.remember(queue, n);
+        match (shards, epoch) {
+            (Some(shards), Some(epoch)) => {
+                let r = QueueRef { shards, epoch };
+                self.remember(queue, r.clone());
+                Ok(Some(r))
+            }
+            (Some(shards), None) => Ok(Some(self.register_record(queue, shards).await?.1)),
+            (None, _) => Ok(None),
         }
-        Ok(stored)
     }
 
-    fn remember(&self, queue: &QueueName, shards: u16) {
-        self.inner_known().insert(queue.as_str().to_owned(), shards);
+    fn remember(&self, queue: &QueueName, r: QueueRef) {
+        self.inner_known().insert(queue.as_str().to_owned(), r);
+    }
+
+    /// Drops what this client knows of `queue` (a script said it changed).
+    pub(crate) fn forget(&self, queue: &QueueName) {
+        self.inner_known().remove(queue.as_str());
     }
 }
 
-/// Deletes one shard's keys: due, payloads, stream (with its groups), dead letters, the
-/// timers and error records of `groups`, and the history buckets `history` may have
-/// written (buckets of an earlier retention setting expire on their own).
+/// Deletes one fenced shard's keys: due, payloads, stream (with its groups), dead letters,
+/// the marker, the timers and error records and rate-limit states of `groups`, the
+/// heartbeats (shard 0), and the history buckets `history` may have written (buckets of an
+/// earlier retention setting expire on their own).
 async fn delete_shard(
     client: &Client,
+    queue: &QueueName,
     k: &ShardKeys,
     groups: &[String],
     history: &HistoryPolicy,
 ) -> Result<()> {
     let mut cmd = redis::cmd("DEL");
-    cmd.arg(&k.due).arg(&k.payload).arg(&k.stream).arg(&k.dead);
+    cmd.arg(&k.due)
+        .arg(&k.payload)
+        .arg(&k.stream)
+        .arg(&k.dead)
+        .arg(&k.meta);
     for g in groups {
         cmd.arg(k.timers(g)).arg(k.errors(g));
+        if k.shard == 0 {
+            cmd.arg(client.keyspace().rate(queue, g));
+        }
+    }
+    if k.shard == 0 {
+        cmd.arg(client.keyspace().alive(queue));
     }
     for bucket in history.buckets(k, client.now_ms()) {
         cmd.arg(bucket);

@@ -37,6 +37,7 @@ pub(crate) struct EnqueueArg<'a> {
 /// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
 pub(crate) fn enqueue_invocation<'a>(
     keys: &ShardKeys,
+    epoch: &str,
     if_absent: bool,
     now_ms: i64,
     orders: &[EnqueueArg<'_>],
@@ -44,8 +45,10 @@ pub(crate) fn enqueue_invocation<'a>(
     let mut inv = ENQUEUE.prepare_invoke();
     inv.key(&keys.due)
         .key(&keys.payload)
+        .key(&keys.meta)
         .arg(if if_absent { "nx" } else { "upsert" })
-        .arg(now_ms);
+        .arg(now_ms)
+        .arg(epoch);
     for o in orders {
         inv.arg(o.id).arg(o.due_ms).arg(o.payload);
     }
@@ -56,11 +59,12 @@ pub(crate) fn enqueue_invocation<'a>(
 pub(crate) async fn enqueue<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
+    epoch: &str,
     if_absent: bool,
     now_ms: i64,
     orders: &[EnqueueArg<'_>],
 ) -> Result<Vec<ScheduleOutcome>> {
-    let codes: Vec<i64> = enqueue_invocation(keys, if_absent, now_ms, orders)
+    let codes: Vec<i64> = enqueue_invocation(keys, epoch, if_absent, now_ms, orders)
         .invoke_async(conn)
         .await
         .ctx("scheduling orders (enqueue.lua)")?;
@@ -106,6 +110,46 @@ pub struct DequeueReport {
     pub moved: usize,
     /// Due time of the earliest order still scheduled in the shard.
     pub next_due_ms: Option<i64>,
+    /// The queue's dispatch is paused (nothing was moved).
+    pub paused: bool,
+    /// The shard has no epoch: the queue was deleted, or Redis lost its data.
+    pub gone: bool,
+}
+
+/// What a script's error reply says about the queue, when it says something
+/// (`enqueue.lua`, `join_group.lua`, `create_queue.lua` answer these, writing nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ScriptRefusal {
+    /// The queue does not exist (deleted, or being deleted).
+    QueueNotFound,
+    /// The queue was deleted and created again: re-read the registry.
+    StaleEpoch,
+    /// The consumer group was deleted while its worker ran.
+    GroupDeleted,
+    /// The namespace's cap on queues is reached.
+    TooManyQueues,
+    /// The queue's cap on groups is reached.
+    TooManyGroups,
+}
+
+impl ScriptRefusal {
+    /// The refusal an error carries, if any.
+    pub(crate) fn of(e: &Error) -> Option<ScriptRefusal> {
+        let Error::Redis { source, .. } = e else {
+            return None;
+        };
+        let text = source.to_string();
+        [
+            ("delayq queue_not_found", ScriptRefusal::QueueNotFound),
+            ("delayq stale_epoch", ScriptRefusal::StaleEpoch),
+            ("delayq group_deleted", ScriptRefusal::GroupDeleted),
+            ("delayq too_many_queues", ScriptRefusal::TooManyQueues),
+            ("delayq too_many_groups", ScriptRefusal::TooManyGroups),
+        ]
+        .into_iter()
+        .find(|(needle, _)| text.contains(needle))
+        .map(|(_, r)| r)
+    }
 }
 
 /// Runs `dequeue.lua` on one shard, recording the order history as `history` says.
@@ -117,11 +161,12 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
     history: &HistoryPolicy,
 ) -> Result<DequeueReport> {
     let (bucket, expires_at) = history.write_target(keys, now_ms);
-    let (moved, next): (usize, Option<f64>) = DEQUEUE
+    let (moved, next, paused, gone): (usize, Option<f64>, i64, i64) = DEQUEUE
         .key(&keys.due)
         .key(&keys.payload)
         .key(&keys.stream)
         .key(bucket)
+        .key(&keys.meta)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -131,6 +176,8 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
     Ok(DequeueReport {
         moved,
         next_due_ms: next.map(score_to_ms),
+        paused: paused == 1,
+        gone: gone == 1,
     })
 }
 
@@ -221,9 +268,10 @@ pub(crate) async fn read<C: ConnectionLike>(
     consumer: &str,
     count: usize,
     lease_until_ms: i64,
-) -> Result<(redis::Value, String)> {
+) -> Result<(redis::Value, String, i64)> {
     READ.key(&keys.stream)
         .key(keys.timers(group))
+        .key(&keys.meta)
         .arg(group)
         .arg(consumer)
         .arg(count.clamp(1, 1000))
@@ -394,4 +442,170 @@ pub(crate) async fn get<C: ConnectionLike>(
         .invoke_async(conn)
         .await
         .ctx("reading an order (get.lua)")
+}
+
+/// Source of `lua/create_queue.lua`.
+pub const CREATE_QUEUE_LUA: &str = include_str!("../../lua/create_queue.lua");
+/// Source of `lua/fence.lua`.
+pub const FENCE_LUA: &str = include_str!("../../lua/fence.lua");
+/// Source of `lua/join_group.lua`.
+pub const JOIN_GROUP_LUA: &str = include_str!("../../lua/join_group.lua");
+/// Source of `lua/heartbeat.lua`.
+pub const HEARTBEAT_LUA: &str = include_str!("../../lua/heartbeat.lua");
+static CREATE_QUEUE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(CREATE_QUEUE_LUA));
+static FENCE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FENCE_LUA));
+static JOIN_GROUP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(JOIN_GROUP_LUA));
+static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HEARTBEAT_LUA));
+
+/// Every script, by name (the file name without `.lua`), as the engine runs it: what
+/// `delayq scripts export` writes for the SDKs, whose copies must match byte for byte.
+pub fn all() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("enqueue", ENQUEUE_LUA),
+        ("dequeue", DEQUEUE_LUA),
+        ("cancel", CANCEL_LUA),
+        ("reschedule", RESCHEDULE_LUA),
+        ("get", GET_LUA),
+        ("read", READ_LUA),
+        ("reclaim", RECLAIM_LUA),
+        ("retry", RETRY_LUA),
+        ("dead", DEAD_LUA),
+        ("replay", REPLAY_LUA),
+        ("extend", EXTEND_LUA),
+        ("trim", TRIM_LUA),
+        ("consumers", CONSUMERS_LUA),
+        ("create_queue", CREATE_QUEUE_LUA),
+        ("fence", FENCE_LUA),
+        ("join_group", JOIN_GROUP_LUA),
+        ("heartbeat", HEARTBEAT_LUA),
+        ("stats", crate::engine::stats::STATS_LUA),
+        ("history", crate::engine::history::HISTORY_LUA),
+        ("redeliver", crate::engine::history::REDELIVER_LUA),
+        ("ratelimit", crate::engine::flow::RATELIMIT_LUA),
+    ]
+}
+
+/// What `create_queue.lua` answered: whether it registered the queue, its shard count and
+/// its epoch.
+pub(crate) async fn create_queue<C: ConnectionLike>(
+    conn: &mut C,
+    keyspace: &crate::engine::keys::Keyspace,
+    queue: &crate::engine::keys::QueueName,
+    shards: u16,
+    new_epoch: &str,
+    max_queues: usize,
+) -> Result<(bool, u16, String)> {
+    let (created, stored, epoch): (i64, u16, String) = CREATE_QUEUE
+        .key(keyspace.queues())
+        .key(keyspace.queue_record(queue))
+        .key(keyspace.registry_version())
+        .arg(queue.as_str())
+        .arg(shards)
+        .arg(new_epoch)
+        .arg(max_queues)
+        .invoke_async(conn)
+        .await
+        .ctx("registering the queue (create_queue.lua)")?;
+    Ok((created == 1, stored, epoch))
+}
+
+/// What `fence.lua` found in one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Fence {
+    /// 1 fenced, 0 refused (not empty), -1 not this epoch's shard.
+    pub fenced: i64,
+    /// Orders scheduled.
+    pub scheduled: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Per group: name, pending, lag.
+    pub groups: Vec<(String, u64, u64)>,
+}
+
+/// Runs `fence.lua` on one shard (see the script).
+pub(crate) async fn fence<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    epoch: &str,
+    force: bool,
+) -> Result<Fence> {
+    let reply: Vec<redis::Value> = FENCE
+        .key(&keys.due)
+        .key(&keys.stream)
+        .key(&keys.dead)
+        .key(&keys.meta)
+        .arg(epoch)
+        .arg(if force { "1" } else { "0" })
+        .invoke_async(conn)
+        .await
+        .ctx("fencing a shard for deletion (fence.lua)")?;
+    let bad = || Error::Reply {
+        context: "fencing a shard for deletion (fence.lua)",
+        detail: "malformed reply".into(),
+    };
+    let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
+    let (head, rest) = reply.split_at_checked(3).ok_or_else(bad)?;
+    let mut f = Fence {
+        fenced: int(&head[0])?,
+        scheduled: u64::try_from(int(&head[1])?).unwrap_or(0),
+        dead: u64::try_from(int(&head[2])?).unwrap_or(0),
+        groups: Vec::new(),
+    };
+    for g in rest.chunks(3) {
+        let [name, pending, lag] = g else {
+            return Err(bad());
+        };
+        let name: String = redis::from_redis_value_ref(name).map_err(|_| bad())?;
+        f.groups.push((
+            name,
+            u64::try_from(int(pending)?).unwrap_or(0),
+            u64::try_from(int(lag)?).unwrap_or(0),
+        ));
+    }
+    Ok(f)
+}
+
+/// Runs `join_group.lua`: creates `group` on a shard's stream when it is new; true when
+/// created. `rejoin`: a running worker's group vanished (refused when the stream exists).
+pub(crate) async fn join_group<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    rejoin: bool,
+    max_groups: usize,
+) -> Result<bool> {
+    let n: i64 = JOIN_GROUP
+        .key(&keys.stream)
+        .key(&keys.meta)
+        .arg(group)
+        .arg(if rejoin { "rejoin" } else { "create" })
+        .arg(max_groups)
+        .invoke_async(conn)
+        .await
+        .ctx("creating the consumer group (join_group.lua)")?;
+    Ok(n == 1)
+}
+
+/// Runs `heartbeat.lua`; false when the queue no longer exists.
+pub(crate) async fn heartbeat<C: ConnectionLike>(
+    conn: &mut C,
+    alive_key: &str,
+    shard0: &ShardKeys,
+    member: &str,
+    now_ms: i64,
+    alive: bool,
+    drop_before_ms: i64,
+) -> Result<bool> {
+    let n: i64 = HEARTBEAT
+        .key(alive_key)
+        .key(&shard0.meta)
+        .arg(member)
+        .arg(now_ms)
+        .arg(if alive { "1" } else { "0" })
+        .arg(drop_before_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("recording a heartbeat (heartbeat.lua)")?;
+    Ok(n == 1)
 }

@@ -19,6 +19,14 @@
 //! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
+//! | `delayq_workers_stopped_total` | counter | queue, group (a worker stopped because its group or queue was deleted) |
+//! | `delayq_maintenance_runs_total` | counter | service (each maintenance pass) |
+//! | `delayq_maintenance_errors_total` | counter | service |
+//! | `delayq_maintenance_removed_total` | counter | service, what (entries, dead letters, consumers, heartbeats, ...) |
+//! | `delayq_supervised_queues` | gauge | (none): queues a supervisor dispatches in this process |
+//!
+//! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
+//! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
 
 use crate::engine::stats::QueueStats;
 use std::sync::{Arc, OnceLock};
@@ -181,6 +189,51 @@ pub fn rate_limited(queue: &str, group: &str) {
 /// Orders the reconciliation job rescheduled.
 pub fn reconciled(queue: &str, n: u64) {
     metrics::counter!("delayq_reconciled_total", "queue" => queue.to_owned()).increment(n);
+}
+
+/// The gauges labelled by queue (and group) that a deleted queue or group must not keep.
+pub const QUEUE_GAUGES: &[&str] = &[
+    "delayq_scheduled",
+    "delayq_overdue",
+    "delayq_oldest_overdue_seconds",
+    "delayq_dead",
+    "delayq_history",
+    "delayq_paused",
+    "delayq_pending",
+];
+
+/// A worker stopped on its own because its group (or its queue) was deleted.
+pub fn worker_stopped(queue: &str, group: &str) {
+    metrics::counter!(
+        "delayq_workers_stopped_total",
+        "queue" => queue.to_owned(),
+        "group" => group.to_owned()
+    )
+    .increment(1);
+}
+
+/// One pass of a maintenance service (`service` names it), and what it removed.
+pub fn maintenance_pass(service: &'static str, ok: bool, removed: &[(&'static str, u64)]) {
+    metrics::counter!("delayq_maintenance_runs_total", "service" => service).increment(1);
+    if !ok {
+        metrics::counter!("delayq_maintenance_errors_total", "service" => service).increment(1);
+    }
+    for (what, n) in removed {
+        if *n > 0 {
+            metrics::counter!(
+                "delayq_maintenance_removed_total",
+                "service" => service,
+                "what" => *what
+            )
+            .increment(*n);
+        }
+    }
+}
+
+/// How many queues this process's supervisor dispatches.
+#[allow(clippy::cast_precision_loss)]
+pub fn supervised_queues(n: usize) {
+    metrics::gauge!("delayq_supervised_queues").set(n as f64);
 }
 
 /// Sets the gauges of one queue from its statistics.

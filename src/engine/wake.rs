@@ -16,6 +16,9 @@ pub(crate) struct Wake {
     /// calls every shard once this comes due.
     pub(crate) early_ms: AtomicI64,
     pub(crate) notify: Notify,
+    /// Fired when this process resumes the queue or one of its groups: paused readers and
+    /// dispatchers look again at once.
+    pub(crate) resume: Notify,
 }
 
 /// The wake-up signals of the dispatchers in this process, by queue.
@@ -36,6 +39,7 @@ impl WakeRegistry {
                     next_look_ms: AtomicI64::new(0),
                     early_ms: AtomicI64::new(i64::MAX),
                     notify: Notify::new(),
+                    resume: Notify::new(),
                 })
             })
             .clone()
@@ -58,5 +62,16 @@ impl WakeRegistry {
                 w.notify.notify_one();
             }
         }
+    }
+}
+
+impl WakeRegistry {
+    /// `queue` (or one of its groups) was resumed by this process: its dispatcher calls
+    /// every shard now, and its paused readers read again.
+    pub(crate) fn resumed(&self, queue: &str) {
+        let w = self.get(queue);
+        w.early_ms.fetch_min(i64::MIN, Ordering::SeqCst);
+        w.notify.notify_one();
+        w.resume.notify_waiters();
     }
 }

@@ -98,6 +98,8 @@ pub struct QueueDeletedAnswer {
     pub deleted: bool,
     /// Orders that were scheduled.
     pub scheduled: u64,
+    /// Stream entries some group had not read yet.
+    pub unread: u64,
     /// Entries that were pending.
     pub pending: u64,
     /// Dead letters.
@@ -261,9 +263,10 @@ impl Admin {
         })
     }
 
-    /// Registers a queue (`shards` defaults to 1). Idempotent; another shard count than the
-    /// registered one is refused. `history_retention`, when given, is set on it (checked
-    /// before anything is written).
+    /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
+    /// its count when none is given). Idempotent; another shard count than the registered
+    /// one is refused. `history_retention`, when given, is set on it (checked before
+    /// anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
@@ -273,7 +276,15 @@ impl Admin {
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
         }
-        let created = self.client.create_queue(queue, shards.unwrap_or(1)).await?;
+        let shards = match shards {
+            Some(n) => n,
+            None => self
+                .client
+                .queue_info(queue)
+                .await?
+                .map_or(1, |existing| existing.shards),
+        };
+        let created = self.client.create_queue(queue, shards).await?;
         if let Some(r) = history_retention {
             self.client.set_history_retention(queue, r).await?;
         }
@@ -292,6 +303,7 @@ impl Admin {
             queue: queue.to_owned(),
             deleted: true,
             scheduled: c.scheduled,
+            unread: c.unread,
             pending: c.pending,
             dead: c.dead,
         })

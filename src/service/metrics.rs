@@ -36,3 +36,96 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 pub fn record_stats(s: &crate::engine::stats::QueueStats) {
     crate::engine::telemetry::queue_gauges(s);
 }
+
+/// The queues and groups that exist, as one refresh of the gauges saw them.
+#[derive(Debug, Default)]
+pub struct Live {
+    queues: std::collections::HashSet<String>,
+    groups: std::collections::HashSet<(String, String)>,
+}
+
+impl Live {
+    /// From the statistics of every registered queue.
+    pub fn of(all: &[crate::engine::stats::QueueStats]) -> Self {
+        let mut live = Live::default();
+        for s in all {
+            live.queues.insert(s.queue.clone());
+            for g in &s.groups {
+                live.groups.insert((s.queue.clone(), g.group.clone()));
+            }
+        }
+        live
+    }
+
+    /// Whether a series with these labels belongs to something that exists.
+    fn keeps(&self, queue: &str, group: Option<&str>) -> bool {
+        match group {
+            None | Some("") => self.queues.contains(queue),
+            Some(g) => self.groups.contains(&(queue.to_owned(), g.to_owned())),
+        }
+    }
+}
+
+/// The Prometheus text. With `live`, the queue gauges
+/// ([`QUEUE_GAUGES`](crate::engine::telemetry::QUEUE_GAUGES)) of queues and groups that no
+/// longer exist are left out (the recorder cannot forget a series).
+pub fn render(live: Option<&Live>) -> String {
+    let text = handle().map(|h| h.render()).unwrap_or_default();
+    let Some(live) = live else {
+        return text;
+    };
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if !line.starts_with('#') && !keep_line(line, live) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn keep_line(line: &str, live: &Live) -> bool {
+    let Some((name, rest)) = line.split_once('{') else {
+        return true;
+    };
+    if !crate::engine::telemetry::QUEUE_GAUGES.contains(&name) {
+        return true;
+    }
+    let label = |key: &str| {
+        let pat = format!("{key}=\"");
+        rest.find(&pat).and_then(|i| {
+            let v = &rest[i + pat.len()..];
+            v.find('"').map(|j| &v[..j])
+        })
+    };
+    match label("queue") {
+        Some(q) => live.keeps(q, label("group")),
+        None => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_of_deleted_queues_and_groups_are_left_out() {
+        let mut live = Live::default();
+        live.queues.insert("a".into());
+        live.groups.insert(("a".into(), "g".into()));
+        assert!(keep_line(r#"delayq_scheduled{queue="a"} 1"#, &live));
+        assert!(!keep_line(r#"delayq_scheduled{queue="gone"} 1"#, &live));
+        assert!(keep_line(r#"delayq_pending{queue="a",group="g"} 0"#, &live));
+        assert!(!keep_line(
+            r#"delayq_pending{queue="a",group="old"} 0"#,
+            &live
+        ));
+        assert!(keep_line(r#"delayq_paused{queue="a",group=""} 0"#, &live));
+        // Counters keep their history.
+        assert!(keep_line(
+            r#"delayq_dispatched_total{queue="gone"} 5"#,
+            &live
+        ));
+    }
+}

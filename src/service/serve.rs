@@ -1,12 +1,12 @@
-//! `delayq serve`: runs the dispatcher of every configured queue, the housekeeping chores,
-//! one worker per configured handler, the reconciliation job (when on) and the HTTP API,
-//! until cancelled; then stops them all
-//! gracefully (in-flight handlers finish and are acknowledged).
+//! `delayq serve`: runs the supervisor (one dispatcher for every queue of the registry this
+//! process dispatches), the maintenance services over the registry, one worker per
+//! configured handler, the reconciliation job (when on) and the HTTP API, until cancelled;
+//! then stops them all gracefully (in-flight handlers finish and are acknowledged).
 
 use crate::engine::client::Client;
-use crate::engine::dispatcher::Dispatcher;
 use crate::engine::housekeeping::Housekeeper;
 use crate::engine::retry::until_ok;
+use crate::engine::supervisor::{Supervisor, SupervisorOptions};
 use crate::engine::worker::Worker;
 use crate::error::Result;
 use crate::orders::close::OrderClose;
@@ -41,7 +41,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let Some(client) = connected else {
         return Ok(());
     };
-    // Every queue this service dispatches exists from now on: orders into it are accepted.
+    // Every queue of the configuration exists from now on: orders into it are accepted.
     for q in &settings.queues {
         client.create_queue(q, settings.client.shards).await?;
         if let Some(r) = settings.history_retention {
@@ -85,7 +85,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         Ok(())
     });
     tracing::info!(
-        listen = %settings.listen, queues = ?settings.queues, handlers = settings.handlers.len(),
+        listen = %settings.listen, queues = ?settings.queues, dispatch = ?settings.dispatch,
+        handlers = settings.handlers.len(),
         "delayq serving"
     );
     wait_all(
@@ -96,23 +97,28 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     .await
 }
 
-/// One dispatcher per queue, and the housekeeper.
+/// The supervisor (dispatchers following the registry) and the maintenance services.
 fn spawn_engine(
     settings: &Settings,
     client: &Client,
     cancel: &CancellationToken,
     tasks: &mut JoinSet<Result<()>>,
 ) -> Result<()> {
-    for q in &settings.queues {
-        let d = Dispatcher::new(client, q, settings.dispatcher.clone())?;
-        let c = cancel.clone();
-        tasks.spawn(async move {
-            d.run(c).await;
-            Ok(())
-        });
-    }
-    let queues: Vec<&str> = settings.queues.iter().map(String::as_str).collect();
-    let housekeeper = Housekeeper::new(client, &queues, settings.housekeeping.clone())?;
+    let supervisor = Supervisor::new(
+        client,
+        SupervisorOptions::default()
+            .dispatch(settings.dispatch.clone())
+            .dispatcher(settings.dispatcher.clone())
+            .declare(
+                settings
+                    .queues
+                    .iter()
+                    .map(|q| (q.clone(), settings.client.shards))
+                    .collect(),
+            ),
+    )?;
+    tasks.spawn(supervisor.run(cancel.clone()));
+    let housekeeper = Housekeeper::for_registry(client, settings.housekeeping.clone())?;
     tasks.spawn(housekeeper.run(cancel.clone()));
     Ok(())
 }
@@ -160,6 +166,25 @@ async fn spawn_handlers(
     }
     let mut reconciler = None;
     if let Some(r) = &settings.reconciliation {
+        // Its close group must exist: created by a handler of this configuration, or
+        // already there. Without it every run would send every overdue order again.
+        let ours = settings
+            .handlers
+            .iter()
+            .any(|h| h.queue == r.queue && h.group == r.group);
+        if !ours {
+            let stats = client.stats(&r.queue).await?;
+            if !stats.groups.iter().any(|g| g.group == r.group) {
+                return Err(crate::error::InvalidInput::Option {
+                    name: "reconciliation.group",
+                    reason: format!(
+                        "queue {:?} has no consumer group {:?}: start its order-close handler first, or name an existing group",
+                        r.queue, r.group
+                    ),
+                }
+                .into());
+            }
+        }
         let orders = db_for(&r.database_url, 2)?;
         reconciler = Some(Reconciler::new(
             orders,

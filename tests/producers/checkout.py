@@ -6,9 +6,10 @@ language") says, with nothing but the standard library (a minimal RESP client):
 
   1. now_ms from the Redis server's TIME;
   2. SCRIPT LOAD lua/enqueue.lua, then EVALSHA by its SHA;
-  3. the shard of an id is FNV-1a 64 of its UTF-8 bytes modulo the shard count;
-  4. keys {ns:q:s}:due and {ns:q:s}:payload, ARGV upsert|nx, now_ms, then id/due_ms/json
-     triples (one shard per call).
+  3. the queue's shard count and epoch from its registry record {ns}:queue:<q>; the shard
+     of an id is FNV-1a 64 of its UTF-8 bytes modulo the shard count;
+  4. keys {ns:q:s}:due, {ns:q:s}:payload and {ns:q:s}:meta, ARGV upsert|nx, now_ms, epoch,
+     then id/due_ms/json triples (one shard per call).
 
 Usage: checkout.py HOST PORT NAMESPACE QUEUE SHARDS SCRIPT_PATH ORDERS_JSON
 ORDERS_JSON is a list of {"id", "delay_ms", "payload"}. Prints one JSON object:
@@ -66,6 +67,11 @@ def main():
     shards = int(shards)
     orders = json.loads(orders_json)
     r = Redis(host, int(port))
+    stored, epoch = r.call("HMGET", "{%s}:queue:%s" % (ns, queue), "shards", "epoch")
+    if stored is None or epoch is None:
+        raise SystemExit("queue %s is not registered" % queue)
+    if int(stored) != shards:
+        raise SystemExit("queue %s has %s shards, not %d" % (queue, stored, shards))
     secs, micros = r.call("TIME")
     now_ms = int(secs) * 1000 + int(micros) // 1000
     with open(script_path, "rb") as f:
@@ -77,10 +83,12 @@ def main():
     codes = {}
     for s, batch in sorted(by_shard.items()):
         tag = "{%s:%s:%d}" % (ns, queue, s)
-        argv = ["upsert", now_ms]
+        argv = ["upsert", now_ms, epoch]
         for o in batch:
             argv += [o["id"], now_ms + int(o["delay_ms"]), json.dumps(o["payload"])]
-        reply = r.call("EVALSHA", sha, 2, tag + ":due", tag + ":payload", *argv)
+        reply = r.call(
+            "EVALSHA", sha, 3, tag + ":due", tag + ":payload", tag + ":meta", *argv
+        )
         for o, code in zip(batch, reply):
             codes[o["id"]] = code
     print(json.dumps({"now_ms": now_ms, "codes": codes}))

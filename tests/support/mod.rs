@@ -78,10 +78,18 @@ pub async fn snapshot(client: &Client) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// The epoch of a registered queue (what direct callers of `enqueue.lua` pass).
+pub async fn epoch(client: &Client, queue: &str) -> String {
+    raw(client, &["HGET", &format!("{{dq}}:queue:{queue}"), "epoch"]).await
+}
+
 /// Keys that hold data: everything but the queue registry (`{dq}:...`).
 pub async fn data_keys(client: &Client) -> usize {
     let keys: Vec<String> = raw(client, &["KEYS", "*"]).await;
-    keys.iter().filter(|k| !k.starts_with("{dq}:")).count()
+    // The registry ({dq}:...) and each shard's marker ({dq:q:s}:meta) are not data.
+    keys.iter()
+        .filter(|k| !k.starts_with("{dq}:") && !k.ends_with(":meta"))
+        .count()
 }
 
 /// Calls `f` every 10 ms until its future gives a value; `None` once `within` has passed.

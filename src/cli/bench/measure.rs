@@ -63,6 +63,10 @@ pub struct BenchReport {
     pub client_cpu_us_per_order: Option<f64>,
     /// Bytes of order history kept per dispatched order (`dispatch`).
     pub history_bytes_per_order: Option<f64>,
+    /// Idle: Redis commands per second with nothing due (`idle`, `--orders` = queues).
+    pub commands_per_s: Option<f64>,
+    /// Idle: Redis CPU (user + sys) per second of wall time, ms.
+    pub redis_cpu_ms_per_s: Option<f64>,
     /// True when not every order was handled in time.
     pub timed_out: bool,
     /// Free text: what was measured and how.

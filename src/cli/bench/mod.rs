@@ -15,6 +15,9 @@
 //! - `depth`: N orders pending (due in an hour) beside 100,000 due ones; the due ones are
 //!   drained by one dispatcher: Redis CPU per dispatched order at that depth (compare
 //!   `--orders 10000` with `--orders 10000000`).
+//! - `idle`: N declared queues (`--orders` is the queue count) and nothing due, for
+//!   `window`: what `serve`'s supervisor (a dispatcher per queue) and maintenance services
+//!   cost Redis at rest, in commands per second and Redis CPU per second.
 //!
 //! Everything runs in a namespace of its own (`dq-bench-<pid>`), deleted at the end; nothing
 //! else in the Redis is touched (never FLUSHALL).
@@ -110,8 +113,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "ceiling" => ceiling(&client, opts).await,
         "dispatch" => dispatch(&client, opts).await,
         "depth" => depth(&client, opts).await,
+        "idle" => idle(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth)"
+            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth, idle)"
         )),
     };
     client.delete_namespace().await?;
@@ -481,4 +485,46 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         print_report(&report, json);
     }
     Ok(())
+}
+
+/// `idle`: `opts.orders` queues declared, nothing due, the supervisor and the maintenance
+/// services running for `opts.window` (after one second to settle): Redis commands and CPU
+/// per second.
+async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
+    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
+    for i in 0..opts.orders.saturating_sub(1) {
+        client
+            .create_queue(&format!("idle-{i}"), opts.shards)
+            .await?;
+    }
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(
+        client,
+        SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
+    )?;
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    let hk = Housekeeper::for_registry(client, HousekeepingOptions::default())?;
+    let hk = tokio::spawn(hk.run(stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cmds0: f64 = info_field(client, "stats", "total_commands_processed").await?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(opts.window).await;
+    let cmds1: f64 = info_field(client, "stats", "total_commands_processed").await?;
+    let cpu1 = redis_cpu_s(client).await?;
+    let took = started.elapsed().as_secs_f64();
+    stop.cancel();
+    sup.await??;
+    hk.await??;
+    Ok(BenchReport {
+        // Two INFO calls of the measurement itself are subtracted.
+        commands_per_s: Some((cmds1 - cmds0 - 2.0) / took),
+        redis_cpu_ms_per_s: Some((cpu1 - cpu0) * 1e3 / took),
+        notes: format!(
+            "{} queue(s) of {} shard(s), nothing due, supervisor + maintenance services for {:.1} s",
+            opts.orders, opts.shards, took
+        ),
+        ..Default::default()
+    })
 }

@@ -7,7 +7,10 @@
 mod options;
 mod schedule;
 
-pub use options::{ClientOptions, DEFAULT_MAX_PAYLOAD_BYTES, Durability, MAX_SHARDS};
+pub use options::{
+    ClientOptions, DEFAULT_MAX_GROUPS, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_QUEUES, Durability,
+    MAX_SHARDS,
+};
 
 use crate::engine::clock::{Clock, RedisClock};
 use crate::engine::conn::{Conn, RedisTarget};
@@ -46,9 +49,9 @@ struct Inner {
     /// The connection durable schedules use (`WAIT` blocks its connection, so it gets its
     /// own), opened on first use.
     durable_conn: tokio::sync::OnceCell<Conn>,
-    /// Queues already recorded in the `<ns>:queues` set by this client.
-    /// Shard counts of queues this client found in the registry (or registered).
-    pub(crate) known_queues: Mutex<HashMap<String, u16>>,
+    /// Shard counts and epochs of queues this client found in the registry (or
+    /// registered); an entry is dropped when a script says the queue changed.
+    pub(crate) known_queues: Mutex<HashMap<String, crate::engine::registry::QueueRef>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -292,7 +295,9 @@ impl Client {
     }
 
     /// The shard counts this client knows (see `registry`).
-    pub(crate) fn inner_known(&self) -> std::sync::MutexGuard<'_, HashMap<String, u16>> {
+    pub(crate) fn inner_known(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, crate::engine::registry::QueueRef>> {
         self.inner
             .known_queues
             .lock()
@@ -308,11 +313,11 @@ impl Client {
     }
 
     pub(crate) fn queues_key(&self) -> String {
-        format!("{{{}}}:queues", self.inner.keyspace.namespace())
+        self.inner.keyspace.queues()
     }
 
-    /// The HASH recording a queue's settings (`shards`), fixed when the queue is first used.
+    /// The HASH recording a queue's settings (`shards`, `epoch`, ...): its registry record.
     pub fn queue_meta_key(&self, queue: &QueueName) -> String {
-        format!("{{{}}}:queue:{}", self.inner.keyspace.namespace(), queue)
+        self.inner.keyspace.queue_record(queue)
     }
 }

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 /// Most shards a queue may have.
 pub const MAX_SHARDS: u16 = 1024;
+/// Default cap on the queues of one namespace.
+pub const DEFAULT_MAX_QUEUES: usize = 1000;
+/// Default cap on the consumer groups of one queue.
+pub const DEFAULT_MAX_GROUPS: usize = 100;
 /// Default payload limit: 64 KiB of JSON text.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Most orders per enqueue script call: amortises the ~15 µs fixed cost of a script call
@@ -31,6 +35,12 @@ pub struct ClientOptions {
     pub connect_timeout: Duration,
     /// When a schedule counts as done (default [`Durability::Leader`]).
     pub durability: Durability,
+    /// Most queues the namespace may have: creating one more is refused
+    /// ([`Error::TooManyQueues`](crate::Error::TooManyQueues)); default 1,000.
+    pub max_queues: usize,
+    /// Most consumer groups a queue may have: a worker of one more group is refused
+    /// ([`Error::TooManyGroups`](crate::Error::TooManyGroups)); default 100.
+    pub max_groups: usize,
 }
 
 impl Default for ClientOptions {
@@ -42,6 +52,8 @@ impl Default for ClientOptions {
             response_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(5),
             durability: Durability::Leader,
+            max_queues: DEFAULT_MAX_QUEUES,
+            max_groups: DEFAULT_MAX_GROUPS,
         }
     }
 }
@@ -71,6 +83,18 @@ impl ClientOptions {
         self
     }
 
+    /// Sets the cap on queues (1..=1,000,000).
+    pub fn max_queues(mut self, n: usize) -> Self {
+        self.max_queues = n;
+        self
+    }
+
+    /// Sets the cap on groups per queue (1..=10,000).
+    pub fn max_groups(mut self, n: usize) -> Self {
+        self.max_groups = n;
+        self
+    }
+
     /// Checks every option (the one place they are checked).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         Keyspace::new(&self.namespace)?;
@@ -78,6 +102,18 @@ impl ClientOptions {
             return Err(InvalidInput::Option {
                 name: "shards",
                 reason: format!("must be 1..={MAX_SHARDS}, got {}", self.shards),
+            });
+        }
+        if !(1..=1_000_000).contains(&self.max_queues) {
+            return Err(InvalidInput::Option {
+                name: "max_queues",
+                reason: format!("must be 1..=1000000, got {}", self.max_queues),
+            });
+        }
+        if !(1..=10_000).contains(&self.max_groups) {
+            return Err(InvalidInput::Option {
+                name: "max_groups",
+                reason: format!("must be 1..=10000, got {}", self.max_groups),
             });
         }
         if self.max_payload_bytes == 0 {

@@ -8,7 +8,7 @@ use crate::engine::keys::{QueueName, ShardKeys, shard_of};
 use crate::engine::message::{
     BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
 };
-use crate::engine::scripts::{self, EnqueueArg};
+use crate::engine::scripts::{self, EnqueueArg, ScriptRefusal};
 use crate::engine::telemetry;
 use crate::error::{Error, InvalidInput, RedisContext, Result, WriteOutcome};
 use futures_util::future::join_all;
@@ -76,14 +76,46 @@ impl Client {
                     })
             })
             .collect::<Result<Vec<i64>, InvalidInput>>()?;
-        let shards = self.shards_of(&queue).await?;
+        let mut qref = self.queue_ref(&queue).await?;
         if orders.is_empty() {
             return Ok(Vec::new());
         }
-        let calls = self.plan_enqueue(&queue, shards, orders);
-        let outcomes = self
-            .enqueue_calls(&calls, orders, &dues, now, mode == Mode::IfAbsent)
+        let if_absent = mode == Mode::IfAbsent;
+        let mut calls = self.plan_enqueue(&queue, qref.shards, orders);
+        let mut outcomes = self
+            .enqueue_calls(&calls, &qref.epoch, orders, &dues, now, if_absent)
             .await;
+        // Every call refused by enqueue.lua (nothing written): the queue was deleted, or
+        // deleted and created again. Re-read the registry once and retry with what it says.
+        if outcomes
+            .iter()
+            .all(|o| o.as_ref().is_err_and(|e| ScriptRefusal::of(e).is_some()))
+        {
+            self.forget(&queue);
+            let fresh = self.queue_ref(&queue).await?;
+            if fresh == qref {
+                return Err(Error::QueueNotFound {
+                    queue: queue.as_str().to_owned(),
+                });
+            }
+            qref = fresh;
+            calls = self.plan_enqueue(&queue, qref.shards, orders);
+            outcomes = self
+                .enqueue_calls(&calls, &qref.epoch, orders, &dues, now, if_absent)
+                .await;
+        }
+        let outcomes: Vec<_> = outcomes
+            .into_iter()
+            .map(|o| match o {
+                Err(e) if ScriptRefusal::of(&e).is_some() => {
+                    self.forget(&queue);
+                    Err(Error::QueueNotFound {
+                        queue: queue.as_str().to_owned(),
+                    })
+                }
+                other => other,
+            })
+            .collect();
         let mut results: Vec<Option<ItemOutcome>> = vec![None; orders.len()];
         let (mut failed, mut succeeded): (Option<Error>, bool) = (None, false);
         for ((_, idxs), r) in calls.iter().zip(outcomes) {
@@ -211,6 +243,7 @@ impl Client {
     async fn enqueue_calls(
         &self,
         calls: &[(ShardKeys, Vec<usize>)],
+        epoch: &str,
         orders: &[NewOrder],
         dues: &[i64],
         now: i64,
@@ -230,15 +263,19 @@ impl Client {
             .collect();
         match self.durability {
             Durability::Leader => {
-                join_all(calls.iter().zip(&args).map(|((keys, _), args)| {
-                    let mut conn = self.inner.conn.clone();
-                    async move { scripts::enqueue(&mut conn, keys, if_absent, now, args).await }
-                }))
+                join_all(
+                    calls.iter().zip(&args).map(|((keys, _), args)| {
+                        let mut conn = self.inner.conn.clone();
+                        async move {
+                            scripts::enqueue(&mut conn, keys, epoch, if_absent, now, args).await
+                        }
+                    }),
+                )
                 .await
             }
             Durability::Replicated { replicas, timeout } => {
                 let wait = Wait { replicas, timeout };
-                self.enqueue_replicated(calls, &args, if_absent, now, wait)
+                self.enqueue_replicated(calls, epoch, &args, if_absent, now, wait)
                     .await
             }
         }
@@ -254,6 +291,7 @@ impl Client {
     async fn enqueue_replicated(
         &self,
         calls: &[(ShardKeys, Vec<usize>)],
+        epoch: &str,
         args: &[Vec<EnqueueArg<'_>>],
         if_absent: bool,
         now: i64,
@@ -278,7 +316,7 @@ impl Client {
         let done = join_all(groups.iter().map(|g| {
             let invs: Vec<_> = g
                 .iter()
-                .map(|&i| scripts::enqueue_invocation(&calls[i].0, if_absent, now, &args[i]))
+                .map(|&i| scripts::enqueue_invocation(&calls[i].0, epoch, if_absent, now, &args[i]))
                 .collect();
             let sizes: Vec<usize> = g.iter().map(|&i| args[i].len()).collect();
             durable_pipeline(conn.clone(), invs, sizes, wait)

@@ -2,9 +2,8 @@
 
 use super::lease::Lease;
 use super::{Delivery, DeliveryFlag, Shared};
-use crate::engine::conn::Conn;
 use crate::engine::keys::{QueueName, ShardKeys};
-use crate::error::{Error, RedisContext, Result};
+use crate::error::{Error, Result};
 use redis::Value;
 use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
@@ -25,25 +24,41 @@ pub(super) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
-/// Creates `group` on each shard's stream from id 0 with MKSTREAM; an existing group is fine.
+/// Creates `group` on every shard's stream when it is new (`join_group.lua`: from the start
+/// of the stream, creating the stream if needed). `rejoin`: a running worker's read found no
+/// group; it is created again only where the stream is gone too (Redis lost its data), and
+/// refused ([`Error::GroupDeleted`]) where the stream exists, since the group was deleted on
+/// purpose. [`Error::QueueNotFound`] when the queue was deleted; [`Error::TooManyGroups`]
+/// at the cap.
 pub(crate) async fn ensure_groups(
-    conn: &mut Conn,
+    client: &crate::engine::client::Client,
+    queue: &crate::engine::keys::QueueName,
     shards: &[ShardKeys],
     group: &str,
+    rejoin: bool,
 ) -> Result<()> {
+    use crate::engine::scripts::{ScriptRefusal, join_group};
+    let max = client.options().max_groups;
     for s in shards {
-        let r: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(&s.stream)
-            .arg(group)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(conn)
-            .await;
-        match r {
-            Ok(()) => tracing::info!(stream = %s.stream, %group, "consumer group created"),
-            Err(e) if e.code() == Some("BUSYGROUP") => {}
-            Err(e) => return Err(e).ctx("creating the consumer group (XGROUP CREATE)"),
+        match join_group(&mut client.connection(), s, group, rejoin, max).await {
+            Ok(true) => tracing::info!(stream = %s.stream, %group, "consumer group created"),
+            Ok(false) => {}
+            Err(e) => {
+                return Err(match ScriptRefusal::of(&e) {
+                    Some(ScriptRefusal::QueueNotFound) => Error::QueueNotFound {
+                        queue: queue.as_str().to_owned(),
+                    },
+                    Some(ScriptRefusal::GroupDeleted) => Error::GroupDeleted {
+                        queue: queue.as_str().to_owned(),
+                        group: group.to_owned(),
+                    },
+                    Some(ScriptRefusal::TooManyGroups) => Error::TooManyGroups {
+                        queue: queue.as_str().to_owned(),
+                        max,
+                    },
+                    _ => e,
+                });
+            }
         }
     }
     Ok(())

@@ -153,11 +153,13 @@ impl<H: Handler> Worker<H> {
         &self.shared.consumer
     }
 
-    /// Creates the consumer group on every shard's stream (reading from the start of the
+    /// Registers the queue (with the client's shard count, as `run` does) and creates the
+    /// consumer group on every shard's stream when it is new (reading from the start of the
     /// stream, creating the stream if needed). Idempotent.
     pub async fn ensure_groups(&self) -> Result<()> {
         let s = &self.shared;
-        ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
+        s.client.register(&s.queue).await?;
+        ensure_groups(&s.client, &s.queue, &s.shards, &s.group, false).await
     }
 
     /// Runs until `cancel` fires, then stops reading, waits for in-flight handlers (up to
@@ -169,7 +171,7 @@ impl<H: Handler> Worker<H> {
         let _ = s.metrics();
         let started = until_ok("starting the worker", &cancel, || async {
             s.client.register(&s.queue).await?;
-            ensure_groups(&mut s.client.connection(), &s.shards, &s.group).await
+            ensure_groups(&s.client, &s.queue, &s.shards, &s.group, false).await
         })
         .await?;
         if started.is_none() {

@@ -52,6 +52,13 @@ pub(super) async fn reader_loop<H: Handler>(
             continue;
         }
         let taken = r.read(permits.len(), &cancel).await;
+        if std::mem::take(&mut r.paused) {
+            // read.lua found the group paused: wait for a resume (or look again later).
+            drop(permits);
+            paused_wait(&s, &cancel).await;
+            r.to_read = r.all();
+            continue;
+        }
 
         for t in taken {
             // A read never returns more entries than it was given permits for.
@@ -91,12 +98,20 @@ pub(super) async fn may_take<H>(s: &Shared<H>, cancel: &CancellationToken) -> bo
             if let Err(e) = other {
                 tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "reading the pause flag failed");
             }
-            tokio::select! {
-                _ = tokio::time::sleep(PAUSE_REFRESH) => {}
-                _ = cancel.cancelled() => {}
-            }
+            paused_wait(s, cancel).await;
             false
         }
+    }
+}
+
+/// Waits while the group is paused: until this process resumes it, [`PAUSE_REFRESH`]
+/// passes (another process may have), or `cancel`.
+async fn paused_wait<H>(s: &Shared<H>, cancel: &CancellationToken) {
+    let wake = s.client.wake().get(s.queue.as_str());
+    tokio::select! {
+        _ = tokio::time::sleep(PAUSE_REFRESH) => {}
+        _ = wake.resume.notified() => s.pause.invalidate(),
+        _ = cancel.cancelled() => {}
     }
 }
 
@@ -148,6 +163,8 @@ struct Reader<'a, H> {
     last_ids: Vec<String>,
     /// Where the next read starts among `to_read`, so a small budget rotates over shards.
     rotate: usize,
+    /// The last read found the group paused.
+    paused: bool,
     pacer: Pacer,
 }
 
@@ -160,6 +177,7 @@ impl<'a, H: Handler> Reader<'a, H> {
             to_read: (0..shards.len()).collect(),
             last_ids: vec!["0-0".to_owned(); shards.len()],
             rotate: 0,
+            paused: false,
             pacer: Pacer::new(RetryPolicy::LOOP),
         }
     }
@@ -210,7 +228,8 @@ impl<'a, H: Handler> Reader<'a, H> {
         let mut failed = None;
         for (&i, r) in chosen.iter().zip(results) {
             match r {
-                Ok((taken, got, last)) => {
+                Ok((_, _, _, true)) => self.paused = true,
+                Ok((taken, got, last, false)) => {
                     self.last_ids[i] = last;
                     if got >= per_shard {
                         again.push(i); // maybe more: read it again at once
@@ -233,10 +252,28 @@ impl<'a, H: Handler> Reader<'a, H> {
 
     async fn read_failed(&mut self, e: Error, nothing_read: bool, cancel: &CancellationToken) {
         if is_nogroup(&e) {
-            tracing::warn!(queue = %self.s.queue, group = %self.s.group, "consumer group vanished; recreating");
-            let mut conn = self.s.client.connection();
-            if let Err(e) = ensure_groups(&mut conn, self.shards, &self.s.group).await {
-                tracing::warn!(error = %e, "recreating the group failed");
+            // Created again only where the stream is gone too; a group deleted on purpose
+            // (or a deleted queue) stops this worker instead of redelivering everything.
+            match ensure_groups(
+                &self.s.client,
+                &self.s.queue,
+                self.shards,
+                &self.s.group,
+                true,
+            )
+            .await
+            {
+                Ok(()) => {
+                    tracing::warn!(queue = %self.s.queue, group = %self.s.group, "consumer group vanished with its stream; created again")
+                }
+                Err(e @ Error::GroupDeleted { .. }) => {
+                    tracing::error!(queue = %self.s.queue, group = %self.s.group, error = %e, "the worker stops");
+                    telemetry::worker_stopped(self.s.queue.as_str(), &self.s.group);
+                    cancel.cancel();
+                    return;
+                }
+                Err(e) => tracing::warn!(queue = %self.s.queue, group = %self.s.group, error = %e,
+                    retry_in = ?self.pacer.next_delay(), "recreating the group failed"),
             }
         } else {
             tracing::warn!(queue = %self.s.queue, group = %self.s.group, error = %e,
@@ -256,14 +293,17 @@ async fn take_new<H: Handler>(
     shards: &[ShardKeys],
     chosen: &[usize],
     count: usize,
-) -> Vec<Result<(Vec<Taken>, usize, String)>> {
+) -> Vec<Result<(Vec<Taken>, usize, String, bool)>> {
     let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
     futures_util::future::join_all(chosen.iter().map(|&i| {
         let mut conn = s.client.connection();
         let keys = &shards[i];
         async move {
-            let (entries, last) =
+            let (entries, last, paused) =
                 scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
+            if paused == 1 {
+                return Ok((Vec::new(), 0, last, true));
+            }
             let entries = entries_of(entries)?;
             let got = entries.len();
             let taken = entries
@@ -272,7 +312,7 @@ async fn take_new<H: Handler>(
                     to_taken(s, keys.shard, &entry_id, fields, 1, lease_until)
                 })
                 .collect();
-            Ok((taken, got, last))
+            Ok((taken, got, last, false))
         }
     }))
     .await

@@ -78,8 +78,11 @@ pub struct Settings {
     pub housekeeping: HousekeepingOptions,
     /// The handlers.
     pub handlers: Vec<HandlerSpec>,
-    /// Every queue to dispatch (handlers' and extra), sorted, unique.
+    /// Every queue created at start-up (handlers', reconciliation's and `queues`), sorted,
+    /// unique.
     pub queues: Vec<String>,
+    /// Which registered queues this process dispatches (the supervisor's selection).
+    pub dispatch: crate::engine::supervisor::DispatchSelection,
     /// How long shutdown waits for running handlers (every worker's `shutdown_grace`).
     pub shutdown_grace: Duration,
     /// The order-history retention set on every queue it dispatches (`None`: leave each
@@ -146,7 +149,9 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     }
     queues.sort();
     queues.dedup();
+    let dispatch = sections::dispatch_selection(config.dispatch.as_ref())?;
     Ok(Settings {
+        dispatch,
         config,
         listen,
         http,

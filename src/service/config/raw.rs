@@ -20,8 +20,16 @@ pub struct Config {
     /// `leader` (acknowledge once the master has it) or `replicated` (once a replica confirms
     /// it, within one second; else the API answers 503 `not_replicated`).
     pub durability: String,
-    /// Extra queues to dispatch (queues of handlers are dispatched anyway).
+    /// Queues created at start-up (besides those of handlers and reconciliation). Which
+    /// queues this process dispatches is `dispatch`'s business.
     pub queues: Vec<String>,
+    /// Which registered queues this process dispatches: `"all"` (default: every queue of
+    /// the registry, followed as it changes), `"none"`, or a list of names.
+    pub dispatch: Option<DispatchConfig>,
+    /// Most queues the namespace may have (default 1,000).
+    pub max_queues: Option<usize>,
+    /// Most consumer groups a queue may have (default 100).
+    pub max_groups: Option<usize>,
     /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
     /// this plus a moment, whatever the backlog.
     pub shutdown_grace: Option<String>,
@@ -52,6 +60,9 @@ impl Default for Config {
             max_payload_bytes: None,
             durability: "leader".into(),
             queues: Vec::new(),
+            dispatch: None,
+            max_queues: None,
+            max_groups: None,
             shutdown_grace: None,
             history_retention: None,
             http: HttpConfig::default(),
@@ -64,6 +75,16 @@ impl Default for Config {
     }
 }
 
+/// `dispatch`: a word (`"all"`, `"none"`) or a list of queue names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DispatchConfig {
+    /// `"all"` or `"none"`.
+    Word(String),
+    /// Only these queues.
+    List(Vec<String>),
+}
+
 /// The top-level keys of [`Config`]: the only `DELAYQ_<KEY>` environment variables `serve`
 /// reads (others, such as the CLI's `DELAYQ_DATABASE_URL`, are not its business).
 pub const TOP_LEVEL_KEYS: &[&str] = &[
@@ -73,6 +94,9 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_payload_bytes",
     "durability",
     "queues",
+    "dispatch",
+    "max_queues",
+    "max_groups",
     "shutdown_grace",
     "history_retention",
     "http",
@@ -91,6 +115,7 @@ impl std::fmt::Debug for Config {
             .field("shards", &self.shards)
             .field("durability", &self.durability)
             .field("queues", &self.queues)
+            .field("dispatch", &self.dispatch)
             .field("http", &self.http)
             .field("handlers", &self.handlers)
             .field("reconciliation", &self.reconciliation)

@@ -25,6 +25,12 @@ pub(super) fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
     if let Some(n) = c.max_payload_bytes {
         o = o.max_payload_bytes(n);
     }
+    if let Some(n) = c.max_queues {
+        o = o.max_queues(n);
+    }
+    if let Some(n) = c.max_groups {
+        o = o.max_groups(n);
+    }
     o = o.durability(match c.durability.as_str() {
         "leader" => Durability::Leader,
         "replicated" => Durability::replicated(),
@@ -191,4 +197,33 @@ pub(super) fn check_reconciliation(
         group,
         options,
     }))
+}
+
+/// `dispatch` → which registered queues this process dispatches.
+pub(super) fn dispatch_selection(
+    d: Option<&super::raw::DispatchConfig>,
+) -> Result<crate::engine::supervisor::DispatchSelection, ConfigError> {
+    use super::raw::DispatchConfig;
+    use crate::engine::supervisor::DispatchSelection;
+    Ok(match d {
+        None => DispatchSelection::All,
+        Some(DispatchConfig::Word(w)) if w == "all" => DispatchSelection::All,
+        Some(DispatchConfig::Word(w)) if w == "none" => DispatchSelection::None,
+        Some(DispatchConfig::Word(w)) => {
+            return Err(ConfigError::at(
+                "dispatch",
+                format!("{w:?} is not \"all\", \"none\" or a list of queue names"),
+            ));
+        }
+        Some(DispatchConfig::List(names)) => DispatchSelection::Only(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, n)| {
+                    crate::engine::keys::QueueName::new(n)
+                        .map_err(|e| ConfigError::at(format!("dispatch[{i}]"), e))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    })
 }

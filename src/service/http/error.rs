@@ -97,7 +97,22 @@ impl From<Error> for ApiError {
                 ApiError::new(StatusCode::CONFLICT, "group_busy", e.to_string())
             }
             e @ Error::QueueNotEmpty { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "queue_not_empty", e.to_string())
+                let lag = match &e {
+                    Error::QueueNotEmpty { lag, .. } => lag
+                        .iter()
+                        .map(|(g, n)| (g.clone(), serde_json::Value::from(*n)))
+                        .collect::<serde_json::Map<_, _>>(),
+                    _ => serde_json::Map::new(),
+                };
+                let mut a = ApiError::new(StatusCode::CONFLICT, "queue_not_empty", e.to_string());
+                a.extra = Some(("lag", serde_json::Value::Object(lag)));
+                a
+            }
+            e @ Error::TooManyQueues { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "too_many_queues", e.to_string())
+            }
+            e @ Error::TooManyGroups { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "too_many_groups", e.to_string())
             }
             e @ Error::NotReplicated { .. } => {
                 ApiError::new(unavailable, "not_replicated", e.to_string())

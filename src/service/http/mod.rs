@@ -47,9 +47,18 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::service::ui::session::Sessions>,
     /// The dashboard's ring buffer of throughput and lateness (`None`: not recorded).
     pub(crate) timing: Option<Arc<crate::service::ui::timing::Timing>>,
-    /// When the gauges were last refreshed: at most once per second, whatever the scrape
-    /// rate.
-    gauges_at: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// The last rendered `/metrics` text and when it was made: refreshed at most once per
+    /// second whatever the scrape rate, and served to every scraper as shared bytes.
+    metrics_cache: Arc<MetricsCache>,
+}
+
+/// `/metrics`, rendered once and shared.
+#[derive(Default)]
+pub(crate) struct MetricsCache {
+    /// The text and when it was rendered.
+    text: std::sync::Mutex<Option<(std::time::Instant, axum::body::Bytes)>>,
+    /// Set while one request refreshes it (others serve the previous text meanwhile).
+    refreshing: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -61,7 +70,7 @@ impl AppState {
             tokens: Arc::new(tokens),
             limits: Arc::new(HttpLimits::default()),
             timing: None,
-            gauges_at: Arc::default(),
+            metrics_cache: Arc::default(),
         }
     }
 
@@ -154,31 +163,51 @@ async fn readyz(State(st): State<AppState>) -> Response {
 const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 
 async fn metrics(State(st): State<AppState>) -> Response {
-    // Gauges are refreshed on scrape, at most once per second (the lock is released before
-    // the Redis calls), over registered queues only, within the request deadline.
-    let due = {
-        let mut at = st.gauges_at.lock().unwrap_or_else(|p| p.into_inner());
-        let due = at.is_none_or(|t| t.elapsed() >= GAUGE_REFRESH);
-        if due {
-            *at = Some(std::time::Instant::now());
+    use std::sync::atomic::Ordering;
+    let cache = &st.metrics_cache;
+    let cached = cache.text.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let body = match cached {
+        // Fresh: the shared bytes, no Redis call.
+        Some((at, text)) if at.elapsed() < GAUGE_REFRESH => text,
+        // Stale, and another request is refreshing it: the previous text meanwhile.
+        cached if cache.refreshing.swap(true, Ordering::AcqRel) => cached.map_or_else(
+            || axum::body::Bytes::from(crate::service::metrics::render(None)),
+            |(_, text)| text,
+        ),
+        _ => {
+            // This request refreshes (the flag is cleared however it ends). The gauges are
+            // refreshed over registered queues only, within the request deadline, with no
+            // lock held across the Redis calls; series of queues and groups that no longer
+            // exist are left out.
+            struct Clear<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Clear<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, Ordering::Release);
+                }
+            }
+            let _clear = Clear(&cache.refreshing);
+            let all =
+                tokio::time::timeout(st.limits.request_timeout, st.admin.client().stats_all())
+                    .await;
+            let live = match &all {
+                Ok(Ok(all)) => {
+                    for s in all {
+                        crate::service::metrics::record_stats(s);
+                    }
+                    Some(crate::service::metrics::Live::of(all))
+                }
+                _ => None,
+            };
+            let text = axum::body::Bytes::from(crate::service::metrics::render(live.as_ref()));
+            *cache.text.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((std::time::Instant::now(), text.clone()));
+            text
         }
-        due
     };
-    if due
-        && let Ok(Ok(all)) =
-            tokio::time::timeout(st.limits.request_timeout, st.admin.client().stats_all()).await
-    {
-        for s in &all {
-            crate::service::metrics::record_stats(s);
-        }
-    }
-    let text = crate::service::metrics::handle()
-        .map(|h| h.render())
-        .unwrap_or_default();
     let mut headers = HeaderMap::new();
     headers.insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static("text/plain; version=0.0.4"),
     );
-    (headers, text).into_response()
+    (headers, body).into_response()
 }

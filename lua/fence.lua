@@ -1,0 +1,58 @@
+-- fence.lua: the first step of deleting a queue, one shard at a time: check that the shard
+-- holds nothing (unless forced), then remove its epoch so no producer can write into it.
+--
+-- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  the shard's STREAM
+-- KEYS[3]  the shard's dead-letter STREAM
+-- KEYS[4]  the shard's marker HASH (field epoch)
+-- ARGV[1]  the epoch the caller read from the registry record
+-- ARGV[2]  "1" = forced (fence even when not empty), "0" = refuse when not empty
+--
+-- Returns: { fenced, scheduled, dead, group, pending, lag, group, pending, lag, ... }
+--   fenced    = 1 when the epoch was removed (the caller then deletes the shard's keys),
+--               0 when it was refused (not empty, nothing written), -1 when the shard has
+--               another epoch or none (deleted, or deleted and created again: left alone);
+--   scheduled = orders in the due ZSET; dead = dead letters;
+--   per group = its name, entries pending in it (taken, not settled) and its lag (stream
+--               entries it has not read yet: a paused group, a rate limit or a slow
+--               handler leaves them; the stream is walked when XINFO cannot tell).
+--
+-- Why one script: the emptiness check and the fence happen together, so no order can slip
+-- in between "found empty" and "fenced": once fenced, enqueue.lua refuses the shard.
+-- Redis >= 7.0 (XINFO GROUPS reports entries-read and lag).
+if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
+  return redis.error_reply('ERR delayq fence: the epoch is missing')
+end
+if ARGV[2] ~= '0' and ARGV[2] ~= '1' then
+  return redis.error_reply('ERR delayq fence: force must be 0 or 1')
+end
+if redis.call('HGET', KEYS[4], 'epoch') ~= ARGV[1] then
+  return { -1, 0, 0 }
+end
+local scheduled = redis.call('ZCARD', KEYS[1])
+local dead = redis.call('XLEN', KEYS[3])
+local out = { 0, scheduled, dead }
+local busy = scheduled > 0 or dead > 0
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    local lag = info['lag']
+    if type(lag) ~= 'number' then
+      -- Unknown (entries deleted from the middle of the stream): count what follows the
+      -- group's last-delivered id, up to 100,000 (enough to say "not empty").
+      lag = #redis.call('XRANGE', KEYS[2], '(' .. info['last-delivered-id'], '+', 'COUNT', 100000)
+    end
+    local pending = info['pending'] or 0
+    out[#out + 1] = info['name']
+    out[#out + 1] = pending
+    out[#out + 1] = lag
+    if pending > 0 or lag > 0 then busy = true end
+  end
+end
+if busy and ARGV[2] == '0' then
+  return out
+end
+redis.call('HDEL', KEYS[4], 'epoch')
+out[1] = 1
+return out

@@ -1,0 +1,312 @@
+//! The registry is the source of truth for what exists and runs (issue 22): a queue declared
+//! anywhere is dispatched and tended, a delete is atomic and final, pauses hold from the
+//! moment they answer, caps bound what grows.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use delayq::{
+    ClientOptions, DispatchSelection, Dispatcher, DispatcherOptions, Error, Housekeeper,
+    HousekeepingOptions, Supervisor, SupervisorOptions, Worker, WorkerOptions,
+};
+use serde_json::json;
+use std::time::Duration;
+use support::{Recorder, raw, start, start_with, wait_for};
+use tokio_util::sync::CancellationToken;
+
+const WITHIN: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_queue_created_while_the_supervisor_runs_is_dispatched() {
+    let (_s, client) = start().await;
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    // Created after the supervisor started, with a shard count of its own.
+    client.create_queue("b", 4).await.unwrap();
+    let rec = Recorder::default();
+    let w = Worker::new(&client, "b", "g", rec.handler(), WorkerOptions::default()).unwrap();
+    w.ensure_groups().await.unwrap_err(); // the worker's client has 1 shard: refused
+    let four = delayq::Client::connect_with(&_s.url(), ClientOptions::default().shards(4))
+        .await
+        .unwrap();
+    let w = Worker::new(&four, "b", "g", rec.handler(), WorkerOptions::default()).unwrap();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    for i in 0..8 {
+        client
+            .schedule("b", &format!("o{i}"), Duration::ZERO, json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    rec.wait_len(8, WITHIN).await;
+    stop.cancel();
+    sup.await.unwrap().unwrap();
+    worker.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_supervisor_follows_its_selection_and_stops_a_deleted_queue() {
+    let (_s, client) = start().await;
+    let stop = CancellationToken::new();
+    let only_q = SupervisorOptions::default().dispatch(DispatchSelection::Only(vec![
+        delayq::engine::keys::QueueName::new("q").unwrap(),
+    ]));
+    let mut sup = Supervisor::new(&client, only_q).unwrap();
+    let r = sup.run_once(&stop).await.unwrap();
+    assert_eq!(r.started, vec!["q".to_owned()]);
+    assert_eq!(sup.running(), vec!["q".to_owned()]);
+
+    let mut all = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
+    let r = all.run_once(&stop).await.unwrap();
+    assert_eq!(r.started, vec!["notify", "order-close", "q"]);
+    client.delete_queue("notify", false).await.unwrap();
+    let r = all.run_once(&stop).await.unwrap();
+    assert_eq!(r.stopped, vec!["notify".to_owned()]);
+    assert_eq!(all.running(), vec!["order-close", "q"]);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn maintenance_over_the_registry_trims_a_queue_declared_only_by_the_api() {
+    let (_s, client) = start().await;
+    client.create_queue("api-only", 1).await.unwrap();
+    let rec = Recorder::default();
+    let stop = CancellationToken::new();
+    let w = Worker::new(
+        &client,
+        "api-only",
+        "g",
+        rec.handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let orders: Vec<delayq::NewOrder> = (0..200)
+        .map(|i| delayq::NewOrder::new(format!("o{i}"), Duration::ZERO, json!({})))
+        .collect();
+    client
+        .schedule_many("api-only", &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    let d =
+        Dispatcher::for_registered(&client, "api-only", 1, DispatcherOptions::default()).unwrap();
+    d.drain().await.unwrap();
+    rec.wait_len(200, WITHIN).await;
+    let stream = "{dq:api-only:0}:stream";
+    wait_for("every entry acknowledged", WITHIN, || {
+        let c = client.clone();
+        async move { support::pending(&c, stream, "g").await == 0 }
+    })
+    .await;
+    let hk = Housekeeper::for_registry(&client, HousekeepingOptions::default()).unwrap();
+    let trimmed = hk.trim().await.unwrap();
+    // Every acknowledged entry below the group's last-delivered one (the trim point stays).
+    assert_eq!(trimmed.count, 199);
+    let len: i64 = raw(&client, &["XLEN", stream]).await;
+    assert_eq!(len, 1);
+    // Dead letters beyond the cap go too, for a queue no configuration names.
+    let _: String = raw(
+        &client,
+        &["XADD", "{dq:api-only:0}:dead", "*", "id", "x", "group", "g"],
+    )
+    .await;
+    let _: String = raw(
+        &client,
+        &["XADD", "{dq:api-only:0}:dead", "*", "id", "y", "group", "g"],
+    )
+    .await;
+    let capped = Housekeeper::for_registry(
+        &client,
+        HousekeepingOptions::default().dead_max_per_queue(1),
+    )
+    .unwrap();
+    assert_eq!(capped.trim_dead().await.unwrap().count, 1);
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_delivers_them() {
+    let (_s, client) = start().await;
+    let rec = Recorder::default();
+    let w = Worker::new(
+        &client,
+        "q",
+        "slow",
+        rec.handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    client.set_paused("q", Some("slow"), true).await.unwrap();
+    let orders: Vec<delayq::NewOrder> = (0..50)
+        .map(|i| delayq::NewOrder::new(format!("o{i}"), Duration::ZERO, json!({})))
+        .collect();
+    client
+        .schedule_many("q", &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    let d = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
+    assert_eq!(d.drain().await.unwrap().moved, 50);
+    match client.delete_queue("q", false).await {
+        Err(Error::QueueNotEmpty {
+            unread,
+            lag,
+            scheduled,
+            pending,
+            ..
+        }) => {
+            assert_eq!((unread, scheduled, pending), (50, 0, 0));
+            assert_eq!(lag, vec![("slow".to_owned(), 50)]);
+        }
+        other => panic!("expected queue_not_empty, got {other:?}"),
+    }
+    // Refused means untouched: producers still write, the worker gets all 50 on resume.
+    client
+        .schedule("q", "after", Duration::from_secs(3600), json!({}))
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    client.set_paused("q", Some("slow"), false).await.unwrap();
+    rec.wait_len(50, WITHIN).await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_producer_with_a_stale_view_cannot_write_into_a_deleted_queue() {
+    let (s, client) = start().await;
+    let producer = delayq::Client::connect(&s.url()).await.unwrap();
+    // The producer learns the queue (and caches its record).
+    producer
+        .schedule("q", "first", Duration::from_secs(60), json!({}))
+        .await
+        .unwrap();
+    client.delete_queue("q", true).await.unwrap();
+    let err = producer
+        .schedule("q", "second", Duration::from_secs(60), json!({}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::QueueNotFound { .. }),
+        "expected queue_not_found, got {err:?}"
+    );
+    let keys: Vec<String> = raw(&client, &["KEYS", "{dq:q:*"]).await;
+    assert!(keys.is_empty(), "keys of the deleted queue: {keys:?}");
+    // Created again (another epoch): the same stale producer writes into the new queue.
+    client.create_queue("q", 1).await.unwrap();
+    producer
+        .schedule("q", "third", Duration::from_secs(60), json!({}))
+        .await
+        .unwrap();
+    assert!(client.get("q", "third").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_forced_group_delete_stops_its_worker_instead_of_redelivering() {
+    let (_s, client) = start().await;
+    let rec = Recorder::default();
+    let stop = CancellationToken::new();
+    let w = Worker::new(&client, "q", "g", rec.handler(), WorkerOptions::default()).unwrap();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let d = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
+    for i in 0..10 {
+        client
+            .schedule("q", &format!("o{i}"), Duration::ZERO, json!({}))
+            .await
+            .unwrap();
+    }
+    d.drain().await.unwrap();
+    rec.wait_len(10, WITHIN).await;
+    wait_for("acknowledged", WITHIN, || {
+        let c = client.clone();
+        async move { support::pending(&c, "{dq:q:0}:stream", "g").await == 0 }
+    })
+    .await;
+    client.delete_group("q", "g", true).await.unwrap();
+    // The next read finds no group: the worker stops on its own (stop is never cancelled).
+    tokio::time::timeout(WITHIN, worker)
+        .await
+        .expect("the worker stopped")
+        .unwrap()
+        .unwrap();
+    let groups: Vec<redis::Value> = raw(&client, &["XINFO", "GROUPS", "{dq:q:0}:stream"]).await;
+    assert!(groups.is_empty(), "the group was created again");
+    assert_eq!(rec.len(), 10, "nothing was delivered again");
+}
+
+#[tokio::test]
+async fn caps_bound_queues_and_groups() {
+    let (_s, client) = start_with(ClientOptions::default().max_queues(4).max_groups(1)).await;
+    client.create_queue("fourth", 1).await.unwrap();
+    let err = client.create_queue("fifth", 1).await.unwrap_err();
+    assert!(matches!(err, Error::TooManyQueues { max: 4 }), "{err:?}");
+    // An existing queue is still "created" idempotently at the cap.
+    client.create_queue("fourth", 1).await.unwrap();
+    let list = client.list_queues().await.unwrap();
+    assert_eq!(list.len(), 4);
+
+    let one = Worker::new(
+        &client,
+        "q",
+        "a",
+        Recorder::default().handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    one.ensure_groups().await.unwrap();
+    let two = Worker::new(
+        &client,
+        "q",
+        "b",
+        Recorder::default().handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    let err = two.ensure_groups().await.unwrap_err();
+    assert!(
+        matches!(err, Error::TooManyGroups { max: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(delayq::engine::client::DEFAULT_MAX_QUEUES, 1000);
+}
+
+#[tokio::test]
+async fn a_pause_holds_from_the_moment_it_answers_and_a_resume_releases_at_once() {
+    let (_s, client) = start().await;
+    let d = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
+    // The dispatcher has looked at the flags (and cached them) before the pause.
+    assert_eq!(d.pass().await.unwrap().moved, 0);
+    client.set_paused("q", None, true).await.unwrap();
+    client
+        .schedule("q", "now", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    let p = d.pass().await.unwrap();
+    assert!(p.paused, "{p:?}");
+    assert_eq!(p.moved, 0);
+    assert!(
+        client.get("q", "now").await.unwrap().is_some(),
+        "still scheduled"
+    );
+    // Another process's dispatcher obeys it too, with no cache to expire.
+    let other = delayq::Client::connect(&_s.url()).await.unwrap();
+    let d2 = Dispatcher::new(&other, "q", DispatcherOptions::default()).unwrap();
+    assert_eq!(d2.pass().await.unwrap().moved, 0);
+    client.set_paused("q", None, false).await.unwrap();
+    assert_eq!(d.pass().await.unwrap().moved, 1);
+}
+
+#[tokio::test]
+async fn an_empty_registry_lists_nothing() {
+    let (_s, client) = start().await;
+    for q in support::QUEUES {
+        client.delete_queue(q, false).await.unwrap();
+    }
+    assert!(client.list_queues().await.unwrap().is_empty());
+    assert!(client.stats_all().await.unwrap().is_empty());
+    let fresh = delayq::LocalRedis::start().unwrap();
+    let c = delayq::Client::connect(&fresh.url()).await.unwrap();
+    assert!(c.list_queues().await.unwrap().is_empty());
+}
