@@ -637,3 +637,45 @@ async fn queue_delete_is_refused_while_a_paused_group_has_unread_entries() {
     let len: i64 = raw(&client, &["XLEN", "{dq:q:0}:stream"]).await;
     assert_eq!(len, 5, "nothing deleted");
 }
+
+#[tokio::test]
+async fn stats_watch_into_a_closed_pipe_ends_quietly_with_exit_0() {
+    let (s, _client) = start().await;
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "{BIN} --redis-url {} stats --watch | head -1; exit ${{PIPESTATUS[0]}}",
+            s.url()
+        ))
+        .env_remove("DELAYQ_REDIS_URL")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn scripts_export_writes_every_script_as_the_engine_runs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["scripts", "export", dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), delayq::engine::scripts::all().len());
+    let first = lines[0].clone();
+    assert_eq!(first["sha1"].as_str().unwrap().len(), 40);
+    assert_eq!(first["script"], json!("enqueue"));
+    for (name, text) in delayq::engine::scripts::all() {
+        let written = std::fs::read_to_string(dir.path().join(format!("{name}.lua"))).unwrap();
+        assert_eq!(written, text, "{name}");
+        // Today every script is its lua/ file, byte for byte.
+        let source = std::fs::read_to_string(format!("lua/{name}.lua")).unwrap();
+        assert_eq!(written, source, "{name}");
+    }
+}

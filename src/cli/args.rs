@@ -162,6 +162,23 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The Lua scripts the engine runs, for producers in other languages.
+    Scripts {
+        /// What to do with them.
+        #[command(subcommand)]
+        action: ScriptsAction,
+    },
+}
+
+/// The `scripts` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum ScriptsAction {
+    /// Write every script, exactly as the engine runs it, to DIR/<name>.lua; print one
+    /// {"script","sha1","bytes"} line each (the SHA1 is what EVALSHA takes).
+    Export {
+        /// The directory (created if missing).
+        dir: std::path::PathBuf,
+    },
 }
 
 /// The `queue` sub-verbs.

@@ -24,11 +24,15 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             }
             for d in page.dead_letters {
                 if json {
-                    println!("{}", json_line(&d));
+                    outln!("{}", json_line(&d));
                 } else {
-                    println!(
+                    outln!(
                         "{}  {}  group={}  attempts={}  error={}",
-                        d.entry_id, d.id, d.group, d.attempts, d.last_error
+                        d.entry_id,
+                        d.id,
+                        d.group,
+                        d.attempts,
+                        d.last_error
                     );
                 }
             }

@@ -287,7 +287,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
     let s = run(&g.redis_url, &opts)
         .await
         .map_err(|e| Failure::Runtime(format!("demo: {e:#}")))?;
-    println!(
+    outln!(
         "summary: created {}, paid {}, closed {} (in the database, {} still pending), notified {}; lateness p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
         s.created,
         s.paid,

@@ -4,6 +4,17 @@
 //! 1 not found, 2 invalid input, 3 Redis unreachable or another runtime failure. The verbs
 //! that touch queues go through [`crate::service::admin`], as the HTTP API does.
 
+/// `println!` for the CLI's stdout: a closed stdout (`delayq stats --watch | head -1`,
+/// `less` quit early) ends the process quietly with exit 0 instead of a panic.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::cli::write_out(&format!($($t)*), true) };
+}
+
+/// `print!` for the CLI's stdout (see [`outln!`]).
+macro_rules! out {
+    ($($t:tt)*) => { $crate::cli::write_out(&format!($($t)*), false) };
+}
+
 mod args;
 pub mod bench;
 mod cancel;
@@ -13,10 +24,11 @@ mod get;
 mod migrate;
 mod queue;
 mod schedule;
+mod scripts;
 mod serve;
 mod stats;
 
-pub use args::{Cli, Command, DeadAction, GroupAction, QueueAction};
+pub use args::{Cli, Command, DeadAction, GroupAction, QueueAction, ScriptsAction};
 
 use crate::error::{Error, InvalidInput};
 use serde::Serialize;
@@ -74,7 +86,22 @@ pub(crate) fn json_line(v: &impl Serialize) -> String {
 
 /// Prints one value as one JSON line on stdout.
 pub(crate) fn print_json(v: &impl Serialize) {
-    println!("{}", json_line(v));
+    outln!("{}", json_line(v));
+}
+
+/// Writes `text` (and a newline) on stdout and flushes; exits 0 when the reader is gone.
+pub(crate) fn write_out(text: &str, newline: bool) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    let r = o
+        .write_all(text.as_bytes())
+        .and_then(|()| if newline { o.write_all(b"\n") } else { Ok(()) })
+        .and_then(|()| o.flush());
+    if let Err(e) = r
+        && e.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(0);
+    }
 }
 
 /// Runs the parsed command line; returns the process exit code.
@@ -82,7 +109,7 @@ pub async fn run(cli: Cli) -> ExitCode {
     match dispatch(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::NotFound(out)) => {
-            println!("{out}");
+            outln!("{out}");
             ExitCode::from(1)
         }
         Err(Failure::Missing(msg)) => {
@@ -134,5 +161,6 @@ async fn dispatch(cli: Cli) -> VerbResult {
         Command::Migrate { database_url } => migrate::run(&database_url).await,
         Command::Serve { config } => serve::run(&config).await,
         c @ Command::Bench { .. } => bench::verb(&g, c).await,
+        Command::Scripts { action } => scripts::run(action),
     }
 }

@@ -16,9 +16,9 @@ pub(super) async fn run(g: &Global, queue: Option<&str>, json: bool, watch: bool
             print_json(&answer);
         } else {
             if watch {
-                print!("\x1b[2J\x1b[H");
+                out!("\x1b[2J\x1b[H");
             }
-            print!("{}", table(&answer.queues, a.client().now_ms()));
+            out!("{}", table(&answer.queues, a.client().now_ms()));
         }
         if !watch {
             return Ok(());

@@ -225,15 +225,15 @@ pub(super) fn process_cpu_s() -> Option<f64> {
 pub(super) fn print_report(report: &BenchReport, json: bool) {
     let line = crate::cli::json_line(report);
     if json {
-        println!("{line}");
+        outln!("{line}");
         return;
     }
     let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
     if let Some(m) = v.as_object() {
-        println!("{}:", report.scenario);
+        outln!("{}:", report.scenario);
         for (k, val) in m {
             if !val.is_null() && k != "scenario" {
-                println!("  {k:<24} {val}");
+                outln!("  {k:<24} {val}");
             }
         }
     }
