@@ -10,13 +10,18 @@
 -- ARGV[4]  lease end, unix ms (now + visibility timeout)
 -- ARGV[5]  limit, 1..1000
 --
--- Returns: { claimed, next_timer_ms }
+-- Returns: { claimed, next_timer_ms, missing }
 --   claimed = { {entry_id, [field, value, ...], delivery_count}, ... } (delivery_count after
 --             the claim: XCLAIM adds one, so it counts this delivery)
 --   next_timer_ms = the earliest remaining timer (nil when none)
--- Cost: O(log n) per claimed entry (ZRANGE BYSCORE LIMIT, XCLAIM by id, XPENDING by id).
--- Timers (and error records) of entries that are no longer pending (acked, or deleted from the
--- stream) are dropped.
+--   missing = { {entry_id, owner, delivery_count}, ... }: entries still pending whose stream
+--             entry was deleted. They are not claimed (XCLAIM would silently drop them from
+--             the pending list on Redis 7, and Redis 6.2 returns nil): they stay pending,
+--             leased, and the caller dead-letters them (dead.lua, as their owner) with the
+--             reason entry_missing. Nothing leaves the pending list unrecorded.
+-- Cost: O(log n) per due entry (ZRANGE BYSCORE LIMIT, XPENDING and XRANGE by id, XCLAIM).
+-- Timers (and error records) of entries that are no longer pending (acknowledged) are
+-- dropped.
 -- Why one script: the claim, the delivery count and the new lease go together, so a claimed
 -- entry always has a timer. Redis >= 6.2.
 -- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
@@ -32,29 +37,32 @@ if not limit or limit < 1 or limit > 1000 then
   return redis.error_reply('ERR delayq reclaim: limit must be 1..1000')
 end
 local due = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', 0, limit)
-local out = {}
+local out, missing = {}, {}
 if #due > 0 then
-  local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, unpack(due))
-  local live = {}
-  for _, e in ipairs(claimed) do
-    if e and e[2] then
-      live[e[1]] = true
-      local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
-      local n = 1
-      if p[1] then n = p[1][4] end
-      out[#out + 1] = { e[1], e[2], n }
-    elseif e then
-      -- Pending but deleted from the stream: nothing left to deliver.
-      redis.call('XACK', KEYS[1], ARGV[1], e[1])
-    end
-  end
-  local lease, gone = {}, {}
+  local claim, lease, gone = {}, {}, {}
   for _, id in ipairs(due) do
-    if live[id] then
+    local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+    if not p[1] then
+      gone[#gone + 1] = id
+    elseif not redis.call('XRANGE', KEYS[1], id, id)[1] then
+      missing[#missing + 1] = { id, p[1][2], p[1][4] }
       lease[#lease + 1] = ARGV[4]
       lease[#lease + 1] = id
     else
-      gone[#gone + 1] = id
+      claim[#claim + 1] = id
+    end
+  end
+  if #claim > 0 then
+    local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, unpack(claim))
+    for _, e in ipairs(claimed) do
+      if e and e[2] then
+        local p = redis.call('XPENDING', KEYS[1], ARGV[1], e[1], e[1], 1)
+        local n = 1
+        if p[1] then n = p[1][4] end
+        out[#out + 1] = { e[1], e[2], n }
+        lease[#lease + 1] = ARGV[4]
+        lease[#lease + 1] = e[1]
+      end
     end
   end
   if #lease > 0 then redis.call('ZADD', KEYS[2], unpack(lease)) end
@@ -64,4 +72,4 @@ if #due > 0 then
   end
 end
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return { out, head[2] or false }
+return { out, head[2] or false, missing }

@@ -332,3 +332,19 @@ async fn a_quiet_group_with_a_running_worker_counts_as_alive() {
     assert_eq!(quiet.consumers, 0, "{quiet:?}");
     assert_eq!(client.delete_group(Q, "quiet", false).await.unwrap(), 0);
 }
+
+/// Dead letters carry the payload byte for byte, like every other surface: big integers,
+/// long decimals, duplicate keys and lone surrogates survive listing.
+#[tokio::test]
+async fn dead_letters_keep_the_payload_byte_for_byte() {
+    let (_s, client) = start_with(delayq::ClientOptions::default()).await;
+    let text = r#"{"big":123456789012345678901234567890,"f":0.10000000000000000000001,"e":1e400,"s":"\ud800","a":1,"a":2}"#;
+    let mut pipe = redis::pipe();
+    xadd_dead(&mut pipe, 0, "1-0", "exact", &format!("1:{text}"));
+    let () = pipe.query_async(&mut client.connection()).await.unwrap();
+    let page = client.dead_page(Q, None, None, 10).await.unwrap();
+    assert_eq!(page.dead_letters.len(), 1);
+    assert_eq!(page.dead_letters[0].payload.as_str(), text);
+    let listed = serde_json::to_string(&page).unwrap();
+    assert!(listed.contains(text), "{listed}");
+}

@@ -217,7 +217,7 @@ async fn a_poison_order_is_dead_lettered_after_max_attempts_while_others_flow() 
         ),
         ("poison", "close", 3, "attempt 3 failed")
     );
-    assert_eq!(d.payload, json!({"id": "poison"}));
+    assert_eq!(d.payload.to_value(), json!({"id": "poison"}));
     assert!(d.dead_at_ms >= d.due_at_ms);
     assert_eq!(
         pending(&client, STREAM, "close").await,
@@ -496,7 +496,7 @@ async fn a_slow_live_handler_keeps_its_lease_and_is_not_run_twice() {
 }
 
 #[tokio::test]
-async fn an_entry_deleted_while_waiting_for_its_retry_is_dropped_cleanly() {
+async fn an_entry_deleted_while_waiting_for_its_retry_is_dead_lettered_as_entry_missing() {
     let (_s, client) = start().await;
     let flaky = Flaky::default();
     let w = Worker::new(
@@ -535,6 +535,17 @@ async fn an_entry_deleted_while_waiting_for_its_retry_is_dropped_cleanly() {
     })
     .await;
     assert_eq!(flaky.calls().len(), 1, "nothing left to deliver");
+    // It left the pending list through a dead letter with a stable reason, never silently.
+    let page = client.dead_page(Q, None, None, 10).await.unwrap();
+    assert_eq!(page.dead_letters.len(), 1, "{page:?}");
+    assert!(
+        page.dead_letters[0].last_error.starts_with("entry_missing"),
+        "{:?}",
+        page.dead_letters[0]
+    );
+    assert_eq!(st.dead_lettered.load(Ordering::SeqCst), 1);
+    let hist = client.history(Q, "o1").await.unwrap().unwrap();
+    assert_eq!(hist.groups[0].state, delayq::GroupState::Dead, "{hist:?}");
     cancel.cancel();
     h.await.unwrap();
 }
@@ -579,4 +590,74 @@ async fn a_handlers_retry_after_overrides_the_backoff() {
     assert_eq!(*calls.lock().unwrap(), vec![1, 2]);
     cancel.cancel();
     h.await.unwrap();
+}
+
+/// The on-time promise is measured on first deliveries only: a retry after a 2 s backoff
+/// lands in `delayq_redelivery_age_seconds`, not in `delayq_lateness_seconds`.
+#[tokio::test]
+async fn lateness_counts_first_deliveries_only() {
+    let (_s, client) = start().await;
+    let sink = Arc::new(LatenessSink::default());
+    assert!(delayq::engine::telemetry::set_sink(sink.clone()));
+    // A queue of its own: the sink is the process's, shared with the other tests.
+    const LQ: &str = "lateness-q";
+    client.create_queue(LQ, 1).await.unwrap();
+    let flaky = Flaky::default();
+    let w = Worker::new(
+        &client,
+        LQ,
+        "close",
+        flaky.handler(|_, attempt| attempt == 1),
+        opts().backoff(Backoff::Fixed(Duration::from_secs(2))),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let cancel = CancellationToken::new();
+    let h = spawn(w, &cancel);
+    client
+        .schedule(LQ, "late", When::in_ms(0), json!({}))
+        .await
+        .unwrap();
+    Dispatcher::new(&client, LQ, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    wait_for("the retry handled", WAIT, || {
+        let n = flaky.calls().len();
+        async move { n == 2 }
+    })
+    .await;
+    let seen: Vec<f64> = sink
+        .lateness
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(q, _)| q == LQ)
+        .map(|(_, s)| *s)
+        .collect();
+    assert_eq!(seen.len(), 1, "one first delivery: {seen:?}");
+    assert!(
+        seen[0] < 1.0,
+        "the first delivery's lateness, not the retry's: {seen:?}"
+    );
+    cancel.cancel();
+    h.await.unwrap();
+}
+
+#[derive(Default)]
+struct LatenessSink {
+    lateness: Mutex<Vec<(String, f64)>>,
+}
+
+impl delayq::engine::telemetry::Sink for LatenessSink {
+    fn scheduled(&self, _: &str, _: u64) {}
+    fn dispatched(&self, _: &str, _: u64) {}
+    fn handled(&self, _: &str, _: &str, _: &'static str) {}
+    fn lateness(&self, queue: &str, _: &str, seconds: f64) {
+        self.lateness
+            .lock()
+            .unwrap()
+            .push((queue.to_owned(), seconds));
+    }
 }

@@ -203,3 +203,37 @@ fn bad_rate_limits_are_refused_with_the_key_named() {
     .unwrap_err();
     assert_eq!(e.key.as_deref(), Some("handlers[0].rate_limit"), "{e}");
 }
+
+/// Permits taken for a read that returned nothing go back (`ratelimit.lua` refund): idle
+/// readers never drain a limit their busy peers share.
+#[tokio::test]
+async fn unused_rate_limit_permits_are_refunded() {
+    let (_s, client) = support::start().await;
+    let script = redis::Script::new(delayq::engine::flow::RATELIMIT_LUA);
+    let key = "{dq:order-close:0}:rate:g";
+    let now = client.clock().now_us();
+    let call = |mode: &'static str, n: i64| {
+        let mut conn = client.connection();
+        let script = &script;
+        async move {
+            let r: (i64, i64) = script
+                .key(key)
+                .arg(now)
+                .arg(50_000) // 20 per second
+                .arg(2) // a burst of two
+                .arg(n)
+                .arg(mode)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            r
+        }
+    };
+    assert_eq!(call("take", 5).await.0, 2, "the burst");
+    assert_eq!(call("take", 1).await.0, 0, "spent");
+    assert_eq!(call("refund", 2).await, (2, 0));
+    assert_eq!(call("take", 5).await.0, 2, "given back, usable again");
+    // A refund never banks permits beyond now.
+    assert_eq!(call("refund", 50).await, (50, 0));
+    assert_eq!(call("take", 10).await.0, 2, "still only the burst");
+}

@@ -385,3 +385,128 @@ async fn history_off_answers_only_scheduled_orders() {
     let info = client.queue_info(Q).await.unwrap().unwrap();
     assert_eq!(info.history_retention_ms, 0);
 }
+
+/// A replay of group A's dead letter moves only A to the new entry: group B, still retrying
+/// the original delivery, keeps reporting it (it used to read `done, attempts 1`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_for_one_group_leaves_the_other_groups_on_their_own_delivery() {
+    let (_server, client) = start().await;
+    let router = app(AppState::new(client.clone(), vec![]));
+    let stop = CancellationToken::new();
+    let a_fails = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = a_fails.clone();
+    let a = Worker::new(
+        &client,
+        Q,
+        "a",
+        move |_d: Delivery| {
+            let fail = flag.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                if fail {
+                    Err(delayq::HandlerError::permanent("partner refused"))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+        worker_opts().max_attempts(1),
+    )
+    .unwrap();
+    let b = Worker::new(
+        &client,
+        Q,
+        "b",
+        |_d: Delivery| async { Err(delayq::HandlerError::retry("erp down")) },
+        worker_opts().backoff(Backoff::Fixed(Duration::from_secs(3600))),
+    )
+    .unwrap();
+    a.ensure_groups().await.unwrap();
+    b.ensure_groups().await.unwrap();
+    let ha = tokio::spawn(a.run(stop.clone()));
+    let hb = tokio::spawn(b.run(stop.clone()));
+    let hd = tokio::spawn(
+        Dispatcher::new(&client, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+    client
+        .schedule(Q, "o-1", When::in_ms(0), json!({"n": 1}))
+        .await
+        .unwrap();
+    await_answer(&router, "o-1", "a dead, b retrying", |v| {
+        group_state(v, "a").is_some_and(|g| g["state"] == "dead")
+            && group_state(v, "b").is_some_and(|g| g["state"] == "retrying")
+    })
+    .await;
+    a_fails.store(false, std::sync::atomic::Ordering::SeqCst);
+    let replayed = client
+        .dead_replay(Q, Some("a"), &delayq::Selection::All)
+        .await
+        .unwrap();
+    assert_eq!(replayed, 1);
+    let v = await_answer(&router, "o-1", "a done after the replay", |v| {
+        group_state(v, "a").is_some_and(|g| g["state"] == "done")
+    })
+    .await;
+    let b_state = group_state(&v, "b").unwrap();
+    assert_eq!(b_state["state"], json!("retrying"), "{v}");
+    assert_eq!(b_state["attempts"], json!(1), "{v}");
+    assert_eq!(b_state["last_error"], json!("erp down"), "{v}");
+    stop.cancel();
+    ha.await.unwrap().unwrap();
+    hb.await.unwrap().unwrap();
+    hd.await.unwrap();
+}
+
+/// Changing the retention keeps every record in reach (the bucket width no longer follows
+/// it), so lookups answer and a reconciliation run adds nothing for orders on their way.
+#[tokio::test]
+async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
+    let (_server, client) = start().await;
+    client
+        .set_history_retention(Q, Duration::from_secs(24 * 3600))
+        .await
+        .unwrap();
+    let router = app(AppState::new(client.clone(), vec![]));
+    // The close group exists but no worker runs: the orders wait in the stream.
+    Worker::new(
+        &client,
+        Q,
+        "close",
+        |_d: Delivery| async { Ok(()) },
+        worker_opts(),
+    )
+    .unwrap()
+    .ensure_groups()
+    .await
+    .unwrap();
+    let orders: Vec<delayq::NewOrder> = (0..10)
+        .map(|i| delayq::NewOrder::new(format!("o-{i}"), When::in_ms(0), json!({"i": i})))
+        .collect();
+    client
+        .schedule_many(Q, &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    client
+        .set_history_retention(Q, Duration::from_secs(12 * 3600))
+        .await
+        .unwrap();
+    for i in 0..10 {
+        let (st, v) = lookup(&router, &format!("o-{i}")).await;
+        assert_eq!(st, StatusCode::OK, "o-{i}: {v}");
+        assert_eq!(group_state(&v, "close").unwrap()["state"], json!("waiting"));
+    }
+    let sent = client.redeliver(Q, "close", &orders).await.unwrap();
+    assert!(
+        sent.iter()
+            .all(|r| *r == delayq::engine::history::Redelivered::InFlight),
+        "{sent:?}"
+    );
+    let len: i64 = support::raw(&client, &["XLEN", "{dq:order-close:0}:stream"]).await;
+    assert_eq!(len, 10, "nothing appended");
+}

@@ -348,3 +348,55 @@ async fn an_entry_without_an_id_is_dead_lettered_on_first_delivery() {
     );
     assert_eq!(pending(&client, stream, "close").await, 0);
 }
+
+/// Lease extensions fail for longer than the visibility timeout (Redis frozen): the worker's
+/// own reclaim finds the timers run out while the first copies still run. It must not run
+/// them twice, inflate their attempts or dead-letter them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_never_makes_a_worker_run_its_own_entries_twice() {
+    let (server, client) = start_with(ClientOptions::default()).await;
+    let slow = Slow::default();
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        slow.handler(Duration::from_millis(1500)),
+        WorkerOptions::default()
+            .visibility_timeout(Duration::from_millis(300))
+            .reclaim_every(Duration::from_millis(50))
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let stats = w.stats();
+    w.ensure_groups().await.unwrap();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    let ids = schedule_due_now(&client, 5, "frozen-").await;
+    dispatch_all(&client).await;
+    wait_for("every entry taken", WAIT, || {
+        let c = client.clone();
+        async move { pending(&c, "{dq:order-close:0}:stream", "close").await == 5 }
+    })
+    .await;
+    server.suspend().unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    server.resume().unwrap();
+    wait_for("every entry acknowledged", WAIT, || {
+        let c = client.clone();
+        async move { pending(&c, "{dq:order-close:0}:stream", "close").await == 0 }
+    })
+    .await;
+    let calls = slow.calls();
+    let mut by_id: HashMap<String, Vec<u32>> = HashMap::new();
+    for (id, attempt) in calls {
+        by_id.entry(id).or_default().push(attempt);
+    }
+    for id in &ids {
+        assert_eq!(by_id.get(id), Some(&vec![1]), "{id}: {by_id:?}");
+    }
+    assert_eq!(stats.dead_lettered.load(Ordering::SeqCst), 0);
+    let dead: i64 = raw(&client, &["XLEN", "{dq:order-close:0}:dead"]).await;
+    assert_eq!(dead, 0);
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+}

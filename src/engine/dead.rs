@@ -30,8 +30,8 @@ pub struct DeadLetter {
     pub dead_at_ms: i64,
     /// When the order was due, unix ms.
     pub due_at_ms: i64,
-    /// Its payload.
-    pub payload: serde_json::Value,
+    /// Its payload, byte for byte as scheduled (`null` when the entry had none).
+    pub payload: crate::engine::message::Payload,
 }
 
 /// Which dead letters an operation applies to.
@@ -354,8 +354,8 @@ fn to_dead(
     let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.as_str());
     let payload = get("data")
         .map(|d| decode_stored(d).1)
-        .and_then(|json| serde_json::from_str(json).ok())
-        .unwrap_or(serde_json::Value::Null);
+        .and_then(|json| crate::engine::message::Payload::from_json(json).ok())
+        .unwrap_or_else(|| crate::engine::message::Payload::from_value(&serde_json::Value::Null));
     DeadLetter {
         entry_id: if many {
             format!("{}/{sid}", keys.shard)

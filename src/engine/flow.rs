@@ -296,6 +296,7 @@ pub(crate) async fn take_permits(
         .arg(limit.interval_us())
         .arg(limit.burst())
         .arg(wanted.clamp(1, 1000))
+        .arg("take")
         .invoke_async(&mut client.connection())
         .await
         .ctx("taking rate-limit permits (ratelimit.lua)")?;
@@ -303,6 +304,31 @@ pub(crate) async fn take_permits(
         usize::try_from(granted).unwrap_or(0),
         Duration::from_micros(u64::try_from(wait_us).unwrap_or(0)),
     ))
+}
+
+/// Gives back `unused` permits of `limit` taken for a read that returned fewer entries, so
+/// idle readers never drain a limit shared with busy ones.
+pub(crate) async fn refund_permits(
+    client: &Client,
+    queue: &QueueName,
+    group: &str,
+    limit: &RateLimit,
+    unused: usize,
+) -> Result<()> {
+    if unused == 0 {
+        return Ok(());
+    }
+    let _: (i64, i64) = RATELIMIT
+        .key(client.keyspace().rate(queue, group))
+        .arg(client.clock().now_us())
+        .arg(limit.interval_us())
+        .arg(limit.burst())
+        .arg(unused.clamp(1, 1000))
+        .arg("refund")
+        .invoke_async(&mut client.connection())
+        .await
+        .ctx("refunding rate-limit permits (ratelimit.lua)")?;
+    Ok(())
 }
 
 #[cfg(test)]

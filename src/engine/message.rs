@@ -177,6 +177,25 @@ impl Payload {
     }
 }
 
+/// Serialized as the JSON text itself, byte for byte (what every answer that carries a
+/// payload uses: a dead letter's, an order's).
+impl serde::Serialize for Payload {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match serde_json::value::RawValue::from_string(self.0.clone()) {
+            Ok(raw) => raw.serialize(s),
+            Err(_) => s.serialize_str(&self.0),
+        }
+    }
+}
+
+impl Payload {
+    /// The payload parsed (numbers beyond double precision lose digits; use
+    /// [`as_str`](Payload::as_str) to keep them).
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+}
+
 impl From<serde_json::Value> for Payload {
     fn from(v: serde_json::Value) -> Self {
         Payload::from_value(&v)

@@ -281,8 +281,9 @@ pub(crate) async fn read<C: ConnectionLike>(
         .ctx("reading the stream (read.lua)")
 }
 
-/// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`) and
-/// the earliest remaining timer.
+/// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`),
+/// the earliest remaining timer, and the pending entries whose stream entry is gone
+/// (entry id, owner, delivery count), left for the caller to dead-letter.
 pub(crate) async fn reclaim<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -291,7 +292,7 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
     now_ms: i64,
     lease_until_ms: i64,
     limit: usize,
-) -> Result<(redis::Value, Option<f64>)> {
+) -> Result<(redis::Value, Option<f64>, Vec<(String, String, u32)>)> {
     RECLAIM
         .key(&keys.stream)
         .key(keys.timers(group))

@@ -16,7 +16,9 @@
 //! | `delayq_dead_trimmed_total` | counter | queue (retention and cap) |
 //! | `delayq_rate_limited_total` | counter | queue, group (reads that waited for the limit) |
 //! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
-//! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time) |
+//! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time, first deliveries only) |
+//! | `delayq_redelivery_age_seconds` | histogram | queue, group, reason (retry, replay, reconcile): handler start − due time of a redelivery |
+//! | `delayq_late_acks_total` | counter | queue, group (acks of entries another consumer had acknowledged) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
 //! | `delayq_workers_stopped_total` | counter | queue, group (a worker stopped because its group or queue was deleted) |
@@ -31,8 +33,34 @@
 use crate::engine::stats::QueueStats;
 use std::sync::{Arc, OnceLock};
 
-/// The lateness histogram's name (the service sets its buckets).
+/// The lateness histogram's name (the service sets its buckets): first deliveries only.
 pub const LATENESS_SECONDS: &str = "delayq_lateness_seconds";
+/// The redelivery age histogram's name (the service sets its buckets).
+pub const REDELIVERY_AGE_SECONDS: &str = "delayq_redelivery_age_seconds";
+
+/// Why an entry was delivered again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Redelivery {
+    /// A later attempt of a failed entry, or a reclaim of one whose lease ran out.
+    Retry = 0,
+    /// A dead letter replayed to its group.
+    Replay = 1,
+    /// A lost order sent again by reconciliation.
+    Reconcile = 2,
+}
+
+impl Redelivery {
+    const ALL: [Redelivery; 3] = [Redelivery::Retry, Redelivery::Replay, Redelivery::Reconcile];
+
+    /// The `reason` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Redelivery::Retry => "retry",
+            Redelivery::Replay => "replay",
+            Redelivery::Reconcile => "reconcile",
+        }
+    }
+}
 
 /// Receives the same numbers as the metrics, as they are recorded (the dashboard's ring
 /// buffer of throughput and lateness). One per process, installed with [`set_sink`].
@@ -101,7 +129,9 @@ pub struct GroupMetrics {
     dead: metrics::Counter,
     skipped: metrics::Counter,
     dead_lettered: metrics::Counter,
+    late_acks: metrics::Counter,
     lateness: metrics::Histogram,
+    redelivery: [metrics::Histogram; 3],
 }
 
 impl std::fmt::Debug for GroupMetrics {
@@ -136,11 +166,24 @@ impl GroupMetrics {
                 "queue" => queue.to_owned(),
                 "group" => group.to_owned()
             ),
+            late_acks: metrics::counter!(
+                "delayq_late_acks_total",
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned()
+            ),
             lateness: metrics::histogram!(
                 LATENESS_SECONDS,
                 "queue" => queue.to_owned(),
                 "group" => group.to_owned()
             ),
+            redelivery: Redelivery::ALL.map(|r| {
+                metrics::histogram!(
+                    REDELIVERY_AGE_SECONDS,
+                    "queue" => queue.to_owned(),
+                    "group" => group.to_owned(),
+                    "reason" => r.label()
+                )
+            }),
         }
     }
 
@@ -162,7 +205,18 @@ impl GroupMetrics {
         self.dead_lettered.increment(1);
     }
 
-    /// How late a handler started, in seconds (never negative).
+    /// Acknowledgements of entries another consumer had acknowledged already.
+    pub fn late_acks(&self, n: u64) {
+        self.late_acks.increment(n);
+    }
+
+    /// How long after its due time a redelivery started (a retry, a reclaim, a replay or
+    /// a reconciliation), in seconds: kept apart from the first deliveries' lateness.
+    pub fn redelivery_age(&self, reason: Redelivery, seconds: f64) {
+        self.redelivery[reason as usize].record(seconds.max(0.0));
+    }
+
+    /// How late a handler started on a first delivery, in seconds (never negative).
     pub fn lateness(&self, seconds: f64) {
         self.lateness.record(seconds.max(0.0));
         if let Some(s) = sink() {

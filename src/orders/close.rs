@@ -15,7 +15,7 @@
 //! Each outcome is counted in `delayq_order_close_total{queue,group,outcome}`.
 
 use crate::engine::client::Client;
-use crate::engine::message::{Mode, NewOrder, When};
+use crate::engine::message::{Mode, NewOrder, Payload, When};
 use crate::engine::worker::{Delivery, Handler, HandlerError, HandlerResult};
 use crate::orders::repo::{CloseOutcome, Orders};
 
@@ -50,8 +50,21 @@ impl OrderClose {
         id: &str,
         payload: &serde_json::Value,
     ) -> crate::Result<CloseOutcome> {
+        self.close_with_text(queue, id, &payload.to_string()).await
+    }
+
+    /// [`close_order`](Self::close_order) with the payload as its JSON text: a rescheduled
+    /// event keeps it byte for byte.
+    pub async fn close_with_text(
+        &self,
+        queue: &str,
+        id: &str,
+        payload_text: &str,
+    ) -> crate::Result<CloseOutcome> {
         let now = self.client.now_ms();
-        let reconciled = payload.get("reconciled") == Some(&serde_json::Value::Bool(true));
+        let parsed: serde_json::Value =
+            serde_json::from_str(payload_text).unwrap_or(serde_json::Value::Null);
+        let reconciled = parsed.get("reconciled") == Some(&serde_json::Value::Bool(true));
         let reason = if reconciled {
             REASON_RECONCILED
         } else {
@@ -60,7 +73,15 @@ impl OrderClose {
         let outcome = self.orders.close(id, now, reason).await?;
         match outcome {
             CloseOutcome::NotYetExpired { expires_at } => {
-                // The database is the system of record: follow its expiry.
+                // The database is the system of record: follow its expiry. The event keeps
+                // its payload byte for byte; a reconciliation's event becomes an ordinary
+                // expiry (it is one now: the order is known to Redis again).
+                let payload = if reconciled {
+                    Payload::from_value(&serde_json::json!({ "expires_at": expires_at }))
+                } else {
+                    Payload::from_json(payload_text)
+                        .unwrap_or_else(|_| Payload::from_value(&parsed))
+                };
                 self.client
                     .schedule_with(
                         queue,
@@ -70,7 +91,7 @@ impl OrderClose {
                     .await?;
                 tracing::info!(
                     queue,
-                    id,
+                    id = ?id,
                     expires_at,
                     "order expiry was extended; rescheduled"
                 );
@@ -78,7 +99,7 @@ impl OrderClose {
             CloseOutcome::UnknownOrder => {
                 tracing::warn!(
                     queue,
-                    id,
+                    id = ?id,
                     "close event for an order the database does not have"
                 );
             }
@@ -90,7 +111,7 @@ impl OrderClose {
 
 impl Handler for OrderClose {
     async fn handle(&self, d: Delivery) -> HandlerResult {
-        match self.close_order(&d.queue, &d.id, &d.payload).await {
+        match self.close_with_text(&d.queue, &d.id, &d.payload_text).await {
             Ok(outcome) => {
                 crate::engine::telemetry::order_close(&d.queue, &d.group, outcome.label());
                 Ok(())

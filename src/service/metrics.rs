@@ -13,6 +13,11 @@ pub(crate) const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
+/// Redelivery age buckets, seconds: 10 ms .. 1 week (retries wait minutes, replays days).
+pub(crate) const REDELIVERY_BUCKETS: &[f64] = &[
+    0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0, 604800.0,
+];
+
 /// The process's Prometheus handle (installs the recorder on first call). `None` when another
 /// recorder was installed first.
 pub fn handle() -> Option<&'static PrometheusHandle> {
@@ -22,6 +27,11 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(
                     Matcher::Full(crate::engine::telemetry::LATENESS_SECONDS.into()),
                     LATENESS_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::engine::telemetry::REDELIVERY_AGE_SECONDS.into()),
+                    REDELIVERY_BUCKETS,
                 )
                 .ok()?;
             let recorder = builder.build_recorder();

@@ -518,6 +518,8 @@ async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepor
     sup.await??;
     hk.await??;
     Ok(BenchReport {
+        scenario: "idle".into(),
+        n: opts.orders,
         // Two INFO calls of the measurement itself are subtracted.
         commands_per_s: Some((cmds1 - cmds0 - 2.0) / took),
         redis_cpu_ms_per_s: Some((cpu1 - cpu0) * 1e3 / took),

@@ -186,6 +186,12 @@ pub struct WorkerStats {
     pub dead_lettered: AtomicU64,
     /// Entries claimed from the timers (retries that came due, or a dead consumer's entries).
     pub reclaimed: AtomicU64,
+    /// Entries claimed from the timers that this worker still held (their lease extension
+    /// failed for a while): the running copy keeps them, nothing is handled twice.
+    pub reclaimed_own: AtomicU64,
+    /// Acknowledgements of entries this worker no longer owned (another consumer reclaimed
+    /// them after this one's lease ran out): counted, and nothing of them is left behind.
+    pub late_acks: AtomicU64,
     /// Entries addressed to another group (dead-letter replays) acknowledged unhandled.
     pub skipped: AtomicU64,
 }

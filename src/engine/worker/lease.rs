@@ -23,24 +23,64 @@ use tokio_util::sync::CancellationToken;
 /// (shard, stream entry id).
 pub(super) type EntryKey = (u16, String);
 
+/// One held entry: the lease end last set (unix ms) and the generation of the [`Lease`]
+/// that owns it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    until_ms: i64,
+    generation: u64,
+}
+
 /// The entries this worker holds, with the lease end it last set for each (unix ms).
 #[derive(Debug, Default)]
 pub(super) struct LeaseSet {
-    held: Mutex<HashMap<EntryKey, i64>>,
+    held: Mutex<HashMap<EntryKey, Held>>,
+    /// Generations handed out: a lease removes its entry only while it is the owner, so two
+    /// leases of one entry (which the reclaim path avoids) could never unhold each other.
+    next_generation: std::sync::atomic::AtomicU64,
 }
 
 impl LeaseSet {
-    fn lock(&self) -> MutexGuard<'_, HashMap<EntryKey, i64>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<EntryKey, Held>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Takes ownership of an entry leased until `until_ms`.
     pub(super) fn hold(self: &Arc<Self>, shard: u16, entry_id: &str, until_ms: i64) -> Lease {
         let key = (shard, entry_id.to_owned());
-        self.lock().insert(key.clone(), until_ms);
+        let generation = self
+            .next_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(
+            key.clone(),
+            Held {
+                until_ms,
+                generation,
+            },
+        );
         Lease {
             set: self.clone(),
-            key: Some(key),
+            key: Some((key, generation)),
+        }
+    }
+
+    /// When the entry is held (its copy still runs or waits here), records the lease end a
+    /// reclaim just set and answers true: the reclaimed copy is not handled.
+    pub(super) fn renew_if_held(&self, shard: u16, entry_id: &str, until_ms: i64) -> bool {
+        match self.lock().get_mut(&(shard, entry_id.to_owned())) {
+            Some(h) => {
+                h.until_ms = until_ms;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes `key` if `generation` still owns it.
+    fn unhold(&self, key: &EntryKey, generation: u64) {
+        let mut held = self.lock();
+        if held.get(key).is_some_and(|h| h.generation == generation) {
+            held.remove(key);
         }
     }
 
@@ -53,11 +93,11 @@ impl LeaseSet {
     /// The held entries of each shard, with their last lease end.
     fn snapshot(&self) -> HashMap<u16, Vec<(String, i64)>> {
         let mut by_shard: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
-        for ((shard, id), until) in self.lock().iter() {
+        for ((shard, id), h) in self.lock().iter() {
             by_shard
                 .entry(*shard)
                 .or_default()
-                .push((id.clone(), *until));
+                .push((id.clone(), h.until_ms));
         }
         by_shard
     }
@@ -66,8 +106,8 @@ impl LeaseSet {
     fn extended(&self, shard: u16, ids: Vec<String>, until_ms: i64) {
         let mut held = self.lock();
         for id in ids {
-            if let Some(u) = held.get_mut(&(shard, id)) {
-                *u = until_ms;
+            if let Some(h) = held.get_mut(&(shard, id)) {
+                h.until_ms = until_ms;
             }
         }
     }
@@ -77,30 +117,30 @@ impl LeaseSet {
 #[derive(Debug)]
 pub(super) struct Lease {
     set: Arc<LeaseSet>,
-    key: Option<EntryKey>,
+    key: Option<(EntryKey, u64)>,
 }
 
 impl Lease {
     /// The entry: (shard, stream entry id).
     pub(super) fn key(&self) -> (u16, &str) {
         match &self.key {
-            Some((shard, id)) => (*shard, id),
+            Some(((shard, id), _)) => (*shard, id),
             None => (0, ""),
         }
     }
 
     /// Stops extending the entry: its owner is about to settle it.
     pub(super) fn release(mut self) {
-        if let Some(k) = self.key.take() {
-            self.set.lock().remove(&k);
+        if let Some((k, g)) = self.key.take() {
+            self.set.unhold(&k, g);
         }
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if let Some(k) = self.key.take() {
-            self.set.lock().remove(&k);
+        if let Some((k, g)) = self.key.take() {
+            self.set.unhold(&k, g);
         }
     }
 }
@@ -152,6 +192,19 @@ mod tests {
         assert_eq!(set.len(), 1);
         drop(b); // e.g. a task that panicked
         assert_eq!(set.len(), 0);
+    }
+
+    #[test]
+    fn a_second_lease_of_one_entry_is_never_undone_by_the_first() {
+        let set = Arc::new(LeaseSet::default());
+        let old = set.hold(0, "1-0", 10);
+        let new = set.hold(0, "1-0", 20);
+        old.release(); // the older copy settles first
+        assert_eq!(set.len(), 1, "the newer owner still holds it");
+        assert!(set.renew_if_held(0, "1-0", 30));
+        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 30)]);
+        drop(new);
+        assert!(!set.renew_if_held(0, "1-0", 40));
     }
 
     #[test]

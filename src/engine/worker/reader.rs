@@ -5,7 +5,7 @@ use super::entry::{Taken, as_string, ensure_groups, entries_of, is_nogroup, ms, 
 use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
-use crate::engine::flow::{PAUSE_REFRESH, take_permits as take_rate};
+use crate::engine::flow::{PAUSE_REFRESH, refund_permits, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
@@ -54,6 +54,12 @@ pub(super) async fn reader_loop<H: Handler>(
         let taken = r.read(permits.len(), &cancel).await;
         if std::mem::take(&mut r.paused) {
             // read.lua found the group paused: wait for a resume (or look again later).
+            if let Some(rl) = &s.opts.rate_limit
+                && let Err(e) =
+                    refund_permits(&s.client, &s.queue, &s.group, rl, permits.len()).await
+            {
+                tracing::warn!(error = %e, "refunding rate-limit permits failed");
+            }
             drop(permits);
             paused_wait(&s, &cancel).await;
             r.to_read = r.all();
@@ -64,6 +70,13 @@ pub(super) async fn reader_loop<H: Handler>(
             // A read never returns more entries than it was given permits for.
             let Some(permit) = permits.pop() else { break };
             spawn_process(&mut tasks, &s, &ack_tx, t, permit);
+        }
+        // Rate-limit permits taken for entries the read did not return go back.
+        if let Some(rl) = &s.opts.rate_limit
+            && !permits.is_empty()
+            && let Err(e) = refund_permits(&s.client, &s.queue, &s.group, rl, permits.len()).await
+        {
+            tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "refunding rate-limit permits failed");
         }
     }
     tasks

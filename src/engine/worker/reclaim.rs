@@ -3,7 +3,7 @@
 
 use super::entry::{Fields, claimed_entries, ms, to_taken};
 use super::reader::may_take;
-use super::settle::{AckSender, process_guarded};
+use super::settle::{self, AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::keys::ShardKeys;
 use crate::engine::scripts;
@@ -13,8 +13,18 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+/// Most entries one reclaim pass takes.
+const MAX_CLAIM: usize = 100;
+
 /// Claims due timers until `cancel`; returns the tasks it spawned that still run, so
 /// shutdown can wait for them (and abort them after the grace).
+///
+/// Each pass first asks every shard for its earliest timer (no permit held): only when
+/// something is due does it take places among the entries the worker may hold (the same
+/// budget the readers use; handler slots are taken by each entry's task when it runs, never
+/// across a Redis call), then claims that many. A claimed entry this worker still holds (its
+/// extension failed for a while, so its timer ran out) is not handled twice: the running
+/// copy keeps the lease, at the new lease end.
 pub(super) async fn reclaim_loop<H: Handler>(
     s: Arc<Shared<H>>,
     ack_tx: AckSender,
@@ -37,21 +47,27 @@ pub(super) async fn reclaim_loop<H: Handler>(
         if !may_take(&s, &cancel).await {
             continue;
         }
-        // Only claim what can be handled now.
+        let now = s.client.now_ms();
+        next_look = now + ms(s.opts.reclaim_every);
+        let due = due_shards(&s, now, &mut next_look).await;
+        if due.is_empty() {
+            continue;
+        }
+        // Something is due: places among the entries this worker may hold.
         let first = tokio::select! {
-            p = s.sem.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return handles },
+            p = s.taken.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return handles },
             _ = cancel.cancelled() => return handles,
         };
         let mut permits = vec![first];
-        while permits.len() < 100 {
-            match s.sem.clone().try_acquire_owned() {
+        while permits.len() < MAX_CLAIM {
+            match s.taken.clone().try_acquire_owned() {
                 Ok(p) => permits.push(p),
                 Err(_) => break,
             }
         }
         let now = s.client.now_ms();
-        next_look = now + ms(s.opts.reclaim_every);
-        for keys in &s.shards {
+        for i in due {
+            let keys = &s.shards[i];
             if permits.is_empty() {
                 next_look = now;
                 break;
@@ -64,28 +80,80 @@ pub(super) async fn reclaim_loop<H: Handler>(
             if count == 0 {
                 continue;
             }
-            let Some((claimed, next)) = claim(&s, keys, now, lease_until, count).await else {
+            let Some((claimed, next, missing)) = claim(&s, keys, now, lease_until, count).await
+            else {
                 continue;
             };
+            for (entry_id, owner, attempts) in missing {
+                settle::settle_missing(&s, keys.shard, &entry_id, &owner, attempts).await;
+            }
             if let Some(n) = next {
                 next_look = next_look.min(n);
             }
             if claimed.len() == count {
                 next_look = now; // maybe more are due
+            } else if let Some(rl) = &s.opts.rate_limit {
+                let unused = count - claimed.len().min(count);
+                if let Err(e) =
+                    crate::engine::flow::refund_permits(&s.client, &s.queue, &s.group, rl, unused)
+                        .await
+                {
+                    tracing::warn!(error = %e, "refunding rate-limit permits failed");
+                }
             }
             for (entry_id, fields, count) in claimed {
+                if s.leases.renew_if_held(keys.shard, &entry_id, lease_until) {
+                    // Still running here: one owner, one copy.
+                    s.stats.reclaimed_own.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
                 s.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
                 // A claim never returns more entries than there are permits.
                 let Some(permit) = permits.pop() else { break };
                 let t = to_taken(&s, keys.shard, &entry_id, Some(fields), count, lease_until);
-                let (s2, ack_tx) = (s.clone(), ack_tx.clone());
-                handles.spawn(async move {
-                    process_guarded(&s2, &ack_tx, t).await;
-                    drop(permit);
-                });
+                spawn_process(&mut handles, &s, &ack_tx, t, permit);
             }
         }
     }
+}
+
+/// The shards whose earliest timer is due at `now` (one `ZRANGE ... 0 0` each, in flight
+/// together, no permit held); lowers `next_look` to the earliest timer not yet due.
+async fn due_shards<H>(s: &Shared<H>, now: i64, next_look: &mut i64) -> Vec<usize> {
+    let firsts = futures_util::future::join_all(s.shards.iter().map(|k| {
+        let mut conn = s.client.connection();
+        let key = k.timers(&s.group);
+        async move {
+            redis::cmd("ZRANGE")
+                .arg(key)
+                .arg(0)
+                .arg(0)
+                .arg("WITHSCORES")
+                .query_async::<Vec<(String, f64)>>(&mut conn)
+                .await
+        }
+    }))
+    .await;
+    let mut due = Vec::new();
+    for (i, r) in firsts.into_iter().enumerate() {
+        match r {
+            Ok(v) => {
+                if let Some((_, score)) = v.first() {
+                    let at = scripts::score_to_ms(*score);
+                    if at <= now {
+                        due.push(i);
+                    } else {
+                        *next_look = (*next_look).min(at);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the group's timers failed");
+                due.push(i);
+            }
+        }
+    }
+    due
 }
 
 /// How many due timers of a shard to claim: all that fit in `free` slots, or, under a rate
@@ -132,7 +200,11 @@ async fn claim<H>(
     now: i64,
     lease_until: i64,
     count: usize,
-) -> Option<(Vec<(String, Fields, u32)>, Option<i64>)> {
+) -> Option<(
+    Vec<(String, Fields, u32)>,
+    Option<i64>,
+    Vec<(String, String, u32)>,
+)> {
     let mut conn = s.client.connection();
     let r = scripts::reclaim(
         &mut conn,
@@ -144,7 +216,7 @@ async fn claim<H>(
         count,
     )
     .await;
-    let (claimed, next) = match r {
+    let (claimed, next, missing) = match r {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!(error = %e, "reclaim failed");
@@ -152,7 +224,7 @@ async fn claim<H>(
         }
     };
     match claimed_entries(claimed) {
-        Ok(c) => Some((c, next.map(scripts::score_to_ms))),
+        Ok(c) => Some((c, next.map(scripts::score_to_ms), missing)),
         Err(e) => {
             tracing::error!(error = %e, "unexpected reclaim reply");
             None

@@ -8,6 +8,7 @@ use crate::engine::keys::ShardKeys;
 use crate::engine::redact;
 use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
+use crate::engine::telemetry::Redelivery;
 use crate::error::RedisContext;
 use futures_util::FutureExt;
 use std::collections::HashMap;
@@ -83,8 +84,19 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         });
         return;
     }
+    // The on-time promise is measured on first deliveries only; redeliveries (a retry or a
+    // reclaim, a replay, a reconciliation) have their own histogram, by reason.
     let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
-    s.metrics().lateness(late_s);
+    match (&for_group, d.attempt) {
+        (None, 1) => s.metrics().lateness(late_s),
+        (None, _) => s.metrics().redelivery_age(Redelivery::Retry, late_s),
+        // A reconciliation sends an order due at the moment it sends it; a replay keeps
+        // the order's due time.
+        (Some(_), _) if d.due_at_ms >= d.dispatched_at_ms => {
+            s.metrics().redelivery_age(Redelivery::Reconcile, late_s);
+        }
+        (Some(_), _) => s.metrics().redelivery_age(Redelivery::Replay, late_s),
+    }
     // What settling needs once the handler has the delivery: all of it with hooks, else
     // the few fields that name the entry.
     let (d, outcome) = if d.attempt > s.opts.max_attempts {
@@ -204,6 +216,51 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
     }
 }
 
+/// The stable reason of a dead letter whose stream entry was deleted while pending.
+pub(crate) const ENTRY_MISSING: &str =
+    "entry_missing: the stream entry was deleted while it was pending in the group";
+
+/// Dead-letters an entry still pending (owned by `owner`) whose stream entry is gone, with
+/// the reason [`ENTRY_MISSING`]: nothing leaves the pending list without a record.
+pub(super) async fn settle_missing<H>(
+    s: &Shared<H>,
+    shard: u16,
+    entry_id: &str,
+    owner: &str,
+    attempts: u32,
+) {
+    let keys = &s.shards[usize::from(shard)];
+    let args = DeadArgs {
+        group: &s.group,
+        consumer: owner,
+        entry_id,
+        attempts,
+        error: ENTRY_MISSING,
+        now_ms: s.client.now_ms(),
+        history: s.pause.history(&s.client).await,
+    };
+    let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
+        let mut conn = s.client.connection();
+        let args = &args;
+        async move { scripts::dead_letter(&mut conn, keys, args).await }
+    })
+    .await;
+    match r {
+        Ok(true) => {
+            s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+            handled_metric(s, "dead");
+            s.metrics().dead_lettered();
+            tracing::warn!(entry = %entry_id, group = %s.group, attempts, "dead-lettered: its stream entry was deleted while pending");
+        }
+        Ok(false) => {
+            tracing::debug!(entry = %entry_id, "missing entry settled by its owner meanwhile")
+        }
+        Err(e) => {
+            tracing::warn!(entry = %entry_id, error = %e, "could not dead-letter a missing entry; it is looked at again after its lease")
+        }
+    }
+}
+
 fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
     s.metrics().handled(outcome);
 }
@@ -306,6 +363,13 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
             match r {
                 Ok(n) => {
                     s.stats.acked.fetch_add(n, Ordering::Relaxed);
+                    // Entries another consumer had acknowledged already: this worker's copy
+                    // came late (its lease ran out and the entry was taken over).
+                    let late = (entries.len() as u64).saturating_sub(n);
+                    if late > 0 {
+                        s.stats.late_acks.fetch_add(late, Ordering::Relaxed);
+                        s.metrics().late_acks(late);
+                    }
                 }
                 Err(e) => tracing::error!(
                     error = %e, entries = entries.len(),
@@ -318,10 +382,10 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
     }
 }
 
-/// One shard's acknowledgements as one pipeline: `XACK`, then the timers' `ZREM` (two plain
-/// commands cost less Redis time than a script call; a crash between them only leaves a
-/// stale timer, which `reclaim.lua` drops). Entries that needed several attempts also drop
-/// their error record and leave the history marker `a<attempts>`.
+/// One shard's acknowledgements as one pipeline: `XACK`, then the timers' `ZREM` and the
+/// error records' `HDEL` (plain commands cost less Redis time than a script call; a crash
+/// between them only leaves a stale timer, which `reclaim.lua` drops). Entries that needed
+/// several attempts also leave the history marker `a<attempts>`.
 fn ack_pipeline(
     keys: &ShardKeys,
     group: &str,
@@ -332,16 +396,13 @@ fn ack_pipeline(
     let mut pipe = redis::pipe();
     pipe.cmd("XACK").arg(&keys.stream).arg(group).arg(&ids);
     pipe.cmd("ZREM").arg(keys.timers(group)).arg(&ids);
+    // Always: an ack by a previous owner (whose attempt 1 another consumer retried) must
+    // not leave the new attempt's error record behind.
+    pipe.cmd("HDEL").arg(keys.errors(group)).arg(&ids);
     let retried: Vec<&(String, u32)> = entries.iter().filter(|(_, n)| *n > 1).collect();
     if retried.is_empty() {
         return pipe;
     }
-    pipe.cmd("HDEL").arg(keys.errors(group)).arg(
-        retried
-            .iter()
-            .map(|(id, _)| id.as_str())
-            .collect::<Vec<_>>(),
-    );
     let mut buckets: HashMap<String, (i64, Vec<(String, String)>)> = HashMap::new();
     for (id, n) in retried {
         let (bucket, expires_at) = history.marker_target(keys, id);
