@@ -1,0 +1,530 @@
+"""What the sync and asyncio clients share: options, types, scripts, key names, batch
+planning and the reading of replies. No I/O here."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import hashlib
+import json
+import secrets
+import time
+from importlib import resources
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from urllib.parse import unquote, urlsplit
+
+import redis
+
+from . import rules
+from .errors import (
+    NOT_APPLIED,
+    UNKNOWN,
+    DelayqError,
+    InvalidInput,
+    NotReplicated,
+    PartialBatch,
+    QueueNotFound,
+    RedisFailure,
+)
+
+# ---------------------------------------------------------------- scripts
+
+
+class Script:
+    """One vendored copy of a script of the repo's ``lua/`` (byte for byte)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.text: bytes = resources.files("delayq").joinpath("lua", f"{name}.lua").read_bytes()
+        self.sha = hashlib.sha1(self.text).hexdigest()
+
+
+ENQUEUE = Script("enqueue")
+CANCEL = Script("cancel")
+RESCHEDULE = Script("reschedule")
+GET = Script("get")
+CREATE_QUEUE = Script("create_queue")
+#: Every vendored script, by name.
+SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE)}
+
+# ---------------------------------------------------------------- public types
+
+
+class Mode(str, enum.Enum):
+    """How ``schedule`` treats an id that is already scheduled."""
+
+    #: Replace its due time and payload (reschedule). The default.
+    UPSERT = "upsert"
+    #: Leave it untouched.
+    IF_ABSENT = "if_absent"
+
+
+def parse_mode(mode: Any) -> Mode:
+    try:
+        return Mode(mode)
+    except ValueError:
+        raise InvalidInput("invalid_option", f"invalid option mode: {mode!r} is not upsert or if_absent") from None
+
+
+class Outcome(str, enum.Enum):
+    """What scheduling one order did."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    UNCHANGED = "unchanged"
+
+
+class CancelOutcome(str, enum.Enum):
+    CANCELLED = "cancelled"
+    #: Never scheduled, already cancelled, or already dispatched.
+    NOT_FOUND = "not_found"
+
+
+class RescheduleOutcome(str, enum.Enum):
+    RESCHEDULED = "rescheduled"
+    NOT_FOUND = "not_found"
+
+
+@dataclasses.dataclass(frozen=True)
+class Leader:
+    """Acknowledge a schedule as soon as the master has run the enqueue script."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicated:
+    """Acknowledge only once ``replicas`` replicas confirm (``WAIT``) within ``timeout_ms``;
+    otherwise :class:`~delayq.NotReplicated` (the order may still fire; retrying is safe)."""
+
+    replicas: int = 1
+    timeout_ms: int = 1000
+
+
+Durability = Union[Leader, Replicated]
+
+
+@dataclasses.dataclass
+class Order:
+    """One order of a batch: an id, exactly one of ``delay_ms`` / ``due_ms`` / ``delay`` /
+    ``at``, and a payload (any JSON-serializable value, or :class:`RawJson` text)."""
+
+    id: str
+    delay_ms: Optional[int] = None
+    due_ms: Optional[int] = None
+    payload: Any = None
+    delay: Optional[_dt.timedelta] = None
+    at: Optional[_dt.datetime] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheduled:
+    """The result of scheduling one order. With ``unchanged`` the stored due time may
+    differ from ``due_at_ms`` (see ``get``)."""
+
+    id: str
+    due_at_ms: int
+    outcome: Outcome
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledOrder:
+    """A scheduled order as read back by ``get``."""
+
+    id: str
+    due_at_ms: int
+    #: When it was (last) scheduled, unix ms; None when stored without the encoding.
+    enqueued_at_ms: Optional[int]
+    #: The payload, parsed (None when the payload entry is missing).
+    payload: Any
+    #: The payload's exact JSON text as stored (None when missing).
+    payload_json: Optional[str]
+
+
+# ---------------------------------------------------------------- options
+
+
+@dataclasses.dataclass
+class Options:
+    namespace: str = "dq"
+    max_payload_bytes: int = rules.DEFAULT_MAX_PAYLOAD_BYTES
+    durability: Durability = dataclasses.field(default_factory=Leader)
+    #: How long a command may wait for its reply, seconds.
+    response_timeout: float = 10.0
+    #: How long connecting may take, seconds.
+    connect_timeout: float = 5.0
+    #: Most queues a namespace may have (only used when a record of an older version is
+    #: given its epoch, as the Rust client does).
+    max_queues: int = 1000
+    #: "Now" in unix ms; default: the Redis server's clock (TIME, re-read every 30 s).
+    clock: Optional[Callable[[], int]] = None
+
+    def validate(self) -> None:
+        rules.check_namespace(self.namespace)
+        if isinstance(self.max_payload_bytes, bool) or not isinstance(self.max_payload_bytes, int) or self.max_payload_bytes < 1:
+            raise InvalidInput("invalid_option", "invalid option max_payload_bytes: must be at least 1")
+        check_durability(self.durability)
+        if not (self.response_timeout > 0 and self.connect_timeout > 0):
+            raise InvalidInput("invalid_option", "invalid option timeout: response and connect timeouts must be more than zero")
+        if not (1 <= self.max_queues <= 1_000_000):
+            raise InvalidInput("invalid_option", "invalid option max_queues: must be 1..=1000000")
+
+
+def check_durability(d: Any) -> None:
+    if isinstance(d, Leader):
+        return
+    if isinstance(d, Replicated):
+        ok = (
+            isinstance(d.replicas, int) and d.replicas >= 1
+            and isinstance(d.timeout_ms, int) and 1 <= d.timeout_ms <= rules.MAX_WAIT_MS
+        )
+        if ok:
+            return
+    raise InvalidInput(
+        "invalid_option",
+        "invalid option durability: replicated durability needs at least one replica and a timeout of 1 ms..=60 s",
+    )
+
+
+# ---------------------------------------------------------------- connections
+
+
+@dataclasses.dataclass
+class Target:
+    """A parsed Redis URL: one server, or a cluster's seed nodes."""
+
+    url: Optional[str]
+    nodes: List[Tuple[str, int]]
+    username: Optional[str]
+    password: Optional[str]
+    ssl: bool
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.url is None
+
+
+def parse_url(url: str) -> Target:
+    """``redis://`` / ``rediss://`` (one server) or ``redis+cluster://[user:pass@]h1:p1,h2:p2``
+    (``rediss+cluster://`` for TLS), as the Rust client takes them. Error messages never
+    repeat the URL (it may hold a password)."""
+    if not isinstance(url, str):
+        raise InvalidInput("invalid_redis_url", "invalid redis url: must be a string")
+    for scheme, ssl in (("redis+cluster://", False), ("rediss+cluster://", True)):
+        if url.startswith(scheme):
+            rest = url[len(scheme):]
+            auth, _, hosts = rest.rpartition("@")
+            username = password = None
+            if auth:
+                u, sep, p = auth.partition(":")
+                if sep:
+                    username, password = unquote(u) or None, unquote(p)
+                else:
+                    password = unquote(u)
+            nodes = []
+            for h in hosts.strip("/").split(","):
+                h = h.strip()
+                if not h:
+                    continue
+                host, sep, port = h.rpartition(":")
+                if not sep or not port.isdigit():
+                    raise InvalidInput("invalid_redis_url", "invalid redis url: a cluster node needs host:port")
+                nodes.append((host.strip("[]"), int(port)))
+            if not nodes:
+                raise InvalidInput("invalid_redis_url", "invalid redis url: a cluster URL needs at least one host:port")
+            return Target(None, nodes, username, password, ssl)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        raise InvalidInput("invalid_redis_url", "invalid redis url: it does not parse") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise InvalidInput("invalid_redis_url", "invalid redis url: the scheme must be redis://, rediss://, redis+cluster:// or rediss+cluster://")
+    return Target(url, [], None, None, parts.scheme == "rediss")
+
+
+def no_retry() -> Any:
+    """A redis-py retry policy that never re-sends a command: a write re-sent after a lost
+    connection would report another outcome, and a WAIT re-sent on a fresh connection would
+    wait for nothing."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return Retry(NoBackoff(), 0)
+
+
+# ---------------------------------------------------------------- keys
+
+
+class Keys:
+    """Key names (src/engine/keys.rs)."""
+
+    def __init__(self, ns: str):
+        self.ns = ns
+
+    def tag(self, queue: str, shard: int) -> str:
+        return "{%s:%s:%d}" % (self.ns, queue, shard)
+
+    def due(self, queue: str, shard: int) -> str:
+        return self.tag(queue, shard) + ":due"
+
+    def payload(self, queue: str, shard: int) -> str:
+        return self.tag(queue, shard) + ":payload"
+
+    def meta(self, queue: str, shard: int) -> str:
+        return self.tag(queue, shard) + ":meta"
+
+    def queues(self) -> str:
+        return "{%s}:queues" % self.ns
+
+    def record(self, queue: str) -> str:
+        return "{%s}:queue:%s" % (self.ns, queue)
+
+    def registry_version(self) -> str:
+        return "{%s}:registry:version" % self.ns
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueRef:
+    shards: int
+    epoch: str
+
+
+def new_epoch(now_ms: int) -> str:
+    """A new epoch token, in the Rust client's form."""
+    return f"{now_ms:x}-{secrets.randbits(64):016x}"
+
+
+def read_record(reply: Sequence[Any]) -> Tuple[Optional[int], Optional[str]]:
+    shards, epoch = reply
+    return (int(shards) if shards is not None else None, _text(epoch) if epoch is not None else None)
+
+
+def _text(v: Any) -> str:
+    return v.decode("utf-8") if isinstance(v, (bytes, bytearray)) else str(v)
+
+
+# ---------------------------------------------------------------- clock
+
+
+class RedisClock:
+    """The Redis server's clock: anchored on TIME, advanced with the monotonic clock,
+    re-anchored every 30 s (src/engine/clock.rs)."""
+
+    RESYNC_NS = 30 * 1_000_000_000
+
+    def __init__(self) -> None:
+        self.anchor_ms: Optional[int] = None
+        self.anchor_mono = 0
+
+    def set(self, time_reply: Sequence[Any]) -> None:
+        secs, micros = int(time_reply[0]), int(time_reply[1])
+        self.anchor_ms = secs * 1000 + micros // 1000
+        self.anchor_mono = time.monotonic_ns()
+
+    def stale(self) -> bool:
+        return self.anchor_ms is None or time.monotonic_ns() - self.anchor_mono > self.RESYNC_NS
+
+    def now_ms(self) -> int:
+        assert self.anchor_ms is not None
+        return self.anchor_ms + (time.monotonic_ns() - self.anchor_mono) // 1_000_000
+
+
+# ---------------------------------------------------------------- validation
+
+
+@dataclasses.dataclass
+class Prepared:
+    id: str
+    id_bytes: bytes
+    due: int
+    payload: rules.RawJson
+
+
+def to_order(o: Any) -> Order:
+    if isinstance(o, Order):
+        return o
+    if isinstance(o, dict):
+        return Order(**o)
+    raise TypeError(f"an order is a delayq.Order or a dict, got {type(o).__name__}")
+
+
+def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: int) -> List[Prepared]:
+    """Validates a batch the way ``Client::schedule_many`` does: size, queue name, then each
+    order (id, payload size and depth, due time). One invalid order refuses the batch."""
+    if len(orders) > rules.MAX_BATCH:
+        raise InvalidInput("batch_too_large", f"{len(orders)} messages; at most {rules.MAX_BATCH} per call")
+    rules.check_queue(queue)
+    out = []
+    for i, o in enumerate(orders):
+        try:
+            o = to_order(o)
+            idb = rules.check_id(o.id)
+            p = rules.to_payload(o.payload)
+            rules.check_payload(p, max_payload)
+            due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at)
+        except InvalidInput as e:
+            raise e.in_batch(i) from None
+        out.append(Prepared(o.id, idb, due, p))
+    return out
+
+
+def single(e: InvalidInput) -> InvalidInput:
+    """A single order's error names no batch index."""
+    return InvalidInput(e.code, e.reason) if e.index is not None else e
+
+
+# ---------------------------------------------------------------- enqueue calls
+
+
+@dataclasses.dataclass
+class Call:
+    shard: int
+    idxs: List[int]
+
+
+def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
+    """Groups a batch by shard (batch order within a shard) and cuts it into calls of at
+    most 500 orders and 1 MiB of payload (a single larger order goes alone)."""
+    by_shard: List[List[int]] = [[] for _ in range(shards)]
+    for i, p in enumerate(prepared):
+        by_shard[rules.shard_of(p.id_bytes, shards)].append(i)
+    calls = []
+    for shard, idxs in enumerate(by_shard):
+        start = 0
+        while start < len(idxs):
+            end, size = start, 0
+            while end < len(idxs) and end - start < rules.ENQUEUE_CALL_ORDERS:
+                n = len(prepared[idxs[end]].payload.data)
+                if end > start and size + n > rules.ENQUEUE_CALL_BYTES:
+                    break
+                size += n
+                end += 1
+            calls.append(Call(shard, idxs[start:end]))
+            start = end
+    return calls
+
+
+def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
+    """``EVALSHA <sha> 3 due payload meta mode now epoch id due json ...``"""
+    args: List[Any] = [
+        "EVALSHA", ENQUEUE.sha, 3,
+        keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
+        "nx" if if_absent else "upsert", now_ms, epoch,
+    ]
+    # Bytes all the way (canonical decimal integers), so the encoder passes them through.
+    for i in call.idxs:
+        p = prepared[i]
+        args += (p.id_bytes, b"%d" % p.due, p.payload.data)
+    return args
+
+
+_CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED}
+
+
+def outcomes(reply: Any, n: int) -> List[Outcome]:
+    if not isinstance(reply, list) or len(reply) != n:
+        raise RedisFailure("scheduling orders (enqueue.lua)", ValueError(f"unexpected reply for {n} orders"), NOT_APPLIED, False, False)
+    try:
+        return [_CODES[int(c)] for c in reply]
+    except (KeyError, ValueError, TypeError):
+        raise RedisFailure("scheduling orders (enqueue.lua)", ValueError("unknown outcome code"), NOT_APPLIED, False, False) from None
+
+
+def refusal(e: BaseException) -> Optional[str]:
+    """``queue_not_found`` / ``stale_epoch`` when enqueue.lua refused the call (nothing
+    written), else None."""
+    if isinstance(e, redis.ResponseError):
+        text = str(e)
+        for r in ("queue_not_found", "stale_epoch"):
+            if f"delayq {r}" in text:
+                return r
+    return None
+
+
+def is_noscript(e: Any) -> bool:
+    return isinstance(e, redis.exceptions.NoScriptError) or (
+        isinstance(e, redis.ResponseError) and str(e).startswith("NOSCRIPT")
+    )
+
+
+_TRANSIENT_CODES = ("LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "UNBLOCKED", "READONLY")
+
+
+def wrap(context: str, e: BaseException) -> DelayqError:
+    """A redis-py exception as a :class:`RedisFailure` saying whether the write may have
+    been applied."""
+    if isinstance(e, DelayqError):
+        return e
+    text = str(e)
+    refused = isinstance(e, redis.ConnectionError) and (
+        "connecting to" in text or "Connection refused" in text
+    )
+    if isinstance(e, (redis.TimeoutError, redis.ConnectionError)) and not refused:
+        outcome = UNKNOWN
+    else:
+        outcome = NOT_APPLIED
+    # redis-py turns some error codes into classes (and drops the code from the message).
+    transient = isinstance(e, (redis.TimeoutError, redis.ConnectionError)) or (
+        isinstance(e, redis.ResponseError) and text.split(" ", 1)[0] in _TRANSIENT_CODES
+    ) or type(e).__name__ in (
+        "ClusterDownError", "TryAgainError", "MovedError", "AskError", "BusyLoadingError",
+        "ReadOnlyError", "MasterDownError",
+    )
+    oom = type(e).__name__ == "OutOfMemoryError" or (
+        isinstance(e, redis.ResponseError) and text.startswith("OOM")
+    )
+    return RedisFailure(context, e, outcome, transient, oom)
+
+
+def assemble(
+    queue: str,
+    calls: Sequence[Call],
+    results: Sequence[Union[List[Outcome], DelayqError]],
+    prepared: Sequence[Prepared],
+) -> List[Scheduled]:
+    """Per-order results from per-call results; the error the Rust client raises when a call
+    failed: the error itself when none succeeded, else :class:`PartialBatch`."""
+    per: List[Optional[str]] = [None] * len(prepared)
+    failed: Optional[DelayqError] = None
+    succeeded = False
+    for call, r in zip(calls, results):
+        if isinstance(r, DelayqError):
+            o = "not_written" if r.write_outcome == NOT_APPLIED else "unknown"
+            for i in call.idxs:
+                per[i] = o
+            # Keep the error that says the least: "may have been written" over "not written".
+            if failed is None or failed.write_outcome == NOT_APPLIED:
+                failed = r
+        else:
+            succeeded = True
+            for i, o in zip(call.idxs, r):
+                per[i] = o.value
+    if failed is not None:
+        if not succeeded:
+            raise failed
+        raise PartialBatch([(p.id, o or "unknown") for p, o in zip(prepared, per)], failed)
+    return [Scheduled(p.id, p.due, Outcome(o)) for p, o in zip(prepared, per)]
+
+
+def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
+    """get.lua's ``{score or false, stored or false}`` as an order (None: not scheduled)."""
+    score, raw = reply
+    if score is None:
+        return None
+    due = round(float(score))
+    if raw is None:
+        return ScheduledOrder(id, due, None, None, None)
+    text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+    enq: Optional[int] = None
+    body = text
+    head, sep, rest = text.partition(":")
+    if sep:
+        try:
+            enq = int(head)
+            body = rest
+        except ValueError:
+            pass
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        value = body
+    return ScheduledOrder(id, due, enq, value, body)

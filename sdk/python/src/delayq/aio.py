@@ -1,0 +1,435 @@
+"""The asyncio producer client (redis.asyncio); the same API as :class:`delayq.Client`, awaited."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import asyncio
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+from . import _core as c
+from . import rules
+from .errors import DelayqError, InvalidInput, NotReplicated, QueueNotFound
+
+_DURABLE_TIMEOUT = 70.0  # the longest WAIT (60 s) plus the writes before it
+
+
+class AsyncClient:
+    """A producer on one Redis (or one Redis Cluster) and one key namespace.
+
+    Build it with ``await AsyncClient.connect(url, **options)`` (it reads the Redis clock);
+    share one per event loop. Options: ``namespace`` (``dq``),
+    ``max_payload_bytes`` (64 KiB), ``durability`` (:class:`Leader` or
+    :class:`Replicated`), ``response_timeout`` / ``connect_timeout`` (seconds), ``clock``
+    (a callable returning unix ms; default the Redis server's clock).
+    """
+
+    @classmethod
+    async def connect(cls, url: str, **options: Any) -> "AsyncClient":
+        """Validates the options, connects and reads the Redis clock."""
+        self = cls(url, **options)
+        if self._opts.clock is None:
+            await self._sync_clock()
+        return self
+
+    def __init__(self, url: str, **options: Any):
+        self._opts = c.Options(**options)
+        self._opts.validate()
+        self._target = c.parse_url(url)
+        self._keys = c.Keys(self._opts.namespace)
+        self._known: Dict[str, c.QueueRef] = {}
+        self._lock = None
+        self._clock = c.RedisClock()
+        self._r = self._connect(self._opts.response_timeout)
+        # Opened on first use, shared with every with_durability() handle, closed by close().
+        self._lazy: Dict[str, Any] = {"durable": None, "nodes": {}}
+        self.durability: c.Durability = self._opts.durability
+
+    # ------------------------------------------------------------ connections
+
+    def _connect(self, timeout: float) -> Any:
+        t = self._target
+        common = dict(
+            socket_timeout=timeout,
+            socket_connect_timeout=self._opts.connect_timeout,
+            decode_responses=False,
+        )
+        try:
+            if t.is_cluster:
+                return RedisCluster(
+                    startup_nodes=[ClusterNode(h, p) for h, p in t.nodes],
+                    username=t.username,
+                    password=t.password,
+                    ssl=t.ssl,
+                    **common,
+                )
+            return aredis.Redis.from_url(t.url, retry=c.no_retry(), **common)
+        except (redis.RedisError, OSError) as e:
+            raise c.wrap("connecting", e) from None
+        except ValueError:
+            raise InvalidInput("invalid_redis_url", "invalid redis url: it does not parse") from None
+
+    def _durable_client(self) -> Any:
+        if self._lazy["durable"] is None:
+            self._lazy["durable"] = self._connect(_DURABLE_TIMEOUT)
+        return self._lazy["durable"]
+
+    def _node_client(self, host: str, port: int) -> Any:
+        """A plain connection pool to one cluster node (durable pipelines: the WAIT must run
+        on the connection that made the writes)."""
+        cl = self._lazy["nodes"].get((host, port))
+        if cl is None:
+            t = self._target
+            cl = aredis.Redis(
+                host=host, port=port, username=t.username, password=t.password, ssl=t.ssl,
+                socket_timeout=_DURABLE_TIMEOUT, socket_connect_timeout=self._opts.connect_timeout,
+                retry=c.no_retry(),
+            )
+            self._lazy["nodes"][(host, port)] = cl
+        return cl
+
+    async def close(self) -> None:
+        """Closes every connection."""
+        for r in [self._r, self._lazy["durable"], *self._lazy["nodes"].values()]:
+            if r is not None:
+                try:
+                    await (r.aclose() if hasattr(r, "aclose") else r.close())
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    pass
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    def with_durability(self, d: c.Durability) -> "AsyncClient":
+        """A handle on the same connections whose schedules have durability ``d``."""
+        c.check_durability(d)
+        other = object.__new__(AsyncClient)
+        other.__dict__.update(self.__dict__)
+        other.durability = d
+        return other
+
+    @property
+    def namespace(self) -> str:
+        return self._opts.namespace
+
+    @property
+    def is_cluster(self) -> bool:
+        return self._target.is_cluster
+
+    # ------------------------------------------------------------ clock
+
+    async def _sync_clock(self) -> None:
+        try:
+            self._clock.set(await self._r.time())
+        except redis.RedisError as e:
+            raise c.wrap("reading the Redis clock (TIME)", e) from None
+
+    def now_ms(self) -> int:
+        """"Now" in unix ms: the Redis server's clock (or the ``clock`` option)."""
+        if self._opts.clock is not None:
+            return int(self._opts.clock())
+        if self._clock.anchor_ms is None:
+            raise DelayqError("the Redis clock was not read: build the client with await AsyncClient.connect(...)")
+        return self._clock.now_ms()
+
+    async def _resync_if_stale(self) -> None:
+        # After validation (which never waits on Redis): re-anchor on TIME every 30 s.
+        if self._opts.clock is None and self._clock.stale():
+            await self._sync_clock()
+
+    # ------------------------------------------------------------ registry
+
+    async def _lookup(self, queue: str) -> Optional[c.QueueRef]:
+        ref = self._known.get(queue)
+        if ref is not None:
+            return ref
+        try:
+            shards, epoch = c.read_record(await self._r.hmget(self._keys.record(queue), ["shards", "epoch"]))
+        except redis.RedisError as e:
+            raise c.wrap("reading the queue registry", e) from None
+        if shards is None:
+            return None
+        if epoch is None:
+            ref = await self._upgrade_record(queue, shards)
+        else:
+            ref = c.QueueRef(shards, epoch)
+        self._known[queue] = ref
+        return ref
+
+    async def _upgrade_record(self, queue: str, shards: int) -> c.QueueRef:
+        """A record written by an earlier version (no epoch) gets one, and its shards their
+        markers, as the Rust client does (create_queue.lua, then HSET on each marker)."""
+        k = self._keys
+        try:
+            reply = await self._evalsha(
+                c.CREATE_QUEUE, [k.queues(), k.record(queue), k.registry_version()],
+                [queue, shards, c.new_epoch(self.now_ms()), self._opts.max_queues],
+            )
+            ref = c.QueueRef(int(reply[1]), c._text(reply[2]))
+            for s in range(ref.shards):
+                await self._r.hset(k.meta(queue, s), "epoch", ref.epoch)
+        except redis.RedisError as e:
+            raise c.wrap("registering the queue", e) from None
+        return ref
+
+    async def _queue_ref(self, queue: str) -> c.QueueRef:
+        await self._resync_if_stale()
+        ref = await self._lookup(queue)
+        if ref is None:
+            raise QueueNotFound(queue)
+        return ref
+
+    def _forget(self, queue: str) -> None:
+        self._known.pop(queue, None)
+
+    # ------------------------------------------------------------ scripts
+
+    async def _evalsha(self, script: c.Script, keys: Sequence[str], args: Sequence[Any], conn: Any = None) -> Any:
+        r = conn if conn is not None else self._r
+        try:
+            return await r.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.ResponseError as e:
+            if not c.is_noscript(e):
+                raise
+        await self._load(script, r)
+        return await r.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _load(self, script: c.Script, r: Any) -> None:
+        sha = await r.script_load(script.text)
+        sha = c._text(sha)
+        if sha != script.sha:
+            raise DelayqError(f"redis computed another SHA1 for {script.name}.lua")
+
+    # ------------------------------------------------------------ producing
+
+    async def schedule(
+        self,
+        queue: str,
+        id: str,
+        *,
+        delay_ms: Optional[int] = None,
+        due_ms: Optional[int] = None,
+        delay: Optional[_dt.timedelta] = None,
+        at: Optional[_dt.datetime] = None,
+        payload: Any = None,
+        mode: Union[str, c.Mode] = c.Mode.UPSERT,
+    ) -> c.Scheduled:
+        """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
+        ``at``). ``payload``: any JSON value, or :class:`RawJson` text kept byte for byte.
+        ``mode``: ``upsert`` (a known id gets the new due time and payload) or
+        ``if_absent`` (a known id is left untouched)."""
+        order = c.Order(id, delay_ms=delay_ms, due_ms=due_ms, payload=payload, delay=delay, at=at)
+        try:
+            return (await self.schedule_many(queue, [order], mode=mode))[0]
+        except InvalidInput as e:
+            raise c.single(e) from None
+
+    async def schedule_many(self, queue: str, orders: Iterable[Union[c.Order, dict]], mode: Union[str, c.Mode] = c.Mode.UPSERT) -> List[c.Scheduled]:
+        """Schedules a batch (at most 10,000 orders), validated whole first: one invalid
+        order refuses the batch (``InvalidInput.index`` names it) and nothing is written.
+        Sent as calls of at most 500 orders and 1 MiB, one shard per call, in one pipeline.
+        Returns one result per order, in order; a call that failed after others succeeded
+        raises :class:`PartialBatch`."""
+        orders = list(orders)
+        if_absent = c.parse_mode(mode) == c.Mode.IF_ABSENT
+        now = self.now_ms()
+        prepared = c.prepare_batch(queue, orders, now, self._opts.max_payload_bytes)
+        ref = await self._queue_ref(queue)
+        if not prepared:
+            return []
+        calls = c.plan(ref.shards, prepared)
+        results = await self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+        if all(isinstance(r, DelayqError) and getattr(r, "refusal", None) for r in results):
+            # Every call refused by enqueue.lua (nothing written): the queue was deleted,
+            # or deleted and created again. Re-read the registry once and retry.
+            self._forget(queue)
+            fresh = await self._queue_ref(queue)
+            if fresh == ref:
+                raise QueueNotFound(queue)
+            ref = fresh
+            calls = c.plan(ref.shards, prepared)
+            results = await self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+        out: List[Any] = []
+        for r in results:
+            if isinstance(r, DelayqError) and getattr(r, "refusal", None):
+                self._forget(queue)
+                r = QueueNotFound(queue)
+            out.append(r)
+        return c.assemble(queue, calls, out, prepared)
+
+    async def _enqueue(self, queue: str, calls: List[c.Call], prepared: List[c.Prepared], epoch: str, if_absent: bool, now: int) -> List[Any]:
+        argv = [c.enqueue_args(self._keys, queue, call, prepared, epoch, if_absent, now) for call in calls]
+        if isinstance(self.durability, c.Replicated):
+            return await self._enqueue_replicated(calls, argv, self.durability)
+        return await self._run_pipeline(self._r, calls, argv)
+
+    async def _run_pipeline(self, r: Any, calls: List[c.Call], argv: List[List[Any]]) -> List[Any]:
+        """The calls in one pipeline; a NOSCRIPT loads the script and re-sends the refused
+        calls (nothing of them was written)."""
+        out: List[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for round in range(2):
+            pipe = r.pipeline(transaction=False)
+            for i in todo:
+                pipe.execute_command(*argv[i])
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception as e:  # noqa: BLE001 - the whole pipeline failed
+                err = c.wrap("scheduling orders (enqueue.lua)", e)
+                for i in todo:
+                    out[i] = err
+                return out
+            again = []
+            for i, rep in zip(todo, replies):
+                if isinstance(rep, Exception):
+                    if round == 0 and c.is_noscript(rep):
+                        again.append(i)
+                    else:
+                        out[i] = self._call_error(rep)
+                else:
+                    try:
+                        out[i] = c.outcomes(rep, len(calls[i].idxs))
+                    except DelayqError as e:
+                        out[i] = e
+            if not again:
+                break
+            try:
+                await self._load(c.ENQUEUE, r)
+            except Exception as e:  # noqa: BLE001
+                err = c.wrap("loading enqueue.lua", e)
+                for i in again:
+                    out[i] = err
+                break
+            todo = again
+        return out
+
+    @staticmethod
+    def _call_error(e: BaseException) -> DelayqError:
+        err = c.wrap("scheduling orders (enqueue.lua)", e)
+        err.refusal = c.refusal(e)  # type: ignore[attr-defined]
+        return err
+
+    async def _enqueue_replicated(self, calls: List[c.Call], argv: List[List[Any]], d: c.Replicated) -> List[Any]:
+        """Each node's enqueue calls and a ``WAIT`` after them as one pipeline on one
+        connection, never re-sent on another; fewer acks than asked, or a connection lost
+        anywhere before WAIT's answer, is :class:`NotReplicated`."""
+        groups: Dict[Any, List[int]] = {}
+        if self._target.is_cluster:
+            rc = self._r
+            for i, a in enumerate(argv):
+                node = rc.get_node_from_key(a[3])
+                groups.setdefault((node.host, node.port), []).append(i)
+        else:
+            groups[None] = list(range(len(calls)))
+        out: List[Any] = [None] * len(calls)
+        items = list(groups.items())
+        done = await asyncio.gather(*(
+            self._durable_pipeline(
+                self._durable_client() if node is None else self._node_client(*node),
+                [argv[i] for i in idxs], [len(calls[i].idxs) for i in idxs], d,
+            )
+            for node, idxs in items
+        ))
+        for (_, idxs), results in zip(items, done):
+            for i, r in zip(idxs, results):
+                out[i] = r
+        return out
+
+    async def _durable_pipeline(self, conn: Any, argv: List[List[Any]], sizes: List[int], d: c.Replicated) -> List[Any]:
+        timeout = max(1, min(d.timeout_ms, rules.MAX_WAIT_MS))
+        out: List[Any] = [None] * len(argv)
+        todo = list(range(len(argv)))
+        for round in range(2):
+            pipe = conn.pipeline(transaction=False)
+            for i in todo:
+                pipe.execute_command(*argv[i])
+            pipe.execute_command("WAIT", d.replicas, timeout)
+            try:
+                replies = await pipe.execute(raise_on_error=False)
+            except Exception:  # noqa: BLE001 - the connection broke between the writes and WAIT's answer
+                for i in todo:
+                    out[i] = NotReplicated(0, d.replicas, d.timeout_ms)
+                break
+            acked_reply = replies[-1]
+            acked = acked_reply if isinstance(acked_reply, int) else 0
+            again = []
+            for i, rep in zip(todo, replies[:-1]):
+                if isinstance(rep, Exception):
+                    if round == 0 and c.is_noscript(rep):
+                        again.append(i)
+                    else:
+                        out[i] = self._call_error(rep)
+                    continue
+                try:
+                    o = c.outcomes(rep, sizes[i])
+                except DelayqError as e:
+                    out[i] = e
+                    continue
+                out[i] = o if acked >= d.replicas else NotReplicated(acked, d.replicas, d.timeout_ms)
+            if not again:
+                break
+            try:
+                await self._load(c.ENQUEUE, conn)
+            except Exception as e:  # noqa: BLE001
+                err = c.wrap("loading enqueue.lua", e)
+                for i in again:
+                    out[i] = err
+                break
+            todo = again
+        return [o if o is not None else NotReplicated(0, d.replicas, d.timeout_ms) for o in out]
+
+    # ------------------------------------------------------------ cancel, reschedule, get
+
+    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str]:
+        rules.check_queue(queue)
+        idb = rules.check_id(id)
+        ref = await self._queue_ref(queue)
+        s = rules.shard_of(idb, ref.shards)
+        return self._keys.due(queue, s), self._keys.payload(queue, s)
+
+    async def cancel(self, queue: str, id: str) -> c.CancelOutcome:
+        """Cancels a scheduled order (e.g. the customer paid). ``not_found`` when it was
+        never scheduled, was already cancelled, or was already dispatched."""
+        due, payload = await self._shard_keys(queue, id)
+        try:
+            n = await self._evalsha(c.CANCEL, [due, payload], [id])
+        except redis.RedisError as e:
+            raise c.wrap("cancelling an order (cancel.lua)", e) from None
+        return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
+
+    async def reschedule(
+        self,
+        queue: str,
+        id: str,
+        *,
+        delay_ms: Optional[int] = None,
+        due_ms: Optional[int] = None,
+        delay: Optional[_dt.timedelta] = None,
+        at: Optional[_dt.datetime] = None,
+    ) -> c.RescheduleOutcome:
+        """Moves a scheduled order to a new due time, keeping its payload."""
+        rules.check_queue(queue)
+        rules.check_id(id)
+        due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at)
+        due, _ = await self._shard_keys(queue, id)
+        try:
+            n = await self._evalsha(c.RESCHEDULE, [due], [id, due_at])
+        except redis.RedisError as e:
+            raise c.wrap("rescheduling an order (reschedule.lua)", e) from None
+        return c.RescheduleOutcome.RESCHEDULED if int(n) == 1 else c.RescheduleOutcome.NOT_FOUND
+
+    async def get(self, queue: str, id: str) -> Optional[c.ScheduledOrder]:
+        """A scheduled order (due time, payload), or None when it is not scheduled."""
+        due, payload = await self._shard_keys(queue, id)
+        try:
+            reply = await self._evalsha(c.GET, [due, payload], [id])
+        except redis.RedisError as e:
+            raise c.wrap("reading an order (get.lua)", e) from None
+        return c.decode_get(id, reply)

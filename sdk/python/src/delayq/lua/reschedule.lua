@@ -1,0 +1,21 @@
+-- reschedule.lua: move a scheduled order to a new due time, keeping its payload.
+--
+-- KEYS[1]  the shard's due ZSET
+-- ARGV[1]  order id
+-- ARGV[2]  new due time, unix ms
+--
+-- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
+-- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
+  return tonumber(s)
+end
+local due = int(ARGV[2])
+if not due or due < 0 then
+  return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
+end
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  return 1
+end
+return 0

@@ -1,0 +1,340 @@
+"""Input rules: the same checks, in the same order, as the Rust client.
+
+src/engine/keys.rs (names, ids, the shard function), src/engine/message.rs (payloads, due
+times, delays) and src/service/admin.rs (batch size); the cases every producer must agree
+on are tests/conformance/inputs.json.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from typing import Any, Optional, Union
+
+from .errors import InvalidInput
+
+#: Longest queue name or namespace, bytes.
+MAX_NAME_LEN = 64
+#: Longest order id, bytes of UTF-8.
+MAX_ID_LEN = 256
+#: The furthest ahead an order may be due: 3,653 days, in ms.
+MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000
+#: Deepest nesting of arrays and objects in a payload.
+MAX_PAYLOAD_DEPTH = 64
+#: Default payload limit: 64 KiB of JSON text.
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+#: Most orders in one ``schedule_many`` call.
+MAX_BATCH = 10_000
+#: Most orders per enqueue.lua call.
+ENQUEUE_CALL_ORDERS = 500
+#: Most payload bytes per enqueue.lua call.
+ENQUEUE_CALL_BYTES = 1 << 20
+#: Most shards a queue may have.
+MAX_SHARDS = 1024
+#: Longest durable WAIT, ms.
+MAX_WAIT_MS = 60_000
+
+_NAME_CHARS = re.compile(r"[A-Za-z0-9._-]*")
+_NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
+# Unicode category Cc: what Rust's char::is_control matches.
+_CONTROL = re.compile("[\u0000-\u001f\u007f-\u009f]")
+
+
+def _check_name(name: Any) -> Optional[str]:
+    if not isinstance(name, str):
+        return f"must be a string, got {type(name).__name__}"
+    if name == "":
+        return "must not be empty"
+    if name in (".", ".."):
+        return f"{name!r} is reserved"
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_LEN:
+        return f"must be at most {MAX_NAME_LEN} bytes, got {size}"
+    bad = _NAME_BAD.search(name)
+    if bad:
+        return f"character {bad.group()!r} is not allowed (use A-Z a-z 0-9 . _ -)"
+    return None
+
+
+def check_queue(name: Any) -> str:
+    """Validates a queue name: ``[A-Za-z0-9._-]{1,64}``, not ``.`` or ``..``."""
+    reason = _check_name(name)
+    if reason:
+        raise InvalidInput("invalid_queue", f"invalid queue name {name!r}: {reason}")
+    return name
+
+
+def check_namespace(name: Any) -> str:
+    """Validates a key namespace (the queue-name rule)."""
+    reason = _check_name(name)
+    if reason:
+        raise InvalidInput("invalid_namespace", f"invalid namespace {name!r}: {reason}")
+    return name
+
+
+def check_id(id: Any) -> bytes:
+    """Validates an order id (1..=256 bytes of UTF-8, no control character); returns its
+    UTF-8 bytes."""
+    if not isinstance(id, str):
+        raise InvalidInput("invalid_id", f"invalid id: must be a string, got {type(id).__name__}")
+    try:
+        raw = id.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("invalid_id", "invalid id: not valid Unicode (a lone surrogate)") from None
+    if not raw:
+        raise InvalidInput("invalid_id", "invalid id: must not be empty")
+    if len(raw) > MAX_ID_LEN:
+        raise InvalidInput("invalid_id", f"invalid id: must be at most {MAX_ID_LEN} bytes, got {len(raw)}")
+    m = _CONTROL.search(id)
+    if m:
+        raise InvalidInput("invalid_id", f"invalid id: control character at position {m.start()}")
+    return raw
+
+
+def fnv1a64(data: bytes) -> int:
+    """FNV-1a 64-bit of ``data``."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def shard_of(id: Union[str, bytes], shards: int) -> int:
+    """The shard of an order id: FNV-1a 64 of its UTF-8 bytes modulo the shard count."""
+    if shards <= 1:
+        return 0
+    data = id.encode("utf-8") if isinstance(id, str) else id
+    return fnv1a64(data) % shards
+
+
+# ---------------------------------------------------------------- payloads
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _ignore_number(text: str) -> int:
+    return 0
+
+
+_TOKEN = re.compile(
+    r'[ \t\n\r]*(?:(?P<s>"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*")'
+    r"|(?P<n>-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+    r"|(?P<l>true|false|null)|(?P<p>[\[\]{}:,]))"
+)
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def _valid_json_iterative(text: str) -> bool:
+    """RFC 8259 validity without recursion (for payloads nested too deep for ``json``)."""
+    pos, n = 0, len(text)
+    stack = []  # '[' or '{'
+    # states: 'value' (a value is expected), 'after' (a value just ended), 'key' (an object
+    # key or '}' expected), 'key_only' (a key expected after ','), 'colon'
+    state = "value"
+    first_in_container = False
+    while True:
+        m = _TOKEN.match(text, pos)
+        if not m:
+            return _WS.match(text, pos).end() == n and state == "after" and not stack
+        pos = m.end()
+        kind = m.lastgroup
+        tok = m.group(kind)
+        if state == "value":
+            if kind in ("s", "n", "l"):
+                state = "after"
+            elif tok in "[{":
+                stack.append(tok)
+                state = "value" if tok == "[" else "key"
+                first_in_container = True
+                continue
+            elif tok == "]" and first_in_container and stack and stack[-1] == "[":
+                stack.pop()
+                state = "after"
+            else:
+                return False
+            first_in_container = False
+        elif state in ("key", "key_only"):
+            if kind == "s":
+                state = "colon"
+            elif tok == "}" and state == "key" and first_in_container:
+                stack.pop()
+                state = "after"
+            else:
+                return False
+            first_in_container = False
+        elif state == "colon":
+            if tok != ":":
+                return False
+            state = "value"
+        else:  # after
+            if not stack:
+                return False  # a second value
+            if tok == ",":
+                state = "value" if stack[-1] == "[" else "key_only"
+            elif (tok == "]" and stack[-1] == "[") or (tok == "}" and stack[-1] == "{"):
+                stack.pop()
+            else:
+                return False
+
+
+def _is_valid_json(text: str) -> bool:
+    try:
+        json.loads(
+            text,
+            parse_constant=_reject_constant,
+            parse_int=_ignore_number,
+            parse_float=_ignore_number,
+        )
+        return True
+    except RecursionError:
+        return _valid_json_iterative(text)
+    except ValueError:
+        return False
+
+
+_STR_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+
+
+def json_depth(text: str) -> int:
+    """How deep arrays and objects nest in JSON text (brackets inside strings do not
+    count); the same scan as the Rust client's."""
+    depth = best = 0
+    for m in _STR_OR_BRACKET.finditer(text):
+        c = m.group()
+        if c in "[{":
+            depth += 1
+            if depth > best:
+                best = depth
+        elif c in "]}":
+            depth = depth - 1 if depth else 0
+    return best
+
+
+class RawJson:
+    """A payload given as its exact JSON text, stored and delivered byte for byte.
+
+    Refused (``invalid_payload``) unless it is exactly one valid JSON value, like the Rust
+    client's ``Payload::from_json``.
+    """
+
+    __slots__ = ("text", "data")
+
+    def __init__(self, text: Union[str, bytes]):
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            try:
+                text = bytes(text).decode("utf-8")
+            except UnicodeDecodeError:
+                raise InvalidInput("invalid_payload", "invalid payload: not valid UTF-8") from None
+        if not isinstance(text, str):
+            raise InvalidInput("invalid_payload", f"invalid payload: RawJson takes text, got {type(text).__name__}")
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidInput("invalid_payload", "invalid payload: not valid Unicode (a lone surrogate)") from None
+        if not _is_valid_json(text):
+            raise InvalidInput("invalid_payload", "invalid payload: not valid JSON (exactly one JSON value)")
+        self.text = text
+        self.data = data
+
+    def __repr__(self) -> str:
+        short = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        return f"RawJson({short!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RawJson) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+def to_payload(payload: Any) -> RawJson:
+    """A payload: ``RawJson`` as is; any other value serialized compactly as JSON (like
+    ``serde_json::to_string``: no spaces, non-ASCII kept, NaN refused)."""
+    if isinstance(payload, RawJson):
+        return payload
+    try:
+        text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidInput("invalid_payload", f"invalid payload: cannot be serialized as JSON ({e})") from None
+    out = RawJson.__new__(RawJson)
+    out.text = text
+    try:
+        out.data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("invalid_payload", "invalid payload: not valid Unicode (a lone surrogate)") from None
+    return out
+
+
+def check_payload(p: RawJson, max_bytes: int) -> None:
+    """Size, then depth (the JSON text was checked when the payload was built)."""
+    if len(p.data) > max_bytes:
+        raise InvalidInput(
+            "payload_too_large",
+            f"payload too large: {len(p.data)} bytes, the limit is {max_bytes} bytes",
+        )
+    # Cheap first: the depth is at most the number of opening brackets.
+    if p.text.count("[") + p.text.count("{") <= MAX_PAYLOAD_DEPTH:
+        return
+    depth = json_depth(p.text)
+    if depth > MAX_PAYLOAD_DEPTH:
+        raise InvalidInput(
+            "invalid_payload",
+            f"invalid payload: nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} levels of arrays and objects",
+        )
+
+
+# ---------------------------------------------------------------- due times
+
+_EPOCH = _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+_MS = _dt.timedelta(milliseconds=1)
+
+
+def _int(v: Any, code: str, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InvalidInput(code, f"{what}: must be an integer number of milliseconds, got {type(v).__name__}")
+    return v
+
+
+def resolve_due(
+    now_ms: int,
+    delay_ms: Optional[int] = None,
+    due_ms: Optional[int] = None,
+    delay: Optional[_dt.timedelta] = None,
+    at: Optional[_dt.datetime] = None,
+) -> int:
+    """The due time in unix ms from exactly one of ``delay_ms``, ``due_ms``, ``delay``
+    (a ``timedelta``) or ``at`` (an aware ``datetime``), as ``When::resolve`` does:
+    delays 0..=3,653 days; due times from 1970 to now + 3,653 days (the past is allowed)."""
+    given = [x is not None for x in (delay_ms, due_ms, delay, at)]
+    if sum(given) != 1:
+        raise InvalidInput("invalid_due_time", "invalid due time: give exactly one of delay_ms, due_ms, delay or at")
+    if delay is not None or delay_ms is not None:
+        if delay is not None:
+            if not isinstance(delay, _dt.timedelta):
+                raise InvalidInput("invalid_delay", f"invalid delay: must be a timedelta, got {type(delay).__name__}")
+            us = (delay.days * 86400 + delay.seconds) * 1_000_000 + delay.microseconds
+            ms = abs(us) // 1000 * (1 if us >= 0 else -1)  # toward zero, as TimeDelta does
+        else:
+            ms = _int(delay_ms, "invalid_delay", "invalid delay")
+        if ms < 0:
+            raise InvalidInput("invalid_delay", f"invalid delay: must not be negative, got {ms} ms")
+        if ms > MAX_AHEAD_MS:
+            raise InvalidInput("invalid_delay", f"invalid delay: {ms} ms is more than 10 years")
+        due = now_ms + ms
+    elif at is not None:
+        if not isinstance(at, _dt.datetime):
+            raise InvalidInput("invalid_due_time", f"invalid due time: must be a datetime, got {type(at).__name__}")
+        if at.tzinfo is None or at.tzinfo.utcoffset(at) is None:
+            raise InvalidInput("invalid_due_time", "invalid due time: a datetime without a UTC offset is ambiguous")
+        due = (at - _EPOCH) // _MS
+    else:
+        due = _int(due_ms, "invalid_due_time", "invalid due time")
+    if due < 0:
+        raise InvalidInput("invalid_due_time", f"invalid due time: {due} is before 1970")
+    if due > now_ms + MAX_AHEAD_MS:
+        raise InvalidInput("invalid_due_time", f"invalid due time: {due} is more than 10 years ahead")
+    return due

@@ -1,0 +1,124 @@
+"""Every case of tests/conformance/inputs.json, through the sync and the asyncio client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List
+
+import pytest
+
+import delayq
+from conftest import REPO, RedisServer, create_queue
+
+DOC = json.loads((REPO / "tests" / "conformance" / "inputs.json").read_text(encoding="utf-8"))
+CASES: List[Dict[str, Any]] = DOC["cases"]
+OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
+
+
+def test_the_file_is_well_formed():
+    assert DOC["format"] == 1
+    names = [c["name"] for c in CASES]
+    assert len(names) == len(set(names)), "case names must be unique"
+    for c in CASES:
+        assert c["op"] in OPS, c["name"]
+        assert c["expect"] is None or c["expect"] in DOC["codes"], c["name"]
+
+
+def test_limits_are_the_sdks():
+    lim = DOC["limits"]
+    r = delayq.rules
+    assert lim["max_id_bytes"] == r.MAX_ID_LEN
+    assert lim["max_name_bytes"] == r.MAX_NAME_LEN
+    assert lim["max_payload_bytes"] == r.DEFAULT_MAX_PAYLOAD_BYTES
+    assert lim["max_payload_depth"] == r.MAX_PAYLOAD_DEPTH
+    assert lim["max_ahead_ms"] == r.MAX_AHEAD_MS
+    assert lim["max_batch"] == r.MAX_BATCH
+    assert lim["enqueue_call_orders"] == r.ENQUEUE_CALL_ORDERS
+    assert lim["enqueue_call_bytes"] == r.ENQUEUE_CALL_BYTES
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = RedisServer()
+    for q in DOC["queues"]:
+        create_queue(s.url, DOC["namespace"], q["name"], q["shards"])
+    yield s
+    s.stop()
+
+
+def _when(d: Dict[str, Any]) -> Dict[str, Any]:
+    return {"delay_ms": d["delay_ms"]} if "delay_ms" in d else {"due_ms": d["due_ms"]}
+
+
+def _scheduled_count(server: RedisServer) -> int:
+    r = server.client
+    return sum(r.zcard(k) for k in r.scan_iter(match="{%s:*}:due" % DOC["namespace"]))
+
+
+def run_case(client: Any, case: Dict[str, Any]) -> Any:
+    op, q = case["op"], case.get("queue")
+    mode = "if_absent" if case.get("mode") == "if_absent" else "upsert"
+    if op == "schedule":
+        payload = delayq.RawJson(case["payload"])
+        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case))
+    if op == "schedule_many":
+        if "generate" in case:
+            g = case["generate"]
+            p = delayq.RawJson(g["payload"])
+            orders = [delayq.Order(f"{g['id_prefix']}{i}", delay_ms=g["delay_ms"], payload=p) for i in range(g["count"])]
+        else:
+            orders = []
+            for i, o in enumerate(case["orders"]):
+                try:
+                    payload = delayq.RawJson(o["payload"])  # the text is checked when built
+                except delayq.InvalidInput as e:
+                    raise e.in_batch(i) from None
+                orders.append(delayq.Order(o["id"], payload=payload, **_when(o)))
+        return client.schedule_many(q, orders, mode=mode)
+    if op == "cancel":
+        return client.cancel(q, case["id"])
+    if op == "get":
+        return client.get(q, case["id"])
+    if op == "reschedule":
+        return client.reschedule(q, case["id"], **_when(case))
+    raise AssertionError(f"unknown op {op}")
+
+
+@pytest.mark.parametrize("kind", ["sync", "asyncio"])
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_case(server, case, kind):
+    from conftest import AsyncFacade
+
+    opts = {"clock": lambda: DOC["now_ms"]}
+    expect = case["expect"]
+    if case["op"] == "connect":
+        try:
+            c = delayq.Client(server.url, namespace=case["namespace"], **opts) if kind == "sync" else AsyncFacade(server.url, namespace=case["namespace"], **opts)
+        except delayq.InvalidInput as e:
+            assert e.code == expect, f"{case['name']}: got {e.code}, expected {expect}"
+            return
+        c.close()
+        assert expect is None, f"{case['name']}: accepted, expected {expect}"
+        return
+    client = delayq.Client(server.url, namespace=DOC["namespace"], **opts) if kind == "sync" else AsyncFacade(server.url, namespace=DOC["namespace"], **opts)
+    try:
+        before = _scheduled_count(server)
+        dbsize = server.client.dbsize()
+        try:
+            out = run_case(client, case)
+        except delayq.InvalidInput as e:
+            assert e.code == expect, f"{case['name']}: got {e.code} ({e}), expected {expect}"
+            if "index" in case:
+                assert e.index == case["index"], f"{case['name']}: index {e.index}, expected {case['index']}"
+            elif case["op"] != "schedule_many":
+                assert e.index is None
+        except delayq.QueueNotFound as e:
+            assert e.code == expect, f"{case['name']}: queue_not_found, expected {expect}"
+        else:
+            assert expect is None, f"{case['name']}: succeeded ({out!r:.200}), expected {expect}"
+            return
+        # A refused call wrote nothing.
+        assert _scheduled_count(server) == before
+        assert server.client.dbsize() == dbsize
+    finally:
+        client.close()

@@ -1,0 +1,59 @@
+"""The vendored scripts are the engine's, byte for byte: compared (SHA1) with the repo's
+lua/ and, when the delayq binary has the verb, with ``delayq scripts export DIR``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+
+import pytest
+
+from delayq import _core
+from conftest import BIN, REPO, run_bin
+
+NAMES = sorted(_core.SCRIPTS)
+
+
+def sha1(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()
+
+
+def test_every_script_the_sdk_runs_is_vendored():
+    assert NAMES == ["cancel", "create_queue", "enqueue", "get", "reschedule"]
+    # The enqueue contract of issue 22: three keys (due, payload, the shard's marker) and
+    # the epoch as ARGV[3].
+    assert b"KEYS[3]" in _core.ENQUEUE.text and b"stale_epoch" in _core.ENQUEUE.text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vendored_copy_matches_the_repo(name):
+    vendored = _core.SCRIPTS[name].text
+    repo = (REPO / "lua" / f"{name}.lua").read_bytes()
+    assert sha1(vendored) == sha1(repo), (
+        f"sdk/python/src/delayq/lua/{name}.lua differs from lua/{name}.lua: "
+        f"copy it again (cp lua/{name}.lua sdk/python/src/delayq/lua/)"
+    )
+    assert _core.SCRIPTS[name].sha == sha1(repo)
+
+
+def _has_export_verb() -> bool:
+    p = subprocess.run([BIN, "--help"], capture_output=True, text=True, timeout=30)
+    return any(line.split()[:1] == ["scripts"] for line in p.stdout.splitlines())
+
+
+def test_vendored_copies_match_the_binarys_export(tmp_path):
+    if not _has_export_verb():
+        pytest.skip("this delayq binary has no `scripts export` verb yet (compared with lua/ above)")
+    out = run_bin("scripts", "export", str(tmp_path)).stdout
+    printed = {}
+    for line in out.splitlines():
+        if line.strip().startswith("{"):
+            rec = json.loads(line)
+            printed[rec["script"]] = rec["sha1"]
+    for name in NAMES:
+        exported = (tmp_path / f"{name}.lua").read_bytes()
+        assert sha1(_core.SCRIPTS[name].text) == sha1(exported), f"{name}.lua differs from the engine's"
+        if printed:
+            # The SHA1 the engine prints is the one the SDK sends with EVALSHA.
+            assert printed.get(name) == _core.SCRIPTS[name].sha, name

@@ -1,0 +1,88 @@
+"""The rules without a server: the shard function, payload text, due times, URLs."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+import delayq
+from delayq import _core, rules
+
+
+def test_shard_function_is_fnv1a_64():
+    # FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c (the published test vector, as keys.rs checks).
+    assert rules.fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert rules.fnv1a64(b"") == 0xCBF29CE484222325
+    assert delayq.shard_of("a", 1000) == 0xAF63DC4C8601EC8C % 1000
+    assert delayq.shard_of("anything", 1) == 0
+    assert delayq.shard_of("заказ", 7) == rules.fnv1a64("заказ".encode()) % 7
+    counts = [0] * 8
+    for i in range(8000):
+        counts[delayq.shard_of(f"order-{i}", 8)] += 1
+    assert all(c > 800 for c in counts), counts
+
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000, "[" * 3000 + "[],{}" + "]" * 3000])
+def test_deep_payload_text_is_valid_without_recursion(text):
+    assert delayq.RawJson(text).text == text
+
+
+@pytest.mark.parametrize("text", ["[" * 5000 + "]" * 4999, "[" * 3000 + "1,]" + "]" * 2999, '{"a":' * 3000 + "}" * 3000, "[" * 2000 + "NaN" + "]" * 2000])
+def test_deep_invalid_payload_text(text):
+    with pytest.raises(delayq.InvalidInput) as e:
+        delayq.RawJson(text)
+    assert e.value.code == "invalid_payload"
+
+
+def test_raw_json_from_bytes_and_bad_unicode():
+    assert delayq.RawJson('{"a":"é"}'.encode()).data == '{"a":"é"}'.encode()
+    for bad in (b'"\xff"', '"\ud800"'):
+        with pytest.raises(delayq.InvalidInput) as e:
+            delayq.RawJson(bad)
+        assert e.value.code == "invalid_payload"
+
+
+def test_depth_scan_matches_the_rust_one():
+    assert rules.json_depth("1") == 0
+    assert rules.json_depth('{"a":[1,{"b":"]]]]{{"}]}') == 3
+    assert rules.json_depth('["\\"[[["]') == 1
+
+
+def test_due_times_from_timedelta_and_datetime():
+    now = 1_800_000_000_000
+    assert rules.resolve_due(now, delay=dt.timedelta(seconds=1.5)) == now + 1500
+    # Toward zero, as chrono's num_milliseconds: -0.5 ms is a zero delay.
+    assert rules.resolve_due(now, delay=dt.timedelta(microseconds=-500)) == now
+    with pytest.raises(delayq.InvalidInput) as e:
+        rules.resolve_due(now, delay=dt.timedelta(milliseconds=-1))
+    assert e.value.code == "invalid_delay"
+    at = dt.datetime(2027, 1, 15, 8, 0, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    assert rules.resolve_due(now, at=at) == int(at.timestamp() * 1000)
+    with pytest.raises(delayq.InvalidInput) as e:
+        rules.resolve_due(now, at=dt.datetime(2027, 1, 15, 8, 0))
+    assert e.value.code == "invalid_due_time"
+    with pytest.raises(delayq.InvalidInput):
+        rules.resolve_due(now, delay_ms=1, due_ms=now)
+    with pytest.raises(delayq.InvalidInput) as e:
+        rules.resolve_due(now, delay_ms=True)
+    assert e.value.code == "invalid_delay"
+
+
+def test_urls():
+    t = _core.parse_url("redis+cluster://user:p%40ss@h1:7000,h2:7001/")
+    assert t.is_cluster and t.nodes == [("h1", 7000), ("h2", 7001)]
+    assert (t.username, t.password) == ("user", "p@ss")
+    assert _core.parse_url("rediss+cluster://:pw@h:1").ssl
+    assert not _core.parse_url("redis://h:1/2").is_cluster
+    for bad in ("http://h", "redis+cluster://", "redis+cluster://h"):
+        with pytest.raises(delayq.InvalidInput) as e:
+            _core.parse_url(bad)
+        assert e.value.code == "invalid_redis_url"
+
+
+def test_options_are_checked():
+    for opts in ({"namespace": "a:b"}, {"max_payload_bytes": 0}, {"durability": delayq.Replicated(0, 100)},
+                 {"durability": delayq.Replicated(1, 60_001)}, {"response_timeout": 0}):
+        with pytest.raises(delayq.InvalidInput):
+            delayq.Client("redis://127.0.0.1:1", **opts)

@@ -1,0 +1,115 @@
+// Names and the Redis key layout (ARCHITECTURE.md, "Redis key layout"): the same rules and
+// the same keys as the Rust crate's `engine::keys`.
+
+import { InvalidInputError } from "./errors.js";
+
+/** Longest queue name or namespace, bytes. */
+export const MAX_NAME_LEN = 64;
+/** Longest order id, bytes. */
+export const MAX_ID_LEN = 256;
+/** Most shards a queue may have. */
+export const MAX_SHARDS = 1024;
+
+const NAME_CHAR = /^[A-Za-z0-9._-]$/;
+
+/** Why `name` breaks the `[A-Za-z0-9._-]{1,64}` rule, or null. */
+function nameProblem(name: unknown): string | null {
+  if (typeof name !== "string") return "must be a string";
+  if (name === "") return "must not be empty";
+  if (name === "." || name === "..") return `${JSON.stringify(name)} is reserved`;
+  const bytes = Buffer.byteLength(name, "utf8");
+  if (bytes > MAX_NAME_LEN) return `must be at most ${MAX_NAME_LEN} bytes, got ${bytes}`;
+  for (const c of name) {
+    if (!NAME_CHAR.test(c)) {
+      return `character ${JSON.stringify(c)} is not allowed (use A-Z a-z 0-9 . _ -)`;
+    }
+  }
+  return null;
+}
+
+/** Checks a queue name (`invalid_queue`). */
+export function checkQueue(name: unknown): string {
+  const p = nameProblem(name);
+  if (p !== null) throw new InvalidInputError("invalid_queue", `invalid queue name: ${p}`);
+  return name as string;
+}
+
+/** Checks a key namespace (`invalid_namespace`). */
+export function checkNamespace(name: unknown): string {
+  const p = nameProblem(name);
+  if (p !== null) throw new InvalidInputError("invalid_namespace", `invalid namespace: ${p}`);
+  return name as string;
+}
+
+/** True when `s` holds a lone surrogate (it has no UTF-8 form). */
+export function hasLoneSurrogate(s: string): boolean {
+  return /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/.test(s);
+}
+
+/** Rust's `char::is_control`: the Unicode control characters (Cc). */
+function isControl(cp: number): boolean {
+  return cp <= 0x1f || (cp >= 0x7f && cp <= 0x9f);
+}
+
+/** Checks an order id: 1..=256 bytes of UTF-8, no control characters (`invalid_id`). */
+export function checkId(id: unknown): string {
+  const bad = (reason: string) => new InvalidInputError("invalid_id", `invalid id: ${reason}`);
+  if (typeof id !== "string") throw bad("must be a string");
+  if (id === "") throw bad("must not be empty");
+  if (hasLoneSurrogate(id)) throw bad("is not valid Unicode (a lone surrogate)");
+  const bytes = Buffer.byteLength(id, "utf8");
+  if (bytes > MAX_ID_LEN) throw bad(`must be at most ${MAX_ID_LEN} bytes, got ${bytes}`);
+  let pos = 0;
+  for (const c of id) {
+    if (isControl(c.codePointAt(0) ?? 0)) throw bad(`control character at position ${pos}`);
+    pos++;
+  }
+  return id;
+}
+
+const FNV_OFFSET = 0xcbf29ce484222325n;
+const FNV_PRIME = 0x100000001b3n;
+const MASK64 = 0xffffffffffffffffn;
+
+/** FNV-1a 64 of the UTF-8 bytes of `id`. */
+export function fnv1a64(id: string): bigint {
+  let h = FNV_OFFSET;
+  for (const b of Buffer.from(id, "utf8")) {
+    h ^= BigInt(b);
+    h = (h * FNV_PRIME) & MASK64;
+  }
+  return h;
+}
+
+/** The shard of an order id: FNV-1a 64 of its UTF-8 bytes modulo the shard count. */
+export function shardOf(id: string, shards: number): number {
+  if (shards <= 1) return 0;
+  return Number(fnv1a64(id) % BigInt(shards));
+}
+
+/** The keys of one shard; all share the hash tag `{ns:queue:shard}`. */
+export interface ShardKeys {
+  tag: string;
+  shard: number;
+  /** ZSET: order id scored by due time (unix ms). */
+  due: string;
+  /** HASH: order id -> `"<enqueued_ms>:<payload JSON>"`. */
+  payload: string;
+  /** HASH: the shard's marker (`epoch` while the queue exists). */
+  meta: string;
+}
+
+export function shardKeys(ns: string, queue: string, shard: number): ShardKeys {
+  const tag = `{${ns}:${queue}:${shard}}`;
+  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta` };
+}
+
+/** The queue's registry record (HASH: `shards`, `epoch`, ...). */
+export function queueRecordKey(ns: string, queue: string): string {
+  return `{${ns}}:queue:${queue}`;
+}
+
+/** The SET of registered queue names. */
+export function queuesKey(ns: string): string {
+  return `{${ns}}:queues`;
+}

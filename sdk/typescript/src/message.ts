@@ -1,0 +1,310 @@
+// What producers send: an order id, when it is due, and a JSON payload (kept as text, byte
+// for byte), checked by the same rules as the Rust crate's `engine::message`.
+
+import { InvalidInputError } from "./errors.js";
+import { checkId, hasLoneSurrogate } from "./keys.js";
+
+/** The furthest ahead an order may be scheduled: 10 years (3,653 days), ms. */
+export const MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000;
+/** Unix ms of 2000-01-01T00:00:00Z: a smaller timestamp given as text looks like seconds. */
+export const YEAR_2000_MS = 946_684_800_000;
+/** Deepest nesting of arrays and objects a payload may have. */
+export const MAX_PAYLOAD_DEPTH = 64;
+/** Default payload limit: 64 KiB of JSON text. */
+export const DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024;
+
+/**
+ * JSON text kept byte for byte: as a whole payload, or nested inside a JS value (then it is
+ * embedded as is). Use it for numbers a JS number cannot hold
+ * (`{"amount": jsonText("123456789012345678901234567890")}`) or for text that must be stored
+ * exactly as the caller wrote it.
+ */
+export class JsonText {
+  readonly text: string;
+  constructor(text: string) {
+    if (typeof text !== "string") {
+      throw new InvalidInputError("invalid_payload", "invalid payload: JSON text must be a string");
+    }
+    this.text = text;
+  }
+  toString(): string {
+    return this.text;
+  }
+}
+
+/** Shorthand for `new JsonText(text)`. */
+export function jsonText(text: string): JsonText {
+  return new JsonText(text);
+}
+
+/** When an order is due: exactly one of `delayMs` (from now, on the Redis clock) or `at`. */
+export interface When {
+  /** Due this many milliseconds after now (0 ..= 10 years). */
+  delayMs?: number | bigint;
+  /**
+   * Due at this instant: a `Date`, unix milliseconds (number or bigint), or text (RFC 3339
+   * with an offset such as `2026-11-22T10:30:00+01:00`, or unix milliseconds `"1795000000000"`).
+   */
+  at?: Date | number | bigint | string;
+}
+
+/** One order to schedule. */
+export interface NewOrder extends When {
+  /** The business id: 1..=256 bytes of UTF-8, no control characters. */
+  id: string;
+  /**
+   * The payload as a JS value (serialized as JSON; bigints are written as JSON numbers,
+   * `JsonText` values are embedded as is), or a `JsonText`. Default `null`.
+   */
+  payload?: unknown;
+  /** The payload as JSON text, kept byte for byte (instead of `payload`). */
+  payloadJson?: string;
+}
+
+const dueErr = (reason: string) => new InvalidInputError("invalid_due_time", `invalid due time: ${reason}`);
+const delayErr = (reason: string) => new InvalidInputError("invalid_delay", `invalid delay: ${reason}`);
+
+/** An integer as a JS number (exact within 2^53), or null. */
+function integer(v: number | bigint): number | null {
+  if (typeof v === "bigint") {
+    if (v > BigInt(Number.MAX_SAFE_INTEGER) || v < BigInt(Number.MIN_SAFE_INTEGER)) {
+      return v > 0n ? Number.MAX_SAFE_INTEGER : Number.MIN_SAFE_INTEGER;
+    }
+    return Number(v);
+  }
+  if (typeof v === "number" && Number.isFinite(v) && Number.isInteger(v)) {
+    return Math.max(Math.min(v, Number.MAX_SAFE_INTEGER), Number.MIN_SAFE_INTEGER);
+  }
+  return null;
+}
+
+/** Rust's `str::trim`: Unicode White_Space at both ends. */
+function trimWhite(s: string): string {
+  return s.replace(/^[\s\u0085]+|[\s\u0085]+$/gu, "");
+}
+
+const RFC3339 =
+  /^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$/;
+const NAIVE = /^(\d{4})-(\d{1,2})-(\d{1,2})T(\d{1,2}):(\d{1,2}):(\d{1,2})(\.\d+)?$/;
+
+function daysIn(year: number, month: number): number {
+  const leap = (year % 4 === 0 && year % 100 !== 0) || year % 400 === 0;
+  return [31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31][month - 1] ?? 0;
+}
+
+/** Parses an absolute time given as text, as the Rust `When::parse_at`: unix ms or RFC 3339 with an offset. */
+export function parseAt(text: string): number {
+  const t = trimWhite(text);
+  if (t !== "" && /^[0-9-]+$/.test(t)) {
+    if (!/^-?[0-9]+$/.test(t)) throw dueErr(`${JSON.stringify(t)} is not a valid unix millisecond timestamp`);
+    const big = BigInt(t);
+    if (big > 9223372036854775807n || big < -9223372036854775808n) {
+      throw dueErr(`${JSON.stringify(t)} is not a valid unix millisecond timestamp`);
+    }
+    if (big < BigInt(YEAR_2000_MS)) {
+      throw dueErr(`${t} is before the year 2000: it looks like seconds, not milliseconds`);
+    }
+    return integer(big) as number;
+  }
+  const m = RFC3339.exec(t);
+  if (m) {
+    const [y, mo, d, h, mi, s] = m.slice(1, 7).map(Number) as [number, number, number, number, number, number];
+    const frac = m[7] ?? "";
+    const off = m[8] as string;
+    const ok =
+      mo >= 1 && mo <= 12 && d >= 1 && d <= daysIn(y, mo) && h <= 23 && mi <= 59 && s <= 60;
+    let offMin = 0;
+    if (off !== "Z" && off !== "z") {
+      const oh = Number(off.slice(1, 3));
+      const om = Number(off.slice(4, 6));
+      if (oh > 23 || om > 59) throw dueErr(`${JSON.stringify(t)} has an invalid UTC offset`);
+      offMin = (off[0] === "-" ? -1 : 1) * (oh * 60 + om);
+    }
+    if (ok) {
+      // A leap second (:60) counts as the last millisecond of its minute's 59th second.
+      const sec = Math.min(s, 59);
+      const ms = s === 60 ? 999 : Number(frac.slice(1, 4).padEnd(3, "0"));
+      const d0 = new Date(0);
+      d0.setUTCFullYear(y, mo - 1, d);
+      d0.setUTCHours(h, mi, sec, ms);
+      return d0.getTime() - offMin * 60_000;
+    }
+    throw dueErr(`${JSON.stringify(t)} is not a valid RFC 3339 time`);
+  }
+  if (NAIVE.test(t)) throw dueErr(`${JSON.stringify(t)} has no UTC offset and is ambiguous: add Z or +hh:mm`);
+  throw dueErr(`${JSON.stringify(t)} is neither RFC 3339 with an offset nor unix milliseconds`);
+}
+
+/** The due time in unix ms of `w` given now, by the Rust `When::resolve` rules. */
+export function resolveWhen(w: When, nowMs: number): number {
+  const hasDelay = w.delayMs !== undefined && w.delayMs !== null;
+  const hasAt = w.at !== undefined && w.at !== null;
+  if (hasDelay === hasAt) throw dueErr("give exactly one of delayMs or at");
+  let due: number;
+  if (hasDelay) {
+    const ms = typeof w.delayMs === "number" || typeof w.delayMs === "bigint" ? integer(w.delayMs) : null;
+    if (ms === null) throw delayErr("must be an integer number of milliseconds");
+    if (ms < 0) throw delayErr(`must not be negative, got ${ms} ms`);
+    if (ms > MAX_AHEAD_MS) throw delayErr(`${ms} ms is more than 10 years`);
+    due = nowMs + ms;
+  } else {
+    const at = w.at;
+    if (at instanceof Date) {
+      due = at.getTime();
+      if (Number.isNaN(due)) throw dueErr("the Date is invalid");
+    } else if (typeof at === "string") {
+      due = parseAt(at);
+    } else if (typeof at === "number" || typeof at === "bigint") {
+      const ms = integer(at);
+      if (ms === null) throw dueErr("must be an integer number of unix milliseconds");
+      due = ms;
+    } else {
+      throw dueErr("at must be a Date, unix milliseconds or RFC 3339 text");
+    }
+  }
+  if (due < 0) throw dueErr(`${due} is before 1970`);
+  if (due > nowMs + MAX_AHEAD_MS) throw dueErr(`${due} is more than 10 years ahead`);
+  return due;
+}
+
+/** The deepest nesting of arrays and objects in JSON text (strings skipped, escapes honoured). */
+export function jsonDepth(text: string): number {
+  let depth = 0;
+  let max = 0;
+  let inStr = false;
+  let escaped = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (inStr) {
+      if (escaped) escaped = false;
+      else if (c === 0x5c) escaped = true;
+      else if (c === 0x22) inStr = false;
+      continue;
+    }
+    if (c === 0x22) inStr = true;
+    else if (c === 0x5b || c === 0x7b) {
+      depth++;
+      if (depth > max) max = depth;
+    } else if (c === 0x5d || c === 0x7d) depth = depth > 0 ? depth - 1 : 0;
+  }
+  return max;
+}
+
+const payloadErr = (reason: string) => new InvalidInputError("invalid_payload", `invalid payload: ${reason}`);
+
+/** Checks that `text` is exactly one valid JSON value (as serde_json reads it). */
+export function checkJsonText(text: string): void {
+  if (typeof text !== "string") throw payloadErr("JSON text must be a string");
+  if (hasLoneSurrogate(text)) throw payloadErr("not valid JSON: not valid Unicode (a lone surrogate)");
+  // serde_json and JSON.parse agree on what is JSON for this purpose (RFC 8259; numbers of
+  // any size are accepted by both: they are only checked, never converted, here).
+  try {
+    JSON.parse(text);
+  } catch (e) {
+    throw payloadErr(`not valid JSON: ${(e as Error).message}`);
+  }
+}
+
+/** Serializes a JS value as JSON: bigints as JSON numbers, `JsonText` embedded as is. */
+export function toJsonText(value: unknown): string {
+  const seen = new Set<object>();
+  const out = stringify(value, seen);
+  return out === undefined ? "null" : out;
+}
+
+function stringify(v: unknown, seen: Set<object>): string | undefined {
+  if (v instanceof JsonText) {
+    checkJsonText(v.text);
+    return v.text;
+  }
+  if (v !== null && typeof v === "object" && typeof (v as { toJSON?: unknown }).toJSON === "function") {
+    v = (v as { toJSON: () => unknown }).toJSON();
+  }
+  switch (typeof v) {
+    case "bigint":
+      return v.toString();
+    case "number":
+      return Number.isFinite(v) ? JSON.stringify(v) : "null";
+    case "string":
+      if (hasLoneSurrogate(v)) throw payloadErr("a string holds a lone surrogate (not valid Unicode)");
+      return JSON.stringify(v);
+    case "boolean":
+      return v ? "true" : "false";
+    case "undefined":
+    case "function":
+    case "symbol":
+      return undefined;
+  }
+  if (v === null) return "null";
+  const o = v as object;
+  if (o instanceof Number || o instanceof String || o instanceof Boolean) {
+    return stringify(o.valueOf(), seen);
+  }
+  if (seen.has(o)) throw payloadErr("the value is circular");
+  seen.add(o);
+  let out: string;
+  if (Array.isArray(o)) {
+    out = `[${o.map((x) => stringify(x, seen) ?? "null").join(",")}]`;
+  } else {
+    const parts: string[] = [];
+    for (const k of Object.keys(o)) {
+      const s = stringify((o as Record<string, unknown>)[k], seen);
+      if (s !== undefined) {
+        if (hasLoneSurrogate(k)) throw payloadErr("a key holds a lone surrogate (not valid Unicode)");
+        parts.push(`${JSON.stringify(k)}:${s}`);
+      }
+    }
+    out = `{${parts.join(",")}}`;
+  }
+  seen.delete(o);
+  return out;
+}
+
+/** The payload text of an order: `payloadJson` as is, or `payload` serialized. */
+export function payloadText(order: Pick<NewOrder, "payload" | "payloadJson">): string {
+  if (order.payloadJson !== undefined && order.payloadJson !== null) {
+    if (order.payload !== undefined) throw payloadErr("give payload or payloadJson, not both");
+    checkJsonText(order.payloadJson);
+    return order.payloadJson;
+  }
+  if (order.payload instanceof JsonText) {
+    checkJsonText(order.payload.text);
+    return order.payload.text;
+  }
+  return toJsonText(order.payload === undefined ? null : order.payload);
+}
+
+/**
+ * Checks one order as the Rust `NewOrder::validate` does, once its payload text is known:
+ * the id, the payload's size, its depth, then the due time. Returns the due time.
+ */
+export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxPayloadBytes: number): number {
+  checkId(order.id);
+  const bytes = Buffer.byteLength(payload, "utf8");
+  if (bytes > maxPayloadBytes) {
+    throw new InvalidInputError(
+      "payload_too_large",
+      `payload too large: ${bytes} bytes, the limit is ${maxPayloadBytes} bytes`,
+    );
+  }
+  const depth = jsonDepth(payload);
+  if (depth > MAX_PAYLOAD_DEPTH) {
+    throw payloadErr(`nested ${depth} levels deep; at most ${MAX_PAYLOAD_DEPTH} levels of arrays and objects`);
+  }
+  return resolveWhen(order, nowMs);
+}
+
+/** Splits a stored value `"<enqueued_ms>:<json>"` into its parts. */
+export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string } {
+  const i = raw.indexOf(":");
+  if (i >= 0) {
+    const ms = raw.slice(0, i);
+    if (/^[+-]?[0-9]+$/.test(ms)) {
+      const big = BigInt(ms);
+      if (big <= 9223372036854775807n && big >= -9223372036854775808n) {
+        return { enqueuedAtMs: Number(big), json: raw.slice(i + 1) };
+      }
+    }
+  }
+  return { enqueuedAtMs: null, json: raw };
+}

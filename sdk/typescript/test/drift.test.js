@@ -1,0 +1,63 @@
+// The vendored scripts are the repository's: lua/<name>.lua, and what the binary runs
+// (`delayq scripts export DIR`, with the SHA1s it prints); the package's version is the crate's.
+
+import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
+import { mkdtempSync, readFileSync, readdirSync, rmSync } from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { test } from "node:test";
+import { SCRIPTS, SCRIPT_NAMES } from "../dist/index.js";
+import { BIN, PKG_DIR, REPO, delayq } from "./support/harness.js";
+
+const sha1 = (file) => createHash("sha1").update(readFileSync(file)).digest("hex");
+const vendored = (name) => path.join(PKG_DIR, "lua", `${name}.lua`);
+
+test("drift: every vendored script is the repository's lua/<name>.lua, byte for byte", { timeout: 90_000 }, () => {
+  assert.deepEqual(
+    readdirSync(path.join(PKG_DIR, "lua")).sort(),
+    SCRIPT_NAMES.map((n) => `${n}.lua`).sort(),
+    "the package vendors exactly the scripts it runs",
+  );
+  for (const name of SCRIPT_NAMES) {
+    const repo = path.join(REPO, "lua", `${name}.lua`);
+    assert.equal(sha1(vendored(name)), sha1(repo), `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: copy it again`);
+    assert.equal(SCRIPTS[name].sha, sha1(repo), `the SHA the client sends for ${name}.lua`);
+  }
+});
+
+test("drift: every vendored script is what `delayq scripts export` writes", { timeout: 90_000 }, async () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), "delayq-ts-export-"));
+  try {
+    const r = await delayq(["scripts", "export", dir]);
+    assert.equal(r.code, 0, `${BIN} scripts export failed: ${r.stderr}`);
+    // One {"script","sha1","bytes"} line per script: the SHA1 EVALSHA takes.
+    const listed = new Map(r.stdout.trim().split("\n").map((l) => JSON.parse(l)).map((x) => [x.script, x]));
+    for (const name of SCRIPT_NAMES) {
+      const file = path.join(dir, `${name}.lua`);
+      assert.equal(sha1(vendored(name)), sha1(file), `sdk/typescript/lua/${name}.lua differs from the binary's ${name}.lua`);
+      assert.equal(listed.get(name)?.sha1, SCRIPTS[name].sha, `the binary runs ${name}.lua under another SHA1`);
+      assert.equal(listed.get(name)?.bytes, readFileSync(vendored(name)).length);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the package's version is the crate's", { timeout: 90_000 }, () => {
+  const cargo = readFileSync(path.join(REPO, "Cargo.toml"), "utf8");
+  const pkgSection = /\[package\]([\s\S]*?)(\n\[|$)/.exec(cargo)[1];
+  const crate = /^version\s*=\s*"([^"]+)"/m.exec(pkgSection)[1];
+  const pkg = JSON.parse(readFileSync(path.join(PKG_DIR, "package.json"), "utf8"));
+  assert.equal(pkg.version, crate, "sdk/typescript/package.json version != Cargo.toml version");
+  const lock = JSON.parse(readFileSync(path.join(PKG_DIR, "package-lock.json"), "utf8"));
+  assert.equal(lock.version, crate, "package-lock.json is out of date (npm install)");
+  assert.equal(lock.packages[""].version, crate);
+  // Dependencies come from the npm registry only.
+  for (const [name, p] of Object.entries(lock.packages)) {
+    if (p.resolved !== undefined) {
+      assert.ok(p.resolved.startsWith("https://registry.npmjs.org/"), `${name} resolved outside the npm registry`);
+    }
+    if (name !== "") assert.ok(p.integrity, `${name} has no integrity hash`);
+  }
+});

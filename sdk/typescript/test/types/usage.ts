@@ -1,0 +1,42 @@
+// Compiled (never run) by `npm run typecheck`: the README's calls type-check against the
+// published declarations (dist/index.d.ts).
+import {
+  Client,
+  DelayqError,
+  InvalidInputError,
+  NotReplicatedError,
+  PartialBatchError,
+  QueueNotFoundError,
+  jsonText,
+  type NewOrder,
+  type Scheduled,
+  type ScheduledOrder,
+} from "delayq";
+
+export async function usage(): Promise<void> {
+  const dq = await Client.connect("redis://127.0.0.1:6379", { namespace: "dq", maxPayloadBytes: 65536 });
+  const s: Scheduled = await dq.schedule("order-close", { id: "order-1234", delayMs: 15 * 60_000, payload: { user: 42 } });
+  const orders: NewOrder[] = [
+    { id: "a", at: new Date(s.dueAtMs), payloadJson: '{"n":123456789012345678901234567890}' },
+    { id: "b", at: "2030-01-01T00:00:00Z", payload: { amount: 10n, raw: jsonText("1.50") } },
+    { id: "c", delayMs: 1000 },
+  ];
+  const many: Scheduled[] = await dq.scheduleMany("order-close", orders, { mode: "if_absent" });
+  const outcome: "created" | "updated" | "unchanged" = many[0]!.outcome;
+  const cancelled: "cancelled" | "not_found" = await dq.cancel("order-close", "order-1234");
+  const moved: "rescheduled" | "not_found" = await dq.reschedule("order-close", "a", { delayMs: 5 });
+  const got: ScheduledOrder | null = await dq.get("order-close", "a");
+  const text: string | undefined = got?.payloadJson;
+  const durable = dq.withDurability({ replicas: 1, timeoutMs: 1000 });
+  try {
+    await durable.scheduleMany("order-close", orders);
+  } catch (e) {
+    if (e instanceof InvalidInputError) console.log(e.code, e.index);
+    else if (e instanceof QueueNotFoundError) console.log(e.queue);
+    else if (e instanceof NotReplicatedError) console.log(e.acked, e.wanted);
+    else if (e instanceof PartialBatchError) console.log(e.results.map((r) => r.outcome));
+    else if (e instanceof DelayqError && e.writeOutcome === "unknown") console.log(e.code);
+  }
+  console.log(outcome, cancelled, moved, text);
+  await dq.close();
+}

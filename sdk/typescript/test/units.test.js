@@ -1,0 +1,76 @@
+// The pure parts, without Redis: the shard function, due times, payload depth and
+// serialization, the stored value's encoding, Redis URLs.
+
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { fnv1a64, jsonText, shardKeys, shardOf } from "../dist/index.js";
+import { parseRedisUrl } from "../dist/connection.js";
+import { decodeStored, jsonDepth, parseAt, resolveWhen, toJsonText } from "../dist/message.js";
+
+test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, () => {
+  // Published test vectors.
+  assert.equal(fnv1a64(""), 0xcbf29ce484222325n);
+  assert.equal(fnv1a64("a"), 0xaf63dc4c8601ec8cn);
+  assert.equal(fnv1a64("foobar"), 0x85944171f73967e8n);
+  assert.equal(shardOf("a", 1000), Number(0xaf63dc4c8601ec8cn % 1000n));
+  assert.equal(shardOf("anything", 1), 0);
+  // UTF-8 bytes, not UTF-16 units.
+  assert.notEqual(fnv1a64("é"), fnv1a64("\u00e9".normalize("NFD")));
+  const counts = new Array(8).fill(0);
+  for (let i = 0; i < 8000; i++) counts[shardOf(`order-${i}`, 8)]++;
+  assert.ok(counts.every((c) => c > 800), `skewed: ${counts}`);
+  assert.deepEqual(shardKeys("dq", "order-close", 7), {
+    tag: "{dq:order-close:7}",
+    shard: 7,
+    due: "{dq:order-close:7}:due",
+    payload: "{dq:order-close:7}:payload",
+    meta: "{dq:order-close:7}:meta",
+  });
+});
+
+test("due times as the Rust When", { timeout: 90_000 }, () => {
+  const now = 1_800_000_000_000;
+  assert.equal(parseAt("1795000000000"), 1_795_000_000_000);
+  assert.equal(parseAt(" 1795000000000\n"), 1_795_000_000_000);
+  assert.throws(() => parseAt("1795000000"), { code: "invalid_due_time" });
+  assert.throws(() => parseAt("2026-11-22T10:30:00"), /ambiguous/);
+  assert.equal(parseAt("2026-11-22T10:30:00Z"), Date.UTC(2026, 10, 22, 10, 30));
+  assert.equal(parseAt("2026-11-22T10:30:00+01:00"), Date.UTC(2026, 10, 22, 9, 30));
+  assert.equal(parseAt("2026-11-22T10:30:00.123456-00:30"), Date.UTC(2026, 10, 22, 11, 0, 0, 123));
+  assert.equal(parseAt("2016-12-31T23:59:60Z"), Date.UTC(2016, 11, 31, 23, 59, 59, 999));
+  assert.throws(() => parseAt("2026-02-30T10:30:00Z"), { code: "invalid_due_time" });
+  assert.throws(() => parseAt("tomorrow"), { code: "invalid_due_time" });
+  assert.equal(resolveWhen({ delayMs: 500 }, now), now + 500);
+  assert.equal(resolveWhen({ delayMs: 500n }, now), now + 500);
+  assert.equal(resolveWhen({ at: now - 10 }, now), now - 10);
+  assert.equal(resolveWhen({ at: new Date(now + 5) }, now), now + 5);
+  assert.throws(() => resolveWhen({ delayMs: -1 }, now), { code: "invalid_delay" });
+  assert.throws(() => resolveWhen({ at: -5 }, now), { code: "invalid_due_time" });
+  assert.throws(() => resolveWhen({ at: new Date(NaN) }, now), { code: "invalid_due_time" });
+  assert.throws(() => resolveWhen({ delayMs: 1, at: 1 }, now), { code: "invalid_due_time" });
+});
+
+test("payload depth, serialization and the stored value", { timeout: 90_000 }, () => {
+  assert.equal(jsonDepth("1"), 0);
+  assert.equal(jsonDepth('{"a":[1,{"b":"]]]]{{"}]}'), 3);
+  assert.equal(jsonDepth('["\\"[[["]'), 1);
+  assert.equal(toJsonText(undefined), "null");
+  assert.equal(toJsonText({ a: 1n << 70n, b: [undefined, () => 1], c: undefined, d: NaN }), '{"a":1180591620717411303424,"b":[null,null],"d":null}');
+  assert.equal(toJsonText({ raw: jsonText(" 1.10 ") }), '{"raw": 1.10 }');
+  assert.equal(toJsonText(new String("x")), '"x"');
+  assert.throws(() => toJsonText({ s: "\ud800" }), { code: "invalid_payload" });
+  assert.deepEqual(decodeStored('12:{"a":1}'), { enqueuedAtMs: 12, json: '{"a":1}' });
+  assert.deepEqual(decodeStored('{"a":1}'), { enqueuedAtMs: null, json: '{"a":1}' });
+});
+
+test("Redis URLs, and no password in their errors", { timeout: 90_000 }, () => {
+  assert.deepEqual(parseRedisUrl("redis://u:p%40ss@h:7000/2").options, { host: "h", port: 7000, username: "u", password: "p@ss", db: 2 });
+  assert.equal(parseRedisUrl("rediss://h").options.tls.servername, "h");
+  const c = parseRedisUrl("redis+cluster://:pw@a:1,b:2/");
+  assert.equal(c.cluster, true);
+  assert.deepEqual(c.nodes, [{ host: "a", port: 1 }, { host: "b", port: 2 }]);
+  assert.equal(c.options.password, "pw");
+  for (const bad of ["", "http://u:hunter2@h", "redis://u:hunter2@h/x", "redis+cluster://u:hunter2@", "nonsense hunter2"]) {
+    assert.throws(() => parseRedisUrl(bad), (e) => e.code === "invalid_redis_url" && !e.message.includes("hunter2"));
+  }
+});

@@ -1,0 +1,590 @@
+//! The producer conformance cases (`tests/conformance/inputs.json`, described in the README
+//! beside it) through the Rust library: every case, in file order, on a redis-server of this
+//! test's own, with the client's clock fixed at the file's `now_ms`. The Python and
+//! TypeScript SDKs run the same file; all three must agree with it.
+//!
+//! One run reports every case that disagrees (the test fails once, at the end, listing them).
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use delayq::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN, QueueName, shard_of};
+use delayq::engine::message::{MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
+use delayq::service::admin::{self, Admin};
+use delayq::{
+    CancelOutcome, Client, ClientOptions, Clock, Error, LocalRedis, ManualClock, Mode, NewOrder,
+    Payload, RescheduleOutcome, ScheduleOutcome, Scheduled, When,
+};
+use serde_json::{Map, Value};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+const INPUTS: &str = include_str!("conformance/inputs.json");
+
+const OPS: [&str; 6] = [
+    "schedule",
+    "schedule_many",
+    "cancel",
+    "get",
+    "reschedule",
+    "connect",
+];
+
+/// Every key a case may have (README, format 1); another key means the file changed format.
+const CASE_KEYS: [&str; 14] = [
+    "name",
+    "op",
+    "queue",
+    "id",
+    "delay_ms",
+    "due_ms",
+    "payload",
+    "mode",
+    "orders",
+    "generate",
+    "namespace",
+    "fixed_clock",
+    "expect",
+    "index",
+];
+
+fn doc() -> Value {
+    let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
+    assert_eq!(doc["format"], 1, "inputs.json: unknown format");
+    doc
+}
+
+/// What a call came to, in the file's terms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    /// It succeeded; the string says with what (for the report).
+    Ok(String),
+    /// It was refused with this stable code; `index` when the error names a batch order.
+    Refused { code: String, index: Option<usize> },
+    /// It failed with an error that has no stable code (a Redis failure, a bug).
+    Other(String),
+}
+
+impl Outcome {
+    fn of(e: &Error) -> Outcome {
+        match e {
+            Error::Invalid(delayq::InvalidInput::InBatch { index, source }) => Outcome::Refused {
+                code: source.code().to_owned(),
+                index: Some(*index),
+            },
+            Error::Invalid(i) => Outcome::Refused {
+                code: i.code().to_owned(),
+                index: None,
+            },
+            Error::QueueNotFound { .. } => Outcome::Refused {
+                code: "queue_not_found".to_owned(),
+                index: None,
+            },
+            other => Outcome::Other(other.to_string()),
+        }
+    }
+
+    /// An input error from building part of the call (a payload's JSON text), for the
+    /// batch order `index` when it is one.
+    fn invalid(e: &delayq::InvalidInput, index: Option<usize>) -> Outcome {
+        Outcome::Refused {
+            code: e.code().to_owned(),
+            index,
+        }
+    }
+
+    fn is_input_error(&self) -> bool {
+        matches!(self, Outcome::Refused { code, .. } if code != "queue_not_found")
+    }
+}
+
+/// `delay_ms` or `due_ms` of a case or of a batch order (exactly one of them).
+fn when_of(o: &Map<String, Value>) -> Result<(When, i64), String> {
+    match (o.get("delay_ms"), o.get("due_ms")) {
+        (Some(d), None) => {
+            let ms = int(d, "delay_ms")?;
+            Ok((When::in_ms(ms), ms))
+        }
+        (None, Some(d)) => {
+            let ms = int(d, "due_ms")?;
+            Ok((When::at_ms(ms), ms))
+        }
+        _ => Err("needs exactly one of delay_ms and due_ms".into()),
+    }
+}
+
+/// The due time an accepted `when` resolves to at `now` (for checking what was stored).
+fn due_of(o: &Map<String, Value>, now: i64) -> i64 {
+    if let Some(d) = o.get("delay_ms").and_then(Value::as_i64) {
+        now + d
+    } else {
+        o.get("due_ms").and_then(Value::as_i64).unwrap_or(i64::MIN)
+    }
+}
+
+fn int(v: &Value, what: &str) -> Result<i64, String> {
+    let n = v
+        .as_i64()
+        .ok_or_else(|| format!("{what} is not an integer: {v}"))?;
+    if n.unsigned_abs() > (1u64 << 53) {
+        return Err(format!("{what} is beyond ±2^53: {n}"));
+    }
+    Ok(n)
+}
+
+fn text<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
+    o.get(key)
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("needs the string {key:?}"))
+}
+
+fn mode_of(case: &Map<String, Value>) -> Result<Mode, String> {
+    match case.get("mode").map(|m| m.as_str()) {
+        None | Some(Some("upsert")) => Ok(Mode::Upsert),
+        Some(Some("if_absent")) => Ok(Mode::IfAbsent),
+        Some(other) => Err(format!("unknown mode {other:?}")),
+    }
+}
+
+/// The world the cases run in: one client, its admin layer, and what this run has scheduled
+/// (so a cancel, get or reschedule of an id knows whether to find it).
+struct Run {
+    url: String,
+    clock: Arc<ManualClock>,
+    namespace: String,
+    now: i64,
+    client: Client,
+    admin: Admin,
+    /// Shard count of each registered queue.
+    shards: HashMap<String, u16>,
+    /// (queue, id) of every order scheduled and not cancelled.
+    scheduled: HashSet<(String, String)>,
+}
+
+impl Run {
+    /// Runs one case; returns its outcome, or the checks on an accepted call that failed.
+    async fn call(&mut self, case: &Map<String, Value>) -> Result<Outcome, String> {
+        let op = text(case, "op")?;
+        if op == "connect" {
+            let ns = text(case, "namespace")?;
+            let opts = ClientOptions::default().namespace(ns);
+            let clock: Arc<dyn Clock> = self.clock.clone();
+            return Ok(
+                match Client::connect_with_clock(&self.url, opts, clock).await {
+                    Ok(_) => Outcome::Ok("connected".into()),
+                    Err(e) => Outcome::of(&e),
+                },
+            );
+        }
+        let queue = text(case, "queue")?;
+        match op {
+            "schedule" => {
+                let id = text(case, "id")?;
+                let payload_text = text(case, "payload")?;
+                let (when, _) = when_of(case)?;
+                let mode = mode_of(case)?;
+                // The payload is built from its text before the call (README, check 1).
+                let payload = match Payload::from_json(payload_text) {
+                    Ok(p) => p,
+                    Err(e) => return Ok(Outcome::invalid(&e, None)),
+                };
+                match self
+                    .client
+                    .schedule_with(queue, NewOrder::new(id, when, payload), mode)
+                    .await
+                {
+                    Ok(s) => {
+                        let due = due_of(case, self.now);
+                        self.accepted(queue, &[(id, payload_text, due)], &[s])
+                            .await?;
+                        Ok(Outcome::Ok("scheduled".into()))
+                    }
+                    Err(e) => Ok(Outcome::of(&e)),
+                }
+            }
+            "schedule_many" => self.schedule_many(case, queue).await,
+            "cancel" => {
+                let id = text(case, "id")?;
+                match self.client.cancel(queue, id).await {
+                    Ok(o) => {
+                        let key = (queue.to_owned(), id.to_owned());
+                        let want = if self.scheduled.remove(&key) {
+                            CancelOutcome::Cancelled
+                        } else {
+                            CancelOutcome::NotFound
+                        };
+                        if o != want {
+                            return Err(format!("cancel answered {o:?}, expected {want:?}"));
+                        }
+                        Ok(Outcome::Ok(format!("{o:?}")))
+                    }
+                    Err(e) => Ok(Outcome::of(&e)),
+                }
+            }
+            "get" => {
+                let id = text(case, "id")?;
+                match self.client.get(queue, id).await {
+                    Ok(o) => {
+                        let known = self.scheduled.contains(&(queue.to_owned(), id.to_owned()));
+                        if o.is_some() != known {
+                            return Err(format!(
+                                "get answered {}, expected {}",
+                                if o.is_some() { "an order" } else { "not found" },
+                                if known { "an order" } else { "not found" },
+                            ));
+                        }
+                        Ok(Outcome::Ok(
+                            if known { "found" } else { "not found" }.into(),
+                        ))
+                    }
+                    Err(e) => Ok(Outcome::of(&e)),
+                }
+            }
+            "reschedule" => {
+                let id = text(case, "id")?;
+                let (when, _) = when_of(case)?;
+                match self.client.reschedule(queue, id, when).await {
+                    Ok(o) => {
+                        let known = self.scheduled.contains(&(queue.to_owned(), id.to_owned()));
+                        let want = if known {
+                            RescheduleOutcome::Rescheduled
+                        } else {
+                            RescheduleOutcome::NotFound
+                        };
+                        if o != want {
+                            return Err(format!("reschedule answered {o:?}, expected {want:?}"));
+                        }
+                        Ok(Outcome::Ok(format!("{o:?}")))
+                    }
+                    Err(e) => Ok(Outcome::of(&e)),
+                }
+            }
+            other => Err(format!("unknown op {other:?}")),
+        }
+    }
+
+    /// A batch, through the admin layer's batch path (`Admin::schedule_batch`, what the HTTP
+    /// API's batch endpoint calls): it applies the batch-size rule (`admin::check_batch_len`,
+    /// at most `MAX_BATCH` orders) before `Client::schedule_many`, which has no limit of
+    /// its own.
+    async fn schedule_many(
+        &mut self,
+        case: &Map<String, Value>,
+        queue: &str,
+    ) -> Result<Outcome, String> {
+        let mode = mode_of(case)?;
+        // (id, payload text, due time) of each order, and the orders themselves.
+        let mut spec: Vec<(String, String, i64)> = Vec::new();
+        let mut orders = Vec::new();
+        match (case.get("orders"), case.get("generate")) {
+            (Some(Value::Array(list)), None) => {
+                for (i, o) in list.iter().enumerate() {
+                    let o = o
+                        .as_object()
+                        .ok_or_else(|| format!("order {i} is not an object"))?;
+                    let id = text(o, "id")?;
+                    let payload_text = text(o, "payload")?;
+                    let (when, _) = when_of(o)?;
+                    // Each payload is built from its text before the call; an invalid one
+                    // refuses the batch, naming its order.
+                    let payload = match Payload::from_json(payload_text) {
+                        Ok(p) => p,
+                        Err(e) => return Ok(Outcome::invalid(&e, Some(i))),
+                    };
+                    spec.push((id.into(), payload_text.into(), due_of(o, self.now)));
+                    orders.push(NewOrder::new(id, when, payload));
+                }
+            }
+            (None, Some(Value::Object(g))) => {
+                let count = g
+                    .get("count")
+                    .and_then(Value::as_u64)
+                    .ok_or("generate needs count")?;
+                let prefix = text(g, "id_prefix")?;
+                let payload_text = text(g, "payload")?;
+                let (when, _) = when_of(g)?;
+                let payload = match Payload::from_json(payload_text) {
+                    Ok(p) => p,
+                    Err(e) => return Ok(Outcome::invalid(&e, None)),
+                };
+                for i in 0..count {
+                    let id = format!("{prefix}{i}");
+                    spec.push((id.clone(), payload_text.into(), due_of(g, self.now)));
+                    orders.push(NewOrder::new(id, when, payload.clone()));
+                }
+            }
+            _ => return Err("needs exactly one of orders (a list) and generate".into()),
+        }
+        match self.admin.schedule_batch(queue, &orders, mode).await {
+            Ok(answer) => {
+                let results: Vec<Scheduled> = answer
+                    .results
+                    .into_iter()
+                    .map(|a| Scheduled {
+                        id: a.id,
+                        due_at_ms: a.due_at_ms,
+                        outcome: a.outcome,
+                    })
+                    .collect();
+                let spec: Vec<(&str, &str, i64)> = spec
+                    .iter()
+                    .map(|(id, p, due)| (id.as_str(), p.as_str(), *due))
+                    .collect();
+                self.accepted(queue, &spec, &results).await?;
+                Ok(Outcome::Ok(format!("{} scheduled", results.len())))
+            }
+            Err(e) => Ok(Outcome::of(&e)),
+        }
+    }
+
+    /// After an accepted schedule: one result per order, in order, and what each written
+    /// order left in Redis: its payload byte for byte and its due time (an id repeated in
+    /// a batch: its last write).
+    async fn accepted(
+        &mut self,
+        queue: &str,
+        orders: &[(&str, &str, i64)],
+        results: &[Scheduled],
+    ) -> Result<(), String> {
+        if results.len() != orders.len() {
+            return Err(format!(
+                "{} results for {} orders",
+                results.len(),
+                orders.len()
+            ));
+        }
+        let mut last: BTreeMap<&str, (&str, i64)> = BTreeMap::new();
+        for ((id, payload, due), r) in orders.iter().zip(results) {
+            if r.id != *id || r.due_at_ms != *due {
+                return Err(format!(
+                    "result {r:?} for order {id:?} due at {due} (now is {})",
+                    self.now
+                ));
+            }
+            if matches!(
+                r.outcome,
+                ScheduleOutcome::Created | ScheduleOutcome::Updated
+            ) {
+                last.insert(id, (payload, *due));
+            }
+            self.scheduled.insert((queue.to_owned(), (*id).to_owned()));
+        }
+        let shards = *self
+            .shards
+            .get(queue)
+            .ok_or_else(|| format!("accepted on the unregistered queue {queue:?}"))?;
+        let q = QueueName::new(queue).map_err(|e| e.to_string())?;
+        let mut conn = self.client.connection();
+        for (id, (payload, due)) in last {
+            let keys = self.client.keyspace().shard(&q, shard_of(id, shards));
+            let stored: Option<Vec<u8>> = redis::cmd("HGET")
+                .arg(&keys.payload)
+                .arg(id)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+            let stored = stored.ok_or_else(|| format!("no payload stored for {id:?}"))?;
+            // Stored as "<enqueued unix ms>:<the JSON text>".
+            let json = stored
+                .iter()
+                .position(|&b| b == b':')
+                .map(|i| &stored[i + 1..])
+                .unwrap_or(&stored[..]);
+            if json != payload.as_bytes() {
+                return Err(format!(
+                    "order {id:?}: stored payload differs from the text sent ({} bytes stored, {} sent)",
+                    json.len(),
+                    payload.len()
+                ));
+            }
+            let got = self
+                .client
+                .get(queue, id)
+                .await
+                .map_err(|e| e.to_string())?;
+            match got {
+                Some(o) if o.due_at_ms == due => {}
+                other => {
+                    return Err(format!(
+                        "order {id:?}: stored due time {:?}, expected {due}",
+                        other.map(|o| o.due_at_ms)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Redis's count of commands processed so far (this `INFO` included).
+async fn commands_processed(client: &Client) -> u64 {
+    let info: String = support::raw(client, &["INFO", "stats"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats has total_commands_processed")
+}
+
+fn short(s: &str) -> String {
+    if s.chars().count() > 300 {
+        format!("{}…", s.chars().take(300).collect::<String>())
+    } else {
+        s.to_owned()
+    }
+}
+
+#[test]
+fn the_file_is_well_formed_and_its_limits_are_the_librarys() {
+    let doc = doc();
+    let codes: Vec<&str> = doc["codes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap())
+        .collect();
+    let mut names = HashSet::new();
+    for c in doc["cases"].as_array().unwrap() {
+        let c = c.as_object().unwrap();
+        let name = c["name"].as_str().unwrap();
+        assert!(names.insert(name), "case name {name:?} is not unique");
+        assert!(OPS.contains(&c["op"].as_str().unwrap()), "{name}: op");
+        for k in c.keys() {
+            assert!(CASE_KEYS.contains(&k.as_str()), "{name}: unknown key {k:?}");
+        }
+        let expect = &c["expect"];
+        assert!(
+            expect.is_null() || codes.contains(&expect.as_str().unwrap()),
+            "{name}: expect {expect}"
+        );
+    }
+    let lim = &doc["limits"];
+    assert_eq!(lim["max_id_bytes"], MAX_ID_LEN);
+    assert_eq!(lim["max_name_bytes"], MAX_NAME_LEN);
+    assert_eq!(
+        lim["max_payload_bytes"],
+        delayq::engine::client::DEFAULT_MAX_PAYLOAD_BYTES
+    );
+    assert_eq!(lim["max_payload_depth"], MAX_PAYLOAD_DEPTH);
+    assert_eq!(lim["max_ahead_ms"], MAX_AHEAD_MS);
+    assert_eq!(lim["max_batch"], admin::MAX_BATCH);
+    // enqueue_call_orders / enqueue_call_bytes are private to the client
+    // (ENQUEUE_CHUNK_ORDERS, ENQUEUE_CHUNK_BYTES in src/engine/client/options.rs).
+}
+
+#[tokio::test]
+async fn every_case_gives_the_expected_outcome() {
+    let doc = doc();
+    let now = doc["now_ms"].as_i64().unwrap();
+    let namespace = doc["namespace"].as_str().unwrap().to_owned();
+    let server = LocalRedis::start().expect("start redis-server");
+    let url = server.url();
+    let clock = Arc::new(ManualClock::new(now));
+    let dyn_clock: Arc<dyn Clock> = clock.clone();
+    let client = Client::connect_with_clock(
+        &url,
+        ClientOptions::default().namespace(&namespace),
+        dyn_clock,
+    )
+    .await
+    .expect("connect");
+    let mut shards = HashMap::new();
+    for q in doc["queues"].as_array().unwrap() {
+        let name = q["name"].as_str().unwrap();
+        let n = u16::try_from(q["shards"].as_u64().unwrap()).unwrap();
+        client.create_queue(name, n).await.expect("create queue");
+        shards.insert(name.to_owned(), n);
+    }
+    let mut run = Run {
+        url,
+        clock,
+        namespace,
+        now,
+        admin: Admin::new(client.clone()),
+        client: client.clone(),
+        shards,
+        scheduled: HashSet::new(),
+    };
+    assert_eq!(run.client.keyspace().namespace(), run.namespace);
+
+    let cases = doc["cases"].as_array().unwrap();
+    let mut failures: Vec<String> = Vec::new();
+    for case in cases {
+        let case = case.as_object().unwrap();
+        let name = case["name"].as_str().unwrap_or("(no name)");
+        let expected = match &case["expect"] {
+            Value::Null => None,
+            Value::String(code) => Some(Outcome::Refused {
+                code: code.clone(),
+                index: case
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .map(|i| usize::try_from(i).unwrap()),
+            }),
+            other => {
+                failures.push(format!("{name}: expect is {other}"));
+                continue;
+            }
+        };
+        let before = support::snapshot(&client).await;
+        let commands_before = commands_processed(&client).await;
+        let got = match run.call(case).await {
+            Ok(o) => o,
+            Err(e) => {
+                failures.push(format!("{name}: {}", short(&e)));
+                continue;
+            }
+        };
+        let commands_after = commands_processed(&client).await;
+        let agrees = match (&expected, &got) {
+            (None, Outcome::Ok(_)) => true,
+            (
+                Some(Outcome::Refused { code, index }),
+                Outcome::Refused {
+                    code: got_code,
+                    index: got_index,
+                },
+            ) => {
+                code == got_code
+                    && match index {
+                        Some(_) => index == got_index,
+                        // A single call's error names no batch index.
+                        None => case["op"] == "schedule_many" || got_index.is_none(),
+                    }
+            }
+            _ => false,
+        };
+        if !agrees {
+            let want = match &expected {
+                None => "success".to_owned(),
+                Some(e) => format!("{e:?}"),
+            };
+            failures.push(format!(
+                "{name}: expected {want}, got {}",
+                short(&format!("{got:?}"))
+            ));
+        }
+        if matches!(got, Outcome::Refused { .. } | Outcome::Other(_)) {
+            // A refused call wrote nothing.
+            if support::snapshot(&client).await != before {
+                failures.push(format!("{name}: refused ({got:?}) but Redis changed"));
+            }
+            // An input error is found before anything is sent to Redis (README, "The order
+            // of checks": nothing is read before checks 1-4 pass): only our INFO ran.
+            if got.is_input_error() && commands_after != commands_before + 1 {
+                failures.push(format!(
+                    "{name}: refused ({got:?}) after sending {} command(s) to Redis",
+                    commands_after - commands_before - 1
+                ));
+            }
+        }
+    }
+    drop(server);
+    assert!(
+        failures.is_empty(),
+        "{} of {} conformance cases disagree with tests/conformance/inputs.json:\n  {}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n  ")
+    );
+    println!("{} conformance cases agree", cases.len());
+}
