@@ -9,7 +9,7 @@
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record
 -- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated
 --
--- Numbers are canonical decimal integers ("^-?[0-9]+$", at most 16 characters, not negative):
+-- Numbers are canonical decimal integers ("^-?[0-9]+$", at most 2^53 - 1, not negative):
 -- " 5", "5 ", "1e3", "0x10", "nan", "inf" and "" are refused. Redis >= 6.2.
 --
 -- Returns: an array with one code per order, in argument order:
@@ -22,10 +22,13 @@
 --
 -- Every argument is checked before anything is written, so a rejected call changes nothing
 -- (Redis does not roll back a script that fails half way).
--- A canonical decimal integer within +-2^53 (no spaces, exponents, hex, nan or inf), or nil.
+-- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
+-- nothing a double cannot hold exactly), or nil.
 local function int(s)
-  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^-?[0-9]+$') then return nil end
-  return tonumber(s)
+  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
+  local n = tonumber(s)
+  if n > 9007199254740991 or n < -9007199254740991 then return nil end
+  return n
 end
 local mode = ARGV[1]
 if mode ~= 'upsert' and mode ~= 'nx' then

@@ -348,3 +348,41 @@ async fn dead_letters_keep_the_payload_byte_for_byte() {
     let listed = serde_json::to_string(&page).unwrap();
     assert!(listed.contains(text), "{listed}");
 }
+
+/// `max_per_queue` is a cap on the queue, split exactly between its shards: 25 on 4 shards
+/// keeps 25 (the per-shard rounding used to keep 28).
+#[tokio::test]
+async fn the_dead_letter_cap_is_exact_over_shards() {
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let now = client.now_ms();
+    let mut pipe = redis::pipe();
+    for shard in 0..4u16 {
+        for i in 0..10 {
+            xadd_dead(
+                &mut pipe,
+                shard,
+                &format!("{now}-{i}"),
+                &format!("s{shard}-{i}"),
+                "1:{}",
+            );
+        }
+    }
+    let () = pipe.query_async(&mut client.connection()).await.unwrap();
+    let hk = Housekeeper::new(
+        &client,
+        &[Q],
+        HousekeepingOptions::default().dead_max_per_queue(25),
+    )
+    .unwrap();
+    assert_eq!(hk.trim_dead().await.unwrap().count, 15);
+    let mut kept = 0;
+    for shard in 0..4 {
+        let n: i64 = raw(
+            &client,
+            &["XLEN", &format!("{{dq:order-close:{shard}}}:dead")],
+        )
+        .await;
+        kept += n;
+    }
+    assert_eq!(kept, 25);
+}

@@ -728,3 +728,197 @@ async fn absurd_durations_are_refused_naming_the_key() {
         serve.log()
     );
 }
+
+/// A request through the router as a real connection from `peer` would arrive.
+fn from_peer(peer: &str, req: axum::http::request::Builder, body: Body) -> Request<Body> {
+    let addr: std::net::SocketAddr = format!("{peer}:40000").parse().unwrap();
+    req.extension(axum::extract::ConnectInfo(addr))
+        .body(body)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_host_that_is_not_allowed_is_refused_before_routing() {
+    let (_s, client) = support::start().await;
+    // An open API (no tokens), as on a laptop: a page rebinding its own name to
+    // 127.0.0.1 sends Host = Origin = its name.
+    let router = app(AppState::new(client.clone(), vec![]));
+    let req = Request::builder()
+        .method("DELETE")
+        .uri("/v1/queues/q?force=true")
+        .header("host", "evil.example:7070")
+        .header("origin", "http://evil.example:7070")
+        .body(Body::empty())
+        .unwrap();
+    let resp = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::MISDIRECTED_REQUEST);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["error"]["code"], json!("host_not_allowed"));
+    assert!(
+        client.queue_info("q").await.unwrap().is_some(),
+        "nothing deleted"
+    );
+    // Probes answer whatever the host; a local name is served.
+    for (uri, host) in [
+        ("/healthz", "10.1.2.3:7070"),
+        ("/v1/queues", "localhost:7070"),
+    ] {
+        let req = Request::builder()
+            .uri(uri)
+            .header("host", host)
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            router.clone().oneshot(req).await.unwrap().status(),
+            200,
+            "{uri}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn failed_sign_ins_lock_out_their_client_only() {
+    let (_s, client) = support::start().await;
+    let token = "the-right-token";
+    let router = app(AppState::new(client, vec![token.to_owned()]));
+    let login = |peer: &str, t: &str| {
+        from_peer(
+            peer,
+            Request::builder()
+                .method("POST")
+                .uri("/ui/login")
+                .header("host", "127.0.0.1:7070")
+                .header("content-type", "application/json"),
+            Body::from(json!({ "token": t }).to_string()),
+        )
+    };
+    let mut statuses = Vec::new();
+    for _ in 0..25 {
+        let r = router
+            .clone()
+            .oneshot(login("10.0.0.1", "wrong-token"))
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        19,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 429).count(),
+        6,
+        "{statuses:?}"
+    );
+    // Locked: even the right token, from that client.
+    let r = router
+        .clone()
+        .oneshot(login("10.0.0.1", token))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    // Another client is not affected.
+    let r = router
+        .clone()
+        .oneshot(login("10.0.0.2", token))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    // Bearer tokens on /v1 share the limit: 300 wrong ones from one client end in 429s.
+    let mut codes = std::collections::BTreeMap::new();
+    for _ in 0..300 {
+        let req = from_peer(
+            "10.0.0.3",
+            Request::builder()
+                .uri("/v1/queues")
+                .header("host", "127.0.0.1:7070")
+                .header("authorization", "Bearer guess"),
+            Body::empty(),
+        );
+        let r = router.clone().oneshot(req).await.unwrap();
+        *codes.entry(r.status().as_u16()).or_insert(0) += 1;
+    }
+    assert_eq!(codes.get(&401), Some(&19), "{codes:?}");
+    assert_eq!(codes.get(&429), Some(&281), "{codes:?}");
+}
+
+#[tokio::test]
+async fn a_sign_in_body_that_never_arrives_is_refused_at_the_body_deadline() {
+    let (_s, client) = support::start().await;
+    let limits =
+        delayq::service::http::HttpLimits::default().body_timeout(Duration::from_millis(300));
+    let router = app(AppState::new(client, vec!["the-right-token".into()]).with_limits(limits));
+    use futures_util::StreamExt as _;
+    // The head and one byte, then nothing.
+    let stalled = futures_util::stream::once(async {
+        Ok::<_, std::io::Error>(axum::body::Bytes::from_static(b"{"))
+    })
+    .chain(futures_util::stream::pending());
+    let req = Request::builder()
+        .method("POST")
+        .uri("/ui/login")
+        .header("host", "127.0.0.1:7070")
+        .header("content-type", "application/json")
+        .body(Body::from_stream(stalled))
+        .unwrap();
+    let r = tokio::time::timeout(WAIT, router.clone().oneshot(req))
+        .await
+        .expect("answered")
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::REQUEST_TIMEOUT);
+    // A large body is refused early (4 KiB is plenty for a token).
+    let req = Request::builder()
+        .method("POST")
+        .uri("/ui/login")
+        .header("host", "127.0.0.1:7070")
+        .body(Body::from(vec![b' '; 1 << 20]))
+        .unwrap();
+    assert_eq!(router.oneshot(req).await.unwrap().status(), 413);
+}
+
+#[tokio::test]
+async fn an_empty_config_names_redis_url_and_ids_are_quoted_in_logs() {
+    let mut serve = Serve::start("[http]\nlisten = \"127.0.0.1:{port}\"\n", None);
+    assert_eq!(serve.wait_exit(WAIT).await, Some(2));
+    assert!(serve.log().contains("redis_url"), "{}", serve.log());
+
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    assert!(
+        serve.log().contains("connected to redis"),
+        "{}",
+        serve.log()
+    );
+    let http = http_client();
+    let id = "x group=wh error=none";
+    let r = http
+        .put(format!(
+            "{}/v1/queues/q/messages/x%20group%3Dwh%20error%3Dnone",
+            serve.base()
+        ))
+        .header("content-type", "application/json")
+        .body(json!({"delay_ms": 0}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let quoted = format!("id=\"{id}\"");
+    let s = &serve;
+    wait_for("the delivery logged", WAIT, || {
+        let log = s.log();
+        let q = quoted.clone();
+        async move { log.contains(&q) }
+    })
+    .await;
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}

@@ -861,6 +861,9 @@ async fn the_scripts_accept_only_canonical_integers() {
         "",
         "-5",
         "99999999999999999",
+        // 16 digits, beyond what a double holds exactly (2^53 = 9007199254740992).
+        "9999999999999999",
+        "9007199254740992",
     ] {
         for (now, due) in [(bad, good.as_str()), (good.as_str(), bad)] {
             let mut conn = client.connection();

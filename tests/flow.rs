@@ -197,7 +197,7 @@ async fn a_rate_limit_is_shared_by_every_worker_of_the_group() {
 #[test]
 fn bad_rate_limits_are_refused_with_the_key_named() {
     let e = delayq::service::config::load_str(
-        "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nrate_limit = \"fast\"\n",
+        "redis_url = \"redis://127.0.0.1:6379\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nrate_limit = \"fast\"\n",
         figment::providers::Env::prefixed("DELAYQ_TEST_NONE_"),
     )
     .unwrap_err();

@@ -635,7 +635,7 @@ async fn the_bearer_scheme_is_case_insensitive_and_405_is_in_the_envelope() {
 fn tokens_of_spaces_are_refused() {
     for tokens in [r#"["        "]"#, r#"["has a space"]"#, r#"["short"]"#] {
         let e = delayq::service::config::load_str(
-            &format!("[http]\ntokens = {tokens}\n"),
+            &format!("redis_url = \"redis://127.0.0.1:6379\"\n[http]\ntokens = {tokens}\n"),
             figment::providers::Env::prefixed("DELAYQ_TEST_NONE_"),
         )
         .unwrap_err();

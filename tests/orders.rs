@@ -135,10 +135,9 @@ async fn close_is_conditional_under_concurrent_duplicate_deliveries() {
 
         // An extended expiry: not closed, and the close event follows the new expiry.
         client.cancel(Q, "extended").await.unwrap();
-        let out = handler
-            .close_order(Q, "extended", &json!({"n": 1}))
-            .await
-            .unwrap();
+        // The rescheduled event keeps its payload byte for byte (a big integer included).
+        let text = r#"{"n":1,"big":123456789012345678901234567890}"#;
+        let out = handler.close_with_text(Q, "extended", text).await.unwrap();
         assert_eq!(
             out,
             CloseOutcome::NotYetExpired {
@@ -152,7 +151,25 @@ async fn close_is_conditional_under_concurrent_duplicate_deliveries() {
             .unwrap()
             .expect("rescheduled");
         assert_eq!(ev.due_at_ms, now + 3_600_000, "{b}");
-        assert_eq!(ev.payload, json!({"n": 1}));
+        let stored: String = support::raw(
+            &client,
+            &["HGET", &format!("{{dq:{Q}:0}}:payload"), "extended"],
+        )
+        .await;
+        assert!(stored.ends_with(&format!(":{text}")), "{b}: {stored}");
+        // A reconciliation's event for an extended order becomes an ordinary expiry: the
+        // reconciled flag is not carried into it.
+        client.cancel(Q, "extended").await.unwrap();
+        handler
+            .close_with_text(Q, "extended", r#"{"expires_at":1,"reconciled":true}"#)
+            .await
+            .unwrap();
+        let stored: String = support::raw(
+            &client,
+            &["HGET", &format!("{{dq:{Q}:0}}:payload"), "extended"],
+        )
+        .await;
+        assert!(!stored.contains("reconciled"), "{b}: {stored}");
         assert_eq!(
             orders.get("extended").await.unwrap().unwrap().status,
             OrderStatus::Pending

@@ -292,7 +292,8 @@ async fn config_errors_exit_2_naming_the_key() {
     ];
     for (i, (text, key)) in cases.iter().enumerate() {
         let p = dir.path().join(format!("c{i}.toml"));
-        std::fs::write(&p, text).unwrap();
+        // redis_url is required; each case breaks one other key (nothing is connected to).
+        std::fs::write(&p, format!("redis_url = \"redis://127.0.0.1:1\"\n{text}")).unwrap();
         let o = Command::new(BIN)
             .args(["serve", "--config", p.to_str().unwrap()])
             .env_remove("DELAYQ_REDIS_URL")

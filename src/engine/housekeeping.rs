@@ -211,10 +211,16 @@ impl Housekeeper {
             if keys.is_empty() {
                 continue;
             }
-            let shards = u64::try_from(keys.len()).unwrap_or(1);
-            let cap = self.opts.dead_max_per_queue.div_ceil(shards);
+            // The cap split exactly between the shards (the first ones take the remainder),
+            // so a queue keeps at most `dead_max_per_queue` in all.
+            let shards = u64::try_from(keys.len()).unwrap_or(1).max(1);
+            let (base, extra) = (
+                self.opts.dead_max_per_queue / shards,
+                self.opts.dead_max_per_queue % shards,
+            );
             let mut trimmed = 0;
-            for k in &keys {
+            for (i, k) in keys.iter().enumerate() {
+                let cap = base + u64::from(u64::try_from(i).unwrap_or(u64::MAX) < extra);
                 let (a, b): (u64, u64) = redis::pipe()
                     .cmd("XTRIM")
                     .arg(&k.dead)

@@ -161,9 +161,16 @@ pub fn selection(all: bool, entry_ids: Vec<String>) -> Result<Selection, Invalid
     }
 }
 
-/// A dead-letter list limit: the default when absent, capped.
-pub fn dead_limit(limit: Option<usize>) -> usize {
-    limit.unwrap_or(DEFAULT_DEAD_LIMIT).min(MAX_DEAD_LIMIT)
+/// A dead-letter list limit: the default when absent, capped; zero is refused (every
+/// surface: HTTP `?limit=0` and the CLI's `--limit 0` answer the same 400 / exit 2).
+pub fn dead_limit(limit: Option<usize>) -> Result<usize, InvalidInput> {
+    match limit {
+        Some(0) => Err(InvalidInput::Option {
+            name: "limit",
+            reason: format!("must be 1..={MAX_DEAD_LIMIT}"),
+        }),
+        other => Ok(other.unwrap_or(DEFAULT_DEAD_LIMIT).min(MAX_DEAD_LIMIT)),
+    }
 }
 
 /// The batch size rule.
@@ -365,7 +372,7 @@ impl Admin {
     ) -> Result<DeadPage> {
         check_queue_group(queue, group)?;
         self.client
-            .dead_page(queue, group, after, dead_limit(limit))
+            .dead_page(queue, group, after, dead_limit(limit)?)
             .await
     }
 
@@ -432,7 +439,11 @@ mod tests {
         assert_eq!(selection(true, vec![]).unwrap(), Selection::All);
         assert!(selection(false, vec![]).is_err());
         assert!(selection(true, vec!["1-0".into()]).is_err());
-        assert_eq!(dead_limit(None), DEFAULT_DEAD_LIMIT);
-        assert_eq!(dead_limit(Some(1 << 30)), MAX_DEAD_LIMIT);
+        assert_eq!(dead_limit(None), Ok(DEFAULT_DEAD_LIMIT));
+        assert_eq!(dead_limit(Some(1 << 30)), Ok(MAX_DEAD_LIMIT));
+        assert!(
+            dead_limit(Some(0)).is_err(),
+            "zero is refused on every surface"
+        );
     }
 }

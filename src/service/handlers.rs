@@ -32,7 +32,7 @@ impl Handler for Builtin {
             Builtin::Webhook(w) => w.call(&d).await,
             Builtin::Log => {
                 tracing::info!(
-                    queue = %d.queue, group = %d.group, id = %d.id, due_at_ms = d.due_at_ms,
+                    queue = %d.queue, group = %d.group, id = ?d.id, due_at_ms = d.due_at_ms,
                     attempt = d.attempt, payload = %d.payload, "order due"
                 );
                 Ok(())
@@ -208,12 +208,15 @@ impl Webhook {
             .any(|s| bool::from(subtle::ConstantTimeEq::ct_eq(s.as_bytes(), want.as_bytes())))
     }
 
-    /// The idempotency key of a delivery (also its `webhook-id`): hex SHA-256 of `queue \n id
-    /// \n due_at_ms`, stable across attempts and replays of the same order and due time (and
-    /// header-safe whatever the id holds).
+    /// The idempotency key of a delivery (also its `webhook-id`): hex SHA-256 of `queue \n
+    /// group \n id \n due_at_ms`, stable across attempts and replays of the same order and
+    /// due time to one group, distinct between groups (a receiver that de-duplicates by it
+    /// never drops another group's delivery), and header-safe whatever the id holds.
     pub fn idempotency_key(d: &Delivery) -> String {
         let mut h = Sha256::new();
         h.update(d.queue.as_bytes());
+        h.update(b"\n");
+        h.update(d.group.as_bytes());
         h.update(b"\n");
         h.update(d.id.as_bytes());
         h.update(b"\n");
@@ -479,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn idempotency_key_is_stable_per_queue_id_and_due_time() {
+    fn idempotency_key_is_stable_per_queue_group_id_and_due_time() {
         let a = delivery();
         let mut b = delivery();
         b.attempt = 9;
@@ -487,6 +490,10 @@ mod tests {
         assert_eq!(Webhook::idempotency_key(&a), Webhook::idempotency_key(&b));
         b.due_at_ms += 1;
         assert_ne!(Webhook::idempotency_key(&a), Webhook::idempotency_key(&b));
+        // Two groups posting the same order to one receiver: two keys.
+        let mut c = delivery();
+        c.group = format!("{}-other", a.group);
+        assert_ne!(Webhook::idempotency_key(&a), Webhook::idempotency_key(&c));
     }
 
     #[tokio::test]

@@ -41,6 +41,11 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let Some(client) = connected else {
         return Ok(());
     };
+    tracing::info!(
+        redis = %crate::engine::redact::url(&cfg.redis_url),
+        namespace = client.keyspace().namespace(),
+        "connected to redis"
+    );
     // Every queue of the configuration exists from now on: orders into it are accepted.
     for q in &settings.queues {
         client.create_queue(q, settings.client.shards).await?;

@@ -167,11 +167,11 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
     match r {
         Ok(true) => {
             s.stats.retried.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(id = %d.id, attempt = d.attempt, ?delay, "retry scheduled");
+            tracing::debug!(id = ?d.id, attempt = d.attempt, ?delay, "retry scheduled");
         }
-        Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
+        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
         // The lease stays as it was: the entry is retried when it runs out.
-        Err(e) => tracing::warn!(id = %d.id, error = %e, "could not schedule the retry"),
+        Err(e) => tracing::warn!(id = ?d.id, error = %e, "could not schedule the retry"),
     }
 }
 
@@ -204,14 +204,14 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
             s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
             handled_metric(s, "dead");
             s.metrics().dead_lettered();
-            tracing::warn!(id = %d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
+            tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
                 hook(s, "on_dead", || s.hooks.on_dead(d, message));
             }
         }
-        Ok(false) => tracing::debug!(id = %d.id, "entry taken over by another consumer"),
+        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
         Err(e) => {
-            tracing::warn!(id = %d.id, error = %e, "could not dead-letter; it stays pending")
+            tracing::warn!(id = ?d.id, error = %e, "could not dead-letter; it stays pending")
         }
     }
 }
@@ -281,17 +281,17 @@ pub(super) async fn run_handler<H: Handler>(
         }
         Ok(Ok(Err(e))) => {
             stats.failed.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%id, error = %redact::text(&e.to_string()), "handler failed");
+            tracing::warn!(?id, error = %redact::text(&e.to_string()), "handler failed");
             Err(e)
         }
         Ok(Err(_)) => {
             stats.panicked.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(%id, "handler panicked");
+            tracing::error!(?id, "handler panicked");
             Err(HandlerError::retry("handler panicked"))
         }
         Err(_) => {
             stats.timed_out.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(%id, ?timeout, "handler timed out");
+            tracing::warn!(?id, ?timeout, "handler timed out");
             Err(HandlerError::retry(format!(
                 "handler timed out after {timeout:?}"
             )))

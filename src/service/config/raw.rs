@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Redis URL.
+    /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too).
     pub redis_url: String,
     /// Key namespace (default `dq`).
     pub namespace: Option<String>,
@@ -54,7 +54,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_url: String::new(),
             namespace: None,
             shards: None,
             max_payload_bytes: None,
@@ -143,6 +143,13 @@ pub struct HttpConfig {
     pub request_timeout: Option<String>,
     /// Connections served at once (default 10,000; kept under the open-files limit).
     pub max_connections: Option<usize>,
+    /// Host names requests may name (421 otherwise); default localhost, 127.0.0.1, [::1]
+    /// and the listen address; `["*"]` behind a proxy that checks the host itself.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Reverse proxies whose `X-Forwarded-For` names the client (for the sign-in limits).
+    pub trusted_proxies: Vec<String>,
+    /// A bearer token `/metrics` requires (default: none, `/metrics` is open).
+    pub metrics_token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -156,6 +163,9 @@ impl Default for HttpConfig {
             idle_timeout: None,
             request_timeout: None,
             max_connections: None,
+            allowed_hosts: None,
+            trusted_proxies: Vec::new(),
+            metrics_token: None,
         }
     }
 }
@@ -166,6 +176,11 @@ impl std::fmt::Debug for HttpConfig {
             .field("listen", &self.listen)
             .field("tokens", &format_args!("{} hidden", self.tokens.len()))
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("allowed_hosts", &self.allowed_hosts)
+            .field(
+                "metrics_token",
+                &self.metrics_token.as_ref().map(|_| "hidden"),
+            )
             .finish_non_exhaustive()
     }
 }

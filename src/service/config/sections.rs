@@ -81,6 +81,37 @@ pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), Con
     if let Some(n) = h.max_connections {
         l = l.max_connections(n);
     }
+    if let Some(hosts) = &h.allowed_hosts {
+        if hosts.is_empty() || hosts.iter().any(|h| h.trim().is_empty()) {
+            return Err(ConfigError::at(
+                "http.allowed_hosts",
+                "list at least one host name (or \"*\" for any)",
+            ));
+        }
+        l.allowed_hosts = hosts.clone();
+    }
+    l = l.allow_listen_host(listen);
+    for (i, p) in h.trusted_proxies.iter().enumerate() {
+        let ip = p.parse().map_err(|_| {
+            ConfigError::at(
+                format!("http.trusted_proxies[{i}]"),
+                format!("{p:?} is not an IP address"),
+            )
+        })?;
+        l.trusted_proxies.push(ip);
+    }
+    if let Some(t) = &h.metrics_token
+        && (t.trim().len() < 8 || t.chars().any(char::is_whitespace))
+    {
+        return Err(ConfigError::at(
+            "http.metrics_token",
+            "must be at least 8 characters, without spaces",
+        ));
+    }
+    l.metrics_token = h
+        .metrics_token
+        .clone()
+        .map(crate::service::http::limits::MetricsToken);
     l.validate().map_err(lib_err("http", &[]))?;
     Ok((listen, l))
 }

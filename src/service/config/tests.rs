@@ -1,5 +1,23 @@
 use super::*;
 
+/// [`super::load_str`] with a Redis URL when the text names none (it is required).
+fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
+    if text.contains("redis_url") {
+        super::load_str(text, env)
+    } else {
+        super::load_str(
+            &format!("redis_url = \"redis://127.0.0.1:6379\"\n{text}"),
+            env,
+        )
+    }
+}
+
+#[test]
+fn redis_url_is_required() {
+    let e = super::load_str("", env()).unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("redis_url"), "{e}");
+}
+
 fn env() -> Env {
     Env::prefixed("DELAYQ_TEST_NONE_")
 }

@@ -4,8 +4,10 @@
 //!    path, a wrong method, bad UTF-8) is put into the error envelope;
 //! 2. [`head_limits`]: request targets over [`MAX_URI_BYTES`] (414) and headers over
 //!    [`MAX_HEADERS`] / [`MAX_HEADER_BYTES`] (431) are refused;
-//! 3. [`auth`] (on `/v1`): bearer tokens, before any body is read;
-//! 4. [`read_body`]: the whole body is read within `body_timeout` and `max_body_bytes` (408,
+//! 3. [`host_check`]: a `Host` outside `http.allowed_hosts` is refused (421);
+//! 4. [`auth`] (on `/v1`): bearer tokens, before any body is read; failures limited per
+//!    client ([`super::clients`]);
+//! 5. [`read_body`]: the whole body is read within `body_timeout` and `max_body_bytes` (408,
 //!    413), then the handler runs within `request_timeout` (503).
 
 use super::AppState;
@@ -70,23 +72,84 @@ pub(super) async fn head_limits(req: Request, next: Next) -> Response {
 
 /// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive
 /// (RFC 7235).
-fn bearer_token(v: &str) -> Option<&str> {
+pub(super) fn bearer_token(v: &str) -> Option<&str> {
     let (scheme, token) = v.trim().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// True when `given` is one of `tokens` (compared in constant time against every token).
+/// True when `given` is one of `tokens`: compared in constant time against every token,
+/// as SHA-256 digests, so neither the position of the first difference nor the length of a
+/// token shows in the time taken.
 pub(crate) fn token_ok(tokens: &[String], given: &str) -> bool {
+    let g = digest(given);
     let mut ok = subtle::Choice::from(0u8);
     for t in tokens {
-        ok |= given.as_bytes().ct_eq(t.as_bytes());
+        ok |= g.ct_eq(&digest(t));
     }
     bool::from(ok)
 }
 
-/// Two secrets compared in constant time.
+/// Two secrets compared in constant time (as digests: lengths do not show either).
 pub(crate) fn same_secret(a: &str, b: &str) -> bool {
-    bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+    bool::from(digest(a).ct_eq(&digest(b)))
+}
+
+fn digest(s: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(s.as_bytes()).into()
+}
+
+/// Refuses a request naming a host that is not allowed (421), before routing: a page
+/// that rebinds its own name to this address cannot reach the API. Health probes answer
+/// whatever the host.
+pub(super) async fn host_check(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let probe = matches!(req.uri().path(), "/healthz" | "/readyz");
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| req.uri().authority().map(|a| a.as_str()));
+    if probe || st.limits.host_allowed(host) {
+        return next.run(req).await;
+    }
+    ApiError::new(
+        StatusCode::MISDIRECTED_REQUEST,
+        "host_not_allowed",
+        "this host name is not served here (see http.allowed_hosts)",
+    )
+    .into_response()
+}
+
+/// A refused authentication: counted for its client; 401, or 429 once the client is past
+/// its allowance (logged once, with the client's address, never the token).
+pub(crate) fn auth_failed(st: &AppState, client: Option<std::net::IpAddr>, what: &str) -> Response {
+    use super::clients::Verdict;
+    match st.auth_failures.failed(client) {
+        Verdict::Counted => ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!("{what} is required"),
+        )
+        .into_response(),
+        Verdict::NowBlocked => {
+            tracing::warn!(
+                client = %client.map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
+                "too many failed authentications from this client; refusing it for up to a minute"
+            );
+            too_many()
+        }
+        Verdict::Blocked => too_many(),
+    }
+}
+
+/// 429: too many failed authentications from this client.
+pub(crate) fn too_many() -> Response {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_attempts",
+        "too many failed authentications from this client; try again in a minute",
+    )
+    .into_response()
 }
 
 /// True when a browser says the request comes from a page of another origin than this
@@ -122,6 +185,11 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
     if st.tokens.is_empty() {
         return next.run(req).await;
     }
+    let client =
+        super::clients::client_of(req.extensions(), req.headers(), &st.limits.trusted_proxies);
+    if st.auth_failures.blocked(client) {
+        return too_many();
+    }
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -145,12 +213,42 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
         }
         return next.run(req).await;
     }
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "a valid bearer token (or a dashboard session) is required",
+    auth_failed(&st, client, "a valid bearer token (or a dashboard session)")
+}
+
+/// Reads a whole body of at most `max` bytes within `within`; the error answer (408, 413,
+/// 400) otherwise. The one body rule of every route that reads a body.
+pub(crate) async fn read_limited(
+    body: Body,
+    max: usize,
+    within: std::time::Duration,
+) -> Result<axum::body::Bytes, Response> {
+    let read = tokio::time::timeout(
+        within,
+        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, max)),
     )
-    .into_response()
+    .await;
+    match read {
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!(
+                "the request body did not arrive within {}",
+                format_duration(within)
+            ),
+        )
+        .into_response()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the request body is larger than {max} bytes"),
+        )
+        .into_response()),
+        Ok(Err(_)) => {
+            Err(ApiError::bad("invalid_body", "the request body could not be read").into_response())
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
 }
 
 /// Reads the whole body within the body deadline and size limit, then runs the handler
@@ -159,36 +257,9 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
 pub(super) async fn read_body(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let l = &st.limits;
     let (parts, body) = req.into_parts();
-    let read = tokio::time::timeout(
-        l.body_timeout,
-        http_body_util::BodyExt::collect(http_body_util::Limited::new(body, l.max_body_bytes)),
-    )
-    .await;
-    let bytes = match read {
-        Err(_) => {
-            return ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "body_timeout",
-                format!(
-                    "the request body did not arrive within {}",
-                    format_duration(l.body_timeout)
-                ),
-            )
-            .into_response();
-        }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                format!("the request body is larger than {} bytes", l.max_body_bytes),
-            )
-            .into_response();
-        }
-        Ok(Err(_)) => {
-            return ApiError::bad("invalid_body", "the request body could not be read")
-                .into_response();
-        }
-        Ok(Ok(c)) => c.to_bytes(),
+    let bytes = match read_limited(body, l.max_body_bytes, l.body_timeout).await {
+        Ok(b) => b,
+        Err(resp) => return resp,
     };
     let safe = matches!(parts.method, Method::GET | Method::HEAD);
     let req = Request::from_parts(parts, Body::from(bytes));

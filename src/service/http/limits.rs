@@ -24,6 +24,27 @@ pub struct HttpLimits {
     /// Connections served at once (default 10,000): beyond it new connections wait in the
     /// listen backlog; the effective cap also stays under the process's open-files limit.
     pub max_connections: usize,
+    /// Host names (the `Host` header without its port) a request may name: any other is
+    /// refused with 421 before routing, so a page that rebinds its own name to this address
+    /// (DNS rebinding) cannot drive the API. Default: `localhost`, `127.0.0.1`, `[::1]` and
+    /// the listen address; `"*"` allows any (behind a proxy that checks it). `/healthz` and
+    /// `/readyz` answer whatever the host (orchestrators probe by address).
+    pub allowed_hosts: Vec<String>,
+    /// Peers whose `X-Forwarded-For` is believed (reverse proxies): the client of a request
+    /// is then the last address in that header that is not one of them.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// A bearer token `/metrics` requires (`None`: open). Hidden from `Debug`.
+    pub metrics_token: Option<MetricsToken>,
+}
+
+/// The `/metrics` token: compared in constant time, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MetricsToken(pub String);
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken(hidden)")
+    }
 }
 
 impl Default for HttpLimits {
@@ -35,9 +56,21 @@ impl Default for HttpLimits {
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(30),
             max_connections: 10_000,
+            allowed_hosts: DEFAULT_ALLOWED_HOSTS
+                .iter()
+                .map(|h| (*h).to_owned())
+                .collect(),
+            trusted_proxies: Vec::new(),
+            metrics_token: None,
         }
     }
 }
+
+/// The hosts always allowed (with the listen address).
+pub const DEFAULT_ALLOWED_HOSTS: &[&str] = &["localhost", "127.0.0.1", "[::1]"];
+
+/// A request body of `POST /ui/login` (a token in JSON) is at most this many bytes.
+pub const LOGIN_MAX_BODY_BYTES: usize = 4096;
 
 /// Longest request target (path and query) accepted, bytes (414 above).
 pub const MAX_URI_BYTES: usize = 8 * 1024;
@@ -83,6 +116,36 @@ impl HttpLimits {
         self
     }
 
+    /// Allows the listen address's host too (what a client naming the address sends).
+    pub fn allow_listen_host(mut self, listen: std::net::SocketAddr) -> Self {
+        let host = match listen.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            std::net::IpAddr::V4(ip) => ip.to_string(),
+        };
+        if !listen.ip().is_unspecified() && !self.allowed_hosts.contains(&host) {
+            self.allowed_hosts.push(host);
+        }
+        self
+    }
+
+    /// Whether a `Host` header value names an allowed host (its port is not compared). A
+    /// request without one is not from a browser and passes.
+    pub fn host_allowed(&self, host: Option<&str>) -> bool {
+        if self.allowed_hosts.iter().any(|h| h == "*") {
+            return true;
+        }
+        // No Host at all: not a browser (every browser sends one), so no rebinding page.
+        let Some(host) = host else { return true };
+        let name = if host.starts_with('[') {
+            host.split_inclusive(']').next().unwrap_or(host)
+        } else {
+            host.rsplit_once(':').map_or(host, |(n, _)| n)
+        };
+        self.allowed_hosts
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+    }
+
     /// Checks every limit (the one place their ranges are written).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         let bad = |name: &'static str, reason: String| Err(InvalidInput::Option { name, reason });
@@ -121,5 +184,22 @@ mod tests {
                 .is_err()
         );
         assert!(HttpLimits::default().max_connections(0).validate().is_err());
+    }
+
+    #[test]
+    fn hosts_are_compared_without_their_port() {
+        let l = HttpLimits::default().allow_listen_host("10.0.0.5:7070".parse().unwrap());
+        assert!(l.host_allowed(Some("localhost:7070")));
+        assert!(l.host_allowed(Some("127.0.0.1")));
+        assert!(l.host_allowed(Some("[::1]:7070")));
+        assert!(l.host_allowed(Some("10.0.0.5:7070")));
+        assert!(!l.host_allowed(Some("evil.example:7070")));
+        assert!(!l.host_allowed(Some("localhost.evil.example")));
+        assert!(l.host_allowed(None), "no Host: not a browser");
+        let any = HttpLimits {
+            allowed_hosts: vec!["*".into()],
+            ..HttpLimits::default()
+        };
+        assert!(any.host_allowed(Some("evil.example")));
     }
 }

@@ -9,10 +9,12 @@
 //! - [`edge`]: the envelope for framework rejections, size limits, bearer tokens, body and
 //!   request deadlines.
 //! - [`messages`], [`queues`]: the handlers.
+//! - [`clients`]: who is calling, and failed authentications per client.
 //! - [`limits`]: [`HttpLimits`], the edge's limits and their one set of defaults.
 //! - [`server`]: the accept loop: header, idle and connection limits, bounded shutdown.
 //! - [`openapi`]: the OpenAPI 3 document at `/openapi.json`.
 
+pub mod clients;
 pub(crate) mod edge;
 pub mod error;
 pub mod limits;
@@ -47,6 +49,8 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::service::ui::session::Sessions>,
     /// The dashboard's ring buffer of throughput and lateness (`None`: not recorded).
     pub(crate) timing: Option<Arc<crate::service::ui::timing::Timing>>,
+    /// Failed authentications per client (bearer tokens and dashboard sign-ins).
+    pub(crate) auth_failures: Arc<clients::AuthLimiter>,
     /// The last rendered `/metrics` text and when it was made: refreshed at most once per
     /// second whatever the scrape rate, and served to every scraper as shared bytes.
     metrics_cache: Arc<MetricsCache>,
@@ -71,6 +75,7 @@ impl AppState {
             limits: Arc::new(HttpLimits::default()),
             timing: None,
             metrics_cache: Arc::default(),
+            auth_failures: Arc::default(),
         }
     }
 
@@ -136,6 +141,10 @@ pub fn app(state: AppState) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(state.limits.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            edge::host_check,
+        ))
         .layer(middleware::from_fn(edge::head_limits))
         .layer(middleware::from_fn(edge::envelope))
         .with_state(state)
@@ -162,8 +171,24 @@ async fn readyz(State(st): State<AppState>) -> Response {
 /// Least time between two refreshes of the gauges.
 const GAUGE_REFRESH: Duration = Duration::from_secs(1);
 
-async fn metrics(State(st): State<AppState>) -> Response {
+async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Response {
     use std::sync::atomic::Ordering;
+    if let Some(want) = &st.limits.metrics_token {
+        let client =
+            clients::client_of(req.extensions(), req.headers(), &st.limits.trusted_proxies);
+        if st.auth_failures.blocked(client) {
+            return edge::too_many();
+        }
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(edge::bearer_token)
+            .unwrap_or("");
+        if !edge::same_secret(given, &want.0) {
+            return edge::auth_failed(&st, client, "the metrics token");
+        }
+    }
     let cache = &st.metrics_cache;
     let cached = cache.text.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let body = match cached {

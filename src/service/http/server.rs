@@ -86,10 +86,11 @@ pub async fn serve(
             _ = cancel.cancelled() => break,
         };
         match accepted {
-            Ok((stream, _)) => {
+            Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
                 conns.spawn(connection(
                     stream,
+                    peer,
                     router.clone(),
                     limits.clone(),
                     cancel.clone(),
@@ -211,6 +212,7 @@ impl AsyncWrite for Tracked {
 /// Serves one connection under its watchdog; the permit is its place among the cap.
 async fn connection(
     stream: TcpStream,
+    peer: std::net::SocketAddr,
     router: Router,
     limits: Arc<HttpLimits>,
     cancel: CancellationToken,
@@ -223,8 +225,11 @@ async fn connection(
     });
     let tower = TowerToHyperService::new(router);
     let svc_act = act.clone();
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
         svc_act.set(REQUEST);
+        // The peer address, for the per-client limits of authentication failures.
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         let fut = hyper::service::Service::call(&tower, req);
         let a = svc_act.clone();
         async move {

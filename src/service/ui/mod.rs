@@ -17,7 +17,6 @@ pub mod timing;
 use crate::service::http::edge::{cross_origin, token_ok};
 use crate::service::http::{ApiError, AppState};
 use axum::Router;
-use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -122,7 +121,9 @@ struct LoginBody {
 
 /// `POST /ui/login {"token"}`: 204 with the session cookie, 401 for a wrong token (the
 /// token is never logged), 429 after too many failures in a minute.
-async fn login(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
+async fn login(State(st): State<AppState>, req: axum::extract::Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let headers = parts.headers;
     if cross_origin(&headers) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
@@ -131,13 +132,30 @@ async fn login(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> R
         )
         .into_response();
     }
-    let now = st.admin.client().now_ms();
-    if st.sessions.locked(now) {
-        return too_many();
+    let client = crate::service::http::clients::client_of(
+        &parts.extensions,
+        &headers,
+        &st.limits.trusted_proxies,
+    );
+    if st.auth_failures.blocked(client) {
+        return crate::service::http::edge::too_many();
     }
+    // The one body rule: a small body (a token), whole within the body deadline, or the
+    // request is refused (408, 413) and its connection freed.
+    let body = match crate::service::http::edge::read_limited(
+        body,
+        crate::service::http::limits::LOGIN_MAX_BODY_BYTES,
+        st.limits.body_timeout,
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err(resp) => return resp,
+    };
     let Ok(b) = serde_json::from_slice::<LoginBody>(&body) else {
         return ApiError::bad("invalid_body", "expected {\"token\": \"...\"}").into_response();
     };
+    let now = st.admin.client().now_ms();
     if st.tokens.is_empty() || token_ok(&st.tokens, &b.token) {
         let value = st.sessions.issue(now);
         let mut resp = StatusCode::NO_CONTENT.into_response();
@@ -148,25 +166,7 @@ async fn login(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> R
         }
         return resp;
     }
-    tracing::warn!("dashboard sign-in refused: wrong token");
-    if !st.sessions.failed_sign_in(now) {
-        return too_many();
-    }
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "that is not one of the configured tokens",
-    )
-    .into_response()
-}
-
-fn too_many() -> Response {
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "too_many_sign_ins",
-        "too many failed sign-ins; try again in a minute",
-    )
-    .into_response()
+    crate::service::http::edge::auth_failed(&st, client, "one of the configured tokens")
 }
 
 async fn logout(headers: HeaderMap) -> Response {

@@ -14,7 +14,6 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// The session cookie's name.
@@ -23,14 +22,10 @@ pub const COOKIE: &str = "delayq_session";
 pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 /// The header carrying the CSRF token on state-changing requests.
 pub const CSRF_HEADER: &str = "x-csrf-token";
-/// Failed sign-ins allowed per minute (per process) before answering 429.
-const MAX_FAILURES_PER_MINUTE: u32 = 20;
 
 /// Issues and checks sessions.
 pub struct Sessions {
     key: [u8; 32],
-    /// (minute, failed sign-ins in it).
-    failures: Mutex<(i64, u32)>,
 }
 
 impl std::fmt::Debug for Sessions {
@@ -50,7 +45,6 @@ impl Sessions {
         }
         Sessions {
             key: h.finalize().into(),
-            failures: Mutex::new((0, 0)),
         }
     }
 
@@ -96,23 +90,6 @@ impl Sessions {
     /// Whether `given` is the CSRF token of session `value`.
     pub fn csrf_ok(&self, value: &str, given: &str) -> bool {
         crate::service::http::edge::same_secret(given, &self.csrf(value))
-    }
-
-    /// Counts a failed sign-in at `now_ms`; false when the minute's allowance is spent.
-    pub fn failed_sign_in(&self, now_ms: i64) -> bool {
-        let minute = now_ms.div_euclid(60_000);
-        let mut f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        if f.0 != minute {
-            *f = (minute, 0);
-        }
-        f.1 += 1;
-        f.1 <= MAX_FAILURES_PER_MINUTE
-    }
-
-    /// Whether sign-ins are being refused for too many failures this minute.
-    pub fn locked(&self, now_ms: i64) -> bool {
-        let f = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        f.0 == now_ms.div_euclid(60_000) && f.1 >= MAX_FAILURES_PER_MINUTE
     }
 }
 
@@ -208,12 +185,6 @@ mod tests {
         assert!(!Sessions::new(&["other-token-9".into()]).valid(&v, now));
         assert!(s.csrf_ok(&v, &s.csrf(&v)));
         assert!(!s.csrf_ok(&v, &s.csrf(&s.issue(now))));
-        for _ in 0..MAX_FAILURES_PER_MINUTE {
-            assert!(s.failed_sign_in(now));
-        }
-        assert!(!s.failed_sign_in(now));
-        assert!(s.locked(now));
-        assert!(!s.locked(now + 60_000));
         let mut h = axum::http::HeaderMap::new();
         h.insert("cookie", format!("a=b; {COOKIE}={v}").parse().unwrap());
         assert_eq!(from_headers(&h), Some(v));
