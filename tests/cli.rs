@@ -625,11 +625,18 @@ async fn queue_delete_is_refused_while_a_paused_group_has_unread_entries() {
         let o = run(&url, &["schedule", "q", &format!("o{i}"), "--in", "0s"]);
         assert_eq!(o.code, 0, "{}", o.stderr);
     }
-    delayq::Dispatcher::new(&client, "q", delayq::DispatcherOptions::default())
-        .unwrap()
-        .drain()
-        .await
-        .unwrap();
+    // Dispatched (due now by the CLI's clock: drained until all five are in the stream).
+    let d = delayq::Dispatcher::new(&client, "q", delayq::DispatcherOptions::default()).unwrap();
+    let d = &d;
+    wait_for("five orders dispatched", Duration::from_secs(10), || {
+        let c = client.clone();
+        async move {
+            d.drain().await.unwrap();
+            let len: i64 = raw(&c, &["XLEN", "{dq:q:0}:stream"]).await;
+            len == 5
+        }
+    })
+    .await;
     let o = run(&url, &["queue", "delete", "q"]);
     assert_eq!(o.code, 2, "{}", o.stdout);
     assert!(o.stderr.contains("5 not yet read"), "{}", o.stderr);

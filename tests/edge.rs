@@ -626,6 +626,28 @@ database_url = "{url}"
     let log = serve.log();
     assert!(log.contains("database"), "{log}");
     assert!(!log.contains("DBPASSWORD"), "{log}");
+
+    // A database that does not exist: waiting will not create it, so exit 3 at once too.
+    let (base, _) = pg.rsplit_once('/').unwrap_or((pg.as_str(), ""));
+    let missing = format!("{base}/no_such_database_delayq");
+    let mut serve = Serve::start(
+        &format!(
+            r#"
+redis_url = "{}"
+[http]
+listen = "127.0.0.1:{{port}}"
+[[handlers]]
+queue = "order-close"
+group = "close"
+kind = "order-close"
+database_url = "{missing}"
+"#,
+            redis.url()
+        ),
+        None,
+    );
+    assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
+    assert!(serve.log().contains("no such database"), "{}", serve.log());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -919,6 +941,142 @@ async fn an_empty_config_names_redis_url_and_ids_are_quoted_in_logs() {
         async move { log.contains(&q) }
     })
     .await;
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test]
+async fn a_signed_out_session_is_revoked_even_in_a_copied_cookie() {
+    let (_s, client) = support::start().await;
+    let router = app(AppState::new(client, vec!["the-right-token".into()]));
+    let send = |req: Request<Body>| {
+        let r = router.clone();
+        async move { r.oneshot(req).await.unwrap() }
+    };
+    let resp = send(
+        Request::builder()
+            .method("POST")
+            .uri("/ui/login")
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"token": "the-right-token"}).to_string()))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(resp.status(), 204);
+    let set = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let session: Value = {
+        let r = send(
+            Request::builder()
+                .uri("/ui/session")
+                .header("cookie", &cookie)
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+        serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap()
+    };
+    let csrf = session["csrf"].as_str().unwrap().to_owned();
+    let read = |c: String| {
+        Request::builder()
+            .uri("/v1/queues")
+            .header("cookie", c)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(send(read(cookie.clone())).await.status(), 200);
+    let out = send(
+        Request::builder()
+            .method("POST")
+            .uri("/ui/logout")
+            .header("cookie", &cookie)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(out.status(), 204);
+    // The copy kept from before the sign-out: refused for reads and writes.
+    assert_eq!(send(read(cookie.clone())).await.status(), 401);
+    let write = Request::builder()
+        .method("PUT")
+        .uri("/v1/queues/q/messages/x")
+        .header("cookie", &cookie)
+        .header("x-csrf-token", &csrf)
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"delay_ms": 1000}).to_string()))
+        .unwrap();
+    assert_eq!(send(write).await.status(), 401);
+}
+
+#[tokio::test]
+async fn an_unreachable_redis_is_awaited_for_startup_timeout_with_healthz_up_and_readyz_down() {
+    let closed = free_port(); // nobody listens
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"redis://127.0.0.1:{closed}\"\nstartup_timeout = \"4s\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n"
+        ),
+        None,
+    );
+    serve.wait_alive(WAIT).await; // /healthz answers 200 while Redis is awaited
+    let http = http_client();
+    let r = http
+        .get(format!("{}/readyz", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = serde_json::from_str(&r.text().await.unwrap()).unwrap_or(Value::Null);
+    assert_eq!(v["error"]["code"], json!("starting"), "{v}");
+    assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
+    assert!(serve.log().contains("startup_timeout"), "{}", serve.log());
+}
+
+/// Over a real connection: a 60 KB request target and 400 headers reach the router and are
+/// answered in the error envelope (not by the HTTP library's bare page; hyper itself refuses
+/// targets over 64 KiB with a bare 414).
+#[tokio::test]
+async fn a_huge_target_and_too_many_headers_answer_in_the_envelope_over_the_wire() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let raw_request = |head: String| {
+        let port = serve.port;
+        async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
+            String::from_utf8_lossy(&buf).into_owned()
+        }
+    };
+    let long = format!(
+        "GET /v1/queues/q/messages/{} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
+        "x".repeat(60_000)
+    );
+    let answer = raw_request(long).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 414"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    assert!(answer.contains("\"uri_too_long\""), "{answer}");
+    let mut many =
+        String::from("GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n");
+    for i in 0..400 {
+        many.push_str(&format!("x-h{i}: v\r\n"));
+    }
+    many.push_str("\r\n");
+    let answer = raw_request(many).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(answer.contains("\"headers_too_large\""), "{answer}");
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0));
 }

@@ -174,6 +174,49 @@ async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_
     worker.await.unwrap().unwrap();
 }
 
+/// A producer writing in a loop while the queue is force-deleted: once the delete has
+/// answered, the producer only gets `queue_not_found` and no key of the queue comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_writing_in_a_loop_cannot_revive_a_force_deleted_queue() {
+    let (s, client) = start().await;
+    client.create_queue("loop", 4).await.unwrap();
+    let producer = delayq::Client::connect(&s.url()).await.unwrap();
+    let deleted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (p, d) = (producer.clone(), deleted.clone());
+    let writer = tokio::spawn(async move {
+        let mut refused_after_delete = 0;
+        for i in 0..100_000 {
+            let after = d.load(std::sync::atomic::Ordering::SeqCst);
+            match p
+                .schedule("loop", &format!("o{i}"), Duration::from_secs(60), json!({}))
+                .await
+            {
+                Ok(_) => assert!(!after, "a write accepted after the delete answered"),
+                Err(Error::QueueNotFound { .. }) if after => {
+                    refused_after_delete += 1;
+                    if refused_after_delete == 50 {
+                        return refused_after_delete;
+                    }
+                }
+                Err(Error::QueueNotFound { .. }) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+        refused_after_delete
+    });
+    // Let the producer get going, then delete under it.
+    wait_for("the producer writing", WITHIN, || {
+        let c = client.clone();
+        async move { c.stats("loop").await.is_ok_and(|s| s.scheduled >= 100) }
+    })
+    .await;
+    client.delete_queue("loop", true).await.unwrap();
+    deleted.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(writer.await.unwrap(), 50);
+    let keys: Vec<String> = raw(&client, &["KEYS", "{dq:loop:*"]).await;
+    assert!(keys.is_empty(), "keys of the deleted queue: {keys:?}");
+}
+
 #[tokio::test]
 async fn a_producer_with_a_stale_view_cannot_write_into_a_deleted_queue() {
     let (s, client) = start().await;

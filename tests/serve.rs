@@ -823,6 +823,16 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         },
     )
     .await;
+    // Its gauges are scraped while it exists...
+    let before = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(before.contains("delayq_scheduled{queue=\"b\"}"), "{before}");
     // Deleted: serve stops accepting it at once (its cached record is refused by the
     // script) and no key of it is left.
     let r = http
@@ -846,6 +856,45 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         .unwrap();
     let keys: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":alive")).collect();
     assert!(keys.is_empty(), "{keys:?}");
+    // Its gauges are gone from /metrics (c's are there) once the snapshot is renewed.
+    let h2 = http.clone();
+    wait_for(
+        "a /metrics without b's gauges",
+        Duration::from_secs(10),
+        move || {
+            let h = h2.clone();
+            async move {
+                let m = h
+                    .get(format!("http://127.0.0.1:{port}/metrics"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .text()
+                    .await
+                    .unwrap();
+                !m.contains("delayq_scheduled{queue=\"b\"}")
+            }
+        },
+    )
+    .await;
+    let metrics = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("delayq_scheduled{queue=\"c\"}"),
+        "{metrics}"
+    );
+    for gauge in [
+        "delayq_scheduled{queue=\"b\"}",
+        "delayq_pending{queue=\"b\"",
+    ] {
+        assert!(!metrics.contains(gauge), "{gauge}: {metrics}");
+    }
     // A retention change without `shards` keeps a 4-shard queue's count.
     let r = http
         .put(format!("{base}/wide"))

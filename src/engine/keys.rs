@@ -139,6 +139,11 @@ impl Keyspace {
         format!("{{{}}}:registry:version", self.ns)
     }
 
+    /// STRING: marks a dashboard session revoked by its sign-out (expires with the session).
+    pub fn ui_revoked(&self, nonce: &str) -> String {
+        format!("{{{}}}:ui:revoked:{nonce}", self.ns)
+    }
+
     /// ZSET of a queue's live consumers (heartbeats). Under shard 0's hash tag, so each
     /// queue's heartbeats land in its own cluster slot, not in the namespace's.
     pub fn alive(&self, queue: &QueueName) -> String {

@@ -94,9 +94,9 @@ impl Db {
         .await;
         match r {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) if is_auth_failure(&e) => {
-                Err(db_err("logging in to the orders database")(e))
-            }
+            Ok(Err(e)) if is_auth_failure(&e) => Err(db_err(
+                "logging in to the orders database (wrong login, or no such database)",
+            )(e)),
             Ok(Err(e)) => {
                 tracing::warn!(error = %redact::text(&e.to_string()), "the orders database is not reachable yet; its queries will be retried");
                 Ok(())
@@ -170,8 +170,11 @@ fn bad_url(url: &str, e: sqlx::Error) -> Error {
 
 /// True for a refused login: PostgreSQL's SQLSTATE class 28 (invalid authorization:
 /// wrong password, unknown role).
+/// A refusal that waiting will not fix: a login refused (class 28) or a database that does
+/// not exist (3D000, `invalid_catalog_name`).
 fn is_auth_failure(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("28")))
+    matches!(e, sqlx::Error::Database(d)
+        if d.code().is_some_and(|c| c.starts_with("28") || c == "3D000"))
 }
 
 /// Maps a sqlx error to [`Error::Database`] with `context`.

@@ -87,8 +87,9 @@ pub fn check_webhook_url(url: &str) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The one rule for a signing secret: `whsec_<base64>` (what Standard Webhooks libraries
-/// take), or any text of at least 16 bytes used as the key itself.
+/// The one rule for a signing secret: `whsec_<base64 of the key>`, the form every Standard
+/// Webhooks library takes, so receivers verify with the same string. A raw secret is
+/// refused with how to convert it (the message never repeats it).
 pub fn check_secret(secret: &str) -> std::result::Result<(), String> {
     match secret.strip_prefix(SECRET_PREFIX) {
         Some(b64) => match BASE64.decode(b64) {
@@ -96,8 +97,12 @@ pub fn check_secret(secret: &str) -> std::result::Result<(), String> {
             Ok(_) => Err("the whsec_ key must decode to at least 16 bytes".into()),
             Err(_) => Err("after whsec_ comes the key in base64".into()),
         },
-        None if secret.len() >= 16 => Ok(()),
-        None => Err("must be whsec_<base64> or at least 16 bytes".into()),
+        None => Err(
+            "must be whsec_<base64 of the key>, as Standard Webhooks libraries take it: make one \
+             with `echo whsec_$(openssl rand -base64 32)`, or convert a raw secret with \
+             `echo whsec_$(printf %s \"$RAW\" | base64)` (the key stays the same bytes)"
+                .into(),
+        ),
     }
 }
 
@@ -408,7 +413,7 @@ mod tests {
         for path in ["302", "307"] {
             let w = Webhook::new(
                 &format!("http://127.0.0.1:{port}/{path}?token=SECRET"),
-                &["a-secret-of-16-bytes".into()],
+                &["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into()],
                 Duration::from_secs(5),
                 clock(),
             )
@@ -462,7 +467,9 @@ mod tests {
         assert!(check_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").is_ok());
         assert!(check_secret("whsec_***").is_err());
         assert!(check_secret("short").is_err());
-        assert!(check_secret("a-plain-secret-of-enough-bytes").is_ok());
+        // A raw secret is refused, with how to convert it, and never repeated.
+        let e = check_secret("a-plain-secret-of-enough-bytes").unwrap_err();
+        assert!(e.contains("whsec_") && !e.contains("a-plain-secret"), "{e}");
     }
 
     #[test]

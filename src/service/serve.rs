@@ -34,10 +34,39 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             context: format!("binding the HTTP listener on {}", settings.listen),
             source,
         })?;
-    let connected = until_ok("connecting to redis at start-up", &cancel, || {
-        Client::connect_with(&cfg.redis_url, settings.client.clone())
-    })
-    .await?;
+    let listener = Arc::new(listener);
+    // While Redis is awaited, the port answers: /healthz 200 (alive), /readyz 503.
+    let warmup = cancel.child_token();
+    let warm = tokio::spawn(server::serve(
+        listener.clone(),
+        server::starting_router(),
+        settings.http.clone(),
+        64,
+        warmup.clone(),
+        Duration::from_secs(1),
+    ));
+    let connected = tokio::time::timeout(
+        settings.startup_timeout,
+        until_ok("connecting to redis at start-up", &cancel, || {
+            Client::connect_with(&cfg.redis_url, settings.client.clone())
+        }),
+    )
+    .await;
+    warmup.cancel();
+    let _ = warm.await;
+    let connected = match connected {
+        Ok(c) => c?,
+        Err(_) => {
+            return Err(crate::Error::Io {
+                context: format!(
+                    "redis at {} did not answer within startup_timeout ({})",
+                    crate::engine::redact::url(&cfg.redis_url),
+                    crate::engine::duration::format_duration(settings.startup_timeout)
+                ),
+                source: std::io::Error::from(std::io::ErrorKind::TimedOut),
+            });
+        }
+    };
     let Some(client) = connected else {
         return Ok(());
     };

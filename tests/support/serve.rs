@@ -84,8 +84,36 @@ impl Serve {
         self.dir.path().join("serve.log")
     }
 
-    /// Waits until `/healthz` answers 200 (panics with the log after `within`).
+    /// Waits until `/readyz` answers 200: connected to Redis and serving the API (panics
+    /// with the log after `within`).
     pub async fn wait_ready(&mut self, within: Duration) {
+        let port = self.port;
+        let ready = super::poll(within, || {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("serve exited with {status}:\n{}", self.log());
+            }
+            async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .ok()?;
+                let _ = s
+                    .write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                    .await;
+                let mut buf = Vec::new();
+                let _ = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf)).await;
+                buf.starts_with(b"HTTP/1.1 200").then_some(())
+            }
+        })
+        .await;
+        if ready.is_none() {
+            panic!("serve did not answer within {within:?}:\n{}", self.log());
+        }
+    }
+
+    /// Waits until `/healthz` answers 200: the process is up (it may still be waiting for
+    /// Redis; panics with the log after `within`).
+    pub async fn wait_alive(&mut self, within: Duration) {
         let port = self.port;
         let ready = super::poll(within, || {
             if let Ok(Some(status)) = self.child.try_wait() {

@@ -182,28 +182,9 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
     if hooks {
         hook(s, "on_failure", || s.hooks.on_failure(d, message, None));
     }
-    let keys = &s.shards[usize::from(d.shard)];
     let error = redact::error(message);
-    let args = DeadArgs {
-        group: &s.group,
-        consumer: &s.consumer,
-        entry_id: &d.entry_id,
-        attempts: d.attempt,
-        error: &error,
-        now_ms: s.client.now_ms(),
-        history: s.pause.history(&s.client).await,
-    };
-    let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
-        let mut conn = s.client.connection();
-        let args = &args;
-        async move { scripts::dead_letter(&mut conn, keys, args).await }
-    })
-    .await;
-    match r {
+    match dead_letter(s, d.shard, &d.entry_id, &s.consumer, d.attempt, &error).await {
         Ok(true) => {
-            s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-            handled_metric(s, "dead");
-            s.metrics().dead_lettered();
             tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
                 hook(s, "on_dead", || s.hooks.on_dead(d, message));
@@ -214,6 +195,40 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
             tracing::warn!(id = ?d.id, error = %e, "could not dead-letter; it stays pending")
         }
     }
+}
+
+/// Runs `dead.lua` for an entry owned by `owner` (with retries) and counts a dead letter;
+/// false when the entry was no longer that owner's.
+async fn dead_letter<H>(
+    s: &Shared<H>,
+    shard: u16,
+    entry_id: &str,
+    owner: &str,
+    attempts: u32,
+    error: &str,
+) -> crate::error::Result<bool> {
+    let keys = &s.shards[usize::from(shard)];
+    let args = DeadArgs {
+        group: &s.group,
+        consumer: owner,
+        entry_id,
+        attempts,
+        error,
+        now_ms: s.client.now_ms(),
+        history: s.pause.history(&s.client).await,
+    };
+    let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
+        let mut conn = s.client.connection();
+        let args = &args;
+        async move { scripts::dead_letter(&mut conn, keys, args).await }
+    })
+    .await;
+    if matches!(r, Ok(true)) {
+        s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
+        handled_metric(s, "dead");
+        s.metrics().dead_lettered();
+    }
+    r
 }
 
 /// The stable reason of a dead letter whose stream entry was deleted while pending.
@@ -229,27 +244,8 @@ pub(super) async fn settle_missing<H>(
     owner: &str,
     attempts: u32,
 ) {
-    let keys = &s.shards[usize::from(shard)];
-    let args = DeadArgs {
-        group: &s.group,
-        consumer: owner,
-        entry_id,
-        attempts,
-        error: ENTRY_MISSING,
-        now_ms: s.client.now_ms(),
-        history: s.pause.history(&s.client).await,
-    };
-    let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
-        let mut conn = s.client.connection();
-        let args = &args;
-        async move { scripts::dead_letter(&mut conn, keys, args).await }
-    })
-    .await;
-    match r {
+    match dead_letter(s, shard, entry_id, owner, attempts, ENTRY_MISSING).await {
         Ok(true) => {
-            s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
-            handled_metric(s, "dead");
-            s.metrics().dead_lettered();
             tracing::warn!(entry = %entry_id, group = %s.group, attempts, "dead-lettered: its stream entry was deleted while pending");
         }
         Ok(false) => {

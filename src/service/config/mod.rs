@@ -85,12 +85,17 @@ pub struct Settings {
     pub dispatch: crate::engine::supervisor::DispatchSelection,
     /// How long shutdown waits for running handlers (every worker's `shutdown_grace`).
     pub shutdown_grace: Duration,
+    /// How long `serve` waits for Redis at start-up before it exits 3.
+    pub startup_timeout: Duration,
     /// The order-history retention set on every queue it dispatches (`None`: leave each
     /// queue's as it is, 24 h unless set).
     pub history_retention: Option<Duration>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
 }
+
+/// How long `serve` waits for Redis at start-up unless `startup_timeout` says otherwise.
+pub const DEFAULT_STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Reads `path` (TOML) with `DELAYQ_...` environment overrides and checks every value.
 pub fn load(path: &Path) -> Result<Settings, ConfigError> {
@@ -143,6 +148,11 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     }
     let shutdown_grace = duration("shutdown_grace", config.shutdown_grace.as_deref())?
         .unwrap_or(crate::engine::worker::WorkerOptions::default().shutdown_grace);
+    let startup_timeout = duration("startup_timeout", config.startup_timeout.as_deref())?
+        .unwrap_or(DEFAULT_STARTUP_TIMEOUT);
+    if startup_timeout < Duration::from_secs(1) || startup_timeout > Duration::from_secs(3600) {
+        return Err(ConfigError::at("startup_timeout", "must be 1s..=1h"));
+    }
     let history_retention = duration("history_retention", config.history_retention.as_deref())?;
     if let Some(r) = history_retention {
         crate::engine::history::HistoryPolicy::new(r).map_err(at_key("history_retention"))?;
@@ -167,6 +177,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         handlers,
         queues,
         shutdown_grace,
+        startup_timeout,
         history_retention,
         reconciliation,
     })

@@ -33,6 +33,9 @@ pub struct Config {
     /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
     /// this plus a moment, whatever the backlog.
     pub shutdown_grace: Option<String>,
+    /// How long `serve` waits for Redis at start-up (default `60s`), answering `/healthz`
+    /// 200 and `/readyz` 503 meanwhile; then it exits 3.
+    pub startup_timeout: Option<String>,
     /// How long the history of dispatched orders is kept (`GET .../messages/{id}`, `delayq
     /// get`, reconciliation): default `24h`, `0s` turns it off. Set on every queue this
     /// service dispatches.
@@ -64,6 +67,7 @@ impl Default for Config {
             max_queues: None,
             max_groups: None,
             shutdown_grace: None,
+            startup_timeout: None,
             history_retention: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
@@ -98,6 +102,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "max_queues",
     "max_groups",
     "shutdown_grace",
+    "startup_timeout",
     "history_retention",
     "http",
     "dispatcher",

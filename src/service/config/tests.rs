@@ -301,7 +301,7 @@ queue = "q"
 group = "g"
 kind = "webhook"
 url = "https://u:HOOKPASS@h/x?token=HOOK-QUERY"
-secret = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "a-second-secret-SECOND"]
+secret = ["whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "whsec_YS1zZWNvbmQtc2VjcmV0LVNFQ09ORA=="]
 [[handlers]]
 queue = "q"
 group = "c"
@@ -316,7 +316,7 @@ database_url = "postgres://app:DBPASS@db/shop"
         "HOOKPASS",
         "HOOK-QUERY",
         "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-        "SECOND",
+        "YS1zZWNvbmQtc2VjcmV0LVNFQ09ORA==",
         "DBPASS",
     ] {
         assert!(!shown.contains(secret), "{secret} in {shown}");

@@ -200,8 +200,9 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
         return next.run(req).await;
     }
     let now = st.admin.client().now_ms();
-    if let Some(cookie) = session::from_headers(req.headers())
-        && st.sessions.valid(&cookie, now)
+    let cookie = session::from_headers(req.headers());
+    if let Some(cookie) = cookie
+        && st.session_ok(&cookie, now).await
     {
         let csrf = req
             .headers()

@@ -49,6 +49,8 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::service::ui::session::Sessions>,
     /// The dashboard's ring buffer of throughput and lateness (`None`: not recorded).
     pub(crate) timing: Option<Arc<crate::service::ui::timing::Timing>>,
+    /// The last `/v1/stats` answer and when it was made (shared by every dashboard).
+    pub(crate) stats_cache: Arc<std::sync::Mutex<Option<(std::time::Instant, axum::body::Bytes)>>>,
     /// Failed authentications per client (bearer tokens and dashboard sign-ins).
     pub(crate) auth_failures: Arc<clients::AuthLimiter>,
     /// The last rendered `/metrics` text and when it was made: refreshed at most once per
@@ -76,6 +78,7 @@ impl AppState {
             timing: None,
             metrics_cache: Arc::default(),
             auth_failures: Arc::default(),
+            stats_cache: Arc::default(),
         }
     }
 
@@ -83,6 +86,27 @@ impl AppState {
     pub fn with_timing(mut self, timing: Arc<crate::service::ui::timing::Timing>) -> Self {
         self.timing = Some(timing);
         self
+    }
+
+    /// Whether `cookie` is a live dashboard session: signed by this key, not expired at
+    /// `now_ms`, and not signed out (checked in Redis on every request, so a sign-out
+    /// through any process ends it everywhere). When Redis cannot answer, the signature
+    /// and expiry decide: every call the session could make needs Redis anyway, and the
+    /// page must be able to say that Redis is unreachable rather than ask to sign in.
+    pub(crate) async fn session_ok(&self, cookie: &str, now_ms: i64) -> bool {
+        if !self.sessions.valid(cookie, now_ms) {
+            return false;
+        }
+        let Some((nonce, _)) = crate::service::ui::session::Sessions::nonce_and_expiry(cookie)
+        else {
+            return false;
+        };
+        let client = self.admin.client();
+        let revoked: redis::RedisResult<bool> = redis::cmd("EXISTS")
+            .arg(client.keyspace().ui_revoked(nonce))
+            .query_async(&mut client.connection())
+            .await;
+        !matches!(revoked, Ok(true))
     }
 
     /// The same state with `limits`.

@@ -128,8 +128,36 @@ pub(super) async fn list_queues(
     Ok(Json(st.admin.queues().await?))
 }
 
-pub(super) async fn stats_all(State(st): State<AppState>) -> ApiResult<Json<admin::StatsAnswer>> {
-    Ok(Json(st.admin.stats(None).await?))
+/// Every queue's statistics: one shared answer, renewed at most once a second whatever the
+/// number of dashboards polling it (each would otherwise cost Redis one pass over every
+/// queue). No lock is held across the Redis calls.
+pub(super) async fn stats_all(State(st): State<AppState>) -> ApiResult<Response> {
+    let cached = st
+        .stats_cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if let Some((at, body)) = cached
+        && at.elapsed() < std::time::Duration::from_secs(1)
+    {
+        return Ok(json_bytes(body));
+    }
+    let answer = st.admin.stats(None).await?;
+    let body = axum::body::Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
+    *st.stats_cache.lock().unwrap_or_else(|p| p.into_inner()) =
+        Some((std::time::Instant::now(), body.clone()));
+    Ok(json_bytes(body))
+}
+
+fn json_bytes(body: axum::body::Bytes) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            axum::http::HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
 }
 
 /// The dashboard's timing of a registered queue (this process's numbers, the last hour).

@@ -14,7 +14,6 @@
 //!   and whatever is left after the grace period is cut off.
 
 use super::HttpLimits;
-use super::limits::MAX_HEADERS;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -33,8 +32,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// Largest request head hyper buffers (beyond it hyper answers 431 itself, without the
-/// envelope); heads within it but over the router's limits get the envelope.
+/// envelope, and targets over 64 KiB get its bare 414); heads within it but over the
+/// router's limits (8 KiB targets, 16 KiB and 100 headers) get the envelope: a 60 KB target
+/// is 414 and 400 headers are 431, in JSON.
 const MAX_HEAD_BUFFER: usize = 64 * 1024;
+/// Most headers hyper parses (beyond, its own bare 431); the router refuses above 100.
+const HYPER_MAX_HEADERS: usize = 512;
 
 /// Raises the soft open-files limit to the hard one and returns how many connections to
 /// serve at once: `wanted`, or fewer so that `reserve` descriptors stay free for everything
@@ -61,9 +64,11 @@ pub fn connection_cap(wanted: usize, reserve: u64) -> usize {
     }
 }
 
-/// Serves `router` on `listener` until `cancel`, then shuts down within `grace`.
+/// Serves `router` on `listener` until `cancel`, then shuts down within `grace`. The
+/// listener is shared: `serve` answers on it while it waits for Redis at start-up (see
+/// [`starting_router`]), then hands it to the full API.
 pub async fn serve(
-    listener: TcpListener,
+    listener: Arc<TcpListener>,
     router: Router,
     limits: HttpLimits,
     max_connections: usize,
@@ -209,6 +214,28 @@ impl AsyncWrite for Tracked {
     }
 }
 
+/// What answers while `serve` waits for Redis at start-up: `/healthz` 200 (the process is
+/// alive), `/readyz` and everything else 503 `starting` (in the envelope).
+pub fn starting_router() -> Router {
+    use axum::Json;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    let starting = || async {
+        super::ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "starting",
+            "delayq is starting: waiting for redis",
+        )
+    };
+    Router::new()
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route("/readyz", get(starting))
+        .fallback(starting)
+}
+
 /// Serves one connection under its watchdog; the permit is its place among the cap.
 async fn connection(
     stream: TcpStream,
@@ -241,7 +268,7 @@ async fn connection(
     let mut builder = http1::Builder::new();
     builder
         .max_buf_size(MAX_HEAD_BUFFER)
-        .max_headers(MAX_HEADERS * 2)
+        .max_headers(HYPER_MAX_HEADERS)
         .keep_alive(true);
     let conn = builder.serve_connection(io, svc);
     let mut conn = std::pin::pin!(conn);

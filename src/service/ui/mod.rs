@@ -103,7 +103,12 @@ struct SessionInfo {
 async fn session_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let open = st.tokens.is_empty();
     let now = st.admin.client().now_ms();
-    let cookie = session::from_headers(&headers).filter(|c| st.sessions.valid(c, now));
+    let mut cookie = session::from_headers(&headers);
+    if let Some(c) = &cookie
+        && !st.session_ok(c, now).await
+    {
+        cookie = None;
+    }
     let csrf = cookie.as_deref().map(|c| st.sessions.csrf(c));
     axum::Json(SessionInfo {
         open,
@@ -169,7 +174,7 @@ async fn login(State(st): State<AppState>, req: axum::extract::Request) -> Respo
     crate::service::http::edge::auth_failed(&st, client, "one of the configured tokens")
 }
 
-async fn logout(headers: HeaderMap) -> Response {
+async fn logout(State(st): State<AppState>, headers: HeaderMap) -> Response {
     if cross_origin(&headers) {
         return ApiError::new(
             StatusCode::FORBIDDEN,
@@ -177,6 +182,32 @@ async fn logout(headers: HeaderMap) -> Response {
             "requests from another origin are refused",
         )
         .into_response();
+    }
+    // Revoke the session itself, not only the browser's copy: a copied cookie stops
+    // working too (everywhere: every process checks Redis).
+    let now = st.admin.client().now_ms();
+    if let Some(cookie) = session::from_headers(&headers)
+        && st.sessions.valid(&cookie, now)
+        && let Some((nonce, expires_s)) = session::Sessions::nonce_and_expiry(&cookie)
+    {
+        let client = st.admin.client();
+        let ttl_ms = (expires_s * 1000 - now).max(1000);
+        let r: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(client.keyspace().ui_revoked(nonce))
+            .arg(1)
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut client.connection())
+            .await;
+        if let Err(e) = r {
+            tracing::warn!(error = %e, "revoking the session failed");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                "the session could not be revoked; try again",
+            )
+            .into_response();
+        }
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();
     if let Ok(v) = HeaderValue::from_str(&session::clear_cookie(session::over_https(&headers))) {

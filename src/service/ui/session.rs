@@ -82,6 +82,14 @@ impl Sessions {
         exp > now_ms.div_euclid(1000) && crate::service::http::edge::same_secret(sig, &want)
     }
 
+    /// The nonce of a session value (what a sign-out revokes) and its expiry (unix s).
+    pub fn nonce_and_expiry(value: &str) -> Option<(&str, i64)> {
+        let mut parts = value.split('.');
+        let expires = parts.next()?.parse().ok()?;
+        let nonce = parts.next()?;
+        Some((nonce, expires))
+    }
+
     /// The CSRF token of session `value`.
     pub fn csrf(&self, value: &str) -> String {
         self.mac(&[b"csrf", value.as_bytes()])
