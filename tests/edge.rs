@@ -596,6 +596,23 @@ async fn a_frozen_redis_answers_outcome_unknown_and_the_write_is_safe_to_repeat(
     assert_eq!(n, 1);
 }
 
+/// A serve with one `order-close` handler on `database_url`.
+fn order_close_config(redis: &LocalRedis, database_url: &str) -> String {
+    format!(
+        r#"
+redis_url = "{}"
+[http]
+listen = "127.0.0.1:{{port}}"
+[[handlers]]
+queue = "order-close"
+group = "close"
+kind = "order-close"
+database_url = "{database_url}"
+"#,
+        redis.url()
+    )
+}
+
 #[tokio::test]
 async fn a_refused_database_login_exits_3_at_start_up() {
     let redis = LocalRedis::start().unwrap();
@@ -606,22 +623,7 @@ async fn a_refused_database_login_exits_3_at_start_up() {
         .split_once('@')
         .map_or("127.0.0.1:5432/postgres", |(_, r)| r);
     let url = format!("postgres://no_such_role_delayq:DBPASSWORD@{rest}");
-    let mut serve = Serve::start(
-        &format!(
-            r#"
-redis_url = "{}"
-[http]
-listen = "127.0.0.1:{{port}}"
-[[handlers]]
-queue = "order-close"
-group = "close"
-kind = "order-close"
-database_url = "{url}"
-"#,
-            redis.url()
-        ),
-        None,
-    );
+    let mut serve = Serve::start(&order_close_config(&redis, &url), None);
     assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
     let log = serve.log();
     assert!(log.contains("database"), "{log}");
@@ -630,22 +632,7 @@ database_url = "{url}"
     // A database that does not exist: waiting will not create it, so exit 3 at once too.
     let (base, _) = pg.rsplit_once('/').unwrap_or((pg.as_str(), ""));
     let missing = format!("{base}/no_such_database_delayq");
-    let mut serve = Serve::start(
-        &format!(
-            r#"
-redis_url = "{}"
-[http]
-listen = "127.0.0.1:{{port}}"
-[[handlers]]
-queue = "order-close"
-group = "close"
-kind = "order-close"
-database_url = "{missing}"
-"#,
-            redis.url()
-        ),
-        None,
-    );
+    let mut serve = Serve::start(&order_close_config(&redis, &missing), None);
     assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
     assert!(serve.log().contains("no such database"), "{}", serve.log());
 }

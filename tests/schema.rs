@@ -1,5 +1,5 @@
 //! `delayq serve`'s HTTP API fuzzed from its own `/openapi.json` by schemathesis (PyPI,
-//! installed by `.ci/run`): a bounded number of generated requests per operation, positive
+//! installed by `.ci/test`): a bounded number of generated requests per operation, positive
 //! and negative, with and without a token, then stateful sequences. No answer may be a 5xx,
 //! every answer must match its documented schema (every error inside the envelope), status
 //! code and content type.
@@ -12,7 +12,7 @@ use std::process::Command;
 use std::time::Duration;
 use support::serve::Serve;
 
-/// The schemathesis version `.ci/run` installs.
+/// The schemathesis version `.ci/test` installs.
 const SCHEMATHESIS: &str = "4.32.5";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -25,7 +25,7 @@ async fn the_api_holds_to_its_openapi_document_under_schemathesis() {
     assert!(
         !version.is_empty(),
         "schemathesis is not installed: python3 -m pip install schemathesis=={SCHEMATHESIS} \
-         (.ci/run does)"
+         (.ci/test does)"
     );
     let redis = LocalRedis::start().unwrap();
     let mut serve = Serve::start(

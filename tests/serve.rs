@@ -649,14 +649,7 @@ async fn a_pause_is_obeyed_by_every_serve_process() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
     for port in ports {
-        let h = http.clone();
-        wait_for("serve to answer /readyz", Duration::from_secs(60), move || {
-            let h = h.clone();
-            async move {
-                matches!(h.get(format!("http://127.0.0.1:{port}/readyz")).send().await, Ok(r) if r.status() == 200)
-            }
-        })
-        .await;
+        wait_readyz(&http, port).await;
     }
     let client = delayq::Client::connect(&redis.url()).await.unwrap();
     let base = |i: usize| format!("http://127.0.0.1:{}/v1/queues/order-close", ports[i]);
@@ -759,23 +752,10 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
     let mut child = spawn_serve(&cfg, dir.path().join("serve.log"));
     let _ = rustls::crypto::ring::default_provider().install_default();
     let http = reqwest::Client::new();
-    let h = http.clone();
-    wait_for("serve to answer /readyz", Duration::from_secs(60), move || {
-        let h = h.clone();
-        async move {
-            matches!(h.get(format!("http://127.0.0.1:{port}/readyz")).send().await, Ok(r) if r.status() == 200)
-        }
-    })
-    .await;
+    wait_readyz(&http, port).await;
     let base = format!("http://127.0.0.1:{port}/v1/queues");
     // Declared through the API while serve runs: no restart, no config change.
-    let r = http
-        .put(format!("{base}/b"))
-        .header("content-type", "application/json")
-        .body(json!({}).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = put_json(&http, format!("{base}/b"), json!({})).await;
     assert_eq!(r.status(), 201);
     // ...and through the CLI, from another process.
     let out = Command::new(BIN)
@@ -804,13 +784,12 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         )
         .unwrap();
         tokio::spawn(w.run(stop.clone()));
-        let r = http
-            .put(format!("{base}/{q}/messages/{q}-1"))
-            .header("content-type", "application/json")
-            .body(json!({"delay_ms": 0}).to_string())
-            .send()
-            .await
-            .unwrap();
+        let r = put_json(
+            &http,
+            format!("{base}/{q}/messages/{q}-1"),
+            json!({"delay_ms": 0}),
+        )
+        .await;
         assert_eq!(r.status(), 201);
     }
     let s2 = seen.clone();
@@ -824,14 +803,7 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
     )
     .await;
     // Its gauges are scraped while it exists...
-    let before = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let before = get_text(&http, port, "/metrics").await;
     assert!(before.contains("delayq_scheduled{queue=\"b\"}"), "{before}");
     // Deleted: serve stops accepting it at once (its cached record is refused by the
     // script) and no key of it is left.
@@ -841,13 +813,12 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    let r = http
-        .put(format!("{base}/b/messages/late"))
-        .header("content-type", "application/json")
-        .body(json!({"delay_ms": 0}).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = put_json(
+        &http,
+        format!("{base}/b/messages/late"),
+        json!({"delay_ms": 0}),
+    )
+    .await;
     assert_eq!(r.status(), 404);
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg("{dq:b:*")
@@ -864,27 +835,13 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         move || {
             let h = h2.clone();
             async move {
-                let m = h
-                    .get(format!("http://127.0.0.1:{port}/metrics"))
-                    .send()
-                    .await
-                    .unwrap()
-                    .text()
-                    .await
-                    .unwrap();
+                let m = get_text(&h, port, "/metrics").await;
                 !m.contains("delayq_scheduled{queue=\"b\"}")
             }
         },
     )
     .await;
-    let metrics = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&http, port, "/metrics").await;
     assert!(
         metrics.contains("delayq_scheduled{queue=\"c\"}"),
         "{metrics}"
@@ -896,21 +853,14 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
         assert!(!metrics.contains(gauge), "{gauge}: {metrics}");
     }
     // A retention change without `shards` keeps a 4-shard queue's count.
-    let r = http
-        .put(format!("{base}/wide"))
-        .header("content-type", "application/json")
-        .body(json!({"shards": 4}).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = put_json(&http, format!("{base}/wide"), json!({"shards": 4})).await;
     assert_eq!(r.status(), 201);
-    let r = http
-        .put(format!("{base}/wide"))
-        .header("content-type", "application/json")
-        .body(json!({"history_retention": "1s"}).to_string())
-        .send()
-        .await
-        .unwrap();
+    let r = put_json(
+        &http,
+        format!("{base}/wide"),
+        json!({"history_retention": "1s"}),
+    )
+    .await;
     assert!(r.status().is_success(), "{}", r.text().await.unwrap());
     stop.cancel();
     assert!(
@@ -921,4 +871,37 @@ async fn every_queue_of_the_registry_is_served_and_a_deleted_one_is_not() {
             .success()
     );
     assert!(child.wait().unwrap().success());
+}
+
+/// Waits until the serve on `port` answers `/readyz` 200.
+async fn wait_readyz(http: &reqwest::Client, port: u16) {
+    let h = http.clone();
+    wait_for("serve to answer /readyz", Duration::from_secs(60), move || {
+        let h = h.clone();
+        async move {
+            matches!(h.get(format!("http://127.0.0.1:{port}/readyz")).send().await, Ok(r) if r.status() == 200)
+        }
+    })
+    .await;
+}
+
+/// `PUT url` with a JSON body.
+async fn put_json(http: &reqwest::Client, url: String, body: Value) -> reqwest::Response {
+    http.put(url)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The body of `GET path` on the serve at `port`.
+async fn get_text(http: &reqwest::Client, port: u16, path: &str) -> String {
+    http.get(format!("http://127.0.0.1:{port}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

@@ -71,26 +71,8 @@ impl Client {
         // show.
         let keys = self.registered_keys(&q).await?;
         let field = pause_field(group);
-        futures_util::future::try_join_all(keys.iter().map(|k| {
-            let mut conn = self.connection();
-            let c = if paused {
-                let mut c = redis::cmd("HSET");
-                c.arg(&k.meta).arg(&field).arg("1");
-                c
-            } else {
-                let mut c = redis::cmd("HDEL");
-                c.arg(&k.meta).arg(&field);
-                c
-            };
-            async move {
-                let _: i64 = c
-                    .query_async(&mut conn)
-                    .await
-                    .ctx("setting the pause flag")?;
-                Ok::<(), Error>(())
-            }
-        }))
-        .await?;
+        self.set_marker(&keys, &field, paused.then_some("1"))
+            .await?;
         let mut pipe = redis::pipe();
         if paused {
             pipe.cmd("HSET")

@@ -127,6 +127,9 @@ pub struct ChoreReport {
     pub count: u64,
 }
 
+/// A queue a pass tends, with the keys of every shard as registered.
+type Tended = (QueueName, Vec<crate::engine::keys::ShardKeys>);
+
 /// Runs the maintenance services for every registered queue (or a fixed set).
 #[derive(Debug, Clone)]
 pub struct Housekeeper {
@@ -164,7 +167,7 @@ impl Housekeeper {
 
     /// The queues to tend now, each with the keys of every shard as registered (queues
     /// not registered, yet or any more, are left out).
-    async fn queues(&self) -> Result<Vec<(QueueName, Vec<crate::engine::keys::ShardKeys>)>> {
+    async fn queues(&self) -> Result<Vec<Tended>> {
         match &self.queues {
             None => self
                 .client
@@ -192,10 +195,15 @@ impl Housekeeper {
 
     /// Trims every shard stream of every queue once; returns the entries removed.
     pub async fn trim(&self) -> Result<ChoreReport> {
+        self.trim_streams(&self.queues().await?).await
+    }
+
+    /// [`trim`](Housekeeper::trim) over `queues` (read once per pass).
+    async fn trim_streams(&self, queues: &[Tended]) -> Result<ChoreReport> {
         let mut count = 0;
-        for (_, keys) in self.queues().await? {
+        for (_, keys) in queues {
             for k in keys {
-                count += scripts::trim(&mut self.client.connection(), &k).await?;
+                count += scripts::trim(&mut self.client.connection(), k).await?;
             }
         }
         Ok(ChoreReport { count })
@@ -204,10 +212,15 @@ impl Housekeeper {
     /// Deletes dead letters past the retention, then the oldest beyond the per-queue cap;
     /// returns how many. Counted in `delayq_dead_trimmed_total{queue}`.
     pub async fn trim_dead(&self) -> Result<ChoreReport> {
+        self.trim_dead_letters(&self.queues().await?).await
+    }
+
+    /// [`trim_dead`](Housekeeper::trim_dead) over `queues` (read once per pass).
+    async fn trim_dead_letters(&self, queues: &[Tended]) -> Result<ChoreReport> {
         let retention = i64::try_from(self.opts.dead_retention.as_millis()).unwrap_or(i64::MAX);
         let min_id = self.client.now_ms().saturating_sub(retention).max(0);
         let mut count = 0;
-        for (q, keys) in self.queues().await? {
+        for (q, keys) in queues {
             if keys.is_empty() {
                 continue;
             }
@@ -304,8 +317,16 @@ impl Housekeeper {
                 async move {
                     let (r, what) = match name {
                         "trim" => {
-                            let streams = this.trim().await;
-                            let dead = this.trim_dead().await;
+                            // One read of the registry for both passes.
+                            let queues = match this.queues().await {
+                                Ok(q) => q,
+                                Err(e) => {
+                                    telemetry::maintenance_pass("trim", false, &[]);
+                                    return Err(e);
+                                }
+                            };
+                            let streams = this.trim_streams(&queues).await;
+                            let dead = this.trim_dead_letters(&queues).await;
                             let ok = streams.is_ok() && dead.is_ok();
                             let (s, d) = (
                                 streams.as_ref().map_or(0, |r| r.count),

@@ -146,23 +146,8 @@ impl Client {
             shards: stored,
             epoch,
         };
-        futures_util::future::try_join_all(self.keyspace().shards(q, stored).into_iter().map(
-            |k| {
-                let mut conn = self.connection();
-                let epoch = r.epoch.clone();
-                async move {
-                    let () = redis::cmd("HSET")
-                        .arg(&k.meta)
-                        .arg("epoch")
-                        .arg(epoch)
-                        .query_async(&mut conn)
-                        .await
-                        .ctx("marking the queue's shards")?;
-                    Ok::<(), Error>(())
-                }
-            },
-        ))
-        .await?;
+        self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&r.epoch))
+            .await?;
         self.remember(q, r.clone());
         Ok((created, r))
     }
@@ -307,17 +292,36 @@ impl Client {
 
     /// Gives fenced shards their epoch back (a delete that was refused part way).
     async fn unfence(&self, shards: &[ShardKeys], epoch: &str) {
-        for k in shards {
-            let r: redis::RedisResult<i64> = redis::cmd("HSET")
-                .arg(&k.meta)
-                .arg("epoch")
-                .arg(epoch)
-                .query_async(&mut self.connection())
-                .await;
-            if let Err(e) = r {
-                tracing::error!(shard = %k.tag, error = %e, "restoring a shard's epoch after a refused delete failed; create the queue again to repair it");
-            }
+        if let Err(e) = self.set_marker(shards, "epoch", Some(epoch)).await {
+            tracing::error!(queue_shards = shards.len(), error = %e, "restoring the shards' epoch after a refused delete failed; create the queue again to repair it");
         }
+    }
+
+    /// Sets (`Some`) or removes (`None`) `field` of every shard's marker, the calls in
+    /// flight together: the epoch, and the pause flags the scripts check.
+    pub(crate) async fn set_marker(
+        &self,
+        shards: &[ShardKeys],
+        field: &str,
+        value: Option<&str>,
+    ) -> Result<()> {
+        futures_util::future::try_join_all(shards.iter().map(|k| {
+            let mut conn = self.connection();
+            let mut c = redis::cmd(if value.is_some() { "HSET" } else { "HDEL" });
+            c.arg(&k.meta).arg(field);
+            if let Some(v) = value {
+                c.arg(v);
+            }
+            async move {
+                let _: i64 = c
+                    .query_async(&mut conn)
+                    .await
+                    .ctx("writing the shards' markers")?;
+                Ok::<(), Error>(())
+            }
+        }))
+        .await?;
+        Ok(())
     }
 
     /// Deletes consumer group `group` on every shard of `queue`, with its timers, so stream

@@ -1,5 +1,5 @@
 //! Headless Chromium driven over WebDriver (Debian's `chromium` and `chromium-driver`,
-//! installed by `.ci/run`; nothing is downloaded): one ChromeDriver per test on a free port,
+//! installed by `.ci/test`; nothing is downloaded): one ChromeDriver per test on a free port,
 //! a fresh profile per session, screenshots saved under `target/ui-screenshots/` (and
 //! copied to `docs/screenshots/` with `DELAYQ_UPDATE_SCREENSHOTS=1`).
 
@@ -23,7 +23,7 @@ impl Browser {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("chromedriver is not installed (apt-get install chromium chromium-driver; .ci/run does)");
+            .expect("chromedriver is not installed (apt-get install chromium chromium-driver; .ci/test does)");
         let url = format!("http://127.0.0.1:{port}");
         let up = super::poll(Duration::from_secs(30), async || {
             tokio::net::TcpStream::connect(("127.0.0.1", port))

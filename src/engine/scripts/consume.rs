@@ -1,0 +1,182 @@
+//! The consumer scripts: what a worker runs on a group's entries (`read.lua`, `extend.lua`,
+//! `reclaim.lua`, `retry.lua`, `dead.lua`) and the dead-letter replay (`replay.lua`).
+
+use crate::engine::history::{HistoryPolicy, marker_field};
+use crate::engine::keys::ShardKeys;
+use crate::error::{RedisContext, Result};
+use redis::aio::ConnectionLike;
+use std::sync::LazyLock;
+
+/// Source of `lua/read.lua`.
+pub const READ_LUA: &str = include_str!("../../../lua/read.lua");
+/// Source of `lua/reclaim.lua`.
+pub const RECLAIM_LUA: &str = include_str!("../../../lua/reclaim.lua");
+/// Source of `lua/retry.lua`.
+pub const RETRY_LUA: &str = include_str!("../../../lua/retry.lua");
+/// Source of `lua/dead.lua`.
+pub const DEAD_LUA: &str = include_str!("../../../lua/dead.lua");
+/// Source of `lua/replay.lua`.
+pub const REPLAY_LUA: &str = include_str!("../../../lua/replay.lua");
+
+static READ: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(READ_LUA));
+static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RECLAIM_LUA));
+static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RETRY_LUA));
+static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEAD_LUA));
+static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REPLAY_LUA));
+/// Source of `lua/extend.lua`.
+pub const EXTEND_LUA: &str = include_str!("../../../lua/extend.lua");
+static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(EXTEND_LUA));
+
+/// Runs `extend.lua`: moves the lease of each `(entry id, lease end last set)` in `held` to
+/// `until_ms`, where the timer still holds that lease; returns the ids extended.
+pub(crate) async fn extend<C: ConnectionLike>(
+    conn: &mut C,
+    timers_key: &str,
+    until_ms: i64,
+    held: &[(String, i64)],
+) -> Result<Vec<String>> {
+    let mut inv = EXTEND.prepare_invoke();
+    inv.key(timers_key).arg(until_ms);
+    for (id, lease) in held {
+        inv.arg(id).arg(*lease);
+    }
+    inv.invoke_async(conn)
+        .await
+        .ctx("extending leases (extend.lua)")
+}
+
+/// Runs `read.lua`: returns the raw entries (`[[id, [f, v, ...]], ...]`) and the stream's
+/// last entry id.
+pub(crate) async fn read<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    count: usize,
+    lease_until_ms: i64,
+) -> Result<(redis::Value, String, i64)> {
+    READ.key(&keys.stream)
+        .key(keys.timers(group))
+        .key(&keys.meta)
+        .arg(group)
+        .arg(consumer)
+        .arg(count.clamp(1, 1000))
+        .arg(lease_until_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("reading the stream (read.lua)")
+}
+
+/// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`),
+/// the earliest remaining timer, and the pending entries whose stream entry is gone
+/// (entry id, owner, delivery count), left for the caller to dead-letter.
+pub(crate) async fn reclaim<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    now_ms: i64,
+    lease_until_ms: i64,
+    limit: usize,
+) -> Result<(redis::Value, Option<f64>, Vec<(String, String, u32)>)> {
+    RECLAIM
+        .key(&keys.stream)
+        .key(keys.timers(group))
+        .key(keys.errors(group))
+        .arg(group)
+        .arg(consumer)
+        .arg(now_ms)
+        .arg(lease_until_ms)
+        .arg(limit.clamp(1, 1000))
+        .invoke_async(conn)
+        .await
+        .ctx("reclaiming due entries (reclaim.lua)")
+}
+
+/// Runs `retry.lua` (the next attempt at `at_ms`; `error` recorded for the history); false
+/// when the entry is no longer this consumer's.
+pub(crate) async fn retry<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    consumer: &str,
+    entry_id: &str,
+    at_ms: i64,
+    error: &str,
+) -> Result<bool> {
+    let n: i64 = RETRY
+        .key(&keys.stream)
+        .key(keys.timers(group))
+        .key(keys.errors(group))
+        .arg(group)
+        .arg(consumer)
+        .arg(entry_id)
+        .arg(at_ms)
+        .arg(error)
+        .invoke_async(conn)
+        .await
+        .ctx("scheduling a retry (retry.lua)")?;
+    Ok(n == 1)
+}
+
+/// What to record with a dead letter.
+pub(crate) struct DeadArgs<'a> {
+    pub group: &'a str,
+    pub consumer: &'a str,
+    pub entry_id: &'a str,
+    pub attempts: u32,
+    pub error: &'a str,
+    pub now_ms: i64,
+    /// The queue's history retention (where the `dead` marker goes).
+    pub history: HistoryPolicy,
+}
+
+/// Runs `dead.lua`; false when the entry is no longer this consumer's.
+pub(crate) async fn dead_letter<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    a: &DeadArgs<'_>,
+) -> Result<bool> {
+    let (bucket, expires_at) = a.history.marker_target(keys, a.entry_id);
+    let n: i64 = DEAD
+        .key(&keys.stream)
+        .key(keys.timers(a.group))
+        .key(&keys.dead)
+        .key(keys.errors(a.group))
+        .key(bucket)
+        .arg(a.group)
+        .arg(a.consumer)
+        .arg(a.entry_id)
+        .arg(a.attempts)
+        .arg(a.error)
+        .arg(a.now_ms)
+        .arg(marker_field(a.group, a.entry_id))
+        .arg(expires_at)
+        .invoke_async(conn)
+        .await
+        .ctx("dead-lettering an entry (dead.lua)")?;
+    Ok(n == 1)
+}
+
+/// Runs `replay.lua` (the history follows the new entries, written at `now_ms`); returns how
+/// many dead letters were replayed.
+pub(crate) async fn replay<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: Option<&str>,
+    dead_ids: &[String],
+    now_ms: i64,
+    history: &HistoryPolicy,
+) -> Result<u64> {
+    let (bucket, expires_at) = history.write_target(keys, now_ms);
+    REPLAY
+        .key(&keys.dead)
+        .key(&keys.stream)
+        .key(bucket)
+        .arg(group.unwrap_or(""))
+        .arg(expires_at)
+        .arg(dead_ids)
+        .invoke_async(conn)
+        .await
+        .ctx("replaying dead letters (replay.lua)")
+}

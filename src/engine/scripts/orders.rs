@@ -1,0 +1,196 @@
+//! The order scripts: what producers run (`enqueue.lua`, `cancel.lua`, `reschedule.lua`,
+//! `get.lua`) and what the dispatcher runs (`dequeue.lua`).
+
+use super::score_to_ms;
+use crate::engine::history::HistoryPolicy;
+use crate::engine::keys::ShardKeys;
+use crate::engine::message::ScheduleOutcome;
+use crate::error::{Error, RedisContext, Result};
+use redis::aio::ConnectionLike;
+use std::sync::LazyLock;
+
+/// Source of `lua/enqueue.lua`.
+pub const ENQUEUE_LUA: &str = include_str!("../../../lua/enqueue.lua");
+/// Source of `lua/dequeue.lua`.
+pub const DEQUEUE_LUA: &str = include_str!("../../../lua/dequeue.lua");
+/// Source of `lua/cancel.lua`.
+pub const CANCEL_LUA: &str = include_str!("../../../lua/cancel.lua");
+/// Source of `lua/reschedule.lua`.
+pub const RESCHEDULE_LUA: &str = include_str!("../../../lua/reschedule.lua");
+
+static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ENQUEUE_LUA));
+static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEQUEUE_LUA));
+static CANCEL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CANCEL_LUA));
+static RESCHEDULE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESCHEDULE_LUA));
+
+/// Most dequeued orders per script call (each costs ~5 µs of Redis time).
+pub const MAX_DEQUEUE_BATCH: usize = 1000;
+
+/// One order as the enqueue script takes it.
+pub(crate) struct EnqueueArg<'a> {
+    pub id: &'a str,
+    pub due_ms: i64,
+    pub payload: &'a str,
+}
+
+/// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
+pub(crate) fn enqueue_invocation<'a>(
+    keys: &ShardKeys,
+    epoch: &str,
+    if_absent: bool,
+    now_ms: i64,
+    orders: &[EnqueueArg<'_>],
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = ENQUEUE.prepare_invoke();
+    inv.key(&keys.due)
+        .key(&keys.payload)
+        .key(&keys.meta)
+        .arg(if if_absent { "nx" } else { "upsert" })
+        .arg(now_ms)
+        .arg(epoch);
+    for o in orders {
+        inv.arg(o.id).arg(o.due_ms).arg(o.payload);
+    }
+    inv
+}
+
+/// Runs `enqueue.lua` for orders of one shard; returns one outcome per order.
+pub(crate) async fn enqueue<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    epoch: &str,
+    if_absent: bool,
+    now_ms: i64,
+    orders: &[EnqueueArg<'_>],
+) -> Result<Vec<ScheduleOutcome>> {
+    let codes: Vec<i64> = enqueue_invocation(keys, epoch, if_absent, now_ms, orders)
+        .invoke_async(conn)
+        .await
+        .ctx("scheduling orders (enqueue.lua)")?;
+    enqueue_outcomes(codes, orders.len())
+}
+
+/// Loads `enqueue.lua` (after a `NOSCRIPT` in a pipeline, which does not reload by itself).
+pub(crate) async fn load_enqueue<C: ConnectionLike>(conn: &mut C) -> Result<()> {
+    ENQUEUE
+        .prepare_invoke()
+        .load_async(conn)
+        .await
+        .ctx("loading enqueue.lua")?;
+    Ok(())
+}
+
+/// `enqueue.lua`'s reply codes as outcomes, one per order.
+pub(crate) fn enqueue_outcomes(codes: Vec<i64>, orders: usize) -> Result<Vec<ScheduleOutcome>> {
+    if codes.len() != orders {
+        return Err(Error::Reply {
+            context: "scheduling orders (enqueue.lua)",
+            detail: format!("{} outcomes for {orders} orders", codes.len()),
+        });
+    }
+    codes
+        .into_iter()
+        .map(|c| match c {
+            1 => Ok(ScheduleOutcome::Created),
+            2 => Ok(ScheduleOutcome::Updated),
+            0 => Ok(ScheduleOutcome::Unchanged),
+            other => Err(Error::Reply {
+                context: "scheduling orders (enqueue.lua)",
+                detail: format!("unknown outcome code {other}"),
+            }),
+        })
+        .collect()
+}
+
+/// What one `dequeue.lua` call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DequeueReport {
+    /// Orders moved into the stream.
+    pub moved: usize,
+    /// Due time of the earliest order still scheduled in the shard.
+    pub next_due_ms: Option<i64>,
+    /// The queue's dispatch is paused (nothing was moved).
+    pub paused: bool,
+    /// The shard has no epoch: the queue was deleted, or Redis lost its data.
+    pub gone: bool,
+}
+
+/// Runs `dequeue.lua` on one shard, recording the order history as `history` says.
+pub(crate) async fn dequeue<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    now_ms: i64,
+    limit: usize,
+    history: &HistoryPolicy,
+) -> Result<DequeueReport> {
+    let (bucket, expires_at) = history.write_target(keys, now_ms);
+    let (moved, next, paused, gone): (usize, Option<f64>, i64, i64) = DEQUEUE
+        .key(&keys.due)
+        .key(&keys.payload)
+        .key(&keys.stream)
+        .key(bucket)
+        .key(&keys.meta)
+        .arg(now_ms)
+        .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
+        .arg(expires_at)
+        .invoke_async(conn)
+        .await
+        .ctx("dispatching due orders (dequeue.lua)")?;
+    Ok(DequeueReport {
+        moved,
+        next_due_ms: next.map(score_to_ms),
+        paused: paused == 1,
+        gone: gone == 1,
+    })
+}
+
+/// Runs `cancel.lua`; true when the order was scheduled.
+pub(crate) async fn cancel<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    id: &str,
+) -> Result<bool> {
+    let n: i64 = CANCEL
+        .key(&keys.due)
+        .key(&keys.payload)
+        .arg(id)
+        .invoke_async(conn)
+        .await
+        .ctx("cancelling an order (cancel.lua)")?;
+    Ok(n == 1)
+}
+
+/// Runs `reschedule.lua`; true when the order was scheduled.
+pub(crate) async fn reschedule<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    id: &str,
+    due_ms: i64,
+) -> Result<bool> {
+    let n: i64 = RESCHEDULE
+        .key(&keys.due)
+        .arg(id)
+        .arg(due_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("rescheduling an order (reschedule.lua)")?;
+    Ok(n == 1)
+}
+
+/// Source of `lua/get.lua`.
+pub const GET_LUA: &str = include_str!("../../../lua/get.lua");
+static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GET_LUA));
+
+/// Runs `get.lua`: the order's score and stored value, read together.
+pub(crate) async fn get<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    id: &str,
+) -> Result<(Option<f64>, Option<String>)> {
+    GET.key(&keys.due)
+        .key(&keys.payload)
+        .arg(id)
+        .invoke_async(conn)
+        .await
+        .ctx("reading an order (get.lua)")
+}

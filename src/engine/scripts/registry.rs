@@ -1,0 +1,178 @@
+//! The registry and maintenance scripts: declaring and fencing queues
+//! (`create_queue.lua`, `fence.lua`), joining groups and heartbeats (`join_group.lua`,
+//! `heartbeat.lua`), and the maintenance passes (`trim.lua`, `consumers.lua`).
+
+use crate::engine::keys::ShardKeys;
+use crate::error::{Error, RedisContext, Result};
+use redis::aio::ConnectionLike;
+use std::sync::LazyLock;
+
+/// Source of `lua/create_queue.lua`.
+pub const CREATE_QUEUE_LUA: &str = include_str!("../../../lua/create_queue.lua");
+/// Source of `lua/fence.lua`.
+pub const FENCE_LUA: &str = include_str!("../../../lua/fence.lua");
+/// Source of `lua/join_group.lua`.
+pub const JOIN_GROUP_LUA: &str = include_str!("../../../lua/join_group.lua");
+/// Source of `lua/heartbeat.lua`.
+pub const HEARTBEAT_LUA: &str = include_str!("../../../lua/heartbeat.lua");
+static CREATE_QUEUE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(CREATE_QUEUE_LUA));
+static FENCE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FENCE_LUA));
+static JOIN_GROUP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(JOIN_GROUP_LUA));
+static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HEARTBEAT_LUA));
+
+/// What `create_queue.lua` answered: whether it registered the queue, its shard count and
+/// its epoch.
+pub(crate) async fn create_queue<C: ConnectionLike>(
+    conn: &mut C,
+    keyspace: &crate::engine::keys::Keyspace,
+    queue: &crate::engine::keys::QueueName,
+    shards: u16,
+    new_epoch: &str,
+    max_queues: usize,
+) -> Result<(bool, u16, String)> {
+    let (created, stored, epoch): (i64, u16, String) = CREATE_QUEUE
+        .key(keyspace.queues())
+        .key(keyspace.queue_record(queue))
+        .key(keyspace.registry_version())
+        .arg(queue.as_str())
+        .arg(shards)
+        .arg(new_epoch)
+        .arg(max_queues)
+        .invoke_async(conn)
+        .await
+        .ctx("registering the queue (create_queue.lua)")?;
+    Ok((created == 1, stored, epoch))
+}
+
+/// What `fence.lua` found in one shard.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Fence {
+    /// 1 fenced, 0 refused (not empty), -1 not this epoch's shard.
+    pub fenced: i64,
+    /// Orders scheduled.
+    pub scheduled: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Per group: name, pending, lag.
+    pub groups: Vec<(String, u64, u64)>,
+}
+
+/// Runs `fence.lua` on one shard (see the script).
+pub(crate) async fn fence<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    epoch: &str,
+    force: bool,
+) -> Result<Fence> {
+    let reply: Vec<redis::Value> = FENCE
+        .key(&keys.due)
+        .key(&keys.stream)
+        .key(&keys.dead)
+        .key(&keys.meta)
+        .arg(epoch)
+        .arg(if force { "1" } else { "0" })
+        .invoke_async(conn)
+        .await
+        .ctx("fencing a shard for deletion (fence.lua)")?;
+    let bad = || Error::Reply {
+        context: "fencing a shard for deletion (fence.lua)",
+        detail: "malformed reply".into(),
+    };
+    let int = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).map_err(|_| bad());
+    let (head, rest) = reply.split_at_checked(3).ok_or_else(bad)?;
+    let mut f = Fence {
+        fenced: int(&head[0])?,
+        scheduled: u64::try_from(int(&head[1])?).unwrap_or(0),
+        dead: u64::try_from(int(&head[2])?).unwrap_or(0),
+        groups: Vec::new(),
+    };
+    for g in rest.chunks(3) {
+        let [name, pending, lag] = g else {
+            return Err(bad());
+        };
+        let name: String = redis::from_redis_value_ref(name).map_err(|_| bad())?;
+        f.groups.push((
+            name,
+            u64::try_from(int(pending)?).unwrap_or(0),
+            u64::try_from(int(lag)?).unwrap_or(0),
+        ));
+    }
+    Ok(f)
+}
+
+/// Runs `join_group.lua`: creates `group` on a shard's stream when it is new; true when
+/// created. `rejoin`: a running worker's group vanished (refused when the stream exists).
+pub(crate) async fn join_group<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    group: &str,
+    rejoin: bool,
+    max_groups: usize,
+) -> Result<bool> {
+    let n: i64 = JOIN_GROUP
+        .key(&keys.stream)
+        .key(&keys.meta)
+        .arg(group)
+        .arg(if rejoin { "rejoin" } else { "create" })
+        .arg(max_groups)
+        .invoke_async(conn)
+        .await
+        .ctx("creating the consumer group (join_group.lua)")?;
+    Ok(n == 1)
+}
+
+/// Runs `heartbeat.lua`; false when the queue no longer exists.
+pub(crate) async fn heartbeat<C: ConnectionLike>(
+    conn: &mut C,
+    alive_key: &str,
+    shard0: &ShardKeys,
+    member: &str,
+    now_ms: i64,
+    alive: bool,
+    drop_before_ms: i64,
+) -> Result<bool> {
+    let n: i64 = HEARTBEAT
+        .key(alive_key)
+        .key(&shard0.meta)
+        .arg(member)
+        .arg(now_ms)
+        .arg(if alive { "1" } else { "0" })
+        .arg(drop_before_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("recording a heartbeat (heartbeat.lua)")?;
+    Ok(n == 1)
+}
+
+/// Source of `lua/trim.lua`.
+pub const TRIM_LUA: &str = include_str!("../../../lua/trim.lua");
+/// Source of `lua/consumers.lua`.
+pub const CONSUMERS_LUA: &str = include_str!("../../../lua/consumers.lua");
+
+static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TRIM_LUA));
+static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONSUMERS_LUA));
+
+/// Runs `trim.lua`; returns how many entries were removed.
+pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<u64> {
+    let (removed, _point): (u64, Option<String>) = TRIM
+        .key(&keys.stream)
+        .invoke_async(conn)
+        .await
+        .ctx("trimming the stream (trim.lua)")?;
+    Ok(removed)
+}
+
+/// Runs `consumers.lua`; returns how many consumers were deleted.
+pub(crate) async fn remove_idle_consumers<C: ConnectionLike>(
+    conn: &mut C,
+    keys: &ShardKeys,
+    min_idle_ms: i64,
+) -> Result<u64> {
+    CONSUMERS
+        .key(&keys.stream)
+        .arg(min_idle_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("removing idle consumers (consumers.lua)")
+}
