@@ -39,6 +39,7 @@ pub mod message;
 pub mod redact;
 pub mod registry;
 pub mod retry;
+pub mod schedules;
 pub mod scripts;
 pub mod stats;
 pub mod supervisor;
