@@ -127,6 +127,14 @@ pub enum Error {
         /// The cap.
         max: usize,
     },
+    /// The namespace already has the most recurring schedules it may have.
+    #[error(
+        "the namespace already has {max} recurring schedules, the most it may have (remove one)"
+    )]
+    TooManySchedules {
+        /// The cap.
+        max: usize,
+    },
     /// The consumer group was deleted while its worker ran: the worker stops rather than
     /// create it again (which would deliver every retained entry once more).
     #[error("consumer group {group:?} of queue {queue:?} was deleted; its worker stopped")]

@@ -1046,7 +1046,7 @@ async fn a_huge_target_and_too_many_headers_answer_in_the_envelope_over_the_wire
     };
     let long = format!(
         "GET /v1/queues/q/messages/{} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n",
-        "x".repeat(60_000)
+        "x".repeat(100_000)
     );
     let answer = raw_request(long).await;
     assert!(
@@ -1064,6 +1064,345 @@ async fn a_huge_target_and_too_many_headers_answer_in_the_envelope_over_the_wire
     let answer = raw_request(many).await;
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     assert!(answer.contains("\"headers_too_large\""), "{answer}");
+    // A head larger than the HTTP library's buffer (one 200 KB header): still the envelope.
+    let huge = format!(
+        "GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\nx-big: {}\r\n\r\n",
+        "y".repeat(200_000)
+    );
+    let answer = raw_request(huge).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 431"),
+        "{}",
+        &answer[..answer.len().min(200)]
+    );
+    assert!(answer.contains("\"headers_too_large\""), "{answer}");
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// Resident memory of a process, bytes (Linux `/proc`).
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A connection whose receive window stays small (the server's writes block once it and the
+/// server's send buffer are full).
+async fn small_window_connection(port: u16) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap()
+}
+
+/// The value of a counter series in a `/metrics` text (0 when absent).
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_the_client_never_drains_is_cut_at_the_write_deadline() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\nmax_payload_bytes = 9000000\nqueues = [\"big\"]\n[http]\nlisten = \"127.0.0.1:{{port}}\"\nmax_body_bytes = 10000000\nwrite_timeout = \"1s\"\nidle_timeout = \"1h\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let http = http_client();
+    // Larger than the kernel's largest send buffer (4 MB here) and the client's window, so
+    // the server's writes block.
+    let payload = serde_json::to_string(&json!({"blob": "x".repeat(8_000_000)})).unwrap();
+    let r = http
+        .put(format!("{}/v1/queues/big/messages/o1", serve.base()))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"delay_ms": 3600000, "payload": {payload}}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+
+    // Ask for the 8 MB order and take only its first bytes.
+    let mut slow = small_window_connection(serve.port).await;
+    slow.write_all(b"GET /v1/queues/big/messages/o1 HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 64];
+    let n = slow.read(&mut head).await.unwrap();
+    assert!(head[..n].starts_with(b"HTTP/1.1 200"));
+    // The server cuts the connection once its writes have been stuck for write_timeout
+    // (the idle timeout is an hour).
+    let cut = r#"delayq_http_connections_cut_total{deadline="write"}"#;
+    wait_for("the write deadline to cut the connection", WAIT, || {
+        let http = http.clone();
+        let url = format!("{}/metrics", serve.base());
+        async move { metric_value(&get_text(&http, url).await, cut) >= 1.0 }
+    })
+    .await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, slow.read_to_end(&mut rest))
+        .await
+        .expect("the connection was closed");
+    assert!(
+        n + rest.len() < payload.len(),
+        "the whole response arrived ({} bytes): the connection was not cut",
+        n + rest.len()
+    );
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_sign_ins_beyond_the_connection_cap_leave_healthz_answering() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\ntokens = [\"the-right-token\"]\nmax_connections = 8\nbody_timeout = \"1s\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    // Cap + 1 sign-ins whose body never arrives (the head and one byte).
+    let mut stalled = Vec::new();
+    for _ in 0..9 {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+            .await
+            .unwrap();
+        s.write_all(
+            b"POST /ui/login HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        stalled.push(s);
+    }
+    // /healthz still answers: the stalled ones are refused at the body deadline and their
+    // places freed.
+    let http = http_client();
+    let r = tokio::time::timeout(WAIT, http.get(format!("{}/healthz", serve.base())).send())
+        .await
+        .expect("/healthz answered")
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for mut s in stalled {
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
+        let text = String::from_utf8_lossy(&buf);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(text.contains("\"body_timeout\""), "{text}");
+    }
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_bodies_of_a_megabyte_are_refused_early_and_memory_stays_flat() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\ntokens = [\"the-right-token\"]\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let pid = serve.child.id();
+    let before = rss_bytes(pid);
+    let body = Arc::new(vec![b' '; 1 << 20]);
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let body = body.clone();
+        let port = serve.port;
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .unwrap();
+            let head = format!(
+                "POST /ui/login HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            // The server may answer and close before taking the whole body.
+            let _ = s.write_all(&body).await;
+            let mut buf = Vec::new();
+            let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
+            String::from_utf8_lossy(&buf).into_owned()
+        }));
+    }
+    let mut refused = 0;
+    for t in tasks {
+        let answer = t.await.unwrap();
+        if answer.starts_with("HTTP/1.1 413") {
+            refused += 1;
+        }
+    }
+    let after = rss_bytes(pid);
+    let grown = after.saturating_sub(before);
+    println!(
+        "200 sign-ins of 1 MB: {refused} answered 413; resident memory {} -> {} MB (+{:.1} MB)",
+        before >> 20,
+        after >> 20,
+        grown as f64 / 1048576.0
+    );
+    assert_eq!(refused, 200, "every 1 MB sign-in is refused with 413");
+    assert!(
+        grown < 20 << 20,
+        "memory grew by {grown} bytes for 200 refused sign-ins"
+    );
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// p50 and p99 of `n` sequential `PUT`s, ms.
+async fn put_latencies(http: &reqwest::Client, base: &str, tag: &str, n: usize) -> (f64, f64) {
+    let mut ms = Vec::with_capacity(n);
+    for i in 0..n {
+        let t = std::time::Instant::now();
+        let r = http
+            .put(format!("{base}/v1/queues/q-0000/messages/{tag}{i}"))
+            .header("content-type", "application/json")
+            .body(r#"{"delay_ms": 3600000, "payload": {"n": 1}}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    ms.sort_by(f64::total_cmp);
+    (ms[n / 2], ms[(n * 99 / 100).min(n - 1)])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_clients_that_never_read_do_not_pin_memory_on_5000_queues() {
+    raise_own_fd_limit(2048);
+    let redis = LocalRedis::start().unwrap();
+    let client = Client::connect_with(&redis.url(), ClientOptions::default().max_queues(6000))
+        .await
+        .unwrap();
+    for i in 0..5000 {
+        client.create_queue(&format!("q-{i:04}"), 1).await.unwrap();
+    }
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\nmax_queues = 6000\ndispatch = \"none\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let http = http_client();
+    let base = serve.base();
+    let text = get_text(&http, format!("{base}/metrics")).await;
+    assert!(
+        text.len() > 500_000,
+        "metrics of 5,000 queues: {} bytes",
+        text.len()
+    );
+    let stats: Value =
+        serde_json::from_str(&get_text(&http, format!("{base}/v1/stats")).await).unwrap();
+    assert_eq!(stats["summary"]["queues"], 5000);
+    assert_eq!(stats["queues"].as_array().unwrap().len(), 200, "one page");
+    let idle = put_latencies(&http, &base, "idle-", 300).await;
+
+    // 300 clients ask for /metrics and never read past its first bytes.
+    let pid = serve.child.id();
+    let before = rss_bytes(pid);
+    let mut hold = Vec::new();
+    for _ in 0..300 {
+        let mut s = small_window_connection(serve.port).await;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut first = [0u8; 32];
+        let n = s.read(&mut first).await.unwrap();
+        assert!(first[..n].starts_with(b"HTTP/1.1 200"));
+        hold.push(s);
+    }
+    let after = rss_bytes(pid);
+    let grown = after.saturating_sub(before);
+
+    // Three scrapers reading /metrics in a loop while PUTs are timed.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut scrapers = Vec::new();
+    for _ in 0..3 {
+        let (http, url, stop) = (http.clone(), format!("{base}/metrics"), stop.clone());
+        scrapers.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                assert!(get_text(&http, url.clone()).await.len() > 500_000);
+                n += 1;
+            }
+            n
+        }));
+    }
+    let scraped = put_latencies(&http, &base, "scraped-", 300).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut scrapes = 0;
+    for s in scrapers {
+        scrapes += s.await.unwrap();
+    }
+    println!(
+        "5,000 queues, /metrics {} KB: 300 never-reading clients: resident memory {} -> {} MB (+{:.1} MB); \
+         PUT p50/p99 idle {:.2}/{:.2} ms, under 3 scrapers ({scrapes} scrapes) {:.2}/{:.2} ms",
+        text.len() / 1024,
+        before >> 20,
+        after >> 20,
+        grown as f64 / 1048576.0,
+        idle.0,
+        idle.1,
+        scraped.0,
+        scraped.1
+    );
+    assert!(
+        grown < 50 << 20,
+        "300 never-reading /metrics clients grew memory by {grown} bytes"
+    );
+    drop(hold);
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+#[tokio::test]
+async fn an_open_api_issues_and_trusts_no_session_cookie() {
+    let (_s, client) = support::start().await;
+    let router = app(AppState::new(client.clone(), Vec::new()));
+    let login = Request::builder()
+        .method("POST")
+        .uri("/ui/login")
+        .header("host", "127.0.0.1:7070")
+        .header("content-type", "application/json")
+        .body(Body::from(r#"{"token": "anything"}"#))
+        .unwrap();
+    let r = router.clone().oneshot(login).await.unwrap();
+    assert_eq!(r.status(), 204);
+    assert!(
+        r.headers().get("set-cookie").is_none(),
+        "no cookie on an open API"
+    );
+    // A cookie signed with the open API's key is not a session either.
+    let signed = delayq::service::ui::session::Sessions::new(&[]).issue(client.now_ms());
+    let info = Request::builder()
+        .uri("/ui/session")
+        .header("host", "127.0.0.1:7070")
+        .header("cookie", format!("delayq_session={signed}"))
+        .body(Body::empty())
+        .unwrap();
+    let r = router.oneshot(info).await.unwrap();
+    let body: Value =
+        serde_json::from_slice(&r.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["open"], true);
+    assert_eq!(body["signed_in"], false, "{body}");
+    assert_eq!(body["csrf"], Value::Null, "{body}");
 }

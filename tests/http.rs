@@ -642,3 +642,51 @@ fn tokens_of_spaces_are_refused() {
         assert_eq!(e.key.as_deref(), Some("http.tokens"), "{tokens}: {e}");
     }
 }
+
+#[tokio::test]
+async fn every_queues_statistics_come_in_pages_with_totals_over_all_of_them() {
+    let (_s, client) = start().await;
+    for q in ["p-a", "p-b", "p-c", "p-d", "p-e"] {
+        client.create_queue(q, 1).await.unwrap();
+    }
+    let router = app(AppState::new(client.clone(), Vec::new()));
+    let (status, all) = call(&router, "GET", "/v1/stats", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let total = all["summary"]["queues"].as_u64().unwrap();
+    assert_eq!(total, all["queues"].as_array().unwrap().len() as u64);
+    assert_eq!(all["next"], Value::Null, "one page holds them all");
+    // Two at a time, following `next`, gives every queue once, in name order.
+    let mut seen = Vec::new();
+    let mut uri = "/v1/stats?limit=2".to_owned();
+    loop {
+        let (status, page) = call(&router, "GET", &uri, None, None).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(page["queues"].as_array().unwrap().len() <= 2);
+        assert_eq!(
+            page["summary"], all["summary"],
+            "totals over every queue on each page"
+        );
+        seen.extend(
+            page["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q["queue"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(after) => uri = format!("/v1/stats?limit=2&after={after}"),
+            None => break,
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen, sorted);
+    assert_eq!(seen.len() as u64, total);
+    let (status, body) = call(&router, "GET", "/v1/stats?limit=0", None, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("limit"),
+        "{body}"
+    );
+}

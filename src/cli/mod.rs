@@ -64,6 +64,7 @@ impl From<Error> for Failure {
             | Error::QueueNotEmpty { .. }
             | Error::TooManyQueues { .. }
             | Error::TooManyGroups { .. }
+            | Error::TooManySchedules { .. }
             | Error::GroupBusy { .. }) => Failure::Invalid(e.to_string()),
             other => Failure::Runtime(other.to_string()),
         }

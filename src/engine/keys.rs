@@ -139,6 +139,18 @@ impl Keyspace {
         format!("{{{}}}:registry:version", self.ns)
     }
 
+    /// HASH: one recurring schedule's record (`spec` JSON, `gen`, `next`, `last`, `ticks`,
+    /// `missed`, `created_ms`, `updated_ms`; see `lua/schedule.lua`).
+    pub fn schedule_record(&self, queue: &QueueName, id: &str) -> String {
+        format!("{{{}}}:schedule:{}:{id}", self.ns, queue)
+    }
+
+    /// ZSET: every recurring schedule of the namespace, member `<queue>:<id>` scored by its
+    /// next tick (unix ms): what the schedulers poll.
+    pub fn schedules(&self) -> String {
+        format!("{{{}}}:schedules", self.ns)
+    }
+
     /// STRING: marks a dashboard session revoked by its sign-out (expires with the session).
     pub fn ui_revoked(&self, nonce: &str) -> String {
         format!("{{{}}}:ui:revoked:{nonce}", self.ns)
@@ -193,6 +205,12 @@ impl ShardKeys {
     /// for entries still pending (the order history's `retrying` and `last_error`).
     pub fn errors(&self, group: &str) -> String {
         format!("{}:errors:{group}", self.tag)
+    }
+
+    /// HASH: schedule id -> the latest tick instant (unix ms) of that recurring schedule
+    /// enqueued in this shard, so each tick is enqueued at most once (`lua/tick.lua`).
+    pub fn ticks(&self) -> String {
+        format!("{}:ticks", self.tag)
     }
 
     /// HASH of one order-history bucket: order id -> `"<entry id>:<due ms>"` of the

@@ -524,7 +524,8 @@ async fn delete_shard(
         .arg(&k.payload)
         .arg(&k.stream)
         .arg(&k.dead)
-        .arg(&k.meta);
+        .arg(&k.meta)
+        .arg(k.ticks());
     for g in groups {
         cmd.arg(k.timers(g)).arg(k.errors(g));
         if k.shard == 0 {

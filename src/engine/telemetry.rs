@@ -26,12 +26,32 @@
 //! | `delayq_maintenance_errors_total` | counter | service |
 //! | `delayq_maintenance_removed_total` | counter | service, what (entries, dead letters, consumers, heartbeats, ...) |
 //! | `delayq_supervised_queues` | gauge | (none): queues a supervisor dispatches in this process |
+//! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
+//! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
+//! | `delayq_http_connections_cut_total` | counter | deadline (idle, header, write): HTTP connections the server closed past a deadline |
 //!
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
 
 use crate::engine::stats::QueueStats;
 use std::sync::{Arc, OnceLock};
+
+/// Ticks of recurring schedules fired and missed on `queue`.
+pub fn schedule_ticks(queue: &str, fired: u64, missed: u64) {
+    if fired > 0 {
+        metrics::counter!("delayq_schedule_ticks_total", "queue" => queue.to_owned())
+            .increment(fired);
+    }
+    if missed > 0 {
+        metrics::counter!("delayq_schedule_missed_total", "queue" => queue.to_owned())
+            .increment(missed);
+    }
+}
+
+/// An HTTP connection closed past its `deadline` (`idle`, `header`, `write`).
+pub fn http_connection_cut(deadline: &'static str) {
+    metrics::counter!("delayq_http_connections_cut_total", "deadline" => deadline).increment(1);
+}
 
 /// The lateness histogram's name (the service sets its buckets): first deliveries only.
 pub const LATENESS_SECONDS: &str = "delayq_lateness_seconds";

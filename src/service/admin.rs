@@ -78,8 +78,79 @@ pub struct CancelledAnswer {
 /// Statistics of one or more queues.
 #[derive(Debug, Clone, Serialize)]
 pub struct StatsAnswer {
-    /// One entry per queue.
+    /// One entry per queue (a page of them for every queue: see `next`).
     pub queues: Vec<QueueStats>,
+    /// For every queue: the name to pass as `after` for the next page (`null` on the last).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<Option<String>>,
+    /// For every queue: the totals over all of them, whatever the page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<StatsSummary>,
+}
+
+/// Totals over every registered queue (the overview's first line, however many queues).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StatsSummary {
+    /// Registered queues.
+    pub queues: u64,
+    /// Queues whose dispatch is paused.
+    pub paused: u64,
+    /// Consumer groups, over every queue.
+    pub groups: u64,
+    /// Orders scheduled and not yet dispatched.
+    pub scheduled: u64,
+    /// Of those, orders whose due time has passed.
+    pub overdue: u64,
+    /// Entries in the streams.
+    pub stream_length: u64,
+    /// Entries delivered and not yet acknowledged, over every group.
+    pub pending: u64,
+    /// Dead letters.
+    pub dead: u64,
+}
+
+/// Queues per page of `GET /v1/stats` when `limit` is not given.
+pub const DEFAULT_STATS_LIMIT: usize = 200;
+/// The most queues one page of `GET /v1/stats` holds.
+pub const MAX_STATS_LIMIT: usize = 1000;
+
+/// A statistics page limit: the default when absent, capped; zero is refused.
+pub fn stats_limit(limit: Option<usize>) -> Result<usize, InvalidInput> {
+    match limit {
+        Some(0) => Err(InvalidInput::Option {
+            name: "limit",
+            reason: format!("must be 1..={MAX_STATS_LIMIT}"),
+        }),
+        other => Ok(other.unwrap_or(DEFAULT_STATS_LIMIT).min(MAX_STATS_LIMIT)),
+    }
+}
+
+impl StatsAnswer {
+    /// The page of `all` (sorted by queue name) after the queue `after`, at most `limit`
+    /// queues, with the totals over all of them.
+    pub fn page(all: &[QueueStats], after: Option<&str>, limit: usize) -> StatsAnswer {
+        let mut summary = StatsSummary::default();
+        for s in all {
+            summary.queues += 1;
+            summary.paused += u64::from(s.paused);
+            summary.groups += s.groups.len() as u64;
+            summary.scheduled += s.scheduled;
+            summary.overdue += s.overdue;
+            summary.stream_length += s.stream_length;
+            summary.dead += s.dead;
+            summary.pending += s.groups.iter().map(|g| g.pending).sum::<u64>();
+        }
+        let start = after.map_or(0, |a| all.partition_point(|s| s.queue.as_str() <= a));
+        let queues: Vec<QueueStats> = all[start..].iter().take(limit).cloned().collect();
+        let next = (start + queues.len() < all.len())
+            .then(|| queues.last().map(|q| q.queue.clone()))
+            .flatten();
+        StatsAnswer {
+            queues,
+            next: Some(next),
+            summary: Some(summary),
+        }
+    }
 }
 
 /// The queues of the namespace.
@@ -358,7 +429,11 @@ impl Admin {
             Some(q) => vec![self.client.stats(q).await?],
             None => self.client.stats_all().await?,
         };
-        Ok(StatsAnswer { queues })
+        Ok(StatsAnswer {
+            queues,
+            next: None,
+            summary: None,
+        })
     }
 
     /// A page of dead letters of `queue` (of `group`, if given), oldest first across all

@@ -82,6 +82,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             client.set_history_retention(q, r).await?;
         }
     }
+    // The configured recurring schedules (created, or replaced by what the file says).
+    let schedules = crate::engine::schedules::Schedules::new(&client);
+    for s in &settings.schedules {
+        let r = schedules.upsert(s).await?;
+        tracing::info!(queue = ?r.queue, schedule = ?r.id, next_ms = ?r.next_ms, "recurring schedule declared");
+    }
     if settings.reconciliation.is_some() && settings.history_retention == Some(Duration::ZERO) {
         tracing::warn!(
             "history_retention is 0s: reconciliation cannot tell an event on its way from a \
@@ -92,7 +98,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         tracing::warn!("http.tokens is empty: the HTTP API is open to anyone who can reach it");
     }
     let mut tasks: JoinSet<Result<()>> = JoinSet::new();
-    spawn_engine(&settings, &client, &cancel, &mut tasks)?;
+    spawn_engine(&settings, &client, &cancel, &mut tasks).await?;
     spawn_handlers(&settings, &client, &cancel, &mut tasks).await?;
     // The dashboard's charts: fed by the same calls as the metrics, one per process.
     let timing = Arc::new(Timing::new(client.clock().clone()));
@@ -131,13 +137,24 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     .await
 }
 
-/// The supervisor (dispatchers following the registry) and the maintenance services.
-fn spawn_engine(
+/// The scheduler of recurring schedules, the supervisor (dispatchers following the registry)
+/// and the maintenance services. The scheduler makes one pass first, so a tick that every
+/// process missed is judged (taken back under `skip`) before a dispatcher could deliver it.
+async fn spawn_engine(
     settings: &Settings,
     client: &Client,
     cancel: &CancellationToken,
     tasks: &mut JoinSet<Result<()>>,
 ) -> Result<()> {
+    let scheduler = crate::engine::schedules::Scheduler::new(client);
+    if let Err(e) = scheduler.pass().await {
+        tracing::warn!(error = %e, "the first scheduler pass failed; the scheduler retries");
+    }
+    let stop = cancel.clone();
+    tasks.spawn(async move {
+        scheduler.run(stop).await;
+        Ok(())
+    });
     let supervisor = Supervisor::new(
         client,
         SupervisorOptions::default()

@@ -2,5 +2,791 @@
 //! ordinary order enqueued exactly once.
 //!
 //! - [`spec`]: parsing and validating a recurrence, and its tick instants (pure, no Redis).
+//! - [`Schedules`]: declare, list, show and remove schedules (built from a [`Client`]).
+//! - [`Scheduler`]: the loop every `serve` process runs, moving each schedule to its next
+//!   tick.
+//!
+//! # How a tick becomes an order, exactly once
+//!
+//! A schedule's record (`{ns}:schedule:<queue>:<id>`) holds its spec, a generation bumped by
+//! every update, and its **next tick**; the namespace's index (`{ns}:schedules`, a ZSET)
+//! scores it by that tick. The next tick is always enqueued ahead, as an ordinary order
+//! with the id `<schedule id>@<tick instant ms>` due at the instant, so it is dispatched on
+//! time by the dispatchers like any other order (pause, fan-out, retries, history and the
+//! dashboard included). Once it is due, any scheduler advances the schedule:
+//!
+//! 1. it makes sure that tick was enqueued (`tick.lua fire`, a no-op when it was);
+//! 2. it moves the record from that tick to the next one, if the record is still as it read
+//!    it (`schedule.lua advance`: generation and next tick compared, else another scheduler
+//!    or an update won and this one stops);
+//! 3. it enqueues the new next tick ahead.
+//!
+//! `tick.lua` records in each shard the latest tick instant of each schedule it enqueued
+//! there and refuses any instant up to it, so any number of schedulers, crashing and
+//! restarting at any point, enqueue each tick at most once; step 1 of the next advance makes
+//! it at least once. Time is the Redis server's clock (the client's [`Clock`]).
+//!
+//! # Missed ticks
+//!
+//! When no scheduler ran for a while (every process down), the schedule's next tick is
+//! found more than [`MISSED_AFTER`] late. With [`Missed::Skip`] (the default) that tick is
+//! taken back if it was not dispatched yet, the ticks that passed are counted as missed, and
+//! the schedule goes on from the next instant after now. With [`Missed::FireOnce`] the late
+//! tick is delivered (one catch-up, whatever the number missed) and the schedule goes on
+//! from the next instant after now. `serve` runs one scheduler pass before it starts its
+//! dispatchers, so a late tick is judged before it could be dispatched.
+//!
+//! # Updates and removal
+//!
+//! An update writes the new spec and next tick in one step, then takes the previous pending
+//! tick back (if it was not dispatched yet) and enqueues the new one. A removal deletes the
+//! record and takes the pending tick back. A schedule whose queue was deleted is removed by
+//! the next scheduler that meets it.
+//!
+//! [`Clock`]: crate::engine::clock::Clock
 
 pub mod spec;
+
+use crate::engine::client::Client;
+use crate::engine::keys::{QueueName, shard_of};
+use crate::engine::message::{NewOrder, Payload, When};
+use crate::engine::scripts::ScriptRefusal;
+use crate::engine::scripts::schedules::{self as script, Advance, Fired, ScheduleKeys, Tick};
+use crate::error::{Error, InvalidInput, RedisContext, Result};
+use serde::{Deserialize, Serialize};
+use spec::Recurrence;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A tick handled later than this after its instant counts as missed (see [`Missed`]).
+pub const MISSED_AFTER: Duration = Duration::from_secs(1);
+/// The most recurring schedules a namespace may have.
+pub const MAX_SCHEDULES: usize = 100_000;
+/// Longest schedule id, bytes.
+pub const MAX_SCHEDULE_ID_LEN: usize = 128;
+/// How many upcoming fire times [`Schedules::get`] shows.
+pub const UPCOMING: usize = 5;
+/// The longest a scheduler sleeps between passes (it wakes earlier for an earlier tick).
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+/// Schedules advanced per index read.
+const PASS_BATCH: isize = 500;
+
+/// What to do with ticks that passed while no scheduler ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Missed {
+    /// Deliver none of them; go on from the next instant after now (the default).
+    #[default]
+    Skip,
+    /// Deliver one catch-up tick, then go on from the next instant after now.
+    FireOnce,
+}
+
+impl Missed {
+    /// From its name (`skip`, `fire_once`); the error names the field `missed`.
+    pub fn parse(text: &str) -> std::result::Result<Missed, InvalidInput> {
+        match text {
+            "skip" => Ok(Missed::Skip),
+            "fire_once" => Ok(Missed::FireOnce),
+            other => Err(InvalidInput::Option {
+                name: "missed",
+                reason: format!("{other:?} is not a missed-tick policy (skip or fire_once)"),
+            }),
+        }
+    }
+}
+
+/// A recurring schedule as declared: on `queue`, under `id`, a `cron` expression or an
+/// `every` interval (exactly one), in `timezone`, delivering `payload` at each tick.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleSpec {
+    /// The queue its ticks go to (registered).
+    pub queue: String,
+    /// Its id: `[A-Za-z0-9._-]`, 1..=128 bytes; each tick's order id is `<id>@<instant ms>`.
+    pub id: String,
+    /// A cron expression (six fields with seconds first, or the classic five).
+    pub cron: Option<String>,
+    /// An interval (`30s`, `5m`, `1h`; at least 1 s), ticks aligned to the Unix epoch (or to
+    /// `start_ms`).
+    pub every: Option<String>,
+    /// An IANA time zone for the cron fields (default `UTC`).
+    pub timezone: Option<String>,
+    /// The payload every tick delivers.
+    pub payload: Payload,
+    /// No tick before this (unix ms).
+    pub start_ms: Option<i64>,
+    /// No tick after this (unix ms).
+    pub end_ms: Option<i64>,
+    /// What to do with ticks that passed while no scheduler ran.
+    pub missed: Missed,
+}
+
+impl ScheduleSpec {
+    /// A cron schedule with the defaults (UTC, no window, `skip`).
+    pub fn cron(queue: &str, id: &str, cron: &str, payload: impl Into<Payload>) -> Self {
+        ScheduleSpec {
+            queue: queue.into(),
+            id: id.into(),
+            cron: Some(cron.into()),
+            every: None,
+            timezone: None,
+            payload: payload.into(),
+            start_ms: None,
+            end_ms: None,
+            missed: Missed::Skip,
+        }
+    }
+
+    /// An interval schedule with the defaults.
+    pub fn every(queue: &str, id: &str, every: &str, payload: impl Into<Payload>) -> Self {
+        ScheduleSpec {
+            every: Some(every.into()),
+            cron: None,
+            ..Self::cron(queue, id, "", payload)
+        }
+    }
+
+    /// The same spec in `timezone`.
+    pub fn timezone(mut self, tz: &str) -> Self {
+        self.timezone = Some(tz.into());
+        self
+    }
+
+    /// The same spec with a missed-tick policy.
+    pub fn missed(mut self, m: Missed) -> Self {
+        self.missed = m;
+        self
+    }
+
+    /// The same spec within a window.
+    pub fn window(mut self, start_ms: Option<i64>, end_ms: Option<i64>) -> Self {
+        self.start_ms = start_ms;
+        self.end_ms = end_ms;
+        self
+    }
+
+    /// Checks everything but the queue's existence (the one place the rules are applied):
+    /// the id, the recurrence, the payload (as an order's). Errors name the field.
+    pub fn validate(&self, max_payload: usize) -> std::result::Result<Recurrence, InvalidInput> {
+        QueueName::new(&self.queue)?;
+        validate_schedule_id(&self.id)?;
+        let rec = Recurrence::parse(
+            self.cron.as_deref(),
+            self.every.as_deref(),
+            self.timezone.as_deref(),
+            self.start_ms,
+            self.end_ms,
+        )?;
+        // The payload as any order's (a tick far ahead stands for every tick).
+        let probe = NewOrder::new(
+            tick_id(&self.id, 0),
+            When::AtMs(crate::engine::message::YEAR_2000_MS),
+            self.payload.clone(),
+        );
+        probe.validate(crate::engine::message::YEAR_2000_MS, max_payload)?;
+        Ok(rec)
+    }
+}
+
+/// A schedule id: `[A-Za-z0-9._-]`, 1..=[`MAX_SCHEDULE_ID_LEN`] bytes (no `@`, which
+/// separates it from the tick instant in order ids, and no `:`).
+pub fn validate_schedule_id(id: &str) -> std::result::Result<(), InvalidInput> {
+    let bad = |reason: String| InvalidInput::Option { name: "id", reason };
+    if id.is_empty() || id.len() > MAX_SCHEDULE_ID_LEN {
+        return Err(bad(format!(
+            "a schedule id is 1..={MAX_SCHEDULE_ID_LEN} bytes"
+        )));
+    }
+    if let Some(c) = id
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(bad(format!(
+            "{id:?} holds {c:?}: a schedule id uses A-Z a-z 0-9 . _ - only"
+        )));
+    }
+    Ok(())
+}
+
+/// The order id of a schedule's tick: `<schedule id>@<instant ms>`.
+pub fn tick_id(schedule: &str, instant_ms: i64) -> String {
+    format!("{schedule}@{instant_ms}")
+}
+
+/// The record's `spec` field (one JSON shape, written and read here only).
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    every: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    timezone: Option<String>,
+    payload: Box<serde_json::value::RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    start_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    end_ms: Option<i64>,
+    #[serde(default)]
+    missed: Missed,
+}
+
+/// A schedule as stored, with where it stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ScheduleInfo {
+    /// The queue.
+    pub queue: String,
+    /// The id.
+    pub id: String,
+    /// The cron expression, if it is one.
+    pub cron: Option<String>,
+    /// The interval, if it is one.
+    pub every: Option<String>,
+    /// The time zone (`UTC` when none was given).
+    pub timezone: String,
+    /// The payload each tick delivers.
+    pub payload: Payload,
+    /// No tick before this (unix ms).
+    pub start_ms: Option<i64>,
+    /// No tick after this (unix ms).
+    pub end_ms: Option<i64>,
+    /// The missed-tick policy.
+    pub missed: Missed,
+    /// The next tick (unix ms), already scheduled as an order; `None` once it has ended.
+    pub next_ms: Option<i64>,
+    /// The order id of the next tick.
+    pub next_id: Option<String>,
+    /// The tick that fired last (unix ms).
+    pub last_fired_ms: Option<i64>,
+    /// Ticks fired.
+    pub ticks: u64,
+    /// Ticks missed (no scheduler ran in time, policy `skip`, or passed over by `fire_once`).
+    pub missed_ticks: u64,
+    /// The next [`UPCOMING`] fire times from now (unix ms).
+    pub upcoming_ms: Vec<i64>,
+    /// When it was first declared (unix ms).
+    pub created_ms: i64,
+    /// When it was last declared (unix ms).
+    pub updated_ms: i64,
+}
+
+/// What [`Schedules::upsert`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ScheduleUpserted {
+    /// The queue.
+    pub queue: String,
+    /// The id.
+    pub id: String,
+    /// False when it existed (and was replaced).
+    pub created: bool,
+    /// Its next tick (unix ms), `None` when it never ticks again.
+    pub next_ms: Option<i64>,
+}
+
+/// A record as read: the spec, the generation and the counters.
+struct Record {
+    spec: Stored,
+    generation: i64,
+    next: Option<i64>,
+    last: Option<i64>,
+    ticks: u64,
+    missed: u64,
+    created_ms: i64,
+    updated_ms: i64,
+}
+
+impl Record {
+    fn parse(fields: std::collections::HashMap<String, String>) -> Option<Record> {
+        let num = |k: &str| fields.get(k).and_then(|v| v.parse::<i64>().ok());
+        Some(Record {
+            spec: serde_json::from_str(fields.get("spec")?).ok()?,
+            generation: num("gen")?,
+            next: num("next"),
+            last: num("last"),
+            ticks: num("ticks")
+                .and_then(|v| u64::try_from(v).ok())
+                .unwrap_or(0),
+            missed: num("missed")
+                .and_then(|v| u64::try_from(v).ok())
+                .unwrap_or(0),
+            created_ms: num("created_ms").unwrap_or(0),
+            updated_ms: num("updated_ms").unwrap_or(0),
+        })
+    }
+
+    fn recurrence(&self) -> std::result::Result<Recurrence, InvalidInput> {
+        let s = &self.spec;
+        Recurrence::parse(
+            s.cron.as_deref(),
+            s.every.as_deref(),
+            s.timezone.as_deref(),
+            s.start_ms,
+            s.end_ms,
+        )
+    }
+}
+
+/// Recurring schedules of a namespace: declare, list, show, remove.
+#[derive(Clone)]
+pub struct Schedules {
+    client: Client,
+}
+
+impl Schedules {
+    /// Schedules through `client` (its namespace, clock and payload limit).
+    pub fn new(client: &Client) -> Self {
+        Schedules {
+            client: client.clone(),
+        }
+    }
+
+    fn keys(&self, queue: &QueueName, id: &str) -> ScheduleKeys {
+        let ks = self.client.keyspace();
+        ScheduleKeys {
+            record: ks.schedule_record(queue, id),
+            index: ks.schedules(),
+            queue_record: ks.queue_record(queue),
+        }
+    }
+
+    /// Declares (or replaces) a schedule. Bad input is refused naming the field and writes
+    /// nothing; a queue that is not registered is [`Error::QueueNotFound`]. The next tick
+    /// is scheduled at once; a replaced schedule's pending tick is taken back.
+    pub async fn upsert(&self, spec: &ScheduleSpec) -> Result<ScheduleUpserted> {
+        let rec = spec.validate(self.client.options().max_payload_bytes)?;
+        let queue = QueueName::new(&spec.queue)?;
+        let now = self.client.now_ms();
+        let next = rec.next_after(now);
+        let stored = Stored {
+            cron: spec.cron.clone(),
+            every: spec.every.clone(),
+            timezone: Some(rec.timezone().to_owned()),
+            payload: serde_json::value::RawValue::from_string(spec.payload.as_str().to_owned())
+                .map_err(|e| InvalidInput::Payload {
+                    reason: e.to_string(),
+                })?,
+            start_ms: spec.start_ms,
+            end_ms: spec.end_ms,
+            missed: spec.missed,
+        };
+        let json = serde_json::to_string(&stored).map_err(|e| Error::Reply {
+            context: "writing a schedule",
+            detail: e.to_string(),
+        })?;
+        let k = self.keys(&queue, &spec.id);
+        let member = member(&queue, &spec.id);
+        let put = script::schedule_put(
+            &mut self.client.connection(),
+            &k,
+            &member,
+            &json,
+            next,
+            now,
+            MAX_SCHEDULES,
+        )
+        .await;
+        let (previous, generation) = match put {
+            Err(e) => {
+                return Err(match ScriptRefusal::of(&e) {
+                    Some(ScriptRefusal::QueueNotFound) => Error::QueueNotFound {
+                        queue: queue.as_str().to_owned(),
+                    },
+                    Some(ScriptRefusal::TooManySchedules) => {
+                        Error::TooManySchedules { max: MAX_SCHEDULES }
+                    }
+                    _ => e,
+                });
+            }
+            Ok(r) => r,
+        };
+        if let Some(p) = previous
+            && Some(p) != next
+        {
+            self.take_back(&queue, &spec.id, p).await?;
+        }
+        if let Some(n) = next {
+            self.fire(&queue, &spec.id, n, n, spec.payload.as_str(), None)
+                .await?;
+        }
+        Ok(ScheduleUpserted {
+            queue: queue.as_str().to_owned(),
+            id: spec.id.clone(),
+            created: generation == 1,
+            next_ms: next,
+        })
+    }
+
+    /// Removes a schedule and takes its pending tick back; false when there was none.
+    pub async fn remove(&self, queue: &str, id: &str) -> Result<bool> {
+        let queue = QueueName::new(queue)?;
+        validate_schedule_id(id)?;
+        let k = self.keys(&queue, id);
+        let removed =
+            script::schedule_remove(&mut self.client.connection(), &k, &member(&queue, id)).await?;
+        let Some(previous) = removed else {
+            return Ok(false);
+        };
+        if let Some(p) = previous {
+            self.take_back(&queue, id, p).await?;
+        }
+        if let Ok(keys) = self.client.registered_keys(&queue).await {
+            let now = self.client.now_ms();
+            for k in keys {
+                script::tick_forget(&mut self.client.connection(), &k, now, id).await?;
+            }
+        }
+        Ok(true)
+    }
+
+    /// One schedule, with its next tick, counters and the next [`UPCOMING`] fire times.
+    pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduleInfo>> {
+        let queue = QueueName::new(queue)?;
+        validate_schedule_id(id)?;
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(self.keys(&queue, id).record)
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading a schedule")?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        let rec = Record::parse(fields).ok_or_else(|| Error::Reply {
+            context: "reading a schedule",
+            detail: "malformed record".into(),
+        })?;
+        Ok(Some(self.info(queue.as_str(), id, &rec)))
+    }
+
+    /// Every schedule of `queue` (or of every queue), sorted by queue and id.
+    pub async fn list(&self, queue: Option<&str>) -> Result<Vec<ScheduleInfo>> {
+        let queue = queue.map(QueueName::new).transpose()?;
+        let members: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.client.keyspace().schedules())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("listing schedules")?;
+        let mut out = Vec::new();
+        for m in members {
+            let Some((q, id)) = m.split_once(':') else {
+                continue;
+            };
+            if queue.as_ref().is_some_and(|want| want.as_str() != q) {
+                continue;
+            }
+            if let Some(info) = self.get(q, id).await? {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| (&a.queue, &a.id).cmp(&(&b.queue, &b.id)));
+        Ok(out)
+    }
+
+    fn info(&self, queue: &str, id: &str, rec: &Record) -> ScheduleInfo {
+        let now = self.client.now_ms();
+        let upcoming = rec
+            .recurrence()
+            .map(|r| r.upcoming(now, UPCOMING))
+            .unwrap_or_default();
+        let s = &rec.spec;
+        ScheduleInfo {
+            queue: queue.to_owned(),
+            id: id.to_owned(),
+            cron: s.cron.clone(),
+            every: s.every.clone(),
+            timezone: s.timezone.clone().unwrap_or_else(|| "UTC".into()),
+            payload: Payload::from_raw(&s.payload),
+            start_ms: s.start_ms,
+            end_ms: s.end_ms,
+            missed: s.missed,
+            next_ms: rec.next,
+            next_id: rec.next.map(|n| tick_id(id, n)),
+            last_fired_ms: rec.last,
+            ticks: rec.ticks,
+            missed_ticks: rec.missed,
+            upcoming_ms: upcoming,
+            created_ms: rec.created_ms,
+            updated_ms: rec.updated_ms,
+        }
+    }
+
+    /// Enqueues one tick at most once (`due` is the instant, or now for a catch-up).
+    async fn fire(
+        &self,
+        queue: &QueueName,
+        id: &str,
+        instant: i64,
+        due: i64,
+        payload: &str,
+        not_after: Option<i64>,
+    ) -> Result<Fired> {
+        let qref = self.client.queue_ref(queue).await?;
+        let order = tick_id(id, instant);
+        let keys = self
+            .client
+            .keyspace()
+            .shard(queue, shard_of(&order, qref.shards));
+        let t = Tick {
+            schedule: id,
+            instant,
+            id: &order,
+            due,
+            payload,
+            not_after,
+        };
+        let now = self.client.now_ms();
+        let r = script::tick_fire(&mut self.client.connection(), &keys, &qref.epoch, now, &t).await;
+        match r {
+            Err(e) if ScriptRefusal::of(&e).is_some() => {
+                self.client.forget(queue);
+                Err(Error::QueueNotFound {
+                    queue: queue.as_str().to_owned(),
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// Takes a pending tick back; true when it had not been dispatched.
+    async fn take_back(&self, queue: &QueueName, id: &str, instant: i64) -> Result<bool> {
+        let Ok(qref) = self.client.queue_ref(queue).await else {
+            return Ok(false);
+        };
+        let order = tick_id(id, instant);
+        let keys = self
+            .client
+            .keyspace()
+            .shard(queue, shard_of(&order, qref.shards));
+        script::tick_unfire(
+            &mut self.client.connection(),
+            &keys,
+            self.client.now_ms(),
+            id,
+            instant,
+            &order,
+        )
+        .await
+    }
+
+    /// Advances one schedule whose next tick is due (see the module documentation); returns
+    /// the ticks fired and missed by this call.
+    async fn advance(&self, queue: &QueueName, id: &str) -> Result<(u64, u64)> {
+        let k = self.keys(queue, id);
+        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+            .arg(&k.record)
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading a schedule")?;
+        let member = member(queue, id);
+        let Some(rec) = Record::parse(fields) else {
+            // Removed meanwhile (or unreadable): drop it from the index.
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&k.index)
+                .arg(&member)
+                .query_async(&mut self.client.connection())
+                .await
+                .ctx("dropping a schedule from the index")?;
+            return Ok((0, 0));
+        };
+        let Some(n) = rec.next else { return Ok((0, 0)) };
+        let now = self.client.now_ms();
+        if n > now {
+            return Ok((0, 0));
+        }
+        let recurrence = match rec.recurrence() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(queue = ?queue.as_str(), schedule = ?id, error = %e, "a stored schedule no longer parses: removing it");
+                self.remove(queue.as_str(), id).await?;
+                return Ok((0, 0));
+            }
+        };
+        let payload = rec.spec.payload.get();
+        let late = now - n > i64::try_from(MISSED_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let (mut fired, mut missed) = (0u64, 0u64);
+        let mut last = None;
+        let result: Result<()> = async {
+            // 1. The due tick: delivered (once), or, late under `skip`, taken back.
+            if late && rec.spec.missed == Missed::Skip {
+                if self.take_back(queue, id, n).await? {
+                    missed += 1;
+                } else if self.fire(queue, id, n, n, payload, Some(n)).await? == Fired::Already {
+                    fired += 1;
+                    last = Some(n);
+                } else {
+                    missed += 1;
+                }
+            } else {
+                self.fire(queue, id, n, n, payload, None).await?;
+                fired += 1;
+                last = Some(n);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(Error::QueueNotFound { .. }) = result {
+            tracing::info!(queue = ?queue.as_str(), schedule = ?id, "the schedule's queue was deleted: removing the schedule");
+            self.remove(queue.as_str(), id).await?;
+            return Ok((0, 0));
+        }
+        result?;
+        // 2. The ticks that passed since (none unless no scheduler ran for a while).
+        let next = if late {
+            let passed = count_between(&recurrence, n, now);
+            missed += passed;
+            recurrence.next_after(now)
+        } else {
+            recurrence.next_after(n)
+        };
+        let advanced = script::schedule_advance(
+            &mut self.client.connection(),
+            &k,
+            &member,
+            &Advance {
+                generation: rec.generation,
+                expected: n,
+                next,
+                fired: last,
+                ticks: fired,
+                missed,
+            },
+        )
+        .await?;
+        if !advanced {
+            return Ok((0, 0));
+        }
+        // 3. The new next tick, ahead of time.
+        if let Some(nx) = next {
+            self.fire(queue, id, nx, nx, payload, None).await?;
+        }
+        let q = queue.as_str();
+        crate::engine::telemetry::schedule_ticks(q, fired, missed);
+        Ok((fired, missed))
+    }
+
+    /// One scheduler pass over the schedules whose next tick is due; returns the ticks fired
+    /// and missed.
+    pub async fn pass(&self) -> Result<(u64, u64)> {
+        let now = self.client.now_ms();
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.client.keyspace().schedules())
+            .arg("-inf")
+            .arg(now)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(PASS_BATCH)
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading the schedules that are due")?;
+        let (mut fired, mut missed) = (0, 0);
+        for m in due {
+            let Some((q, id)) = m.split_once(':') else {
+                continue;
+            };
+            let Ok(queue) = QueueName::new(q) else {
+                continue;
+            };
+            match self.advance(&queue, id).await {
+                Ok((f, x)) => {
+                    fired += f;
+                    missed += x;
+                }
+                // One schedule's trouble does not hold the others up; it is retried on the
+                // next pass (its next tick is still due).
+                Err(e) if e.is_transient() => return Err(e),
+                Err(e) => {
+                    tracing::warn!(queue = ?q, schedule = ?id, error = %e, "advancing a schedule failed");
+                }
+            }
+        }
+        Ok((fired, missed))
+    }
+
+    /// When the earliest next tick is (unix ms), if any schedule has one.
+    async fn earliest(&self) -> Result<Option<i64>> {
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+            .arg(self.client.keyspace().schedules())
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading the earliest schedule")?;
+        Ok(first
+            .first()
+            .map(|(_, s)| crate::engine::scripts::score_to_ms(*s)))
+    }
+}
+
+/// How many ticks fall in `(from, to]` (bounded: a count beyond 100,000 stops there).
+fn count_between(r: &Recurrence, from: i64, to: i64) -> u64 {
+    let mut n = 0u64;
+    let mut t = from;
+    while let Some(next) = r.next_after(t) {
+        if next > to || n >= 100_000 {
+            break;
+        }
+        n += 1;
+        t = next;
+    }
+    n
+}
+
+/// The index member of a schedule.
+fn member(queue: &QueueName, id: &str) -> String {
+    format!("{}:{id}", queue.as_str())
+}
+
+/// The loop every `serve` process runs: a pass whenever a schedule's next tick is due (at
+/// most [`MAX_SLEEP`] apart), until cancelled. Errors are logged and retried.
+pub struct Scheduler {
+    schedules: Schedules,
+}
+
+impl Scheduler {
+    /// A scheduler for the namespace of `client`.
+    pub fn new(client: &Client) -> Self {
+        Scheduler {
+            schedules: Schedules::new(client),
+        }
+    }
+
+    /// One pass (what `serve` runs before it starts dispatching).
+    pub async fn pass(&self) -> Result<(u64, u64)> {
+        self.schedules.pass().await
+    }
+
+    /// Runs until `cancel`.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut failures = 0u32;
+        while !cancel.is_cancelled() {
+            let wait = match self.schedules.pass().await {
+                Ok(_) => {
+                    failures = 0;
+                    match self.schedules.earliest().await {
+                        Ok(Some(at)) => {
+                            let ms = (at - self.schedules.client.now_ms()).max(5);
+                            Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(MAX_SLEEP)
+                        }
+                        _ => MAX_SLEEP,
+                    }
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 || failures.is_power_of_two() {
+                        tracing::warn!(error = %e, failures, "the scheduler pass failed; retrying");
+                    }
+                    MAX_SLEEP
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = cancel.cancelled() => break,
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The Lua scripts in `lua/`, loaded at compile time, one typed wrapper each, grouped by who
 //! runs them: [`orders`] (producers and the dispatcher), [`consume`] (workers), [`registry`]
-//! (queues, groups and maintenance).
+//! (queues, groups and maintenance), [`schedules`] (recurring schedules and their ticks).
 //!
 //! Scripts are invoked by SHA (`EVALSHA`) and loaded again when Redis answers `NOSCRIPT`
 //! (after a restart or `SCRIPT FLUSH`); [`redis::Script::invoke_async`] does both. Every
@@ -9,6 +9,7 @@
 pub mod consume;
 pub mod orders;
 pub mod registry;
+pub mod schedules;
 
 pub use consume::*;
 pub use orders::*;
@@ -41,6 +42,8 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         ("history", crate::engine::history::HISTORY_LUA),
         ("redeliver", crate::engine::history::REDELIVER_LUA),
         ("ratelimit", crate::engine::flow::RATELIMIT_LUA),
+        ("schedule", schedules::SCHEDULE_LUA),
+        ("tick", schedules::TICK_LUA),
     ]
 }
 
@@ -58,6 +61,8 @@ pub(crate) enum ScriptRefusal {
     TooManyQueues,
     /// The queue's cap on groups is reached.
     TooManyGroups,
+    /// The namespace's cap on recurring schedules is reached.
+    TooManySchedules,
 }
 
 impl ScriptRefusal {
@@ -73,6 +78,7 @@ impl ScriptRefusal {
             ("delayq group_deleted", ScriptRefusal::GroupDeleted),
             ("delayq too_many_queues", ScriptRefusal::TooManyQueues),
             ("delayq too_many_groups", ScriptRefusal::TooManyGroups),
+            ("delayq too_many_schedules", ScriptRefusal::TooManySchedules),
         ]
         .into_iter()
         .find(|(needle, _)| text.contains(needle))

@@ -92,6 +92,8 @@ pub struct Settings {
     pub history_retention: Option<Duration>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
+    /// Recurring schedules declared at start-up.
+    pub schedules: Vec<crate::engine::schedules::ScheduleSpec>,
 }
 
 /// How long `serve` waits for Redis at start-up unless `startup_timeout` says otherwise.
@@ -163,6 +165,8 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
     if let Some(r) = &reconciliation {
         queues.push(r.queue.clone());
     }
+    let schedules = sections::schedules(&config.schedules, client.max_payload_bytes)?;
+    queues.extend(schedules.iter().map(|s| s.queue.clone()));
     queues.sort();
     queues.dedup();
     let dispatch = sections::dispatch_selection(config.dispatch.as_ref())?;
@@ -180,6 +184,7 @@ pub fn check(config: Config) -> Result<Settings, ConfigError> {
         startup_timeout,
         history_retention,
         reconciliation,
+        schedules,
     })
 }
 

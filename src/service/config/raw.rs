@@ -52,6 +52,33 @@ pub struct Config {
     pub handlers: Vec<HandlerConfig>,
     /// The reconciliation job (orders database → Redis).
     pub reconciliation: ReconciliationConfig,
+    /// Recurring schedules, declared (created or replaced) at start-up; their queues are
+    /// created with the others.
+    pub schedules: Vec<ScheduleConfig>,
+}
+
+/// `[[schedules]]`: a recurring schedule (see `engine::schedules`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// The queue its ticks go to.
+    pub queue: String,
+    /// Its id (`[A-Za-z0-9._-]`, at most 128 bytes).
+    pub id: String,
+    /// A cron expression (six fields with seconds first, or the classic five).
+    pub cron: Option<String>,
+    /// An interval (`30s`, `5m`; at least 1 s) instead of `cron`.
+    pub every: Option<String>,
+    /// An IANA time zone for `cron` (default `UTC`).
+    pub timezone: Option<String>,
+    /// The payload each tick delivers (default `{}`).
+    pub payload: Option<serde_json::Value>,
+    /// No tick before this (RFC 3339 or unix ms).
+    pub start: Option<String>,
+    /// No tick after this (RFC 3339 or unix ms).
+    pub end: Option<String>,
+    /// `skip` (default) or `fire_once`: what to do with ticks no process was running for.
+    pub missed: Option<String>,
 }
 
 impl Default for Config {
@@ -75,6 +102,7 @@ impl Default for Config {
             dead: DeadConfig::default(),
             handlers: Vec::new(),
             reconciliation: ReconciliationConfig::default(),
+            schedules: Vec::new(),
         }
     }
 }
@@ -110,6 +138,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "dead",
     "handlers",
     "reconciliation",
+    "schedules",
 ];
 
 impl std::fmt::Debug for Config {
@@ -144,6 +173,8 @@ pub struct HttpConfig {
     pub body_timeout: Option<String>,
     /// An idle keep-alive connection is closed after this (default `60s`).
     pub idle_timeout: Option<String>,
+    /// A client that takes no byte of a response for this long is cut off (default `30s`).
+    pub write_timeout: Option<String>,
     /// A request's handling is cut off after this (default `30s`).
     pub request_timeout: Option<String>,
     /// Connections served at once (default 10,000; kept under the open-files limit).
@@ -166,6 +197,7 @@ impl Default for HttpConfig {
             header_timeout: None,
             body_timeout: None,
             idle_timeout: None,
+            write_timeout: None,
             request_timeout: None,
             max_connections: None,
             allowed_hosts: None,

@@ -75,6 +75,9 @@ pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), Con
     if let Some(d) = duration("http.idle_timeout", h.idle_timeout.as_deref())? {
         l = l.idle_timeout(d);
     }
+    if let Some(d) = duration("http.write_timeout", h.write_timeout.as_deref())? {
+        l = l.write_timeout(d);
+    }
     if let Some(d) = duration("http.request_timeout", h.request_timeout.as_deref())? {
         l = l.request_timeout(d);
     }
@@ -257,4 +260,68 @@ pub(super) fn dispatch_selection(
                 .collect::<Result<_, _>>()?,
         ),
     })
+}
+
+/// `[[schedules]]`: each checked by the rules every surface applies
+/// ([`ScheduleSpec::validate`](crate::engine::schedules::ScheduleSpec::validate)); an error
+/// names `schedules[i].<field>`.
+pub(super) fn schedules(
+    list: &[super::raw::ScheduleConfig],
+    max_payload: usize,
+) -> Result<Vec<crate::engine::schedules::ScheduleSpec>, ConfigError> {
+    use crate::engine::schedules::{Missed, ScheduleSpec};
+    let mut out: Vec<ScheduleSpec> = Vec::new();
+    for (i, c) in list.iter().enumerate() {
+        let at = |field: &str| format!("schedules[{i}].{field}");
+        let when = |field: &str, text: &Option<String>| -> Result<Option<i64>, ConfigError> {
+            text.as_deref()
+                .map(|t| {
+                    crate::engine::message::When::parse_at(t)
+                        .and_then(|w| w.resolve(0))
+                        .map_err(|e| ConfigError::at(at(field), e))
+                })
+                .transpose()
+        };
+        let payload = c
+            .payload
+            .as_ref()
+            .map_or_else(
+                || crate::Payload::from_json("{}"),
+                |v| Ok(crate::Payload::from_value(v)),
+            )
+            .map_err(|e| ConfigError::at(at("payload"), e))?;
+        let mut spec = match (&c.cron, &c.every) {
+            (Some(cron), None) => ScheduleSpec::cron(&c.queue, &c.id, cron, payload),
+            (None, Some(every)) => ScheduleSpec::every(&c.queue, &c.id, every, payload),
+            _ => {
+                return Err(ConfigError::at(
+                    at("cron"),
+                    "give exactly one of cron and every",
+                ));
+            }
+        };
+        if let Some(tz) = &c.timezone {
+            spec = spec.timezone(tz);
+        }
+        spec = spec.window(when("start", &c.start)?, when("end", &c.end)?);
+        if let Some(m) = &c.missed {
+            spec = spec.missed(Missed::parse(m).map_err(|e| ConfigError::at(at("missed"), e))?);
+        }
+        spec.validate(max_payload).map_err(|e| {
+            let field = match &e {
+                crate::error::InvalidInput::Option { name, .. } => *name,
+                crate::error::InvalidInput::QueueName { .. } => "queue",
+                _ => "payload",
+            };
+            ConfigError::at(at(field), e)
+        })?;
+        if out.iter().any(|s| s.queue == spec.queue && s.id == spec.id) {
+            return Err(ConfigError::at(
+                at("id"),
+                format!("{:?} is declared twice on queue {:?}", spec.id, spec.queue),
+            ));
+        }
+        out.push(spec);
+    }
+    Ok(out)
 }

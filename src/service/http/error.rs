@@ -63,13 +63,35 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The envelope's JSON.
+    fn body(self) -> Value {
         let mut body = json!({"error": {"code": self.code, "message": self.message}});
         if let (Some((k, v)), Some(obj)) = (self.extra, body.as_object_mut()) {
             obj.insert(k.to_owned(), v);
         }
-        (self.status, Json(body)).into_response()
+        body
+    }
+
+    /// The whole HTTP/1.1 response, closing the connection: what the accept loop writes
+    /// itself for a request it refuses before the router sees it.
+    pub(crate) fn wire_bytes(self) -> Vec<u8> {
+        let status = self.status;
+        let body = self.body().to_string();
+        format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        )
+        .into_bytes()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        (status, Json(self.body())).into_response()
     }
 }
 
@@ -113,6 +135,9 @@ impl From<Error> for ApiError {
             }
             e @ Error::TooManyGroups { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "too_many_groups", e.to_string())
+            }
+            e @ Error::TooManySchedules { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "too_many_schedules", e.to_string())
             }
             e @ Error::NotReplicated { .. } => {
                 ApiError::new(unavailable, "not_replicated", e.to_string())

@@ -18,6 +18,10 @@ pub struct HttpLimits {
     /// A keep-alive connection with no request in progress is closed after this (default
     /// 60 s).
     pub idle_timeout: Duration,
+    /// A connection whose client takes no byte of its response for this long (the socket
+    /// stays full) is closed, in any phase (default 30 s): a client that asks and never
+    /// reads holds its response's memory at most this long.
+    pub write_timeout: Duration,
     /// A request's handling (after its body arrived) is cut off after this (503; default
     /// 30 s).
     pub request_timeout: Duration,
@@ -54,6 +58,7 @@ impl Default for HttpLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(30),
             max_connections: 10_000,
             allowed_hosts: DEFAULT_ALLOWED_HOSTS
@@ -101,6 +106,12 @@ impl HttpLimits {
     /// Sets the keep-alive idle timeout.
     pub fn idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = d;
+        self
+    }
+
+    /// Sets the write timeout.
+    pub fn write_timeout(mut self, d: Duration) -> Self {
+        self.write_timeout = d;
         self
     }
 
@@ -156,6 +167,7 @@ impl HttpLimits {
             ("header_timeout", self.header_timeout),
             ("body_timeout", self.body_timeout),
             ("idle_timeout", self.idle_timeout),
+            ("write_timeout", self.write_timeout),
             ("request_timeout", self.request_timeout),
         ] {
             if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {

@@ -49,13 +49,37 @@ pub struct AppState {
     pub(crate) sessions: Arc<crate::service::ui::session::Sessions>,
     /// The dashboard's ring buffer of throughput and lateness (`None`: not recorded).
     pub(crate) timing: Option<Arc<crate::service::ui::timing::Timing>>,
-    /// The last `/v1/stats` answer and when it was made (shared by every dashboard).
-    pub(crate) stats_cache: Arc<std::sync::Mutex<Option<(std::time::Instant, axum::body::Bytes)>>>,
+    /// Every queue's statistics, read at most once a second for every dashboard and scraper.
+    stats: Arc<StatsSnapshot>,
     /// Failed authentications per client (bearer tokens and dashboard sign-ins).
     pub(crate) auth_failures: Arc<clients::AuthLimiter>,
     /// The last rendered `/metrics` text and when it was made: refreshed at most once per
     /// second whatever the scrape rate, and served to every scraper as shared bytes.
     metrics_cache: Arc<MetricsCache>,
+}
+
+/// Every queue's statistics as one read saw them, shared by `/v1/stats` (every page of it)
+/// and the `/metrics` gauges.
+#[derive(Default)]
+struct StatsSnapshot {
+    /// The statistics (sorted by queue) and when they were read.
+    last: std::sync::Mutex<
+        Option<(
+            std::time::Instant,
+            Arc<Vec<crate::engine::stats::QueueStats>>,
+        )>,
+    >,
+    /// Set while one request reads them again (others use the previous ones meanwhile).
+    refreshing: std::sync::atomic::AtomicBool,
+}
+
+/// Clears a "refreshing" flag however the refresh ends.
+struct ClearOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl Drop for ClearOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// `/metrics`, rendered once and shared.
@@ -78,8 +102,31 @@ impl AppState {
             timing: None,
             metrics_cache: Arc::default(),
             auth_failures: Arc::default(),
-            stats_cache: Arc::default(),
+            stats: Arc::default(),
         }
+    }
+
+    /// Every registered queue's statistics, sorted by name: read from Redis at most once per
+    /// [`GAUGE_REFRESH`] whatever the number of dashboards and scrapers (while one request
+    /// reads them, the others get the previous ones). No lock is held across the Redis calls.
+    pub(crate) async fn all_stats(
+        &self,
+    ) -> crate::Result<Arc<Vec<crate::engine::stats::QueueStats>>> {
+        use std::sync::atomic::Ordering;
+        let snap = &self.stats;
+        let cached = snap.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match cached {
+            Some((at, all)) if at.elapsed() < GAUGE_REFRESH => return Ok(all),
+            Some((_, all)) if snap.refreshing.swap(true, Ordering::AcqRel) => return Ok(all),
+            _ => {}
+        }
+        let _clear = ClearOnDrop(&snap.refreshing);
+        let mut all = self.admin.client().stats_all().await?;
+        all.sort_by(|a, b| a.queue.cmp(&b.queue));
+        let all = Arc::new(all);
+        *snap.last.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((std::time::Instant::now(), all.clone()));
+        Ok(all)
     }
 
     /// The same state, answering `GET /v1/queues/{queue}/timing` from `timing`.
@@ -224,23 +271,14 @@ async fn metrics(State(st): State<AppState>, req: axum::extract::Request) -> Res
             |(_, text)| text,
         ),
         _ => {
-            // This request refreshes (the flag is cleared however it ends). The gauges are
-            // refreshed over registered queues only, within the request deadline, with no
-            // lock held across the Redis calls; series of queues and groups that no longer
-            // exist are left out.
-            struct Clear<'a>(&'a std::sync::atomic::AtomicBool);
-            impl Drop for Clear<'_> {
-                fn drop(&mut self) {
-                    self.0.store(false, Ordering::Release);
-                }
-            }
-            let _clear = Clear(&cache.refreshing);
-            let all =
-                tokio::time::timeout(st.limits.request_timeout, st.admin.client().stats_all())
-                    .await;
+            // This request renders (the flag is cleared however it ends). The gauges are
+            // refreshed from the shared statistics of registered queues, within the request
+            // deadline; series of queues and groups that no longer exist are left out.
+            let _clear = ClearOnDrop(&cache.refreshing);
+            let all = tokio::time::timeout(st.limits.request_timeout, st.all_stats()).await;
             let live = match &all {
                 Ok(Ok(all)) => {
-                    for s in all {
+                    for s in all.iter() {
                         crate::service::metrics::record_stats(s);
                     }
                     Some(crate::service::metrics::Live::of(all))

@@ -143,7 +143,11 @@ fn schemas() -> Value {
         "PauseState": object(&["queue", "group", "paused"], json!({"queue": {"type": "string"}, "group": nullable("string"), "paused": {"type": "boolean"}})),
         "GroupDeleted": object(&["queue", "group", "deleted", "pending"], json!({"queue": {"type": "string"},
             "group": {"type": "string"}, "deleted": {"type": "boolean"}, "pending": int()})),
-        "Stats": object(&["queues"], json!({"queues": {"type": "array", "items": queue_stats}})),
+        "Stats": object(&["queues"], json!({"queues": {"type": "array", "items": queue_stats},
+            "next": nullable("string"),
+            "summary": object(&["queues", "paused", "groups", "scheduled", "overdue", "stream_length", "pending", "dead"],
+                json!({"queues": int(), "paused": int(), "groups": int(), "scheduled": int(), "overdue": int(),
+                       "stream_length": int(), "pending": int(), "dead": int()}))})),
         "DeadPage": object(&["dead_letters", "next"], json!({"dead_letters": {"type": "array", "items": dead_letter}, "next": nullable("string")})),
         "Selection": selection,
         "Replayed": object(&["replayed"], json!({"replayed": int()})),
@@ -197,8 +201,9 @@ fn paths() -> Value {
     let g = json!({"name": "group", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 128}});
     let force = json!({"name": "force", "in": "query", "schema": {"type": "boolean"}});
     let dead_group = json!({"name": "group", "in": "query", "schema": {"type": "string"}});
-    let limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 0, "maximum": MAX_DEAD_LIMIT}});
+    let limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DEAD_LIMIT}});
     let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}});
+    let stats_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::service::admin::MAX_STATS_LIMIT}});
     let open = |mut o: Value| {
         if let Some(m) = o.as_object_mut() {
             m.insert("security".into(), json!([]));
@@ -231,7 +236,7 @@ fn paths() -> Value {
                 json!({"200": ok("deleted", "GroupDeleted")}))
         },
         "/v1/queues/{queue}/stats": {"get": op("Statistics", vec![&q], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
-        "/v1/stats": {"get": op("Statistics of every registered queue", vec![], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
+        "/v1/stats": {"get": op("Statistics of every registered queue, paged by name, with totals", vec![&stats_limit, &after], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
         "/v1/queues/{queue}/timing": {"get": op("Throughput and lateness over the last hour, in 10 s slots (this process's numbers)", vec![&q], None,
             json!({"200": ok("one point per slot, oldest first", "Timing")}))},
         "/v1/queues/{queue}/dead": {"get": op("Dead letters, oldest first across shards, paged", vec![&q, &dead_group, &limit, &after], None,

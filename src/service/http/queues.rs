@@ -128,36 +128,29 @@ pub(super) async fn list_queues(
     Ok(Json(st.admin.queues().await?))
 }
 
-/// Every queue's statistics: one shared answer, renewed at most once a second whatever the
-/// number of dashboards polling it (each would otherwise cost Redis one pass over every
-/// queue). No lock is held across the Redis calls.
-pub(super) async fn stats_all(State(st): State<AppState>) -> ApiResult<Response> {
-    let cached = st
-        .stats_cache
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    if let Some((at, body)) = cached
-        && at.elapsed() < std::time::Duration::from_secs(1)
-    {
-        return Ok(json_bytes(body));
-    }
-    let answer = st.admin.stats(None).await?;
-    let body = axum::body::Bytes::from(serde_json::to_vec(&answer).unwrap_or_default());
-    *st.stats_cache.lock().unwrap_or_else(|p| p.into_inner()) =
-        Some((std::time::Instant::now(), body.clone()));
-    Ok(json_bytes(body))
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct StatsQuery {
+    pub(super) limit: Option<usize>,
+    pub(super) after: Option<String>,
 }
 
-fn json_bytes(body: axum::body::Bytes) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
+/// Every queue's statistics, a page at a time (`limit`, default 200, at most 1,000; `after`
+/// the last queue of the previous page), with the totals over all of them. Every page comes
+/// from one shared read of Redis renewed at most once a second, whatever the number of
+/// dashboards polling.
+pub(super) async fn stats_all(
+    State(st): State<AppState>,
+    q: Result<Query<StatsQuery>, QueryRejection>,
+) -> ApiResult<Json<admin::StatsAnswer>> {
+    let q = query(q)?;
+    let limit = admin::stats_limit(q.limit).map_err(crate::Error::from)?;
+    let all = st.all_stats().await?;
+    Ok(Json(admin::StatsAnswer::page(
+        &all,
+        q.after.as_deref(),
+        limit,
+    )))
 }
 
 /// The dashboard's timing of a registered queue (this process's numbers, the last hour).

@@ -8,7 +8,9 @@
 //! - **Every connection has a deadline** in each of its phases: idle (no request in progress,
 //!   no byte of the next one) for at most `idle_timeout`; from the first byte of a request to
 //!   its complete head at most `header_timeout`; the body and the handler are bounded by the
-//!   router's own deadlines (`read_body`). A slowloris is cut off, never kept.
+//!   router's own deadlines (`read_body`); a response the client does not drain (the socket
+//!   takes no byte for `write_timeout`) is cut off too, whatever the phase. A slowloris,
+//!   slow or never-reading, is cut off, never kept.
 //! - **Shutdown is bounded.** Once cancelled the loop stops accepting; idle and half-sent
 //!   connections are closed at once, running requests finish (then their connections close),
 //!   and whatever is left after the grace period is cut off.
@@ -31,13 +33,19 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request head hyper buffers (beyond it hyper answers 431 itself, without the
-/// envelope, and targets over 64 KiB get its bare 414); heads within it but over the
-/// router's limits (8 KiB targets, 16 KiB and 100 headers) get the envelope: a 60 KB target
-/// is 414 and 400 headers are 431, in JSON.
-const MAX_HEAD_BUFFER: usize = 64 * 1024;
+/// Largest request head hyper buffers: at most this memory per connection. Heads over the
+/// router's limits (8 KiB targets, 16 KiB and 100 headers) get the envelope from the
+/// router; longer ones ([`MAX_REQUEST_LINE`], [`MAX_HEAD`]) from the connection itself, so
+/// no answer is hyper's bare one: a 100 KB target is 414 and 400 headers are 431, in JSON.
+const MAX_HEAD_BUFFER: usize = 128 * 1024;
 /// Most headers hyper parses (beyond, its own bare 431); the router refuses above 100.
 const HYPER_MAX_HEADERS: usize = 512;
+/// A request line longer than this is answered 414 (in the envelope) by the connection
+/// itself, before hyper (which answers bare beyond 64 KiB) parses it.
+const MAX_REQUEST_LINE: usize = 2 * super::limits::MAX_URI_BYTES;
+/// A head longer than this is answered 431 (in the envelope) by the connection itself,
+/// before hyper's buffer fills.
+const MAX_HEAD: usize = MAX_HEAD_BUFFER - 4096;
 
 /// Raises the soft open-files limit to the hard one and returns how many connections to
 /// serve at once: `wanted`, or fewer so that `reserve` descriptors stay free for everything
@@ -139,6 +147,9 @@ struct Activity {
     phase: AtomicU8,
     /// Ms since `epoch` when the phase began.
     since_ms: AtomicU64,
+    /// 1 + ms since `epoch` when a write first found the socket full and nothing has been
+    /// written since (0: writes are going through).
+    blocked_ms: AtomicU64,
     /// Woken on every phase change, so the watchdog sleeps until the right deadline.
     changed: Notify,
 }
@@ -149,13 +160,17 @@ impl Activity {
             epoch: Instant::now(),
             phase: AtomicU8::new(IDLE),
             since_ms: AtomicU64::new(0),
+            blocked_ms: AtomicU64::new(0),
             changed: Notify::new(),
         }
     }
 
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX - 1)
+    }
+
     fn set(&self, phase: u8) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.since_ms.store(ms, Ordering::SeqCst);
+        self.since_ms.store(self.now_ms(), Ordering::SeqCst);
         self.phase.store(phase, Ordering::SeqCst);
         self.changed.notify_one();
     }
@@ -164,21 +179,108 @@ impl Activity {
         self.phase.load(Ordering::SeqCst)
     }
 
-    /// When the current phase runs out (`None`: a request is running; the router bounds it).
-    fn deadline(&self, l: &HttpLimits) -> Option<Instant> {
+    /// A write found the socket full (the client is not reading): starts the write
+    /// deadline unless it already runs.
+    fn write_blocked(&self) {
+        if self
+            .blocked_ms
+            .compare_exchange(0, self.now_ms() + 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.changed.notify_one();
+        }
+    }
+
+    /// A write went through: the client drains what it is sent.
+    fn wrote(&self) {
+        if self.blocked_ms.load(Ordering::Relaxed) != 0 {
+            self.blocked_ms.store(0, Ordering::SeqCst);
+            self.changed.notify_one();
+        }
+    }
+
+    /// When the connection runs out of time (`None`: a request is running, the router bounds
+    /// it, and its writes are going through), and why.
+    fn deadline(&self, l: &HttpLimits) -> Option<(Instant, &'static str)> {
         let since = self.epoch + Duration::from_millis(self.since_ms.load(Ordering::SeqCst));
-        match self.phase() {
-            IDLE => Some(since + l.idle_timeout),
-            HEAD => Some(since + l.header_timeout),
+        let phase = match self.phase() {
+            IDLE => Some((since + l.idle_timeout, "idle")),
+            HEAD => Some((since + l.header_timeout, "header")),
             _ => None,
+        };
+        let blocked = match self.blocked_ms.load(Ordering::SeqCst) {
+            0 => None,
+            b => Some((
+                self.epoch + Duration::from_millis(b - 1) + l.write_timeout,
+                "write",
+            )),
+        };
+        match (phase, blocked) {
+            (Some(p), Some(w)) => Some(if w.0 < p.0 { w } else { p }),
+            (p, w) => p.or(w),
         }
     }
 }
 
-/// A connection's socket, noting when the first bytes of a request arrive.
+/// A connection's socket, noting when the first bytes of a request arrive, and measuring
+/// request heads as they arrive.
 struct Tracked {
     inner: TcpStream,
     act: Arc<Activity>,
+    head: HeadScan,
+}
+
+/// How much of the current request head has arrived.
+#[derive(Default)]
+struct HeadScan {
+    /// Head bytes so far.
+    bytes: usize,
+    /// The request line is complete (its `\n` arrived).
+    line_done: bool,
+    /// The head is complete (`\r\n\r\n` arrived).
+    done: bool,
+    /// The last four bytes, to find `\r\n\r\n` across reads.
+    tail: u32,
+    /// The head was refused and answered: what arrives from now on is discarded.
+    refused: bool,
+}
+
+impl HeadScan {
+    /// Takes newly arrived head bytes; `Some(status)` when the head is over a limit.
+    fn take(&mut self, bytes: &[u8]) -> Option<axum::http::StatusCode> {
+        for &b in bytes {
+            if self.done {
+                break;
+            }
+            self.bytes += 1;
+            self.line_done |= b == b'\n';
+            self.tail = (self.tail << 8) | u32::from(b);
+            self.done = self.tail == 0x0d0a_0d0a;
+        }
+        if self.done {
+            None
+        } else if !self.line_done && self.bytes > MAX_REQUEST_LINE {
+            Some(axum::http::StatusCode::URI_TOO_LONG)
+        } else if self.bytes > MAX_HEAD {
+            Some(axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+        } else {
+            None
+        }
+    }
+}
+
+impl Tracked {
+    /// Answers an over-long head in the envelope and half-closes: the client reads the
+    /// answer, then the end of the stream; its remaining bytes are read and dropped until
+    /// it closes (or the head deadline ends the connection).
+    fn refuse(&mut self, status: axum::http::StatusCode) {
+        let bytes = super::ApiError::for_status(status, "").wire_bytes();
+        let sock = socket2::SockRef::from(&self.inner);
+        // A fresh connection's send buffer is empty: the short answer fits at once.
+        let _ = sock.send(&bytes);
+        let _ = sock.shutdown(std::net::Shutdown::Write);
+        self.head.refused = true;
+    }
 }
 
 impl AsyncRead for Tracked {
@@ -187,10 +289,35 @@ impl AsyncRead for Tracked {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
+        let this = &mut *self;
+        if this.head.refused {
+            // Drain and drop until the client closes; hyper sees only the end.
+            let mut scratch = [0u8; 8192];
+            loop {
+                let mut sb = ReadBuf::new(&mut scratch);
+                match Pin::new(&mut this.inner).poll_read(cx, &mut sb) {
+                    Poll::Ready(Ok(())) if sb.filled().is_empty() => return Poll::Ready(Ok(())),
+                    Poll::Ready(Ok(())) => continue,
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        }
         let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if buf.filled().len() > before && self.act.phase() == IDLE {
-            self.act.set(HEAD);
+        let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let phase = this.act.phase();
+            if phase == IDLE {
+                this.head = HeadScan::default();
+                this.act.set(HEAD);
+            }
+            if phase != REQUEST
+                && let Some(status) = this.head.take(&buf.filled()[before..])
+            {
+                buf.set_filled(before);
+                this.refuse(status);
+                return Pin::new(this).poll_read(cx, buf);
+            }
         }
         r
     }
@@ -202,7 +329,31 @@ impl AsyncWrite for Tracked {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        match &r {
+            Poll::Pending => self.act.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.act.wrote(),
+            Poll::Ready(_) => {}
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        match &r {
+            Poll::Pending => self.act.write_blocked(),
+            Poll::Ready(Ok(n)) if *n > 0 => self.act.wrote(),
+            Poll::Ready(_) => {}
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -249,6 +400,7 @@ async fn connection(
     let io = TokioIo::new(Tracked {
         inner: stream,
         act: act.clone(),
+        head: HeadScan::default(),
     });
     let tower = TowerToHyperService::new(router);
     let svc_act = act.clone();
@@ -283,9 +435,10 @@ async fn connection(
                 return;
             }
             _ = act.changed.notified() => {}
-            _ = tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                if act.deadline(&limits).is_some_and(|d| d <= Instant::now()) {
-                    tracing::debug!(phase = act.phase(), "closing an HTTP connection past its deadline");
+            _ = tokio::time::sleep_until(deadline.map_or_else(Instant::now, |d| d.0)), if deadline.is_some() => {
+                if let Some((d, why)) = act.deadline(&limits) && d <= Instant::now() {
+                    tracing::debug!(deadline = why, "closing an HTTP connection past its deadline");
+                    crate::engine::telemetry::http_connection_cut(why);
                     return;
                 }
             }

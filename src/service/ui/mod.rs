@@ -103,7 +103,12 @@ struct SessionInfo {
 async fn session_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let open = st.tokens.is_empty();
     let now = st.admin.client().now_ms();
-    let mut cookie = session::from_headers(&headers);
+    // An open API needs no session and trusts none (its signing key would be public).
+    let mut cookie = if open {
+        None
+    } else {
+        session::from_headers(&headers)
+    };
     if let Some(c) = &cookie
         && !st.session_ok(c, now).await
     {
@@ -124,7 +129,8 @@ struct LoginBody {
     token: String,
 }
 
-/// `POST /ui/login {"token"}`: 204 with the session cookie, 401 for a wrong token (the
+/// `POST /ui/login {"token"}`: 204 with the session cookie (no cookie on an open API: there
+/// is nothing to sign in to), 401 for a wrong token (the
 /// token is never logged), 429 after too many failures in a minute.
 async fn login(State(st): State<AppState>, req: axum::extract::Request) -> Response {
     let (parts, body) = req.into_parts();
@@ -160,8 +166,12 @@ async fn login(State(st): State<AppState>, req: axum::extract::Request) -> Respo
     let Ok(b) = serde_json::from_slice::<LoginBody>(&body) else {
         return ApiError::bad("invalid_body", "expected {\"token\": \"...\"}").into_response();
     };
+    if st.tokens.is_empty() {
+        // An open API: nothing to sign in to, and no cookie issued.
+        return StatusCode::NO_CONTENT.into_response();
+    }
     let now = st.admin.client().now_ms();
-    if st.tokens.is_empty() || token_ok(&st.tokens, &b.token) {
+    if token_ok(&st.tokens, &b.token) {
         let value = st.sessions.issue(now);
         let mut resp = StatusCode::NO_CONTENT.into_response();
         if let Ok(v) =

@@ -176,11 +176,13 @@ function route() {
   else overviewPage();
 }
 
-// Runs `load` now and every REFRESH_MS while the page stays on this route.
+// Runs `load` now and every REFRESH_MS while the page stays on this route; returns a
+// function that runs it again at once (and restarts the period).
 function every(load) {
   const hash = state.route;
-  const tick = async () => {
-    if (state.route !== hash) return;
+  let round = 0;
+  const tick = async (r) => {
+    if (state.route !== hash || r !== round) return;
     try {
       await load();
       banner('');
@@ -188,9 +190,10 @@ function every(load) {
     } catch (e) {
       showError(e);
     }
-    if (state.route === hash) state.timer = setTimeout(tick, REFRESH_MS);
+    if (state.route === hash && r === round) state.timer = setTimeout(() => tick(r), REFRESH_MS);
   };
-  tick();
+  tick(round);
+  return () => { clearTimeout(state.timer); round += 1; tick(round); };
 }
 
 // ---------- sign-in ----------
@@ -313,12 +316,31 @@ function overviewPage() {
     h('p', {}, 'A queue exists once it is registered: run ', h('code', {}, 'delayq queue create order-close'),
       ', call ', h('code', {}, 'PUT /v1/queues/order-close'), ', or start ', h('code', {}, 'delayq serve'),
       ' with a handler for it.'));
-  main().append(h('h1', {}, 'Queues'), empty, table);
-  every(async () => {
-    const { value } = await api('GET', '/v1/stats');
+  // Totals over every queue, then one page of queues (the API pages them by name).
+  const summary = h('p', { id: 'summary', class: 'summary' });
+  const pages = [];
+  const prev = h('button', { type: 'button', id: 'prev-page', hidden: true }, 'Previous queues');
+  const next = h('button', { type: 'button', id: 'next-page', hidden: true }, 'Next queues');
+  const pager = h('div', { class: 'actions' }, prev, next);
+  let after = null;
+  let load = null;
+  prev.addEventListener('click', () => { after = pages.pop() ?? null; load(); });
+  next.addEventListener('click', () => { pages.push(after); after = next.dataset.after; load(); });
+  main().append(h('h1', {}, 'Queues'), summary, empty, table, pager);
+  load = every(async () => {
+    const path = after === null ? '/v1/stats' : `/v1/stats?after=${encodeURIComponent(after)}`;
+    const { value } = await api('GET', path);
+    const t = value.summary;
+    if (t) {
+      summary.textContent = `${t.queues} queue${t.queues === 1 ? '' : 's'} (${t.paused} paused), ${t.groups} group${t.groups === 1 ? '' : 's'}: `
+        + `${t.scheduled} scheduled, ${t.overdue} overdue, ${t.stream_length} in streams, ${t.pending} pending, ${t.dead} dead`;
+    }
     state.queues = value.queues.map((q) => q.queue);
-    empty.hidden = value.queues.length > 0;
+    empty.hidden = value.queues.length > 0 || after !== null;
     table.hidden = value.queues.length === 0;
+    prev.hidden = pages.length === 0 && after === null;
+    next.hidden = !value.next;
+    if (value.next) next.dataset.after = value.next;
     const rows = [];
     for (const q of value.queues) {
       rows.push([`q:${q.queue}`, queueRow(q)]);

@@ -1,0 +1,107 @@
+-- schedule.lua: a recurring schedule's record and its place in the namespace's index.
+--
+-- KEYS[1]  the schedule's record HASH   ({ns}:schedule:<queue>:<id>): spec (JSON), gen,
+--                                       next, last, ticks, missed, created_ms, updated_ms
+-- KEYS[2]  the namespace's index ZSET   ({ns}:schedules): member "<queue>:<id>", score =
+--                                       the schedule's next tick (unix ms)
+-- KEYS[3]  the queue's registry record  ({ns}:queue:<queue>) (put)
+-- ARGV[1]  mode: "put", "advance" or "remove"
+-- ARGV[2]  the index member, "<queue>:<id>"
+-- put:     ARGV[3] spec JSON, ARGV[4] next tick (unix ms, or "" when it never ticks),
+--          ARGV[5] now (unix ms), ARGV[6] the most schedules the namespace may have
+-- advance: ARGV[3] the generation the caller read, ARGV[4] the next tick it read,
+--          ARGV[5] the new next tick (or "" when the schedule has ended), ARGV[6] the tick
+--          that fired (or ""), ARGV[7] ticks fired, ARGV[8] ticks missed
+--
+-- Numbers are canonical decimal integers (at most 2^53 - 1, not negative). Redis >= 6.2.
+--
+-- Returns: put: { previous next tick or "", generation };
+--          advance: 1 = advanced, 0 = the record changed meanwhile (another scheduler
+--          advanced it, or it was updated or removed): nothing written;
+--          remove: the next tick it had ("" if none), or false when there was no schedule.
+-- Errors:  "ERR delayq queue_not_found ..." (put on a queue that is not registered),
+--          "ERR delayq too_many_schedules ..." (put beyond the cap), writing nothing.
+--
+-- Why one script: the record and the index change together (a schedule is in the index
+-- exactly when it has a next tick), an update bumps the generation that a concurrent
+-- advance compares, and the queue's existence is checked in the same step as the write.
+-- Every argument is checked before anything is written.
+-- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
+-- nothing a double cannot hold exactly), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
+  local n = tonumber(s)
+  if n > 9007199254740991 or n < -9007199254740991 then return nil end
+  return n
+end
+-- "" or a non-negative integer; false when neither.
+local function opt(s)
+  if s == '' then return nil end
+  local n = int(s)
+  if not n or n < 0 then return false end
+  return n
+end
+local mode, member = ARGV[1], ARGV[2]
+if type(member) ~= 'string' or not string.find(member, ':', 1, true) then
+  return redis.error_reply('ERR delayq schedule: the member must be <queue>:<id>')
+end
+
+if mode == 'put' then
+  local spec, nxt, now, max = ARGV[3], opt(ARGV[4]), int(ARGV[5]), int(ARGV[6])
+  if type(spec) ~= 'string' or string.sub(spec, 1, 1) ~= '{' then
+    return redis.error_reply('ERR delayq schedule: the spec must be a JSON object')
+  end
+  if nxt == false or not now or now < 0 or not max or max < 1 then
+    return redis.error_reply('ERR delayq schedule: next, now and max must be unix ms / counts')
+  end
+  if redis.call('EXISTS', KEYS[3]) == 0 then
+    return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
+  end
+  local exists = redis.call('EXISTS', KEYS[1]) == 1
+  if not exists and redis.call('ZCARD', KEYS[2]) >= max then
+    return redis.error_reply('ERR delayq too_many_schedules: the namespace has ' .. max .. ' schedules')
+  end
+  local previous = redis.call('HGET', KEYS[1], 'next') or ''
+  local gen = redis.call('HINCRBY', KEYS[1], 'gen', 1)
+  redis.call('HSET', KEYS[1], 'spec', spec, 'updated_ms', now)
+  redis.call('HSETNX', KEYS[1], 'created_ms', now)
+  if nxt then
+    redis.call('HSET', KEYS[1], 'next', nxt)
+    redis.call('ZADD', KEYS[2], nxt, member)
+  else
+    redis.call('HDEL', KEYS[1], 'next')
+    redis.call('ZREM', KEYS[2], member)
+  end
+  return { previous, gen }
+elseif mode == 'advance' then
+  local gen, expected, nxt, fired = int(ARGV[3]), int(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
+  local ticks, missed = int(ARGV[7]), int(ARGV[8])
+  if not gen or not expected or nxt == false or fired == false or not ticks or ticks < 0
+    or not missed or missed < 0 then
+    return redis.error_reply('ERR delayq schedule: advance takes gen, next, new next, fired, ticks, missed')
+  end
+  if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[3] or redis.call('HGET', KEYS[1], 'next') ~= ARGV[4] then
+    return 0
+  end
+  if fired then redis.call('HSET', KEYS[1], 'last', fired) end
+  if ticks > 0 then redis.call('HINCRBY', KEYS[1], 'ticks', ticks) end
+  if missed > 0 then redis.call('HINCRBY', KEYS[1], 'missed', missed) end
+  if nxt then
+    redis.call('HSET', KEYS[1], 'next', nxt)
+    redis.call('ZADD', KEYS[2], nxt, member)
+  else
+    redis.call('HDEL', KEYS[1], 'next')
+    redis.call('ZREM', KEYS[2], member)
+  end
+  return 1
+elseif mode == 'remove' then
+  if redis.call('EXISTS', KEYS[1]) == 0 then
+    redis.call('ZREM', KEYS[2], member)
+    return false
+  end
+  local previous = redis.call('HGET', KEYS[1], 'next') or ''
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], member)
+  return previous
+end
+return redis.error_reply('ERR delayq schedule: mode must be put, advance or remove')
