@@ -15,7 +15,8 @@
 --
 -- Numbers are canonical decimal integers (at most 2^53 - 1, not negative). Redis >= 6.2.
 --
--- Returns: put: { previous next tick or "", generation };
+-- Returns: put: { previous next tick or "", generation, changed (1, or 0 when the record
+--          already held this spec: nothing written) };
 --          advance: 1 = advanced, 0 = the record changed meanwhile (another scheduler
 --          advanced it, or it was updated or removed): nothing written;
 --          remove: the next tick it had ("" if none), or false when there was no schedule.
@@ -58,6 +59,10 @@ if mode == 'put' then
     return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
   end
   local exists = redis.call('EXISTS', KEYS[1]) == 1
+  if exists and redis.call('HGET', KEYS[1], 'spec') == spec then
+    -- Declared again as it is (a restart reading its config): keep its next tick.
+    return { redis.call('HGET', KEYS[1], 'next') or '', tonumber(redis.call('HGET', KEYS[1], 'gen')), 0 }
+  end
   if not exists and redis.call('ZCARD', KEYS[2]) >= max then
     return redis.error_reply('ERR delayq too_many_schedules: the namespace has ' .. max .. ' schedules')
   end
@@ -72,7 +77,7 @@ if mode == 'put' then
     redis.call('HDEL', KEYS[1], 'next')
     redis.call('ZREM', KEYS[2], member)
   end
-  return { previous, gen }
+  return { previous, gen, 1 }
 elseif mode == 'advance' then
   local gen, expected, nxt, fired = int(ARGV[3]), int(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
   local ticks, missed = int(ARGV[7]), int(ARGV[8])

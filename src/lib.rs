@@ -75,6 +75,7 @@ pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
     ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
+pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
 pub use engine::stats::{GroupStats, QueueStats};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
 pub use engine::worker::{

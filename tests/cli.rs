@@ -686,3 +686,247 @@ fn scripts_export_writes_every_script_as_the_engine_runs_it() {
         assert_eq!(written, source, "{name}");
     }
 }
+
+#[tokio::test]
+async fn cron_add_show_list_remove_round_trip() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let o = run(&url, &["queue", "create", "reports"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+
+    let o = run(
+        &url,
+        &[
+            "cron",
+            "add",
+            "reports",
+            "hourly",
+            "--every",
+            "1h",
+            "--payload",
+            r#"{"report":"sales"}"#,
+            "--json",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let added = o.json();
+    assert_eq!(
+        (&added["queue"], &added["id"], &added["created"]),
+        (&json!("reports"), &json!("hourly"), &json!(true))
+    );
+    let next = added["next_ms"].as_i64().unwrap();
+    assert_eq!(next % 3_600_000, 0, "aligned to the hour: {next}");
+    assert!(next > client.now_ms() - 1000, "{next}");
+
+    // Declared again: replaced, in the human form (RFC 3339 and ms).
+    let o = run(
+        &url,
+        &[
+            "cron",
+            "add",
+            "reports",
+            "hourly",
+            "--every",
+            "1h",
+            "--payload",
+            r#"{"report":"sales"}"#,
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.starts_with("replaced"), "{}", o.stdout);
+    assert!(o.stdout.contains(&next.to_string()), "{}", o.stdout);
+
+    let o = run(&url, &["cron", "show", "reports", "hourly", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let shown = o.json();
+    assert_eq!(shown["next_ms"], json!(next));
+    assert_eq!(shown["next_id"], json!(format!("hourly@{next}")));
+    assert_eq!(shown["every"], json!("1h"));
+    assert_eq!(shown["timezone"], json!("UTC"));
+    assert_eq!(shown["payload"], json!({"report": "sales"}));
+    let upcoming: Vec<i64> = shown["upcoming_ms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert_eq!(upcoming.len(), 5, "{upcoming:?}");
+    assert!(upcoming[0] >= next, "{upcoming:?} vs {next}");
+    for w in upcoming.windows(2) {
+        assert_eq!(w[1] - w[0], 3_600_000, "{upcoming:?}");
+    }
+    let o = run(&url, &["cron", "show", "reports", "hourly"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert!(o.stdout.contains("upcoming:"), "{}", o.stdout);
+    assert_eq!(
+        o.stdout.lines().filter(|l| l.starts_with("  20")).count(),
+        5,
+        "{}",
+        o.stdout
+    );
+
+    let o = run(&url, &["cron", "list", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let listed = o.json();
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(
+        (&listed[0]["queue"], &listed[0]["id"], &listed[0]["next_ms"]),
+        (&json!("reports"), &json!("hourly"), &json!(next))
+    );
+    let o = run(&url, &["cron", "list", "reports"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let row = o.stdout.lines().nth(1).unwrap_or_default().to_owned();
+    assert!(
+        row.contains("hourly") && row.contains("every 1h"),
+        "{}",
+        o.stdout
+    );
+    let o = run(&url, &["cron", "list", "q", "--json"]);
+    assert_eq!((o.code, o.json()), (0, json!([])));
+
+    // The next tick is an ordinary order, scheduled ahead.
+    let tick = format!("hourly@{next}");
+    let o = run(&url, &["get", "reports", &tick]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(
+        (&o.json()["state"], &o.json()["due_at_ms"]),
+        (&json!("scheduled"), &json!(next))
+    );
+    assert!(client.get("reports", &tick).await.unwrap().is_some());
+
+    let o = run(&url, &["cron", "remove", "reports", "hourly"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = run(&url, &["cron", "show", "reports", "hourly"]);
+    assert_eq!(o.code, 1, "{} {}", o.stdout, o.stderr);
+    assert!(o.stderr.contains("hourly"), "{}", o.stderr);
+    assert_eq!(o.stderr.trim().lines().count(), 1, "{}", o.stderr);
+    let o = run(&url, &["cron", "remove", "reports", "hourly"]);
+    assert_eq!(o.code, 1, "{} {}", o.stdout, o.stderr);
+    // The pending tick was taken back with it.
+    assert!(client.get("reports", &tick).await.unwrap().is_none());
+    assert_eq!(run(&url, &["get", "reports", &tick]).code, 1);
+    assert!(
+        delayq::Schedules::new(&client)
+            .list(None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn cron_bad_input_exits_2_names_the_field_and_writes_nothing() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let before = support::snapshot(&client).await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["cron", "add", "q", "c", "--cron", "61 * * * * *"], "cron"),
+        (
+            &[
+                "cron",
+                "add",
+                "q",
+                "c",
+                "--every",
+                "1h",
+                "--timezone",
+                "Mars/Olympus",
+            ],
+            "timezone",
+        ),
+        (&["cron", "add", "q", "c", "--every", "10ms"], "every"),
+        (&["cron", "add", "q", "c", "--every", "soon"], "every"),
+        (
+            &[
+                "cron",
+                "add",
+                "q",
+                "c",
+                "--every",
+                "1h",
+                "--cron",
+                "0 * * * * *",
+            ],
+            "--cron",
+        ),
+        (&["cron", "add", "q", "c"], "--cron"),
+        (
+            &[
+                "cron", "add", "q", "c", "--every", "1h", "--missed", "bogus",
+            ],
+            "--missed",
+        ),
+        (&["cron", "add", "q", "bad:id", "--every", "1h"], "id"),
+        (&["cron", "add", "bad queue", "c", "--every", "1h"], "queue"),
+        (
+            &[
+                "cron",
+                "add",
+                "q",
+                "c",
+                "--every",
+                "1h",
+                "--payload",
+                "{nope",
+            ],
+            "payload",
+        ),
+        (
+            &[
+                "cron", "add", "q", "c", "--every", "1h", "--start", "tomorrow",
+            ],
+            "start",
+        ),
+        (
+            &[
+                "cron",
+                "add",
+                "q",
+                "c",
+                "--every",
+                "1h",
+                "--start",
+                "2031-01-01T00:00:00Z",
+                "--end",
+                "2030-01-01T00:00:00Z",
+            ],
+            "end",
+        ),
+        (
+            &["cron", "add", "typo-queue", "c", "--every", "1h"],
+            "queue",
+        ),
+        (&["cron", "show", "q", "bad id"], "id"),
+        (&["cron", "remove", "q", ""], "id"),
+        (&["cron", "list", "bad queue"], "queue"),
+    ];
+    for (args, needle) in cases {
+        let o = run(&url, args);
+        assert_eq!(o.code, 2, "{args:?}: {} {}", o.stdout, o.stderr);
+        assert!(
+            o.stderr.contains(needle),
+            "{args:?}: stderr {:?} lacks {needle:?}",
+            o.stderr
+        );
+        assert!(o.stdout.is_empty(), "{args:?}: {}", o.stdout);
+    }
+    let o = run(&url, &["cron", "add", "typo-queue", "c", "--every", "1h"]);
+    assert!(o.stderr.contains("not registered"), "{}", o.stderr);
+    assert!(o.stderr.contains("delayq queue create"), "{}", o.stderr);
+
+    let keys: Vec<String> = raw(&client, &["KEYS", "*schedule*"]).await;
+    assert!(keys.is_empty(), "{keys:?}");
+    assert!(
+        delayq::Schedules::new(&client)
+            .list(None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "invalid input wrote something"
+    );
+}

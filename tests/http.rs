@@ -690,3 +690,182 @@ async fn every_queues_statistics_come_in_pages_with_totals_over_all_of_them() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn schedules_are_declared_replaced_shown_listed_and_removed() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let t = Some(TOKEN);
+    let uri = "/v1/queues/order-close/schedules/nightly";
+    // Behind the same tokens as every /v1 route.
+    let (st, v) = call(&r, "GET", uri, None, None).await;
+    assert_eq!((st, code(&v)), (StatusCode::UNAUTHORIZED, "unauthorized"));
+    let (st, v) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(json!({"every": "1h", "payload": {"kind": "report"}})),
+        t,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(
+        (v["queue"].clone(), v["id"].clone(), v["created"].clone()),
+        (json!("order-close"), json!("nightly"), json!(true))
+    );
+    let first = v["next_ms"].as_i64().unwrap();
+    assert_eq!(first % 3_600_000, 0, "aligned to the hour: {v}");
+    // Replaced by a cron: 200, and the new next tick is an ordinary order.
+    let (st, v) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(
+            json!({"cron": "0 0 * * * *", "timezone": "Europe/Berlin", "missed": "fire_once",
+                    "payload": {"kind": "report", "v": 2}}),
+        ),
+        t,
+    )
+    .await;
+    assert_eq!(
+        (st, v["created"].clone()),
+        (StatusCode::OK, json!(false)),
+        "{v}"
+    );
+    let next = v["next_ms"].as_i64().unwrap();
+    let (st, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(v["cron"], json!("0 0 * * * *"));
+    assert_eq!(v["every"], Value::Null);
+    assert_eq!(v["timezone"], json!("Europe/Berlin"));
+    assert_eq!(v["missed"], json!("fire_once"));
+    assert_eq!(v["payload"], json!({"kind": "report", "v": 2}));
+    assert_eq!(v["next_ms"], json!(next));
+    assert_eq!(v["next_id"], json!(format!("nightly@{next}")));
+    assert_eq!(v["upcoming_ms"].as_array().unwrap().len(), 5, "{v}");
+    assert_eq!(v["ticks"], json!(0));
+    let tick = client
+        .get("order-close", &format!("nightly@{next}"))
+        .await
+        .unwrap()
+        .expect("the next tick is scheduled as an order");
+    assert_eq!(tick.due_at_ms, next);
+    let (st, v) = call(&r, "GET", "/v1/queues/order-close/schedules", None, t).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let list = v["schedules"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{v}");
+    assert_eq!(list[0]["id"], json!("nightly"));
+    let (st, v) = call(&r, "GET", "/v1/queues/q/schedules", None, t).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"schedules": []})));
+    // Removed: its pending tick is taken back; a second removal finds nothing.
+    let (st, v) = call(&r, "DELETE", uri, None, t).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"removed": true})));
+    assert!(
+        client
+            .get("order-close", &format!("nightly@{next}"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (st, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    let (st, v) = call(&r, "DELETE", uri, None, t).await;
+    assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    let (st, v) = call(&r, "GET", "/v1/queues/order-close/schedules", None, t).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"schedules": []})));
+}
+
+#[tokio::test]
+async fn bad_schedules_are_400_naming_the_field_and_write_nothing() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), Vec::new()));
+    let uri = "/v1/queues/order-close/schedules/s1";
+    for (body, code_want, field) in [
+        (json!({"cron": "61 * * * * *"}), "invalid_option", "cron"),
+        (
+            json!({"cron": "0 0 * * * *", "timezone": "Mars/Olympus"}),
+            "invalid_option",
+            "timezone",
+        ),
+        (json!({"every": "10ms"}), "invalid_option", "every"),
+        (
+            json!({"cron": "0 0 * * * *", "every": "1h"}),
+            "invalid_option",
+            "cron",
+        ),
+        (json!({}), "invalid_option", "cron"),
+        (
+            json!({"every": "1h", "missed": "often"}),
+            "invalid_option",
+            "missed",
+        ),
+        (
+            json!({"every": "1h", "start_ms": 2_000, "end_ms": 1_000}),
+            "invalid_option",
+            "end",
+        ),
+        (
+            json!({"every": "1h", "start_ms": 9_007_199_254_740_992_i64}),
+            "invalid_option",
+            "start_ms",
+        ),
+        (
+            json!({"every": "1h", "color": "blue"}),
+            "invalid_json",
+            "color",
+        ),
+    ] {
+        let (st, v) = call(&r, "PUT", uri, Some(body.clone()), None).await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::BAD_REQUEST, code_want),
+            "{body}: {v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(field), "{body}: {message}");
+    }
+    // A bad id names the id.
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/order-close/schedules/a@b",
+        Some(json!({"every": "1h"})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("id"),
+        "{v}"
+    );
+    // A queue that is not registered: 400 (not 404), saying to create it first.
+    let (st, v) = call(
+        &r,
+        "PUT",
+        "/v1/queues/not-registered/schedules/s1",
+        Some(json!({"every": "1h"})),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::BAD_REQUEST, "unknown_queue"),
+        "{v}"
+    );
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("queue") && message.contains("not-registered"),
+        "{message}"
+    );
+    assert!(message.contains("create it first"), "{message}");
+    assert!(
+        delayq::Schedules::new(&client)
+            .list(None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing was written"
+    );
+    let (st, v) = call(&r, "GET", "/v1/queues/order-close/schedules", None, None).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"schedules": []})));
+}

@@ -645,3 +645,59 @@ async fn a_hundred_queues_on_a_laptop_and_on_a_phone() {
     phone.screenshot("overview-phone").await;
     phone.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_page_lists_its_recurring_schedules() {
+    let redis = LocalRedis::start().unwrap();
+    let serve = serve_with(&redis, "").await;
+    let b = Browser::start(1280, 1100).await;
+    sign_in(&b, &serve, TOKEN).await;
+    b.wait("#queues-body").await;
+    b.client
+        .goto(&format!("{}/ui/#/queue/order-close", serve.base()))
+        .await
+        .unwrap();
+    // None yet: a line saying how to add one.
+    b.wait_text("#schedules-empty", "the empty line", |t| {
+        t.contains("No recurring schedules") && t.contains("/v1/queues/order-close/schedules/")
+    })
+    .await;
+    let (st, v) = v1(
+        reqwest::Method::PUT,
+        &serve,
+        "/v1/queues/order-close/schedules/nightly-report",
+        Some(json!({"cron": "0 30 2 * * *", "timezone": "Europe/Berlin"})),
+    )
+    .await;
+    assert_eq!(st, 201, "{v}");
+    // Shown on the next refresh, without a reload.
+    let row = b
+        .wait_text(
+            "#schedules tr[data-schedule='nightly-report']",
+            "the schedule row",
+            |t| t.contains("0 30 2 * * *"),
+        )
+        .await;
+    assert!(row.contains("Europe/Berlin"), "{row}");
+    assert!(row.contains("in "), "the next fire is ahead: {row}");
+    let header: Value = b
+        .client
+        .execute(
+            "return document.querySelector('#schedules tr[data-schedule] th').getAttribute('scope')",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(header, json!("row"));
+    let empty_hidden: Value = b
+        .client
+        .execute(
+            "return document.getElementById('schedules-empty').hidden",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(empty_hidden, json!(true));
+    b.screenshot("schedules").await;
+    b.close().await;
+}

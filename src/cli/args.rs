@@ -1,6 +1,6 @@
 //! The command line's arguments (clap): the global flags and one variant per verb.
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
 
 /// delayq: an order-expiry delay queue on Redis.
 #[derive(Debug, Parser)]
@@ -118,6 +118,13 @@ pub enum Command {
         #[command(subcommand)]
         action: GroupAction,
     },
+    /// Recurring schedules (cron expressions or intervals): add, list, show, remove. Each
+    /// tick is an ordinary order `<ID>@<instant ms>`; the schedulers of `serve` advance them.
+    Cron {
+        /// What to do.
+        #[command(subcommand)]
+        action: CronAction,
+    },
     /// Dead letters: list, replay to the group that failed them, purge.
     Dead {
         /// What to do.
@@ -128,7 +135,8 @@ pub enum Command {
     /// redis-server when none is reachable).
     Bench {
         /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth, idle
-        /// (idle: `--orders` declared queues, nothing due, for `--window`).
+        /// (idle: `--orders` declared queues, nothing due, for `--window`), schedules
+        /// (`--orders` recurring schedules ticking every minute, for `--window`).
         #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.
@@ -286,5 +294,71 @@ pub enum DeadAction {
         all: bool,
         /// Dead-letter entry ids (as listed).
         entry_ids: Vec<String>,
+    },
+}
+
+/// The `cron` sub-verbs.
+#[derive(Debug, Subcommand)]
+pub enum CronAction {
+    /// Declare or replace a recurring schedule (the queue must be registered); its next
+    /// tick is scheduled at once.
+    #[command(group(ArgGroup::new("recurrence").required(true).args(["cron", "every"])))]
+    Add {
+        /// Queue name (registered: `delayq queue create`).
+        queue: String,
+        /// Schedule id: A-Z a-z 0-9 . _ - (1..=128 bytes).
+        id: String,
+        /// A cron expression: 6 fields `sec min hour day-of-month month day-of-week`
+        /// (e.g. "0 30 2 * * *"), an optional 7th for the year, or the classic 5 fields.
+        #[arg(long, allow_hyphen_values = true)]
+        cron: Option<String>,
+        /// An interval (30s, 5m, 1h30m; at least 1s), ticks aligned to the Unix epoch (or to
+        /// --start).
+        #[arg(long, allow_hyphen_values = true)]
+        every: Option<String>,
+        /// IANA time zone for the cron fields (default UTC), e.g. Europe/Berlin.
+        #[arg(long)]
+        timezone: Option<String>,
+        /// Payload every tick delivers, as JSON.
+        #[arg(long, default_value = "{}")]
+        payload: String,
+        /// No tick before this: RFC 3339 with an offset, or unix milliseconds.
+        #[arg(long, allow_hyphen_values = true)]
+        start: Option<String>,
+        /// No tick after this: RFC 3339 with an offset, or unix milliseconds.
+        #[arg(long, allow_hyphen_values = true)]
+        end: Option<String>,
+        /// Ticks that passed while no scheduler ran: skip them (default) or deliver one
+        /// catch-up tick.
+        #[arg(long, value_parser = ["skip", "fire_once"])]
+        missed: Option<String>,
+        /// Print the answer as one JSON line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List recurring schedules, sorted by queue and id.
+    List {
+        /// One queue (default: every queue of the namespace).
+        queue: Option<String>,
+        /// Print one JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a schedule with its next fire times (exit 1 when there is none).
+    Show {
+        /// Queue name.
+        queue: String,
+        /// Schedule id.
+        id: String,
+        /// Print one JSON line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a schedule and take its pending tick back (exit 1 when there is none).
+    Remove {
+        /// Queue name.
+        queue: String,
+        /// Schedule id.
+        id: String,
     },
 }

@@ -18,6 +18,7 @@ macro_rules! out {
 mod args;
 pub mod bench;
 mod cancel;
+mod cron;
 mod dead;
 pub mod demo;
 mod get;
@@ -28,7 +29,7 @@ mod scripts;
 mod serve;
 mod stats;
 
-pub use args::{Cli, Command, DeadAction, GroupAction, QueueAction, ScriptsAction};
+pub use args::{Cli, Command, CronAction, DeadAction, GroupAction, QueueAction, ScriptsAction};
 
 use crate::error::{Error, InvalidInput};
 use serde::Serialize;
@@ -149,6 +150,7 @@ async fn dispatch(cli: Cli) -> VerbResult {
             stats::run(&g, queue.as_deref(), json, watch).await
         }
         Command::Dead { action } => dead::run(&g, action).await,
+        Command::Cron { action } => cron::run(&g, action).await,
         Command::Queue { action } => queue::run(&g, action).await,
         Command::Group {
             action:

@@ -15,6 +15,9 @@
 //! - `depth`: N orders pending (due in an hour) beside 100,000 due ones; the due ones are
 //!   drained by one dispatcher: Redis CPU per dispatched order at that depth (compare
 //!   `--orders 10000` with `--orders 10000000`).
+//! - `schedules`: N recurring schedules ticking every minute (`--orders` is the schedule
+//!   count), with a scheduler and the supervisor: Redis commands and CPU per second and per
+//!   tick.
 //! - `idle`: N declared queues (`--orders` is the queue count) and nothing due, for
 //!   `window`: what `serve`'s supervisor (a dispatcher per queue) and maintenance services
 //!   cost Redis at rest, in commands per second and Redis CPU per second.
@@ -114,8 +117,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "dispatch" => dispatch(&client, opts).await,
         "depth" => depth(&client, opts).await,
         "idle" => idle(&client, opts).await,
+        "schedules" => schedules(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth, idle)"
+            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth, idle, schedules)"
         )),
     };
     client.delete_namespace().await?;
@@ -526,6 +530,76 @@ async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepor
         notes: format!(
             "{} queue(s) of {} shard(s), nothing due, supervisor + maintenance services for {:.1} s",
             opts.orders, opts.shards, took
+        ),
+        ..Default::default()
+    })
+}
+
+/// `schedules`: `opts.orders` recurring schedules ticking every minute, their ticks spread
+/// evenly over the minute, with a scheduler and the supervisor (dispatching the ticks)
+/// running for `opts.window` after the first minute has started: Redis commands and CPU per
+/// second, and per tick (every tick an order scheduled ahead, advanced and dispatched).
+async fn schedules(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
+    use crate::engine::schedules::{ScheduleSpec, Scheduler, Schedules};
+    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
+    let s = Schedules::new(client);
+    let base = client.now_ms() + 5_000;
+    let n = i64::try_from(opts.orders).unwrap_or(i64::MAX);
+    for i in 0..n {
+        let spec = ScheduleSpec::every(QUEUE, &format!("s{i}"), "1m", serde_json::json!({"i": i}))
+            .window(Some(base + i * 60_000 / n), None);
+        s.upsert(&spec).await?;
+    }
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(
+        client,
+        SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
+    )?;
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    let sched = tokio::spawn(Scheduler::new(client).run(stop.clone()));
+    // Start measuring once the ticks have begun.
+    let wait = u64::try_from((base - client.now_ms()).max(0)).unwrap_or(0) + 1_000;
+    tokio::time::sleep(Duration::from_millis(wait)).await;
+    let stream = client
+        .keyspace()
+        .shard(&crate::engine::keys::QueueName::new(QUEUE)?, 0)
+        .stream;
+    let xlen = |c: &Client| {
+        let stream = stream.clone();
+        let c = c.clone();
+        async move {
+            let n: u64 = redis::cmd("XLEN")
+                .arg(&stream)
+                .query_async(&mut c.connection())
+                .await?;
+            anyhow::Ok(n)
+        }
+    };
+    let ticks0 = xlen(client).await?;
+    let cmds0: f64 = info_field(client, "stats", "total_commands_processed").await?;
+    let cpu0 = redis_cpu_s(client).await?;
+    let started = Instant::now();
+    tokio::time::sleep(opts.window).await;
+    let cmds1: f64 = info_field(client, "stats", "total_commands_processed").await?;
+    let cpu1 = redis_cpu_s(client).await?;
+    let ticks1 = xlen(client).await?;
+    let took = started.elapsed().as_secs_f64();
+    stop.cancel();
+    sup.await??;
+    sched.await?;
+    let ticks = (ticks1 - ticks0) as f64;
+    let cmds = cmds1 - cmds0 - 3.0;
+    let cpu = cpu1 - cpu0;
+    Ok(BenchReport {
+        scenario: "schedules".into(),
+        n: opts.orders,
+        commands_per_s: Some(cmds / took),
+        redis_cpu_ms_per_s: Some(cpu * 1e3 / took),
+        notes: format!(
+            "{} schedules every minute, {ticks:.0} ticks in {took:.1} s: {:.1} commands and {:.0} us of Redis CPU per tick (scheduler + dispatcher, idle polling included)",
+            opts.orders,
+            if ticks > 0.0 { cmds / ticks } else { 0.0 },
+            if ticks > 0.0 { cpu * 1e6 / ticks } else { 0.0 },
         ),
         ..Default::default()
     })

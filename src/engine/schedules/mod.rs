@@ -64,6 +64,8 @@ pub const MISSED_AFTER: Duration = Duration::from_secs(1);
 pub const MAX_SCHEDULES: usize = 100_000;
 /// Longest schedule id, bytes.
 pub const MAX_SCHEDULE_ID_LEN: usize = 128;
+/// The latest `start` or `end` accepted: 9999-12-31T23:59:59.999Z, unix ms.
+pub const MAX_WINDOW_MS: i64 = 253_402_300_799_999;
 /// How many upcoming fire times [`Schedules::get`] shows.
 pub const UPCOMING: usize = 5;
 /// The longest a scheduler sleeps between passes (it wakes earlier for an earlier tick).
@@ -171,6 +173,16 @@ impl ScheduleSpec {
     pub fn validate(&self, max_payload: usize) -> std::result::Result<Recurrence, InvalidInput> {
         QueueName::new(&self.queue)?;
         validate_schedule_id(&self.id)?;
+        for (name, v) in [("start", self.start_ms), ("end", self.end_ms)] {
+            if let Some(ms) = v
+                && !(0..=MAX_WINDOW_MS).contains(&ms)
+            {
+                return Err(InvalidInput::Option {
+                    name,
+                    reason: format!("{ms} is not a unix ms time between 1970 and the year 9999"),
+                });
+            }
+        }
         let rec = Recurrence::parse(
             self.cron.as_deref(),
             self.every.as_deref(),
@@ -207,6 +219,30 @@ pub fn validate_schedule_id(id: &str) -> std::result::Result<(), InvalidInput> {
         )));
     }
     Ok(())
+}
+
+/// A window bound (`start`, `end`) given as text: RFC 3339 with an offset or unix
+/// milliseconds (the rules of an order's absolute due time, without its 10-years-ahead
+/// limit); the error names `name`. The CLI and the config file read bounds with it.
+pub fn parse_window_bound(
+    name: &'static str,
+    text: &str,
+) -> std::result::Result<i64, InvalidInput> {
+    let named = |e: InvalidInput| InvalidInput::Option {
+        name,
+        reason: match e {
+            InvalidInput::DueTime { reason } => reason,
+            other => other.to_string(),
+        },
+    };
+    match When::parse_at(text).map_err(named)? {
+        When::AtMs(ms) => Ok(ms),
+        When::At(t) => Ok(t.timestamp_millis()),
+        _ => Err(InvalidInput::Option {
+            name,
+            reason: format!("{text:?} is not an absolute time"),
+        }),
+    }
 }
 
 /// The order id of a schedule's tick: `<schedule id>@<instant ms>`.
@@ -387,7 +423,7 @@ impl Schedules {
             MAX_SCHEDULES,
         )
         .await;
-        let (previous, generation) = match put {
+        let (previous, generation, changed) = match put {
             Err(e) => {
                 return Err(match ScriptRefusal::of(&e) {
                     Some(ScriptRefusal::QueueNotFound) => Error::QueueNotFound {
@@ -401,8 +437,14 @@ impl Schedules {
             }
             Ok(r) => r,
         };
-        if let Some(p) = previous
+        // Declared again as it is: the record keeps its next tick (made sure of below).
+        let next = if changed { next } else { previous };
+        // The replaced spec's pending tick is taken back unless it is already due (then it
+        // is delivered: it was due before the change).
+        if changed
+            && let Some(p) = previous
             && Some(p) != next
+            && p > now
         {
             self.take_back(&queue, &spec.id, p).await?;
         }
@@ -413,7 +455,7 @@ impl Schedules {
         Ok(ScheduleUpserted {
             queue: queue.as_str().to_owned(),
             id: spec.id.clone(),
-            created: generation == 1,
+            created: changed && generation == 1,
             next_ms: next,
         })
     }

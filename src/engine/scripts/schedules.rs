@@ -25,8 +25,8 @@ pub(crate) struct ScheduleKeys {
     pub queue_record: String,
 }
 
-/// `put`: writes the spec and the next tick; returns the previous next tick and the new
-/// generation.
+/// `put`: writes the spec and the next tick; returns the previous next tick, the generation
+/// and whether anything changed (a spec declared again as it is keeps its record).
 pub(crate) async fn schedule_put<C: ConnectionLike>(
     conn: &mut C,
     k: &ScheduleKeys,
@@ -35,8 +35,8 @@ pub(crate) async fn schedule_put<C: ConnectionLike>(
     next: Option<i64>,
     now: i64,
     max: usize,
-) -> Result<(Option<i64>, i64)> {
-    let (previous, gen_): (String, i64) = SCHEDULE
+) -> Result<(Option<i64>, i64, bool)> {
+    let (previous, gen_, changed): (String, i64, i64) = SCHEDULE
         .key(&k.record)
         .key(&k.index)
         .key(&k.queue_record)
@@ -49,7 +49,7 @@ pub(crate) async fn schedule_put<C: ConnectionLike>(
         .invoke_async(conn)
         .await
         .ctx("writing a schedule (schedule.lua)")?;
-    Ok((previous.parse().ok(), gen_))
+    Ok((previous.parse().ok(), gen_, changed == 1))
 }
 
 /// One advance of a schedule (see `schedule.lua`).

@@ -273,15 +273,15 @@ pub(super) fn schedules(
     let mut out: Vec<ScheduleSpec> = Vec::new();
     for (i, c) in list.iter().enumerate() {
         let at = |field: &str| format!("schedules[{i}].{field}");
-        let when = |field: &str, text: &Option<String>| -> Result<Option<i64>, ConfigError> {
-            text.as_deref()
-                .map(|t| {
-                    crate::engine::message::When::parse_at(t)
-                        .and_then(|w| w.resolve(0))
-                        .map_err(|e| ConfigError::at(at(field), e))
-                })
-                .transpose()
-        };
+        let when =
+            |field: &'static str, text: &Option<String>| -> Result<Option<i64>, ConfigError> {
+                text.as_deref()
+                    .map(|t| {
+                        crate::engine::schedules::parse_window_bound(field, t)
+                            .map_err(|e| ConfigError::at(at(field), e))
+                    })
+                    .transpose()
+            };
         let payload = c
             .payload
             .as_ref()

@@ -322,3 +322,47 @@ database_url = "postgres://app:DBPASS@db/shop"
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
 }
+
+#[test]
+fn schedules_are_checked_naming_their_field_and_their_queues_created() {
+    let ok = load_str(
+        r#"
+[[schedules]]
+queue = "reports"
+id = "nightly"
+cron = "0 0 2 * * *"
+timezone = "Europe/Berlin"
+start = "2030-01-01T00:00:00Z"
+payload = { kind = "nightly" }
+"#,
+        env(),
+    )
+    .unwrap();
+    assert_eq!(ok.schedules.len(), 1);
+    assert_eq!(ok.schedules[0].start_ms, Some(1_893_456_000_000));
+    assert_eq!(ok.schedules[0].payload.as_str(), r#"{"kind":"nightly"}"#);
+    assert!(ok.queues.contains(&"reports".to_owned()), "{:?}", ok.queues);
+    for (body, key) in [
+        (r#"cron = "61 * * * * *""#, "schedules[0].cron"),
+        (r#"every = "10ms""#, "schedules[0].every"),
+        (
+            r#"every = "1s"
+timezone = "Mars/Olympus""#,
+            "schedules[0].timezone",
+        ),
+        (
+            r#"every = "1s"
+missed = "often""#,
+            "schedules[0].missed",
+        ),
+        (
+            r#"every = "1s"
+start = "yesterday""#,
+            "schedules[0].start",
+        ),
+    ] {
+        let text = format!("[[schedules]]\nqueue = \"q\"\nid = \"x\"\n{body}\n");
+        let e = load_str(&text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{e}");
+    }
+}

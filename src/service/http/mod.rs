@@ -9,6 +9,7 @@
 //! - [`edge`]: the envelope for framework rejections, size limits, bearer tokens, body and
 //!   request deadlines.
 //! - [`messages`], [`queues`]: the handlers.
+//! - [`schedules`]: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
 //! - [`clients`]: who is calling, and failed authentications per client.
 //! - [`limits`]: [`HttpLimits`], the edge's limits and their one set of defaults.
 //! - [`server`]: the accept loop: header, idle and connection limits, bounded shutdown.
@@ -21,6 +22,7 @@ pub mod limits;
 mod messages;
 mod openapi;
 mod queues;
+mod schedules;
 pub mod server;
 
 pub use error::ApiError;
@@ -190,6 +192,16 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/queues/{queue}/dead", get(queues::dead_list))
         .route("/v1/queues/{queue}/dead/replay", post(queues::dead_replay))
         .route("/v1/queues/{queue}/dead/purge", post(queues::dead_purge))
+        .route(
+            "/v1/queues/{queue}/schedules",
+            get(schedules::list_schedules),
+        )
+        .route(
+            "/v1/queues/{queue}/schedules/{id}",
+            put(schedules::put_schedule)
+                .get(schedules::get_schedule)
+                .delete(schedules::delete_schedule),
+        )
         // Layers run outside in: tokens first, then the body is read.
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

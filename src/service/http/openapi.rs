@@ -3,6 +3,7 @@
 //! schema fuzzer, can check that every error is inside it).
 
 use crate::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN};
+use crate::engine::schedules::MAX_SCHEDULE_ID_LEN;
 use crate::service::admin::{MAX_BATCH, MAX_DEAD_LIMIT};
 use serde_json::{Value, json};
 
@@ -153,12 +154,70 @@ fn schemas() -> Value {
         "Replayed": object(&["replayed"], json!({"replayed": int()})),
         "Purged": object(&["purged"], json!({"purged": int()})),
         "Status": object(&["status"], json!({"status": {"type": "string"}})),
+        "Schedule": schedule_body(),
+        "ScheduleInfo": schedule_info(),
+        "Schedules": object(&["schedules"], json!({"schedules": {"type": "array", "items": schema_ref("ScheduleInfo")}})),
+        "ScheduleUpserted": object(&["queue", "id", "created", "next_ms"], json!({"queue": {"type": "string"},
+            "id": {"type": "string"}, "created": {"type": "boolean"}, "next_ms": nullable("integer")})),
+        "ScheduleRemoved": object(&["removed"], json!({"removed": {"type": "boolean", "enum": [true]}})),
         "Timing": object(&["queue", "slot_ms", "points"], json!({"queue": {"type": "string"}, "slot_ms": int(),
             "points": {"type": "array", "items": object(
                 &["at_ms", "scheduled_per_s", "dispatched_per_s", "acked_per_s", "late_p50_ms", "late_p99_ms"],
                 json!({"at_ms": int(), "scheduled_per_s": {"type": "number"}, "dispatched_per_s": {"type": "number"},
                        "acked_per_s": {"type": "number"}, "late_p50_ms": nullable("number"), "late_p99_ms": nullable("number")}))}}))
     })
+}
+
+/// The body of `PUT /v1/queues/{queue}/schedules/{id}`: exactly one of `cron` and `every`.
+fn schedule_body() -> Value {
+    let window = |d: &str| json!({"type": "integer", "minimum": 0, "maximum": crate::engine::schedules::MAX_WINDOW_MS, "description": d});
+    json!({"type": "object", "additionalProperties": false,
+        "example": {"cron": "0 30 2 * * *", "timezone": "Europe/Berlin", "payload": {"report": "nightly"}},
+        "properties": {
+        "cron": {"type": "string", "description": "a cron expression: six fields with seconds first (`0 0 9 * * MON-FRI`), or the classic five; exactly one of cron and every"},
+        "every": {"type": "string", "description": "an interval of at least 1s (`30s`, `5m`, `1h30m`), ticks aligned to the Unix epoch or to start_ms"},
+        "timezone": {"type": "string", "description": "an IANA time zone for the cron fields (default UTC)"},
+        "payload": {"description": "any JSON value delivered by every tick, stored byte for byte (default {})"},
+        "start_ms": window("no tick before this (unix ms, inclusive)"),
+        "end_ms": window("no tick after this (unix ms, inclusive; after start_ms)"),
+        "missed": {"type": "string", "enum": ["skip", "fire_once"],
+                   "description": "ticks that passed while no scheduler ran: skip them (default), or deliver one catch-up tick"}}})
+}
+
+/// A schedule as stored, with where it stands (`engine::schedules::ScheduleInfo`).
+fn schedule_info() -> Value {
+    let count = json!({"type": "integer", "minimum": 0});
+    object(
+        &[
+            "queue",
+            "id",
+            "cron",
+            "every",
+            "timezone",
+            "payload",
+            "start_ms",
+            "end_ms",
+            "missed",
+            "next_ms",
+            "next_id",
+            "last_fired_ms",
+            "ticks",
+            "missed_ticks",
+            "upcoming_ms",
+            "created_ms",
+            "updated_ms",
+        ],
+        json!({"queue": {"type": "string"}, "id": {"type": "string"},
+               "cron": nullable("string"), "every": nullable("string"), "timezone": {"type": "string"},
+               "payload": {"nullable": true, "description": "byte for byte as declared"},
+               "start_ms": nullable("integer"), "end_ms": nullable("integer"),
+               "missed": {"type": "string", "enum": ["skip", "fire_once"]},
+               "next_ms": {"type": "integer", "nullable": true, "description": "the next tick, already scheduled as the order next_id; null once it has ended"},
+               "next_id": nullable("string"), "last_fired_ms": nullable("integer"),
+               "ticks": count.clone(), "missed_ticks": count,
+               "upcoming_ms": {"type": "array", "items": int(), "description": "the next fire times from now"},
+               "created_ms": int(), "updated_ms": int()}),
+    )
 }
 
 /// The answer of `GET /v1/queues/{queue}/messages/{id}` (`engine::history::OrderHistory`).
@@ -203,6 +262,16 @@ fn paths() -> Value {
     let dead_group = json!({"name": "group", "in": "query", "schema": {"type": "string"}});
     let limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": MAX_DEAD_LIMIT}});
     let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}});
+    let sid = json!({"name": "id", "in": "path", "required": true, "example": "nightly-report",
+        "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_SCHEDULE_ID_LEN}}}$")}});
+    // The queue of a schedule, with an example: a schedule is declared on a registered queue.
+    let sq = {
+        let mut p = q.clone();
+        if let Some(m) = p.as_object_mut() {
+            m.insert("example".into(), json!("order-close"));
+        }
+        p
+    };
     let stats_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::service::admin::MAX_STATS_LIMIT}});
     let open = |mut o: Value| {
         if let Some(m) = o.as_object_mut() {
@@ -245,6 +314,17 @@ fn paths() -> Value {
             json!({"200": ok("how many", "Replayed")}))},
         "/v1/queues/{queue}/dead/purge": {"post": op("Delete dead letters for good", vec![&q], Some("Selection"),
             json!({"200": ok("how many", "Purged")}))},
+        "/v1/queues/{queue}/schedules": {"get": op("The queue's recurring schedules, sorted by id", vec![&sq], None,
+            json!({"200": ok("every schedule of the queue", "Schedules")}))},
+        "/v1/queues/{queue}/schedules/{id}": {
+            "put": op("Declare or replace a recurring schedule (cron or every); its next tick is scheduled at once as the order `<id>@<instant ms>`. 400 unknown_queue when the queue is not registered",
+                vec![&sq, &sid], Some("Schedule"),
+                json!({"201": ok("created", "ScheduleUpserted"), "200": ok("replaced (or declared again as it was)", "ScheduleUpserted")})),
+            "get": op("A schedule: its spec, next tick, counters and the next fire times", vec![&sq, &sid], None,
+                json!({"200": ok("the schedule", "ScheduleInfo")})),
+            "delete": op("Remove a schedule and take its pending tick back", vec![&sq, &sid], None,
+                json!({"200": ok("removed", "ScheduleRemoved")}))
+        },
         "/healthz": {"get": open(op("Process up", vec![], None, json!({"200": ok("ok", "Status")})))},
         "/readyz": {"get": open(op("Redis reachable", vec![], None, json!({"200": ok("ready", "Status")})))},
         "/metrics": {"get": open(op("Prometheus metrics", vec![], None,

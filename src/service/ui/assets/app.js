@@ -386,6 +386,15 @@ function queuePage(name) {
   const facts = h('dl', { class: 'facts card' });
   const groups = h('tbody');
   const charts = h('div', { class: 'charts' });
+  const schedules = h('tbody');
+  const schedulesTable = h('div', { class: 'scroll', hidden: true }, h('table', { id: 'schedules' },
+    h('caption', {}, 'Recurring schedules of this queue: each tick is an ordinary order with the id <schedule>@<instant ms>.'),
+    h('thead', {}, h('tr', {}, ['Schedule', 'Cron or every', 'Time zone', 'Next fire', 'Last fire', 'Ticks', 'Missed']
+      .map((t, i) => h('th', { scope: 'col', class: i >= 5 ? 'num' : null }, t)))),
+    schedules));
+  const noSchedules = h('p', { class: 'muted', id: 'schedules-empty', hidden: true },
+    'No recurring schedules. Add one with ', h('code', {}, 'delayq cron add ...'),
+    ' or ', h('code', {}, `PUT /v1/queues/${name}/schedules/{id}`), '.');
   main().append(
     h('h1', {}, 'Queue ', h('span', { id: 'queue-name' }, name)),
     h('div', { class: 'actions' },
@@ -396,12 +405,15 @@ function queuePage(name) {
     h('div', { class: 'scroll' }, h('table', { id: 'groups' },
       h('thead', {}, h('tr', {}, ['Group', 'Pending', 'Lag', 'Consumers', 'Idle', 'State', ''].map((t) => h('th', { scope: 'col' }, t)))),
       groups)),
+    h('h2', {}, 'Recurring schedules'),
+    noSchedules, schedulesTable,
     h('h2', {}, 'Last hour (this delayq process)'),
     charts);
   every(async () => {
-    const [{ value: stats }, { value: timing }] = await Promise.all([
+    const [{ value: stats }, { value: timing }, { value: recurring }] = await Promise.all([
       api('GET', `/v1/queues/${q}/stats`),
       api('GET', `/v1/queues/${q}/timing`),
+      api('GET', `/v1/queues/${q}/schedules`),
     ]);
     const s = stats.queues[0];
     facts.replaceChildren(
@@ -420,6 +432,16 @@ function queuePage(name) {
       h('td', {}, g.idle_ms === null ? 'no reader' : dur(g.idle_ms)),
       h('td', {}, g.paused ? badge('paused') : badge('running', 'done')),
       h('td', {}, pauseButton(s.queue, g.group, g.paused)))]));
+    noSchedules.hidden = recurring.schedules.length > 0;
+    schedulesTable.hidden = recurring.schedules.length === 0;
+    patchRows(schedules, recurring.schedules.map((r) => [r.id, h('tr', { 'data-schedule': r.id },
+      h('th', { scope: 'row' }, r.id),
+      h('td', {}, r.cron !== null ? h('code', {}, r.cron) : `every ${r.every}`),
+      h('td', {}, r.timezone),
+      h('td', {}, r.next_ms === null ? h('span', { class: 'muted' }, 'ended') : when(r.next_ms)),
+      h('td', {}, when(r.last_fired_ms)),
+      h('td', { class: 'num' }, num(r.ticks)),
+      h('td', { class: 'num', title: `missed-tick policy: ${r.missed}` }, num(r.missed_ticks), ' ', h('span', { class: 'muted' }, `(${r.missed.replace('_', ' ')})`)))]));
     charts.replaceChildren(
       chart('Throughput', timing.points, [
         { key: 'scheduled_per_s', name: 'scheduled' },

@@ -1,0 +1,336 @@
+//! Recurring schedules: each tick an ordinary order, enqueued exactly once whatever the
+//! passes, processes, crashes and restarts; time zones on the clock abstraction; missed
+//! ticks; updates and removals. Real redis-server processes and real `serve` processes.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use chrono::TimeZone;
+use delayq::{Client, ManualClock, Missed, ScheduleSpec, Schedules, Worker, WorkerOptions};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use support::serve::Serve;
+use support::{Recorder, raw, start_with_clock};
+use tokio_util::sync::CancellationToken;
+
+const Q: &str = "q";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
+    chrono::Utc
+        .with_ymd_and_hms(y, mo, d, h, mi, s)
+        .unwrap()
+        .timestamp_millis()
+}
+
+/// The tick instants of `schedule` scheduled in `queue` (order ids `<schedule>@<ms>`), sorted.
+async fn scheduled_ticks(client: &Client, schedule: &str) -> Vec<i64> {
+    let ids: Vec<String> = raw(client, &["ZRANGE", "{dq:q:0}:due", "0", "-1"]).await;
+    let mut ticks: Vec<i64> = ids
+        .iter()
+        .filter_map(|id| id.strip_prefix(&format!("{schedule}@")))
+        .map(|ms| ms.parse().unwrap())
+        .collect();
+    ticks.sort();
+    ticks
+}
+
+async fn manual(ms: i64) -> (delayq::LocalRedis, Client, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(ms));
+    let (server, client) = start_with_clock(clock.clone()).await;
+    (server, client, clock)
+}
+
+#[tokio::test]
+async fn each_tick_is_enqueued_once_whatever_the_number_of_schedulers() {
+    let t0 = utc(2026, 11, 24, 10, 0, 0) + 400;
+    let (_s, client, clock) = manual(t0).await;
+    let schedules = Schedules::new(&client);
+    let r = schedules
+        .upsert(&ScheduleSpec::every(
+            Q,
+            "beat",
+            "1s",
+            json!({"kind": "beat"}),
+        ))
+        .await
+        .unwrap();
+    assert!(r.created);
+    let first = t0 - 400 + 1000;
+    assert_eq!(r.next_ms, Some(first));
+    // The next tick is an ordinary order, scheduled ahead.
+    let order = client
+        .get(Q, &format!("beat@{first}"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(order.due_at_ms, first);
+    // Ten seconds, each passed by three schedulers at once.
+    for _ in 0..10 {
+        clock.advance(Duration::from_secs(1));
+        let a = Schedules::new(&client);
+        let b = Schedules::new(&client);
+        let c = Schedules::new(&client);
+        let (ra, rb, rc) = tokio::join!(a.pass(), b.pass(), c.pass());
+        let fired = ra.unwrap().0 + rb.unwrap().0 + rc.unwrap().0;
+        assert_eq!(fired, 1, "exactly one scheduler advanced the schedule");
+    }
+    let ticks = scheduled_ticks(&client, "beat").await;
+    let want: Vec<i64> = (0..11).map(|k| first + k * 1000).collect();
+    assert_eq!(ticks, want, "consecutive, none twice, the next one ahead");
+    let info = schedules.get(Q, "beat").await.unwrap().unwrap();
+    assert_eq!(info.ticks, 10);
+    assert_eq!(info.missed_ticks, 0);
+    assert_eq!(info.last_fired_ms, Some(first + 9000));
+    assert_eq!(info.next_ms, Some(first + 10_000));
+    // Declared again as it is (a restart reading its config): nothing moves.
+    let again = schedules
+        .upsert(&ScheduleSpec::every(
+            Q,
+            "beat",
+            "1s",
+            json!({"kind": "beat"}),
+        ))
+        .await
+        .unwrap();
+    assert!(!again.created);
+    assert_eq!(again.next_ms, Some(first + 10_000));
+    assert_eq!(scheduled_ticks(&client, "beat").await, want);
+}
+
+#[tokio::test]
+async fn berlin_0230_fires_once_on_the_spring_forward_and_the_fall_back_days() {
+    // Spring forward, 2026-03-29: 02:30 does not exist in Berlin; it fires once, at 03:00
+    // CEST (01:00Z).
+    let (_s, client, clock) = manual(utc(2026, 3, 28, 23, 0, 0)).await;
+    let schedules = Schedules::new(&client);
+    let spec =
+        ScheduleSpec::cron(Q, "nightly", "0 30 2 * * *", json!({})).timezone("Europe/Berlin");
+    let r = schedules.upsert(&spec).await.unwrap();
+    let gap = utc(2026, 3, 29, 1, 0, 0);
+    assert_eq!(r.next_ms, Some(gap));
+    clock.set(gap);
+    assert_eq!(schedules.pass().await.unwrap(), (1, 0));
+    // The next night is back at 02:30 CEST (00:30Z).
+    assert_eq!(
+        schedules.get(Q, "nightly").await.unwrap().unwrap().next_ms,
+        Some(utc(2026, 3, 30, 0, 30, 0))
+    );
+    assert_eq!(
+        scheduled_ticks(&client, "nightly").await,
+        vec![gap, utc(2026, 3, 30, 0, 30, 0)]
+    );
+
+    // Fall back, 2026-10-25: 02:30 happens twice; it fires once, at the first (00:30Z).
+    let (_s2, client, clock) = manual(utc(2026, 10, 24, 23, 0, 0)).await;
+    let schedules = Schedules::new(&client);
+    schedules.upsert(&spec).await.unwrap();
+    let first = utc(2026, 10, 25, 0, 30, 0);
+    let second = utc(2026, 10, 25, 1, 30, 0);
+    assert_eq!(
+        schedules.get(Q, "nightly").await.unwrap().unwrap().next_ms,
+        Some(first)
+    );
+    clock.set(first);
+    assert_eq!(schedules.pass().await.unwrap(), (1, 0));
+    clock.set(second);
+    assert_eq!(
+        schedules.pass().await.unwrap(),
+        (0, 0),
+        "nothing at the repeated 02:30"
+    );
+    let ticks = scheduled_ticks(&client, "nightly").await;
+    assert_eq!(
+        ticks,
+        vec![first, utc(2026, 10, 26, 1, 30, 0)],
+        "02:30 CET the next night"
+    );
+}
+
+#[tokio::test]
+async fn ticks_missed_while_no_scheduler_ran_are_skipped_or_fired_once() {
+    let t0 = utc(2026, 11, 24, 10, 0, 0);
+    let (_s, client, clock) = manual(t0).await;
+    let schedules = Schedules::new(&client);
+    schedules
+        .upsert(&ScheduleSpec::every(Q, "skipper", "1s", json!({})))
+        .await
+        .unwrap();
+    schedules
+        .upsert(&ScheduleSpec::every(Q, "catcher", "1s", json!({})).missed(Missed::FireOnce))
+        .await
+        .unwrap();
+    let pending = t0 + 1000;
+    // Every process is down for five ticks and a half.
+    clock.set(t0 + 5500);
+    let (fired, missed) = schedules.pass().await.unwrap();
+    // skip: the late tick is taken back (it was never dispatched) and the four others that
+    // passed are missed; fire_once: the late tick stays (one catch-up), four missed.
+    assert_eq!((fired, missed), (1, 5 + 4));
+    assert_eq!(scheduled_ticks(&client, "skipper").await, vec![t0 + 6000]);
+    assert_eq!(
+        scheduled_ticks(&client, "catcher").await,
+        vec![pending, t0 + 6000],
+        "one catch-up tick, then the next one"
+    );
+    let skipper = schedules.get(Q, "skipper").await.unwrap().unwrap();
+    assert_eq!((skipper.ticks, skipper.missed_ticks), (0, 5));
+    let catcher = schedules.get(Q, "catcher").await.unwrap().unwrap();
+    assert_eq!((catcher.ticks, catcher.missed_ticks), (1, 4));
+    // Then both resume on time.
+    clock.set(t0 + 6000);
+    assert_eq!(schedules.pass().await.unwrap(), (2, 0));
+}
+
+#[tokio::test]
+async fn an_update_replaces_the_next_tick_and_a_removal_takes_it_back() {
+    let t0 = utc(2026, 11, 24, 10, 0, 1);
+    let (_s, client, clock) = manual(t0).await;
+    let schedules = Schedules::new(&client);
+    schedules
+        .upsert(&ScheduleSpec::cron(Q, "c", "*/2 * * * * *", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(scheduled_ticks(&client, "c").await, vec![t0 + 1000]);
+    clock.set(t0 + 1000);
+    schedules.pass().await.unwrap();
+    assert_eq!(
+        scheduled_ticks(&client, "c").await,
+        vec![t0 + 1000, t0 + 3000]
+    );
+    // */2 -> */3: the pending tick of the old expression is taken back.
+    let r = schedules
+        .upsert(&ScheduleSpec::cron(Q, "c", "*/3 * * * * *", json!({})))
+        .await
+        .unwrap();
+    assert!(!r.created);
+    let three = t0 - 1000 + 3000; // 10:00:03
+    assert_eq!(r.next_ms, Some(three));
+    assert_eq!(scheduled_ticks(&client, "c").await, vec![t0 + 1000, three]);
+    // Removed, then declared again at once: the same instant is scheduled again, once.
+    assert!(schedules.remove(Q, "c").await.unwrap());
+    assert_eq!(scheduled_ticks(&client, "c").await, vec![t0 + 1000]);
+    assert!(schedules.get(Q, "c").await.unwrap().is_none());
+    assert!(!schedules.remove(Q, "c").await.unwrap());
+    schedules
+        .upsert(&ScheduleSpec::cron(Q, "c", "*/3 * * * * *", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(scheduled_ticks(&client, "c").await, vec![t0 + 1000, three]);
+    clock.set(three);
+    assert_eq!(schedules.pass().await.unwrap(), (1, 0));
+    assert_eq!(
+        scheduled_ticks(&client, "c").await,
+        vec![t0 + 1000, three, three + 3000]
+    );
+}
+
+#[tokio::test]
+async fn bad_schedules_are_refused_naming_the_field_and_write_nothing() {
+    let (_s, client, _clock) = manual(utc(2026, 11, 24, 10, 0, 0)).await;
+    let schedules = Schedules::new(&client);
+    let cases = [
+        (
+            ScheduleSpec::cron(Q, "x", "61 * * * * *", json!({})),
+            "cron",
+        ),
+        (
+            ScheduleSpec::cron(Q, "x", "0 * * * * *", json!({})).timezone("Mars/Olympus"),
+            "timezone",
+        ),
+        (ScheduleSpec::every(Q, "x", "10ms", json!({})), "every"),
+        (ScheduleSpec::every(Q, "x@1", "1s", json!({})), "id"),
+    ];
+    for (spec, field) in cases {
+        let e = schedules.upsert(&spec).await.unwrap_err().to_string();
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    let e = schedules
+        .upsert(&ScheduleSpec::every("never-declared", "x", "1s", json!({})))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, delayq::Error::QueueNotFound { .. }), "{e}");
+    assert!(schedules.list(None).await.unwrap().is_empty());
+    let keys: Vec<String> = raw(&client, &["KEYS", "*sched*"]).await;
+    assert!(keys.is_empty(), "{keys:?}");
+    let ticks: Vec<String> = raw(&client, &["ZRANGE", "{dq:q:0}:due", "0", "-1"]).await;
+    assert!(ticks.is_empty(), "{ticks:?}");
+}
+
+fn serve_config(redis: &delayq::LocalRedis) -> String {
+    format!(
+        r#"
+redis_url = "{}"
+shutdown_grace = "1s"
+[http]
+listen = "127.0.0.1:{{port}}"
+[[schedules]]
+queue = "ticks"
+id = "beat"
+every = "1s"
+payload = {{ kind = "beat" }}
+"#,
+        redis.url()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_second_on_two_serves_killed_and_restarted_delivers_each_tick_once() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let config = serve_config(&redis);
+    let mut a = Serve::start(&config, None);
+    let mut b = Serve::start(&config, None);
+    a.wait_ready(WAIT).await;
+    b.wait_ready(WAIT).await;
+    let client = Client::connect(&redis.url()).await.unwrap();
+    let seen = Recorder::default();
+    let cancel = CancellationToken::new();
+    let worker = Worker::new(
+        &client,
+        "ticks",
+        "seen",
+        seen.handler(),
+        WorkerOptions::default(),
+    )
+    .unwrap();
+    let stop = cancel.clone();
+    let running = tokio::spawn(async move { worker.run(stop).await.unwrap() });
+    // Kill one process (SIGKILL) and start it again, twice, while the other runs on.
+    for round in 1..=2 {
+        seen.wait_len(3 * round, WAIT).await;
+        a.child.kill().unwrap();
+        let _ = a.child.wait();
+        seen.wait_len(3 * round + 2, WAIT).await;
+        a = Serve::start(&config, None);
+        a.wait_ready(WAIT).await;
+    }
+    seen.wait_len(10, WAIT).await;
+    cancel.cancel();
+    running.await.unwrap();
+    let mut ticks: Vec<i64> = seen
+        .deliveries()
+        .iter()
+        .map(|d| d.id.strip_prefix("beat@").unwrap().parse().unwrap())
+        .collect();
+    let n = ticks.len();
+    ticks.sort();
+    ticks.dedup();
+    assert_eq!(ticks.len(), n, "a tick was delivered twice: {ticks:?}");
+    for w in ticks.windows(2) {
+        assert_eq!(w[1] - w[0], 1000, "a gap or an extra tick: {ticks:?}");
+    }
+    assert_eq!(ticks[0] % 1000, 0, "aligned to the second");
+    for s in [&a, &b] {
+        s.sigterm();
+    }
+    assert_eq!(a.wait_exit(WAIT).await, Some(0));
+    assert_eq!(b.wait_exit(WAIT).await, Some(0));
+    // The queue was created by the config; ticks went through the ordinary pipeline.
+    let info = Schedules::new(&client)
+        .get("ticks", "beat")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(info.ticks >= 10, "{info:?}");
+}
