@@ -127,6 +127,16 @@ pub enum Error {
         /// The cap.
         max: usize,
     },
+    /// The Redis server is older than delayq needs.
+    #[error(
+        "redis {found} is not supported: delayq needs redis {required} or newer (or valkey 7.2+)"
+    )]
+    UnsupportedServer {
+        /// The version the server reported (`INFO server`).
+        found: String,
+        /// The oldest version delayq runs on.
+        required: String,
+    },
     /// The namespace already has the most recurring schedules it may have.
     #[error(
         "the namespace already has {max} recurring schedules, the most it may have (remove one)"

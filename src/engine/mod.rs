@@ -22,6 +22,7 @@
 //! - [`redact`]: the one helper that masks URL credentials, query strings and tokens.
 //! - [`backoff`], [`duration`]: retry policies and human durations.
 //! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
+//! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 
 pub mod backoff;
@@ -44,5 +45,6 @@ pub mod scripts;
 pub mod stats;
 pub mod supervisor;
 pub mod telemetry;
+pub mod version;
 mod wake;
 pub mod worker;

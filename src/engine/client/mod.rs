@@ -96,6 +96,7 @@ impl Client {
             .connect(opts.response_timeout, opts.connect_timeout)
             .await
             .ctx("connecting")?;
+        crate::engine::version::check(&mut conn).await?;
         let (clock, redis_clock): (Arc<dyn Clock>, _) = match clock {
             Some(c) => (c, None),
             None => {
