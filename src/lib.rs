@@ -21,8 +21,8 @@
 //! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
 //! - [`engine`]: keys, connections, the clock, the Lua scripts, the producer
 //!   [`Client`], the queue registry, the [`Dispatcher`] and the [`Supervisor`] that runs one
-//!   per registered queue, the [`Worker`], the maintenance services, dead letters,
-//!   statistics. Always built.
+//!   per registered queue, the [`Worker`], recurring [`Schedules`] and their [`Scheduler`],
+//!   the maintenance services, dead letters, statistics. Always built.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
 //!   handler and the reconciliation job.
 //! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
@@ -36,7 +36,7 @@
 //!
 //! | feature | adds | pulls in |
 //! |---|---|---|
-//! | (none) | the engine | redis, tokio, serde, serde_json, chrono, tracing, tokio-cron-scheduler, metrics (facade) |
+//! | (none) | the engine | redis, tokio, serde, serde_json, chrono, chrono-tz, croner, tracing, tokio-cron-scheduler, metrics (facade) |
 //! | `orders` | [`orders`] | sqlx (PostgreSQL, SQLite) |
 //! | `server` | [`service`] (implies `orders`) | axum, reqwest (rustls), figment, metrics-exporter-prometheus |
 //! | `test-util` | [`testing`], [`ManualClock`] | tempfile |

@@ -784,7 +784,7 @@ fn member(queue: &QueueName, id: &str) -> String {
 }
 
 /// The loop every `serve` process runs: a pass whenever a schedule's next tick is due (at
-/// most [`MAX_SLEEP`] apart), until cancelled. Errors are logged and retried.
+/// most a second apart), until cancelled. Errors are logged and retried.
 pub struct Scheduler {
     schedules: Schedules,
 }
