@@ -869,3 +869,58 @@ async fn bad_schedules_are_400_naming_the_field_and_write_nothing() {
     let (st, v) = call(&r, "GET", "/v1/queues/order-close/schedules", None, None).await;
     assert_eq!((st, v), (StatusCode::OK, json!({"schedules": []})));
 }
+
+#[tokio::test]
+async fn a_schedule_is_paused_and_resumed_over_http() {
+    let (_s, client) = start().await;
+    let router = app(AppState::new(client.clone(), Vec::new()));
+    let (status, _) = call(
+        &router,
+        "PUT",
+        "/v1/queues/q/schedules/beat",
+        Some(json!({"every": "1h"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/queues/q/schedules/beat:pause",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["paused"], true);
+    assert_eq!(body["next_ms"], Value::Null);
+    let (status, body) = call(
+        &router,
+        "POST",
+        "/v1/queues/q/schedules/beat:resume",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["paused"], false);
+    assert!(body["next_ms"].as_i64().is_some(), "{body}");
+    let (status, _) = call(
+        &router,
+        "POST",
+        "/v1/queues/q/schedules/nope:pause",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = call(
+        &router,
+        "POST",
+        "/v1/queues/q/schedules/beat:explode",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

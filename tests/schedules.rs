@@ -334,3 +334,41 @@ async fn every_second_on_two_serves_killed_and_restarted_delivers_each_tick_once
         .unwrap();
     assert!(info.ticks >= 10, "{info:?}");
 }
+
+#[tokio::test]
+async fn a_paused_schedule_schedules_nothing_and_resumes_from_now() {
+    let t0 = utc(2026, 11, 24, 10, 0, 0);
+    let (_s, client, clock) = manual(t0).await;
+    let schedules = Schedules::new(&client);
+    schedules
+        .upsert(&ScheduleSpec::every(Q, "p", "1s", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(scheduled_ticks(&client, "p").await, vec![t0 + 1000]);
+    let paused = schedules.set_paused(Q, "p", true).await.unwrap().unwrap();
+    assert!(paused.paused);
+    assert_eq!(paused.next_ms, None);
+    assert!(paused.upcoming_ms.is_empty());
+    assert!(
+        scheduled_ticks(&client, "p").await.is_empty(),
+        "the pending tick is taken back"
+    );
+    clock.set(t0 + 10_500);
+    assert_eq!(
+        schedules.pass().await.unwrap(),
+        (0, 0),
+        "nothing ticks while paused"
+    );
+    let resumed = schedules.set_paused(Q, "p", false).await.unwrap().unwrap();
+    assert!(!resumed.paused);
+    assert_eq!(resumed.next_ms, Some(t0 + 11_000));
+    assert_eq!(resumed.missed_ticks, 0, "paused ticks are not missed ones");
+    assert_eq!(scheduled_ticks(&client, "p").await, vec![t0 + 11_000]);
+    assert!(
+        schedules
+            .set_paused(Q, "nope", true)
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -122,6 +122,9 @@ pub struct ScheduleSpec {
     pub end_ms: Option<i64>,
     /// What to do with ticks that passed while no scheduler ran.
     pub missed: Missed,
+    /// Paused: no tick is scheduled until it is resumed (ticks in between are neither
+    /// delivered nor counted as missed).
+    pub paused: bool,
 }
 
 impl ScheduleSpec {
@@ -137,6 +140,7 @@ impl ScheduleSpec {
             start_ms: None,
             end_ms: None,
             missed: Missed::Skip,
+            paused: false,
         }
     }
 
@@ -158,6 +162,12 @@ impl ScheduleSpec {
     /// The same spec with a missed-tick policy.
     pub fn missed(mut self, m: Missed) -> Self {
         self.missed = m;
+        self
+    }
+
+    /// The same spec, paused or not.
+    pub fn paused(mut self, paused: bool) -> Self {
+        self.paused = paused;
         self
     }
 
@@ -266,6 +276,8 @@ struct Stored {
     end_ms: Option<i64>,
     #[serde(default)]
     missed: Missed,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    paused: bool,
 }
 
 /// A schedule as stored, with where it stands.
@@ -290,7 +302,10 @@ pub struct ScheduleInfo {
     pub end_ms: Option<i64>,
     /// The missed-tick policy.
     pub missed: Missed,
-    /// The next tick (unix ms), already scheduled as an order; `None` once it has ended.
+    /// Paused: no tick is scheduled until it is resumed.
+    pub paused: bool,
+    /// The next tick (unix ms), already scheduled as an order; `None` once it has ended or
+    /// while it is paused.
     pub next_ms: Option<i64>,
     /// The order id of the next tick.
     pub next_id: Option<String>,
@@ -394,7 +409,11 @@ impl Schedules {
         let rec = spec.validate(self.client.options().max_payload_bytes)?;
         let queue = QueueName::new(&spec.queue)?;
         let now = self.client.now_ms();
-        let next = rec.next_after(now);
+        let next = if spec.paused {
+            None
+        } else {
+            rec.next_after(now)
+        };
         let stored = Stored {
             cron: spec.cron.clone(),
             every: spec.every.clone(),
@@ -406,6 +425,7 @@ impl Schedules {
             start_ms: spec.start_ms,
             end_ms: spec.end_ms,
             missed: spec.missed,
+            paused: spec.paused,
         };
         let json = serde_json::to_string(&stored).map_err(|e| Error::Reply {
             context: "writing a schedule",
@@ -482,6 +502,34 @@ impl Schedules {
         Ok(true)
     }
 
+    /// Pauses or resumes a schedule: paused, its pending tick is taken back and no tick is
+    /// scheduled; resumed, it goes on from the next instant after now (the ticks in between
+    /// are neither delivered nor missed). `None` when there is no such schedule.
+    pub async fn set_paused(
+        &self,
+        queue: &str,
+        id: &str,
+        paused: bool,
+    ) -> Result<Option<ScheduleInfo>> {
+        let Some(info) = self.get(queue, id).await? else {
+            return Ok(None);
+        };
+        let spec = ScheduleSpec {
+            queue: info.queue.clone(),
+            id: info.id.clone(),
+            cron: info.cron.clone(),
+            every: info.every.clone(),
+            timezone: Some(info.timezone.clone()),
+            payload: info.payload.clone(),
+            start_ms: info.start_ms,
+            end_ms: info.end_ms,
+            missed: info.missed,
+            paused,
+        };
+        self.upsert(&spec).await?;
+        self.get(queue, id).await
+    }
+
     /// One schedule, with its next tick, counters and the next [`UPCOMING`] fire times.
     pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduleInfo>> {
         let queue = QueueName::new(queue)?;
@@ -529,10 +577,13 @@ impl Schedules {
 
     fn info(&self, queue: &str, id: &str, rec: &Record) -> ScheduleInfo {
         let now = self.client.now_ms();
-        let upcoming = rec
-            .recurrence()
-            .map(|r| r.upcoming(now, UPCOMING))
-            .unwrap_or_default();
+        let upcoming = if rec.spec.paused {
+            Vec::new()
+        } else {
+            rec.recurrence()
+                .map(|r| r.upcoming(now, UPCOMING))
+                .unwrap_or_default()
+        };
         let s = &rec.spec;
         ScheduleInfo {
             queue: queue.to_owned(),
@@ -544,6 +595,7 @@ impl Schedules {
             start_ms: s.start_ms,
             end_ms: s.end_ms,
             missed: s.missed,
+            paused: s.paused,
             next_ms: rec.next,
             next_id: rec.next.map(|n| tick_id(id, n)),
             last_fired_ms: rec.last,

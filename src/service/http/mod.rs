@@ -200,7 +200,8 @@ pub fn app(state: AppState) -> Router {
             "/v1/queues/{queue}/schedules/{id}",
             put(schedules::put_schedule)
                 .get(schedules::get_schedule)
-                .delete(schedules::delete_schedule),
+                .delete(schedules::delete_schedule)
+                .post(schedules::schedule_action),
         )
         // Layers run outside in: tokens first, then the body is read.
         .route_layer(middleware::from_fn_with_state(

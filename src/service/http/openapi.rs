@@ -181,7 +181,8 @@ fn schedule_body() -> Value {
         "start_ms": window("no tick before this (unix ms, inclusive)"),
         "end_ms": window("no tick after this (unix ms, inclusive; after start_ms)"),
         "missed": {"type": "string", "enum": ["skip", "fire_once"],
-                   "description": "ticks that passed while no scheduler ran: skip them (default), or deliver one catch-up tick"}}})
+                   "description": "ticks that passed while no scheduler ran: skip them (default), or deliver one catch-up tick"},
+        "paused": {"type": "boolean", "description": "declared paused: no tick until resumed (default false)"}}})
 }
 
 /// A schedule as stored, with where it stands (`engine::schedules::ScheduleInfo`).
@@ -198,6 +199,7 @@ fn schedule_info() -> Value {
             "start_ms",
             "end_ms",
             "missed",
+            "paused",
             "next_ms",
             "next_id",
             "last_fired_ms",
@@ -212,6 +214,7 @@ fn schedule_info() -> Value {
                "payload": {"nullable": true, "description": "byte for byte as declared"},
                "start_ms": nullable("integer"), "end_ms": nullable("integer"),
                "missed": {"type": "string", "enum": ["skip", "fire_once"]},
+               "paused": {"type": "boolean"},
                "next_ms": {"type": "integer", "nullable": true, "description": "the next tick, already scheduled as the order next_id; null once it has ended"},
                "next_id": nullable("string"), "last_fired_ms": nullable("integer"),
                "ticks": count.clone(), "missed_ticks": count,
@@ -323,7 +326,9 @@ fn paths() -> Value {
             "get": op("A schedule: its spec, next tick, counters and the next fire times", vec![&sq, &sid], None,
                 json!({"200": ok("the schedule", "ScheduleInfo")})),
             "delete": op("Remove a schedule and take its pending tick back", vec![&sq, &sid], None,
-                json!({"200": ok("removed", "ScheduleRemoved")}))
+                json!({"200": ok("removed", "ScheduleRemoved")})),
+            "post": op("`{id}:pause` or `{id}:resume`: paused, its pending tick is taken back; resumed, it goes on from the next instant", vec![&sq, &sid], None,
+                json!({"200": ok("the schedule after", "ScheduleInfo")}))
         },
         "/healthz": {"get": open(op("Process up", vec![], None, json!({"200": ok("ok", "Status")})))},
         "/readyz": {"get": open(op("Redis reachable", vec![], None, json!({"200": ok("ready", "Status")})))},

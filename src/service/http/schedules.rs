@@ -40,6 +40,9 @@ struct ScheduleBody {
     /// A string checked by [`Missed::parse`] (so a bad value names the field).
     #[serde(default, deserialize_with = "missed_text")]
     missed: Option<String>,
+    /// Declared paused (no tick until resumed).
+    #[serde(default)]
+    paused: bool,
 }
 
 /// The text of `missed` (`null`: the default); any other type is refused naming the field.
@@ -85,7 +88,8 @@ impl ScheduleBody {
         let end = window_bound("end_ms", self.end_ms)?;
         let mut spec = ScheduleSpec::cron(queue, id, "", payload)
             .window(start, end)
-            .missed(missed);
+            .missed(missed)
+            .paused(self.paused);
         spec.cron = self.cron.clone();
         spec.every = self.every.clone();
         spec.timezone = self.timezone.clone();
@@ -166,6 +170,32 @@ pub(super) async fn list_schedules(
 #[derive(Serialize)]
 pub(super) struct RemovedAnswer {
     removed: bool,
+}
+
+/// `POST /v1/queues/{queue}/schedules/{id}:pause` and `...:resume` (schedule ids cannot hold
+/// a colon, so the suffix is unambiguous): the schedule as it stands after.
+pub(super) async fn schedule_action(
+    State(st): State<AppState>,
+    Path((queue, target)): Path<(String, String)>,
+) -> ApiResult<Json<ScheduleInfo>> {
+    let (id, paused) = match target.rsplit_once(':') {
+        Some((id, "pause")) => (id, true),
+        Some((id, "resume")) => (id, false),
+        _ => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no such route (POST /v1/queues/{queue}/schedules/{id}:pause or :resume)",
+            ));
+        }
+    };
+    match Schedules::new(st.admin.client())
+        .set_paused(&queue, id, paused)
+        .await?
+    {
+        Some(info) => Ok(Json(info)),
+        None => Err(no_such_schedule(&queue, id)),
+    }
 }
 
 /// `DELETE /v1/queues/{queue}/schedules/{id}`: removes it and takes its pending tick back.

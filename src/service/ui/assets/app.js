@@ -255,6 +255,24 @@ function pauseButton(queue, group, paused) {
   }, paused ? 'Resume' : 'Pause');
 }
 
+function schedulePauseButton(queue, id, paused) {
+  return h('button', {
+    type: 'button',
+    'aria-label': `${paused ? 'Resume' : 'Pause'} schedule ${id} of ${queue}`,
+    'data-pause-schedule': id,
+    onclick: async (ev) => {
+      ev.target.disabled = true;
+      try {
+        await api('POST', `/v1/queues/${encodeURIComponent(queue)}/schedules/${encodeURIComponent(id)}:${paused ? 'resume' : 'pause'}`);
+        route();
+      } catch (e) {
+        showError(e);
+        ev.target.disabled = false;
+      }
+    },
+  }, paused ? 'Resume' : 'Pause');
+}
+
 function queueRow(q) {
   const name = encodeURIComponent(q.queue);
   return h('tr', { 'data-queue': q.queue },
@@ -389,7 +407,7 @@ function queuePage(name) {
   const schedules = h('tbody');
   const schedulesTable = h('div', { class: 'scroll', hidden: true }, h('table', { id: 'schedules' },
     h('caption', {}, 'Recurring schedules of this queue: each tick is an ordinary order with the id <schedule>@<instant ms>.'),
-    h('thead', {}, h('tr', {}, ['Schedule', 'Cron or every', 'Time zone', 'Next fire', 'Last fire', 'Ticks', 'Missed']
+    h('thead', {}, h('tr', {}, ['Schedule', 'Cron or every', 'Time zone', 'Next fire', 'Last fire', 'Ticks', 'Missed', 'State', '']
       .map((t, i) => h('th', { scope: 'col', class: i >= 5 ? 'num' : null }, t)))),
     schedules));
   const noSchedules = h('p', { class: 'muted', id: 'schedules-empty', hidden: true },
@@ -441,7 +459,9 @@ function queuePage(name) {
       h('td', {}, r.next_ms === null ? h('span', { class: 'muted' }, 'ended') : when(r.next_ms)),
       h('td', {}, when(r.last_fired_ms)),
       h('td', { class: 'num' }, num(r.ticks)),
-      h('td', { class: 'num', title: `missed-tick policy: ${r.missed}` }, num(r.missed_ticks), ' ', h('span', { class: 'muted' }, `(${r.missed.replace('_', ' ')})`)))]));
+      h('td', { class: 'num', title: `missed-tick policy: ${r.missed}` }, num(r.missed_ticks), ' ', h('span', { class: 'muted' }, `(${r.missed.replace('_', ' ')})`)),
+      h('td', {}, r.paused ? badge('paused') : badge('running', 'done')),
+      h('td', {}, schedulePauseButton(r.queue, r.id, r.paused)))]));
     charts.replaceChildren(
       chart('Throughput', timing.points, [
         { key: 'scheduled_per_s', name: 'scheduled' },
