@@ -930,3 +930,36 @@ async fn cron_bad_input_exits_2_names_the_field_and_writes_nothing() {
         "invalid input wrote something"
     );
 }
+
+#[tokio::test]
+async fn cron_pause_and_resume() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let url = redis.url();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_delayq"))
+            .args(["--redis-url", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    assert_eq!(run(&["queue", "create", "reports"]).0, Some(0));
+    assert_eq!(
+        run(&["cron", "add", "reports", "beat", "--every", "1h"]).0,
+        Some(0)
+    );
+    let (code, out) = run(&["cron", "pause", "reports", "beat"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("paused"), "{out}");
+    let (_, shown) = run(&["cron", "show", "reports", "beat", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(shown.trim()).unwrap();
+    assert_eq!(v["paused"], true);
+    assert_eq!(v["next_ms"], serde_json::Value::Null);
+    let (code, out) = run(&["cron", "resume", "reports", "beat"]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("next fire"), "{out}");
+    assert_eq!(run(&["cron", "pause", "reports", "nope"]).0, Some(1));
+}

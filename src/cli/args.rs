@@ -361,4 +361,18 @@ pub enum CronAction {
         /// Schedule id.
         id: String,
     },
+    /// Pause a schedule: its pending tick is taken back and nothing ticks until resumed.
+    Pause {
+        /// Queue name.
+        queue: String,
+        /// Schedule id.
+        id: String,
+    },
+    /// Resume a paused schedule from the next instant after now.
+    Resume {
+        /// Queue name.
+        queue: String,
+        /// Schedule id.
+        id: String,
+    },
 }

@@ -1,4 +1,4 @@
-//! `delayq cron add|list|show|remove`: recurring schedules (cron expressions and intervals).
+//! `delayq cron add|list|show|remove|pause|resume`: recurring schedules (cron expressions and intervals).
 //!
 //! Bad input is refused (exit 2, naming the field) before anything is opened; `add` on a
 //! queue that is not registered is refused the same way (nothing is written). `show` and
@@ -112,6 +112,29 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
             }
             outln!("removed schedule {id} from queue {queue}");
         }
+        CronAction::Pause { queue, id } => pause(g, &queue, &id, true).await?,
+        CronAction::Resume { queue, id } => pause(g, &queue, &id, false).await?,
+    }
+    Ok(())
+}
+
+/// `cron pause` / `cron resume`.
+async fn pause(g: &Global, queue: &str, id: &str, pause: bool) -> VerbResult {
+    check_ref(queue, id)?;
+    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    let Some(info) = Schedules::new(a.client())
+        .set_paused(queue, id, pause)
+        .await?
+    else {
+        return Err(no_such_schedule(queue, id));
+    };
+    match info.next_ms {
+        Some(n) => outln!(
+            "resumed schedule {id} of queue {queue}; next fire {}",
+            utc(n)
+        ),
+        None if pause => outln!("paused schedule {id} of queue {queue}"),
+        None => outln!("resumed schedule {id} of queue {queue}; it never fires again"),
     }
     Ok(())
 }
