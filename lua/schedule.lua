@@ -42,6 +42,17 @@ local function opt(s)
   if not n or n < 0 then return false end
   return n
 end
+-- The record's next tick and the index move together: a schedule is in the index exactly
+-- when it has a next tick.
+local function place(member, nxt)
+  if nxt then
+    redis.call('HSET', KEYS[1], 'next', nxt)
+    redis.call('ZADD', KEYS[2], nxt, member)
+  else
+    redis.call('HDEL', KEYS[1], 'next')
+    redis.call('ZREM', KEYS[2], member)
+  end
+end
 local mode, member = ARGV[1], ARGV[2]
 if type(member) ~= 'string' or not string.find(member, ':', 1, true) then
   return redis.error_reply('ERR delayq schedule: the member must be <queue>:<id>')
@@ -70,13 +81,7 @@ if mode == 'put' then
   local gen = redis.call('HINCRBY', KEYS[1], 'gen', 1)
   redis.call('HSET', KEYS[1], 'spec', spec, 'updated_ms', now)
   redis.call('HSETNX', KEYS[1], 'created_ms', now)
-  if nxt then
-    redis.call('HSET', KEYS[1], 'next', nxt)
-    redis.call('ZADD', KEYS[2], nxt, member)
-  else
-    redis.call('HDEL', KEYS[1], 'next')
-    redis.call('ZREM', KEYS[2], member)
-  end
+  place(member, nxt)
   return { previous, gen, 1 }
 elseif mode == 'advance' then
   local gen, expected, nxt, fired = int(ARGV[3]), int(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
@@ -91,13 +96,7 @@ elseif mode == 'advance' then
   if fired then redis.call('HSET', KEYS[1], 'last', fired) end
   if ticks > 0 then redis.call('HINCRBY', KEYS[1], 'ticks', ticks) end
   if missed > 0 then redis.call('HINCRBY', KEYS[1], 'missed', missed) end
-  if nxt then
-    redis.call('HSET', KEYS[1], 'next', nxt)
-    redis.call('ZADD', KEYS[2], nxt, member)
-  else
-    redis.call('HDEL', KEYS[1], 'next')
-    redis.call('ZREM', KEYS[2], member)
-  end
+  place(member, nxt)
   return 1
 elseif mode == 'remove' then
   if redis.call('EXISTS', KEYS[1]) == 0 then
