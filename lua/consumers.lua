@@ -8,14 +8,6 @@
 -- deleted before they are claimed by someone else.
 -- Returns: the number of consumers deleted.
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local min_idle = int(ARGV[1])
 if not min_idle or min_idle < 0 then
   return redis.error_reply('ERR delayq consumers: minimum idle time must be a non-negative integer')

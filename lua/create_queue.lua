@@ -18,14 +18,6 @@
 -- processes creating queues at once cannot pass the cap, and a record never lacks its
 -- epoch. A record of an earlier version (no epoch) gets one here. Every change bumps the
 -- version counter that supervisors watch. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local shards = int(ARGV[2])
 local max = int(ARGV[4])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then

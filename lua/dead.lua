@@ -21,14 +21,6 @@
 -- Returns: 1 = dead-lettered; 0 = the entry is no longer this consumer's (nothing changed).
 -- Why one script: the dead letter, the XACK and the timer go together, so an entry is never
 -- both acknowledged and lost, nor dead-lettered twice. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 if not int(ARGV[4]) or not int(ARGV[6]) then
   return redis.error_reply('ERR delayq dead: attempts and now must be integers')
 end

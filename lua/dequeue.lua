@@ -32,14 +32,6 @@
 -- The history costs one HSET (all the batch's fields) and one PEXPIREAT per call: about a
 -- fifth more Redis CPU per dispatched order, ~92 bytes per order (docs/benchmarks.md).
 -- Every argument is checked before the first write. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local now = int(ARGV[1])
 local limit = int(ARGV[2])
 local hist_at = int(ARGV[3])

@@ -22,14 +22,6 @@
 --
 -- Every argument is checked before anything is written, so a rejected call changes nothing
 -- (Redis does not roll back a script that fails half way).
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local mode = ARGV[1]
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')

@@ -12,14 +12,6 @@
 -- settlement (retry.lua, dead.lua, XACK + ZREM) can never overwrite its result. Without
 -- it the worker would have to hold a lock across the Redis round trip.
 -- Redis >= 6.2 (ZADD XX; nothing newer is used).
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local until_ms = int(ARGV[1])
 if not until_ms then return redis.error_reply('ERR delayq extend: bad lease end') end
 if #ARGV % 2 ~= 1 then return redis.error_reply('ERR delayq extend: id/lease pairs expected') end

@@ -11,14 +11,6 @@
 -- queue leaves no key behind).
 -- Why one script: the existence check and the write go together. KEYS[1] and KEYS[2]
 -- share shard 0's hash tag. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 if type(ARGV[1]) ~= 'string' or not int(ARGV[2]) or not int(ARGV[4]) then
   return redis.error_reply('ERR delayq heartbeat: member, now and cutoff expected')
 end

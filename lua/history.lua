@@ -26,14 +26,6 @@
 -- Each group is reported on its own delivery: the order's record, or the redirect
 -- "\2<group>\2<order id>" a replay or a redelivery to that group wrote (see replay.lua).
 -- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms), tonumber(seq)

@@ -16,14 +16,6 @@
 -- Why one script: the checks and XGROUP CREATE happen together, so a group is created from
 -- the start of the stream only when it is new, and never in a queue being deleted.
 -- Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local max = int(ARGV[3])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq join_group: the group name is missing')

@@ -16,14 +16,6 @@
 -- Why a script: reading and advancing the arrival time must be one step, or two processes
 -- would take the same permits. Permits for a whole read are taken in one call.
 -- Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local now, t, burst, n = int(ARGV[1]), int(ARGV[2]), int(ARGV[3]), int(ARGV[4])
 if not now or not t or t < 1 or not burst or burst < 1 or not n or n < 1 or n > 1000 then
   return redis.error_reply('ERR delayq ratelimit: bad arguments')

@@ -19,14 +19,6 @@
 -- XREADGROUP (which puts the entries in the consumer's pending list) and the lease (ZADD into
 -- the timers ZSET) happen together, so no crash can leave a pending entry without a timer:
 -- every pending entry is reclaimed in O(log n) through the timers, never by scanning.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq read: lease end must be unix milliseconds')
 end

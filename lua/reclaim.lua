@@ -24,14 +24,6 @@
 -- dropped.
 -- Why one script: the claim, the delivery count and the new lease go together, so a claimed
 -- entry always has a timer. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 if not int(ARGV[3]) or not int(ARGV[4]) then
   return redis.error_reply('ERR delayq reclaim: now and lease end must be unix milliseconds')
 end

@@ -26,14 +26,6 @@
 -- Why one script: the check and the append are one step, so two runs (or a run racing a
 -- schedule) never send an order twice. Every argument is checked before the first write.
 -- Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms), tonumber(seq)

@@ -16,14 +16,6 @@
 -- Why one script: the append and the delete go together, so an interrupted replay loses
 -- nothing and replays nothing twice. Redis >= 6.2.
 -- Returns: the number of entries replayed (ids not found or of another group are skipped).
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local hist_at = int(ARGV[2])
 if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')

@@ -5,14 +5,6 @@
 -- ARGV[2]  new due time, unix ms
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')

@@ -15,14 +15,6 @@
 -- another consumer after this one's lease ran out): nothing is changed.
 -- Why one script: the ownership check (XPENDING by id), the timer and the error record move
 -- together, so a retry can never overwrite another consumer's lease. Redis >= 6.2.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq retry: next attempt must be unix milliseconds')
 end

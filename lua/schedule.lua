@@ -27,14 +27,6 @@
 -- exactly when it has a next tick), an update bumps the generation that a concurrent
 -- advance compares, and the queue's existence is checked in the same step as the write.
 -- Every argument is checked before anything is written.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 -- "" or a non-negative integer; false when neither.
 local function opt(s)
   if s == '' then return nil end

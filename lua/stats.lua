@@ -9,14 +9,6 @@
 --            { {group, consumers, pending, lag or -1, idle_ms or -1}, ... } }
 --   idle_ms: since any consumer of the group last read (the smallest consumer idle time),
 --            -1 without consumers: an abandoned group shows a large or missing value.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local now = int(ARGV[1])
 if not now then return redis.error_reply('ERR delayq stats: now must be unix milliseconds') end
 local scheduled = redis.call('ZCARD', KEYS[1])

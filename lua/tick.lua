@@ -31,14 +31,6 @@
 -- tick change together, so any number of schedulers (processes that crash and restart)
 -- enqueue each tick at most once: a second fire of the same instant finds it recorded.
 -- Every argument is checked before anything is written.
--- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
--- nothing a double cannot hold exactly), or nil.
-local function int(s)
-  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
-  local n = tonumber(s)
-  if n > 9007199254740991 or n < -9007199254740991 then return nil end
-  return n
-end
 local mode = ARGV[1]
 if mode ~= 'fire' and mode ~= 'unfire' and mode ~= 'forget' then
   return redis.error_reply('ERR delayq tick: mode must be fire, unfire or forget')

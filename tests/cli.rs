@@ -681,9 +681,14 @@ fn scripts_export_writes_every_script_as_the_engine_runs_it() {
     for (name, text) in delayq::engine::scripts::all() {
         let written = std::fs::read_to_string(dir.path().join(format!("{name}.lua"))).unwrap();
         assert_eq!(written, text, "{name}");
-        // Today every script is its lua/ file, byte for byte.
-        let source = std::fs::read_to_string(format!("lua/{name}.lua")).unwrap();
-        assert_eq!(written, source, "{name}");
+        // Every script is its lua/ file, with the prelude put in after its header.
+        let file = std::fs::read_to_string(format!("lua/{name}.lua")).unwrap();
+        assert_eq!(written, delayq::engine::scripts::source(&file), "{name}");
+        assert!(
+            written.starts_with(&format!("-- {name}.lua: ")),
+            "{name}: the header first"
+        );
+        assert_eq!(written.matches("local function int(").count(), 1, "{name}");
     }
 }
 

@@ -184,7 +184,7 @@ async fn an_id_twice_in_one_call_acts_as_two_calls_in_order() {
     assert_eq!((a.due_at_ms, a.payload), (T0 + 2, json!(2)));
 
     // 5,000 orders in one direct call: 10,000 values for ZADD and for HSET.
-    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let script = redis::Script::new(&delayq::engine::scripts::ENQUEUE_LUA);
     let epoch = support::epoch(&client, "order-close").await;
     let mut inv = script.key("{dq:order-close:0}:due");
     inv.key("{dq:order-close:0}:payload")
@@ -811,7 +811,7 @@ async fn bad_input_is_refused_with_its_error_and_changes_nothing() {
 async fn the_scripts_refuse_malformed_arguments_without_writing() {
     // Producers in other languages call enqueue.lua directly: it checks before writing.
     let (_s, client) = start().await;
-    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let script = redis::Script::new(&delayq::engine::scripts::ENQUEUE_LUA);
     let mut conn = client.connection();
     let epoch = support::epoch(&client, "q").await;
     let r: redis::RedisResult<Vec<i64>> = script
@@ -847,7 +847,7 @@ async fn the_scripts_accept_only_canonical_integers() {
         .await
         .unwrap();
     let before = snapshot(&client).await;
-    let script = redis::Script::new(delayq::engine::scripts::ENQUEUE_LUA);
+    let script = redis::Script::new(&delayq::engine::scripts::ENQUEUE_LUA);
     let epoch = support::epoch(&client, "order-close").await;
     let good = T0.to_string();
     for bad in [
@@ -889,7 +889,7 @@ async fn the_scripts_accept_only_canonical_integers() {
     // The dispatcher's and reschedule's numbers too.
     for (src, keys, args) in [
         (
-            delayq::engine::scripts::DEQUEUE_LUA,
+            &delayq::engine::scripts::DEQUEUE_LUA,
             vec![
                 "{dq:order-close:0}:due",
                 "{dq:order-close:0}:payload",
@@ -900,7 +900,7 @@ async fn the_scripts_accept_only_canonical_integers() {
         ),
         (
             // A valid "now" that would move "existing", and a malformed history expiry.
-            delayq::engine::scripts::DEQUEUE_LUA,
+            &delayq::engine::scripts::DEQUEUE_LUA,
             vec![
                 "{dq:order-close:0}:due",
                 "{dq:order-close:0}:payload",
@@ -911,12 +911,12 @@ async fn the_scripts_accept_only_canonical_integers() {
         ),
         (
             // A valid order first, then a malformed "now".
-            delayq::engine::history::REDELIVER_LUA,
+            &delayq::engine::history::REDELIVER_LUA,
             vec!["{dq:order-close:0}:due", "{dq:order-close:0}:stream"],
             vec!["close", "0", "1000", "17e11", "0", "a", "{}"],
         ),
         (
-            delayq::engine::scripts::RESCHEDULE_LUA,
+            &delayq::engine::scripts::RESCHEDULE_LUA,
             vec!["{dq:order-close:0}:due"],
             vec!["existing", "-inf"],
         ),

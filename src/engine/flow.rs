@@ -259,8 +259,9 @@ impl RateLimit {
 }
 
 /// Source of `lua/ratelimit.lua`.
-pub const RATELIMIT_LUA: &str = include_str!("../../lua/ratelimit.lua");
-static RATELIMIT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RATELIMIT_LUA));
+pub static RATELIMIT_LUA: LazyLock<String> =
+    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/ratelimit.lua")));
+static RATELIMIT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RATELIMIT_LUA));
 
 /// Takes up to `wanted` permits of `limit` for `queue`/`group`; returns how many were
 /// granted and, when none, how long until one is free.

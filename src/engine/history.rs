@@ -36,11 +36,13 @@ pub const MAX_HISTORY_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 pub(crate) const RETENTION_FIELD: &str = "history_ms";
 
 /// Source of `lua/history.lua`.
-pub const HISTORY_LUA: &str = include_str!("../../lua/history.lua");
+pub static HISTORY_LUA: LazyLock<String> =
+    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/history.lua")));
 /// Source of `lua/redeliver.lua`.
-pub const REDELIVER_LUA: &str = include_str!("../../lua/redeliver.lua");
-static HISTORY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HISTORY_LUA));
-static REDELIVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REDELIVER_LUA));
+pub static REDELIVER_LUA: LazyLock<String> =
+    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/redeliver.lua")));
+static HISTORY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&HISTORY_LUA));
+static REDELIVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&REDELIVER_LUA));
 
 /// The length of a history bucket, ms: one hour, independent of the retention.
 pub const HISTORY_BUCKET_MS: i64 = 3_600_000;

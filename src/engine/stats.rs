@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 /// Source of `lua/stats.lua`.
-pub const STATS_LUA: &str = include_str!("../../lua/stats.lua");
-static STATS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(STATS_LUA));
+pub static STATS_LUA: LazyLock<String> =
+    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/stats.lua")));
+static STATS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&STATS_LUA));
 
 /// One queue's numbers (summed over its shards).
 #[derive(Debug, Clone, PartialEq, Serialize)]

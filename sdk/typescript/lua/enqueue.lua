@@ -22,6 +22,12 @@
 --
 -- Every argument is checked before anything is written, so a rejected call changes nothing
 -- (Redis does not roll back a script that fails half way).
+
+-- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
+-- into each script's text right after that script's header (the SHA1 covers the whole
+-- text), so every script runs with these definitions and each file keeps only its own
+-- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+
 -- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
 -- nothing a double cannot hold exactly), or nil.
 local function int(s)
@@ -30,6 +36,7 @@ local function int(s)
   if n > 9007199254740991 or n < -9007199254740991 then return nil end
   return n
 end
+
 local mode = ARGV[1]
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')

@@ -13,16 +13,20 @@ import { BIN, PKG_DIR, REPO, delayq } from "./support/harness.js";
 const sha1 = (file) => createHash("sha1").update(readFileSync(file)).digest("hex");
 const vendored = (name) => path.join(PKG_DIR, "lua", `${name}.lua`);
 
-test("drift: every vendored script is the repository's lua/<name>.lua, byte for byte", { timeout: 90_000 }, () => {
+test("drift: every vendored script is the repository's lua/<name>.lua with lua/prelude.lua after its header", { timeout: 90_000 }, () => {
   assert.deepEqual(
     readdirSync(path.join(PKG_DIR, "lua")).sort(),
     SCRIPT_NAMES.map((n) => `${n}.lua`).sort(),
     "the package vendors exactly the scripts it runs",
   );
+  const prelude = readFileSync(path.join(REPO, "lua", "prelude.lua"), "utf8");
   for (const name of SCRIPT_NAMES) {
-    const repo = path.join(REPO, "lua", `${name}.lua`);
-    assert.equal(sha1(vendored(name)), sha1(repo), `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: copy it again`);
-    assert.equal(SCRIPTS[name].sha, sha1(repo), `the SHA the client sends for ${name}.lua`);
+    const repo = readFileSync(path.join(REPO, "lua", `${name}.lua`), "utf8");
+    const copy = readFileSync(vendored(name), "utf8");
+    assert.equal(copy.split(prelude).length, 2, `sdk/typescript/lua/${name}.lua: the prelude is not in it once`);
+    assert.equal(copy.replace(`\n${prelude}\n`, ""), repo,
+      `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: export it again (delayq scripts export DIR)`);
+    assert.equal(SCRIPTS[name].sha, sha1(vendored(name)), `the SHA the client sends for ${name}.lua`);
   }
 });
 

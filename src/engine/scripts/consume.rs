@@ -8,24 +8,30 @@ use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
 /// Source of `lua/read.lua`.
-pub const READ_LUA: &str = include_str!("../../../lua/read.lua");
+pub static READ_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/read.lua")));
 /// Source of `lua/reclaim.lua`.
-pub const RECLAIM_LUA: &str = include_str!("../../../lua/reclaim.lua");
+pub static RECLAIM_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/reclaim.lua")));
 /// Source of `lua/retry.lua`.
-pub const RETRY_LUA: &str = include_str!("../../../lua/retry.lua");
+pub static RETRY_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/retry.lua")));
 /// Source of `lua/dead.lua`.
-pub const DEAD_LUA: &str = include_str!("../../../lua/dead.lua");
+pub static DEAD_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/dead.lua")));
 /// Source of `lua/replay.lua`.
-pub const REPLAY_LUA: &str = include_str!("../../../lua/replay.lua");
+pub static REPLAY_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/replay.lua")));
 
-static READ: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(READ_LUA));
-static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RECLAIM_LUA));
-static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RETRY_LUA));
-static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEAD_LUA));
-static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(REPLAY_LUA));
+static READ: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&READ_LUA));
+static RECLAIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RECLAIM_LUA));
+static RETRY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RETRY_LUA));
+static DEAD: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&DEAD_LUA));
+static REPLAY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&REPLAY_LUA));
 /// Source of `lua/extend.lua`.
-pub const EXTEND_LUA: &str = include_str!("../../../lua/extend.lua");
-static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(EXTEND_LUA));
+pub static EXTEND_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/extend.lua")));
+static EXTEND: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&EXTEND_LUA));
 
 /// Runs `extend.lua`: moves the lease of each `(entry id, lease end last set)` in `held` to
 /// `until_ms`, where the timer still holds that lease; returns the ids extended.

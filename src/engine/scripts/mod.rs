@@ -17,33 +17,48 @@ pub use registry::*;
 
 use crate::error::Error;
 
+/// Source of `lua/prelude.lua`: the helpers every script may use (`int()`), put into each
+/// script's text by [`source`].
+pub const PRELUDE_LUA: &str = include_str!("../../../lua/prelude.lua");
+
+/// A script's text as Redis runs it: its file's header (the leading `--` lines), then the
+/// prelude, then the rest of the file. The SHA1 covers the whole text.
+pub fn source(file: &str) -> String {
+    let header: usize = file
+        .split_inclusive('\n')
+        .take_while(|l| l.starts_with("--"))
+        .map(str::len)
+        .sum();
+    format!("{}\n{PRELUDE_LUA}\n{}", &file[..header], &file[header..])
+}
+
 /// Every script, by name (the file name without `.lua`), as the engine runs it: what
 /// `delayq scripts export` writes for the SDKs, whose copies must match byte for byte.
 pub fn all() -> Vec<(&'static str, &'static str)> {
     vec![
-        ("enqueue", ENQUEUE_LUA),
-        ("dequeue", DEQUEUE_LUA),
-        ("cancel", CANCEL_LUA),
-        ("reschedule", RESCHEDULE_LUA),
-        ("get", GET_LUA),
-        ("read", READ_LUA),
-        ("reclaim", RECLAIM_LUA),
-        ("retry", RETRY_LUA),
-        ("dead", DEAD_LUA),
-        ("replay", REPLAY_LUA),
-        ("extend", EXTEND_LUA),
-        ("trim", TRIM_LUA),
-        ("consumers", CONSUMERS_LUA),
-        ("create_queue", CREATE_QUEUE_LUA),
-        ("fence", FENCE_LUA),
-        ("join_group", JOIN_GROUP_LUA),
-        ("heartbeat", HEARTBEAT_LUA),
-        ("stats", crate::engine::stats::STATS_LUA),
-        ("history", crate::engine::history::HISTORY_LUA),
-        ("redeliver", crate::engine::history::REDELIVER_LUA),
-        ("ratelimit", crate::engine::flow::RATELIMIT_LUA),
-        ("schedule", schedules::SCHEDULE_LUA),
-        ("tick", schedules::TICK_LUA),
+        ("enqueue", ENQUEUE_LUA.as_str()),
+        ("dequeue", DEQUEUE_LUA.as_str()),
+        ("cancel", CANCEL_LUA.as_str()),
+        ("reschedule", RESCHEDULE_LUA.as_str()),
+        ("get", GET_LUA.as_str()),
+        ("read", READ_LUA.as_str()),
+        ("reclaim", RECLAIM_LUA.as_str()),
+        ("retry", RETRY_LUA.as_str()),
+        ("dead", DEAD_LUA.as_str()),
+        ("replay", REPLAY_LUA.as_str()),
+        ("extend", EXTEND_LUA.as_str()),
+        ("trim", TRIM_LUA.as_str()),
+        ("consumers", CONSUMERS_LUA.as_str()),
+        ("create_queue", CREATE_QUEUE_LUA.as_str()),
+        ("fence", FENCE_LUA.as_str()),
+        ("join_group", JOIN_GROUP_LUA.as_str()),
+        ("heartbeat", HEARTBEAT_LUA.as_str()),
+        ("stats", crate::engine::stats::STATS_LUA.as_str()),
+        ("history", crate::engine::history::HISTORY_LUA.as_str()),
+        ("redeliver", crate::engine::history::REDELIVER_LUA.as_str()),
+        ("ratelimit", crate::engine::flow::RATELIMIT_LUA.as_str()),
+        ("schedule", schedules::SCHEDULE_LUA.as_str()),
+        ("tick", schedules::TICK_LUA.as_str()),
     ]
 }
 

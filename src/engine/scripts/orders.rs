@@ -10,18 +10,22 @@ use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
 /// Source of `lua/enqueue.lua`.
-pub const ENQUEUE_LUA: &str = include_str!("../../../lua/enqueue.lua");
+pub static ENQUEUE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/enqueue.lua")));
 /// Source of `lua/dequeue.lua`.
-pub const DEQUEUE_LUA: &str = include_str!("../../../lua/dequeue.lua");
+pub static DEQUEUE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/dequeue.lua")));
 /// Source of `lua/cancel.lua`.
-pub const CANCEL_LUA: &str = include_str!("../../../lua/cancel.lua");
+pub static CANCEL_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/cancel.lua")));
 /// Source of `lua/reschedule.lua`.
-pub const RESCHEDULE_LUA: &str = include_str!("../../../lua/reschedule.lua");
+pub static RESCHEDULE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/reschedule.lua")));
 
-static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(ENQUEUE_LUA));
-static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(DEQUEUE_LUA));
-static CANCEL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CANCEL_LUA));
-static RESCHEDULE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(RESCHEDULE_LUA));
+static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&ENQUEUE_LUA));
+static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&DEQUEUE_LUA));
+static CANCEL: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CANCEL_LUA));
+static RESCHEDULE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RESCHEDULE_LUA));
 
 /// Most dequeued orders per script call (each costs ~5 µs of Redis time).
 pub const MAX_DEQUEUE_BATCH: usize = 1000;
@@ -178,8 +182,9 @@ pub(crate) async fn reschedule<C: ConnectionLike>(
 }
 
 /// Source of `lua/get.lua`.
-pub const GET_LUA: &str = include_str!("../../../lua/get.lua");
-static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(GET_LUA));
+pub static GET_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/get.lua")));
+static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&GET_LUA));
 
 /// Runs `get.lua`: the order's score and stored value, read together.
 pub(crate) async fn get<C: ConnectionLike>(

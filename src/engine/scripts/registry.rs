@@ -8,18 +8,22 @@ use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
 /// Source of `lua/create_queue.lua`.
-pub const CREATE_QUEUE_LUA: &str = include_str!("../../../lua/create_queue.lua");
+pub static CREATE_QUEUE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/create_queue.lua")));
 /// Source of `lua/fence.lua`.
-pub const FENCE_LUA: &str = include_str!("../../../lua/fence.lua");
+pub static FENCE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/fence.lua")));
 /// Source of `lua/join_group.lua`.
-pub const JOIN_GROUP_LUA: &str = include_str!("../../../lua/join_group.lua");
+pub static JOIN_GROUP_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/join_group.lua")));
 /// Source of `lua/heartbeat.lua`.
-pub const HEARTBEAT_LUA: &str = include_str!("../../../lua/heartbeat.lua");
+pub static HEARTBEAT_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/heartbeat.lua")));
 static CREATE_QUEUE: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(CREATE_QUEUE_LUA));
-static FENCE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(FENCE_LUA));
-static JOIN_GROUP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(JOIN_GROUP_LUA));
-static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(HEARTBEAT_LUA));
+    LazyLock::new(|| redis::Script::new(&CREATE_QUEUE_LUA));
+static FENCE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&FENCE_LUA));
+static JOIN_GROUP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&JOIN_GROUP_LUA));
+static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&HEARTBEAT_LUA));
 
 /// What `create_queue.lua` answered: whether it registered the queue, its shard count and
 /// its epoch.
@@ -146,12 +150,14 @@ pub(crate) async fn heartbeat<C: ConnectionLike>(
 }
 
 /// Source of `lua/trim.lua`.
-pub const TRIM_LUA: &str = include_str!("../../../lua/trim.lua");
+pub static TRIM_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/trim.lua")));
 /// Source of `lua/consumers.lua`.
-pub const CONSUMERS_LUA: &str = include_str!("../../../lua/consumers.lua");
+pub static CONSUMERS_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/consumers.lua")));
 
-static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TRIM_LUA));
-static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CONSUMERS_LUA));
+static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TRIM_LUA));
+static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONSUMERS_LUA));
 
 /// Runs `trim.lua`; returns how many entries were removed.
 pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<u64> {

@@ -7,11 +7,13 @@ use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
 /// Source of `lua/schedule.lua`.
-pub const SCHEDULE_LUA: &str = include_str!("../../../lua/schedule.lua");
+pub static SCHEDULE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/schedule.lua")));
 /// Source of `lua/tick.lua`.
-pub const TICK_LUA: &str = include_str!("../../../lua/tick.lua");
-static SCHEDULE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(SCHEDULE_LUA));
-static TICK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(TICK_LUA));
+pub static TICK_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/tick.lua")));
+static SCHEDULE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&SCHEDULE_LUA));
+static TICK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TICK_LUA));
 
 /// `""` for none, else the decimal.
 fn opt_ms(v: Option<i64>) -> String {

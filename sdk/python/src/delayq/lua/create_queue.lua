@@ -18,6 +18,12 @@
 -- processes creating queues at once cannot pass the cap, and a record never lacks its
 -- epoch. A record of an earlier version (no epoch) gets one here. Every change bumps the
 -- version counter that supervisors watch. Redis >= 6.2.
+
+-- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
+-- into each script's text right after that script's header (the SHA1 covers the whole
+-- text), so every script runs with these definitions and each file keeps only its own
+-- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+
 -- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
 -- nothing a double cannot hold exactly), or nil.
 local function int(s)
@@ -26,6 +32,7 @@ local function int(s)
   if n > 9007199254740991 or n < -9007199254740991 then return nil end
   return n
 end
+
 local shards = int(ARGV[2])
 local max = int(ARGV[4])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then

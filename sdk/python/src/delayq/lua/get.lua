@@ -5,4 +5,19 @@
 -- ARGV[1]  order id
 --
 -- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false }
+
+-- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
+-- into each script's text right after that script's header (the SHA1 covers the whole
+-- text), so every script runs with these definitions and each file keeps only its own
+-- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+
+-- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
+-- nothing a double cannot hold exactly), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
+  local n = tonumber(s)
+  if n > 9007199254740991 or n < -9007199254740991 then return nil end
+  return n
+end
+
 return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]) }

@@ -5,6 +5,12 @@
 -- ARGV[2]  new due time, unix ms
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
+
+-- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
+-- into each script's text right after that script's header (the SHA1 covers the whole
+-- text), so every script runs with these definitions and each file keeps only its own
+-- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+
 -- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
 -- nothing a double cannot hold exactly), or nil.
 local function int(s)
@@ -13,6 +19,7 @@ local function int(s)
   if n > 9007199254740991 or n < -9007199254740991 then return nil end
   return n
 end
+
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
