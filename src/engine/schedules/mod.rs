@@ -764,6 +764,14 @@ impl Schedules {
     /// One scheduler pass over the schedules whose next tick is due; returns the ticks fired
     /// and missed.
     pub async fn pass(&self) -> Result<(u64, u64)> {
+        self.pass_counting_failures()
+            .await
+            .map(|(fired, missed, _)| (fired, missed))
+    }
+
+    /// [`pass`](Self::pass), also saying how many schedules failed to advance (they stay
+    /// due: the scheduler waits its longest sleep before it tries them again).
+    async fn pass_counting_failures(&self) -> Result<(u64, u64, usize)> {
         let now = self.client.now_ms();
         let due: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.client.keyspace().schedules())
@@ -776,7 +784,7 @@ impl Schedules {
             .query_async(&mut self.client.connection())
             .await
             .ctx("reading the schedules that are due")?;
-        let (mut fired, mut missed) = (0, 0);
+        let (mut fired, mut missed, mut failed) = (0, 0, 0);
         for m in due {
             let Some((q, id)) = m.split_once(':') else {
                 continue;
@@ -793,11 +801,12 @@ impl Schedules {
                 // next pass (its next tick is still due).
                 Err(e) if e.is_transient() => return Err(e),
                 Err(e) => {
+                    failed += 1;
                     tracing::warn!(queue = ?q, schedule = ?id, error = %e, "advancing a schedule failed");
                 }
             }
         }
-        Ok((fired, missed))
+        Ok((fired, missed, failed))
     }
 
     /// When the earliest next tick is (unix ms), if any schedule has one.
@@ -858,7 +867,9 @@ impl Scheduler {
     pub async fn run(self, cancel: CancellationToken) {
         let mut failures = 0u32;
         while !cancel.is_cancelled() {
-            let wait = match self.schedules.pass().await {
+            let wait = match self.schedules.pass_counting_failures().await {
+                // A schedule that cannot advance stays due: not again at once.
+                Ok((_, _, failed)) if failed > 0 => MAX_SLEEP,
                 Ok(_) => {
                     failures = 0;
                     match self.schedules.earliest().await {
