@@ -64,15 +64,21 @@ pub struct AppState {
 /// and the `/metrics` gauges.
 #[derive(Default)]
 struct StatsSnapshot {
-    /// The statistics (sorted by queue) and when they were read.
-    last: std::sync::Mutex<
-        Option<(
-            std::time::Instant,
-            Arc<Vec<crate::engine::stats::QueueStats>>,
-        )>,
-    >,
+    /// The last read.
+    last: std::sync::Mutex<Option<StatsRead>>,
     /// Set while one request reads them again (others use the previous ones meanwhile).
     refreshing: std::sync::atomic::AtomicBool,
+}
+
+/// One read of every queue's statistics.
+#[derive(Clone)]
+struct StatsRead {
+    /// When it ended.
+    at: std::time::Instant,
+    /// How long it took.
+    took: Duration,
+    /// The statistics, sorted by queue.
+    all: Arc<Vec<crate::engine::stats::QueueStats>>,
 }
 
 /// Clears a "refreshing" flag however the refresh ends.
@@ -109,8 +115,10 @@ impl AppState {
     }
 
     /// Every registered queue's statistics, sorted by name: read from Redis at most once per
-    /// [`GAUGE_REFRESH`] whatever the number of dashboards and scrapers (while one request
-    /// reads them, the others get the previous ones). No lock is held across the Redis calls.
+    /// [`GAUGE_REFRESH`], or per four times the last read's duration when that is longer (a
+    /// read of thousands of queues takes seconds: Redis spends at most a fifth of its time on
+    /// them), whatever the number of dashboards and scrapers. While one request reads them,
+    /// the others get the previous ones. No lock is held across the Redis calls.
     pub(crate) async fn all_stats(
         &self,
     ) -> crate::Result<Arc<Vec<crate::engine::stats::QueueStats>>> {
@@ -118,16 +126,20 @@ impl AppState {
         let snap = &self.stats;
         let cached = snap.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
         match cached {
-            Some((at, all)) if at.elapsed() < GAUGE_REFRESH => return Ok(all),
-            Some((_, all)) if snap.refreshing.swap(true, Ordering::AcqRel) => return Ok(all),
+            Some(s) if s.at.elapsed() < GAUGE_REFRESH.max(s.took * 4) => return Ok(s.all),
+            Some(s) if snap.refreshing.swap(true, Ordering::AcqRel) => return Ok(s.all),
             _ => {}
         }
         let _clear = ClearOnDrop(&snap.refreshing);
+        let started = std::time::Instant::now();
         let mut all = self.admin.client().stats_all().await?;
         all.sort_by(|a, b| a.queue.cmp(&b.queue));
         let all = Arc::new(all);
-        *snap.last.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((std::time::Instant::now(), all.clone()));
+        *snap.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(StatsRead {
+            at: std::time::Instant::now(),
+            took: started.elapsed(),
+            all: all.clone(),
+        });
         Ok(all)
     }
 
