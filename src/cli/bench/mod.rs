@@ -491,23 +491,33 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
     Ok(())
 }
 
+/// A supervisor dispatching every registered queue with the bench's dispatcher options,
+/// until `stop`.
+fn spawn_supervisor(
+    client: &Client,
+    opts: &BenchOptions,
+    stop: &CancellationToken,
+) -> anyhow::Result<tokio::task::JoinHandle<crate::Result<()>>> {
+    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
+    let sup = Supervisor::new(
+        client,
+        SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
+    )?;
+    Ok(tokio::spawn(sup.run(stop.clone())))
+}
+
 /// `idle`: `opts.orders` queues declared, nothing due, the supervisor and the maintenance
 /// services running for `opts.window` (after one second to settle): Redis commands and CPU
 /// per second.
 async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
-    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
     for i in 0..opts.orders.saturating_sub(1) {
         client
             .create_queue(&format!("idle-{i}"), opts.shards)
             .await?;
     }
     let stop = CancellationToken::new();
-    let sup = Supervisor::new(
-        client,
-        SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
-    )?;
-    let sup = tokio::spawn(sup.run(stop.clone()));
+    let sup = spawn_supervisor(client, opts, &stop)?;
     let hk = Housekeeper::for_registry(client, HousekeepingOptions::default())?;
     let hk = tokio::spawn(hk.run(stop.clone()));
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -541,7 +551,6 @@ async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepor
 /// second, and per tick (every tick an order scheduled ahead, advanced and dispatched).
 async fn schedules(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     use crate::engine::schedules::{ScheduleSpec, Scheduler, Schedules};
-    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
     let s = Schedules::new(client);
     let base = client.now_ms() + 5_000;
     let n = i64::try_from(opts.orders).unwrap_or(i64::MAX);
@@ -551,11 +560,7 @@ async fn schedules(client: &Client, opts: &BenchOptions) -> anyhow::Result<Bench
         s.upsert(&spec).await?;
     }
     let stop = CancellationToken::new();
-    let sup = Supervisor::new(
-        client,
-        SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
-    )?;
-    let sup = tokio::spawn(sup.run(stop.clone()));
+    let sup = spawn_supervisor(client, opts, &stop)?;
     let sched = tokio::spawn(Scheduler::new(client).run(stop.clone()));
     // Start measuring once the ticks have begun.
     let wait = u64::try_from((base - client.now_ms()).max(0)).unwrap_or(0) + 1_000;
