@@ -129,7 +129,7 @@ pub enum Error {
     },
     /// The Redis server is older than delayq needs.
     #[error(
-        "redis {found} is not supported: delayq needs redis {required} or newer (or valkey 7.2+)"
+        "{found} is not supported: delayq needs redis {required} or newer (or any valkey)"
     )]
     UnsupportedServer {
         /// The version the server reported (`INFO server`).

@@ -2,6 +2,10 @@
 //!
 //! Used by the zero-configuration demo and example when no Redis is reachable, and by the
 //! test suite (every test starts its own servers; none touches a shared Redis).
+//!
+//! The server binary is `redis-server` on `PATH`, or the one named by the environment
+//! variable [`SERVER_ENV`] (`DELAYQ_TEST_REDIS_SERVER`, a path or a command name), so the
+//! same tests run on another Redis or on Valkey (`.ci/matrix.sh`, docs/server-versions.md).
 
 use crate::error::{Error, Result};
 use std::net::TcpListener;
@@ -9,10 +13,24 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The environment variable naming the server binary to start instead of `redis-server`.
+pub const SERVER_ENV: &str = "DELAYQ_TEST_REDIS_SERVER";
+
+/// The server binary [`LocalRedis`] starts: `$DELAYQ_TEST_REDIS_SERVER` when set and not
+/// empty, else `redis-server`.
+pub fn server_binary() -> String {
+    std::env::var(SERVER_ENV)
+        .ok()
+        .filter(|b| !b.trim().is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 /// A `redis-server` process of our own.
 #[derive(Debug)]
 pub struct LocalRedis {
     child: Option<Child>,
+    /// The binary started ([`server_binary`] at start).
+    binary: String,
     port: u16,
     dir: tempfile::TempDir,
     extra_args: Vec<String>,
@@ -37,13 +55,15 @@ pub fn reachable(url: &str) -> bool {
 }
 
 impl LocalRedis {
-    /// Starts `redis-server` with no persistence on a free port.
+    /// Starts `redis-server` (or [`server_binary`]) with no persistence on a free port.
     pub fn start() -> Result<Self> {
         Self::start_with(&[])
     }
 
-    /// Starts `redis-server` with extra arguments (e.g. `["--appendonly", "yes"]`).
+    /// Starts `redis-server` (or [`server_binary`]) with extra arguments (e.g.
+    /// `["--appendonly", "yes"]`).
     pub fn start_with(extra_args: &[&str]) -> Result<Self> {
+        let binary = server_binary();
         let mut dir = tempfile::Builder::new()
             .prefix("delayq-redis-")
             .tempdir()
@@ -54,6 +74,7 @@ impl LocalRedis {
             let port = free_port()?;
             let mut r = LocalRedis {
                 child: None,
+                binary: binary.clone(),
                 port,
                 dir,
                 extra_args: extra_args.iter().map(|s| (*s).to_owned()).collect(),
@@ -74,7 +95,7 @@ impl LocalRedis {
     }
 
     fn spawn_and_wait(&mut self) -> Result<()> {
-        let mut cmd = Command::new("redis-server");
+        let mut cmd = Command::new(&self.binary);
         cmd.arg("--port")
             .arg(self.port.to_string())
             .arg("--bind")
@@ -92,12 +113,15 @@ impl LocalRedis {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = cmd.spawn().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                Error::LocalRedis(
-                    "redis-server is not installed (e.g. `apt-get install redis-server`)".into(),
-                )
+            let bin = &self.binary;
+            if e.kind() != std::io::ErrorKind::NotFound {
+                Error::LocalRedis(format!("cannot run {bin}: {e}"))
+            } else if std::env::var_os(SERVER_ENV).is_some_and(|v| !v.is_empty()) {
+                Error::LocalRedis(format!("{bin} (named by {SERVER_ENV}) was not found"))
             } else {
-                Error::LocalRedis(format!("cannot run redis-server: {e}"))
+                Error::LocalRedis(format!(
+                    "{bin} is not installed (e.g. `apt-get install redis-server`, or name another server binary in {SERVER_ENV})"
+                ))
             }
         })?;
         self.child = Some(child);
@@ -113,7 +137,8 @@ impl LocalRedis {
                 && let Ok(Some(status)) = child.try_wait()
             {
                 return Err(Error::LocalRedis(format!(
-                    "redis-server exited with {status}; log:\n{}",
+                    "{} exited with {status}; log:\n{}",
+                    self.binary,
                     self.log()
                 )));
             }
@@ -126,7 +151,8 @@ impl LocalRedis {
             }
             if Instant::now() > deadline {
                 return Err(Error::LocalRedis(format!(
-                    "redis-server did not answer within {within:?}; log:\n{}",
+                    "{} did not answer within {within:?}; log:\n{}",
+                    self.binary,
                     self.log()
                 )));
             }
@@ -151,6 +177,11 @@ impl LocalRedis {
 
     fn log_path(&self) -> PathBuf {
         self.dir.path().join("redis.log")
+    }
+
+    /// The server binary this instance runs.
+    pub fn binary(&self) -> &str {
+        &self.binary
     }
 
     /// The server's log so far.
@@ -206,7 +237,8 @@ impl Drop for LocalRedis {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!(
-                "--- log of redis-server on port {} ---\n{}",
+                "--- log of {} on port {} ---\n{}",
+                self.binary,
                 self.port,
                 self.log()
             );
