@@ -1180,3 +1180,32 @@ async fn prefetched_entries_are_leased_but_wait_for_a_handler_slot() {
     stop.cancel();
     h.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn the_dispatcher_uses_hgetdel_where_the_server_has_it() {
+    let (_s, client) = start().await;
+    let server = client.server().expect("INFO answered");
+    let _: String = raw(&client, &["CONFIG", "RESETSTAT"]).await;
+    for i in 0..5 {
+        client
+            .schedule(Q, &format!("g{i}"), When::in_ms(0), json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let len: i64 = raw(&client, &["XLEN", STREAM]).await;
+    assert_eq!(len, 5, "every order dispatched");
+    let stats: String = raw(&client, &["INFO", "commandstats"]).await;
+    let used = |cmd: &str| stats.contains(&format!("cmdstat_{cmd}:"));
+    // The payloads are read and deleted by one HGETDEL, or by HMGET + HDEL (nothing else
+    // deletes hash fields while dispatching).
+    if server.has_hgetdel() {
+        assert!(used("hgetdel") && !used("hdel"), "{server}: {stats}");
+    } else {
+        assert!(used("hdel") && !used("hgetdel"), "{server}: {stats}");
+    }
+}

@@ -136,6 +136,8 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
+    /// The server has `HGETDEL` (one command instead of `HMGET` + `HDEL` per batch).
+    hgetdel: bool,
     /// The queue's history retention, as this process last saw it.
     watch: QueueWatch,
     /// Register the queue with the client's shard count before each pass (a dispatcher
@@ -175,6 +177,7 @@ impl Dispatcher {
         Ok(Dispatcher {
             register,
             views: std::sync::Mutex::new(vec![None; shards.len()]),
+            hgetdel: client.server().is_some_and(|s| s.has_hgetdel()),
             watch: QueueWatch::new(queue.clone(), None),
             shards,
             wake: client.wake().get(queue.as_str()),
@@ -228,7 +231,10 @@ impl Dispatcher {
             let mut conn = self.client.connection();
             let keys = &self.shards[i];
             let history = &history;
-            async move { scripts::dequeue(&mut conn, keys, now, self.opts.batch, history).await }
+            let hgetdel = self.hgetdel;
+            async move {
+                scripts::dequeue(&mut conn, keys, now, self.opts.batch, history, hgetdel).await
+            }
         }))
         .await;
         let results = match results {

@@ -41,6 +41,15 @@ impl std::fmt::Display for ServerInfo {
 }
 
 impl ServerInfo {
+    /// Whether the server has `HGETDEL` (Redis 8.0, Valkey 9.0): the dispatcher then reads
+    /// and deletes the payloads of a batch in one command instead of `HMGET` + `HDEL`.
+    pub fn has_hgetdel(&self) -> bool {
+        match self.name {
+            "valkey" => self.at_least((9, 0, 0)),
+            _ => self.at_least((8, 0, 0)),
+        }
+    }
+
     /// True when the server is at least `version` (as its own name counts versions).
     pub fn at_least(&self, version: (u32, u32, u32)) -> bool {
         self.version >= version

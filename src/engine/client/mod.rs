@@ -46,6 +46,8 @@ struct Inner {
     redis_clock: Option<Arc<RedisClock>>,
     /// Wakes this process's dispatchers when an earlier order is scheduled.
     wake: WakeRegistry,
+    /// What the server said it is at connect (`None`: it refused `INFO`).
+    server: Option<crate::engine::version::ServerInfo>,
     /// The connection durable schedules use (`WAIT` blocks its connection, so it gets its
     /// own), opened on first use.
     durable_conn: tokio::sync::OnceCell<Conn>,
@@ -96,7 +98,7 @@ impl Client {
             .connect(opts.response_timeout, opts.connect_timeout)
             .await
             .ctx("connecting")?;
-        crate::engine::version::check(&mut conn).await?;
+        let server = crate::engine::version::check(&mut conn).await?;
         let (clock, redis_clock): (Arc<dyn Clock>, _) = match clock {
             Some(c) => (c, None),
             None => {
@@ -115,6 +117,7 @@ impl Client {
                 clock,
                 redis_clock,
                 wake: WakeRegistry::default(),
+                server,
                 durable_conn: tokio::sync::OnceCell::new(),
                 known_queues: Mutex::new(HashMap::new()),
             }),
@@ -255,6 +258,12 @@ impl Client {
             inner: self.inner.clone(),
             durability: d,
         }
+    }
+
+    /// The server this client connected to, as `INFO server` described it at connect
+    /// (`None` when it refused `INFO`).
+    pub fn server(&self) -> Option<crate::engine::version::ServerInfo> {
+        self.inner.server
     }
 
     /// The options this client was built with.

@@ -126,6 +126,7 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
     now_ms: i64,
     limit: usize,
     history: &HistoryPolicy,
+    hgetdel: bool,
 ) -> Result<DequeueReport> {
     let (bucket, expires_at) = history.write_target(keys, now_ms);
     let (moved, next, paused, gone): (usize, Option<f64>, i64, i64) = DEQUEUE
@@ -137,6 +138,7 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
+        .arg(if hgetdel { "1" } else { "0" })
         .invoke_async(conn)
         .await
         .ctx("dispatching due orders (dequeue.lua)")?;
