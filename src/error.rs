@@ -128,9 +128,7 @@ pub enum Error {
         max: usize,
     },
     /// The Redis server is older than delayq needs.
-    #[error(
-        "{found} is not supported: delayq needs redis {required} or newer (or any valkey)"
-    )]
+    #[error("{found} is not supported: delayq needs redis {required} or newer (or any valkey)")]
     UnsupportedServer {
         /// The version the server reported (`INFO server`).
         found: String,

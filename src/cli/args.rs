@@ -6,7 +6,8 @@ use clap::{ArgGroup, Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "delayq", version, about)]
 pub struct Cli {
-    /// Redis URL (redis://, rediss:// for TLS; user:password@ for auth).
+    /// Redis URL: redis://, rediss:// for TLS, redis+cluster://h1:p1,h2:p2,
+    /// redis+sentinel://s1:26379,s2:26379/<master-name>; user:password@ for auth.
     #[arg(
         long,
         global = true,
@@ -15,6 +16,22 @@ pub struct Cli {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
+    /// PEM file of the CA that signed the Redis server's certificate, trusted instead of the
+    /// system's roots (rediss:// URLs only).
+    #[arg(long, global = true, env = "DELAYQ_REDIS_TLS_CA", value_name = "FILE")]
+    pub redis_tls_ca: Option<std::path::PathBuf>,
+    /// PEM client certificate for a Redis that requires one (mutual TLS); needs
+    /// --redis-tls-key.
+    #[arg(
+        long,
+        global = true,
+        env = "DELAYQ_REDIS_TLS_CERT",
+        value_name = "FILE"
+    )]
+    pub redis_tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --redis-tls-cert.
+    #[arg(long, global = true, env = "DELAYQ_REDIS_TLS_KEY", value_name = "FILE")]
+    pub redis_tls_key: Option<std::path::PathBuf>,
     /// Key namespace.
     #[arg(long, global = true, env = "DELAYQ_NAMESPACE", default_value = "dq")]
     pub namespace: String,

@@ -138,8 +138,28 @@ pub(crate) struct Global {
 }
 
 async fn dispatch(cli: Cli) -> VerbResult {
+    // The TLS files travel in the URL (its tls_* query parameters), so every verb's client
+    // gets them. `serve` reads its own configuration (redis_tls_* keys); `migrate` and
+    // `scripts` do not talk to Redis.
+    let redis_url = match &cli.command {
+        Command::Serve { .. } | Command::Migrate { .. } | Command::Scripts { .. } => cli.redis_url,
+        _ => {
+            let mut tls = crate::engine::conn::TlsFiles::new();
+            tls.ca = cli.redis_tls_ca;
+            tls.cert = cli.redis_tls_cert;
+            tls.key = cli.redis_tls_key;
+            tls.check_pairing().map_err(|e| {
+                Failure::Invalid(format!(
+                    "--redis-{}: {}",
+                    e.file.param().replace('_', "-"),
+                    e.reason
+                ))
+            })?;
+            crate::engine::conn::url_with_tls_files(&cli.redis_url, &tls)?
+        }
+    };
     let g = Global {
-        redis_url: cli.redis_url,
+        redis_url,
         namespace: cli.namespace,
     };
     match cli.command {

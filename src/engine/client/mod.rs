@@ -93,7 +93,7 @@ impl Client {
     ) -> Result<Client> {
         opts.validate()?;
         let keyspace = Keyspace::new(&opts.namespace)?;
-        let redis = RedisTarget::open(url)?;
+        let redis = RedisTarget::open_with(url, opts.tls.as_ref())?;
         let mut conn = redis
             .connect(opts.response_timeout, opts.connect_timeout)
             .await

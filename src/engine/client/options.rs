@@ -1,6 +1,7 @@
 //! [`ClientOptions`] and [`Durability`]: the client's settings, their defaults and the one
 //! place their ranges are checked.
 
+use crate::engine::conn::TlsFiles;
 use crate::engine::keys::Keyspace;
 use crate::error::InvalidInput;
 use std::time::Duration;
@@ -41,6 +42,11 @@ pub struct ClientOptions {
     /// Most consumer groups a queue may have: a worker of one more group is refused
     /// ([`Error::TooManyGroups`](crate::Error::TooManyGroups)); default 100.
     pub max_groups: usize,
+    /// TLS files for a `rediss` URL: a CA to trust instead of the system's roots, and a
+    /// client certificate with its key (mutual TLS). Default none. The same files can be
+    /// given in the URL itself (`?tls_ca=...&tls_cert=...&tls_key=...`, see
+    /// [`conn`](crate::engine::conn)); a file given both ways must be the same path.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ClientOptions {
@@ -54,6 +60,7 @@ impl Default for ClientOptions {
             durability: Durability::Leader,
             max_queues: DEFAULT_MAX_QUEUES,
             max_groups: DEFAULT_MAX_GROUPS,
+            tls: None,
         }
     }
 }
@@ -95,6 +102,12 @@ impl ClientOptions {
         self
     }
 
+    /// Sets the TLS files (CA, client certificate and key) of a `rediss` connection.
+    pub fn tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
+        self
+    }
+
     /// Checks every option (the one place they are checked).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         Keyspace::new(&self.namespace)?;
@@ -132,6 +145,12 @@ impl ClientOptions {
                     super::schedule::MAX_WAIT
                 ),
             });
+        }
+        if let Some(files) = &self.tls {
+            files.check_pairing().map_err(|e| InvalidInput::Option {
+                name: "tls",
+                reason: e.to_string(),
+            })?;
         }
         if self.response_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(InvalidInput::Option {

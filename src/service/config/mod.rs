@@ -130,13 +130,14 @@ pub fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
 }
 
 /// Checks every value of `config`.
-pub fn check(config: Config) -> Result<Settings, ConfigError> {
+pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     if config.redis_url.trim().is_empty() {
         return Err(ConfigError::at(
             "redis_url",
             "required: the Redis to use, e.g. redis_url = \"redis://127.0.0.1:6379\" (or DELAYQ_REDIS_URL)",
         ));
     }
+    sections::redis_tls(&mut config)?;
     crate::engine::conn::RedisTarget::open(&config.redis_url)
         .map_err(|e| ConfigError::at("redis_url", e))?;
     let client = client_options(&config)?;

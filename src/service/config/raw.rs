@@ -9,8 +9,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
-    /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too).
+    /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too). Once the
+    /// configuration is checked, it also carries the `redis_tls_*` files as its `tls_ca`,
+    /// `tls_cert` and `tls_key` query parameters (see [`crate::engine::conn`]).
     pub redis_url: String,
+    /// A PEM file of the CA that signed the Redis server's certificate, trusted instead of
+    /// the system's roots (a `rediss://` URL only; `DELAYQ_REDIS_TLS_CA`).
+    pub redis_tls_ca: Option<String>,
+    /// A PEM client certificate for servers that require one (mutual TLS); needs
+    /// `redis_tls_key` (`DELAYQ_REDIS_TLS_CERT`).
+    pub redis_tls_cert: Option<String>,
+    /// The client certificate's PEM private key (`DELAYQ_REDIS_TLS_KEY`).
+    pub redis_tls_key: Option<String>,
     /// Key namespace (default `dq`).
     pub namespace: Option<String>,
     /// Shards per queue (default 1).
@@ -85,6 +95,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             redis_url: String::new(),
+            redis_tls_ca: None,
+            redis_tls_cert: None,
+            redis_tls_key: None,
             namespace: None,
             shards: None,
             max_payload_bytes: None,
@@ -121,6 +134,9 @@ pub enum DispatchConfig {
 /// reads (others, such as the CLI's `DELAYQ_DATABASE_URL`, are not its business).
 pub const TOP_LEVEL_KEYS: &[&str] = &[
     "redis_url",
+    "redis_tls_ca",
+    "redis_tls_cert",
+    "redis_tls_key",
     "namespace",
     "shards",
     "max_payload_bytes",
@@ -145,6 +161,9 @@ impl std::fmt::Debug for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Config")
             .field("redis_url", &redact::url(&self.redis_url))
+            .field("redis_tls_ca", &self.redis_tls_ca)
+            .field("redis_tls_cert", &self.redis_tls_cert)
+            .field("redis_tls_key", &self.redis_tls_key)
             .field("namespace", &self.namespace)
             .field("shards", &self.shards)
             .field("durability", &self.durability)

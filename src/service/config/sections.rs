@@ -48,6 +48,50 @@ pub(super) fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
     Ok(o)
 }
 
+/// `redis_tls_ca`, `redis_tls_cert`, `redis_tls_key`: checked (a `rediss` URL, the
+/// certificate with its key, every file a readable PEM file), then added to `redis_url` as
+/// its `tls_*` query parameters, which is how the connection receives them.
+pub(super) fn redis_tls(c: &mut Config) -> Result<(), ConfigError> {
+    use crate::engine::conn::{TlsFile, TlsFiles, is_tls_url, url_with_tls_files};
+    let key_of = |f: TlsFile| match f {
+        TlsFile::Ca => "redis_tls_ca",
+        TlsFile::Cert => "redis_tls_cert",
+        TlsFile::Key => "redis_tls_key",
+    };
+    let path = |v: &Option<String>| {
+        v.as_deref()
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(std::path::PathBuf::from)
+    };
+    let mut files = TlsFiles::new();
+    files.ca = path(&c.redis_tls_ca);
+    files.cert = path(&c.redis_tls_cert);
+    files.key = path(&c.redis_tls_key);
+    let Some(first) = [TlsFile::Ca, TlsFile::Cert, TlsFile::Key]
+        .into_iter()
+        .find(|f| files.get(*f).is_some())
+    else {
+        return Ok(());
+    };
+    if !is_tls_url(&c.redis_url) {
+        return Err(ConfigError::at(
+            key_of(first),
+            "TLS files need a rediss:// redis_url (or rediss+cluster://, rediss+sentinel://)",
+        ));
+    }
+    files
+        .check_pairing()
+        .map_err(|e| ConfigError::at(key_of(e.file), e.reason))?;
+    let url =
+        url_with_tls_files(&c.redis_url, &files).map_err(|e| ConfigError::at("redis_url", e))?;
+    files
+        .load()
+        .map_err(|e| ConfigError::at(key_of(e.file), e.reason))?;
+    c.redis_url = url;
+    Ok(())
+}
+
 pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), ConfigError> {
     let listen: SocketAddr = h
         .listen

@@ -366,3 +366,75 @@ start = "yesterday""#,
         assert_eq!(e.key.as_deref(), Some(key), "{e}");
     }
 }
+
+#[test]
+fn redis_tls_files_are_checked_naming_their_key_and_travel_in_the_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let pem = |name: &str, body: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    // Not real certificates: enough for the checks that need no parsing (the PEM markers);
+    // tests/production.rs uses real ones.
+    let junk_cert = pem("junk.crt", "not pem");
+    let missing = dir.path().join("missing.pem").to_str().unwrap().to_owned();
+    let cert = pem(
+        "c.crt",
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    );
+    let cases = [
+        // TLS files only with a rediss:// URL.
+        (
+            format!("redis_url = \"redis://h:1\"\nredis_tls_ca = \"{missing}\""),
+            "redis_tls_ca",
+            "rediss://",
+        ),
+        (
+            format!("redis_url = \"redis+cluster://h:1,h:2\"\nredis_tls_cert = \"{cert}\""),
+            "redis_tls_cert",
+            "rediss://",
+        ),
+        // A certificate with its key, and the other way round.
+        (
+            format!("redis_url = \"rediss://h:1\"\nredis_tls_cert = \"{cert}\""),
+            "redis_tls_key",
+            "private key",
+        ),
+        (
+            format!("redis_url = \"rediss://h:1\"\nredis_tls_key = \"{cert}\""),
+            "redis_tls_cert",
+            "certificate",
+        ),
+        // Readable PEM files.
+        (
+            format!("redis_url = \"rediss://h:1\"\nredis_tls_ca = \"{missing}\""),
+            "redis_tls_ca",
+            "missing.pem",
+        ),
+        (
+            format!("redis_url = \"rediss://h:1\"\nredis_tls_ca = \"{junk_cert}\""),
+            "redis_tls_ca",
+            "not a PEM certificate",
+        ),
+        (
+            format!("redis_url = \"rediss://h:1\"\nredis_tls_ca = \"{cert}\""),
+            "redis_tls_ca",
+            "Unable to parse",
+        ),
+        // The URL naming another CA file than the key.
+        (
+            format!("redis_url = \"rediss://h:1/?tls_ca=/other.pem\"\nredis_tls_ca = \"{cert}\""),
+            "redis_url",
+            "twice",
+        ),
+    ];
+    for (text, key, words) in cases {
+        let e = load_str(&text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        assert!(e.to_string().contains(words), "{text}: {e}");
+    }
+    // No TLS key: the URL is left as written.
+    let s = load_str("redis_url = \"rediss://h:1\"", env()).unwrap();
+    assert_eq!(s.config.redis_url, "rediss://h:1");
+}
