@@ -1263,3 +1263,216 @@ async fn sentinel_failover_and_master_kill_are_followed_without_a_restart() {
     dispatcher_task.await.unwrap();
     drop(sentinels);
 }
+
+/// A master, its replica in sync, and three sentinels that all see both; the sentinel URL.
+async fn sentinel_group() -> (Proc, Proc, Vec<Proc>, String) {
+    let master = Proc::data("master", None);
+    let replica = Proc::data("replica", Some(master.port));
+    let r_url = replica.url();
+    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
+    let sentinels: Vec<Proc> = (0..3).map(|_| sentinel(master.port)).collect();
+    for s in &sentinels {
+        let u = s.url();
+        wait_for(
+            "each sentinel knows the replica and the others",
+            WAIT,
+            move || {
+                let u = u.clone();
+                async move {
+                    let replicas: redis::RedisResult<Vec<redis::Value>> =
+                        raw(&u, &["SENTINEL", "replicas", MASTER]).await;
+                    let others: redis::RedisResult<Vec<redis::Value>> =
+                        raw(&u, &["SENTINEL", "sentinels", MASTER]).await;
+                    matches!((replicas, others), (Ok(r), Ok(s)) if r.len() == 1 && s.len() == 2)
+                }
+            },
+        )
+        .await;
+    }
+    let hosts: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let url = format!("redis+sentinel://{}/{MASTER}", hosts.join(","));
+    (master, replica, sentinels, url)
+}
+
+/// The order ids in the bodies a receiver got.
+fn delivered_ids(r: &Received) -> HashSet<String> {
+    r.bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+        .filter_map(|v| v["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// `n` orders per writer through serve's API from 8 writers, due 1 to 3 s after they are
+/// scheduled; each answer (status, 0 for no answer) kept in `answers`.
+fn spawn_writers(
+    http: &reqwest::Client,
+    base: &str,
+    tag: &'static str,
+    n: u64,
+    answers: &Arc<Mutex<Vec<(String, u16)>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..8)
+        .map(|w| {
+            let (http, base, answers) = (http.clone(), base.to_owned(), answers.clone());
+            tokio::spawn(async move {
+                for i in 0..n {
+                    let id = format!("{tag}{w}-{i}");
+                    let delay = 1000 + (i * 8) % 2000;
+                    let status = match http
+                        .put(format!("{base}/v1/queues/{Q}/messages/{id}"))
+                        .header("content-type", "application/json")
+                        .body(json!({"delay_ms": delay, "payload": {"order": id}}).to_string())
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await
+                    {
+                        Ok(r) => r.status().as_u16(),
+                        Err(_) => 0,
+                    };
+                    answers.lock().unwrap().push((id, status));
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Every order answered 201/200 is delivered; the others were answered 503 (never as
+/// written). Returns (acknowledged, refused).
+async fn acknowledged_are_delivered(
+    answers: &[(String, u16)],
+    received: &Received,
+) -> (usize, usize) {
+    let acked: HashSet<String> = answers
+        .iter()
+        .filter(|(_, s)| *s == 200 || *s == 201)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let refused = answers.iter().filter(|(_, s)| *s == 503).count();
+    let other: Vec<&(String, u16)> = answers
+        .iter()
+        .filter(|(_, s)| ![200, 201, 503].contains(s))
+        .collect();
+    assert!(
+        other.is_empty(),
+        "answers other than 201 and 503: {other:?}"
+    );
+    let (r, wanted) = (received.clone(), acked.clone());
+    wait_for(
+        "every acknowledged order delivered",
+        Duration::from_secs(60),
+        move || {
+            let done = wanted.is_subset(&delivered_ids(&r));
+            async move { done }
+        },
+    )
+    .await;
+    (acked.len(), refused)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+
+async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across_a_failover() {
+    let (_master, replica, sentinels, url) = sentinel_group().await;
+    let (hook, received) = receiver().await;
+    let mut serve = Serve::start(
+        &webhook_config(
+            &format!("redis_url = \"{url}\"\ndurability = \"replicated\""),
+            hook,
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let http = http();
+
+    // /readyz watched all along.
+    let readyz: Arc<Mutex<Vec<u16>>> = Arc::default();
+    let watch_stop = CancellationToken::new();
+    let watcher = {
+        let (http, base, seen, stop) = (
+            http.clone(),
+            serve.base(),
+            readyz.clone(),
+            watch_stop.clone(),
+        );
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let status = match http
+                    .get(format!("{base}/readyz"))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.status().as_u16(),
+                    Err(_) => 0,
+                };
+                seen.lock().unwrap().push(status);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let not_ready = |from: usize| {
+        readyz.lock().unwrap()[from..]
+            .iter()
+            .filter(|s| **s != 200)
+            .count()
+    };
+
+    // 1. SENTINEL FAILOVER while 2,000 orders are scheduled and come due.
+    let first: Arc<Mutex<Vec<(String, u16)>>> = Arc::default();
+    let writers = spawn_writers(&http, &serve.base(), "a", 250, &first);
+    let a = first.clone();
+    wait_for("500 orders answered before the failover", WAIT, move || {
+        let n = a.lock().unwrap().len();
+        async move { n >= 500 }
+    })
+    .await;
+    let polls_before = readyz.lock().unwrap().len();
+    let failover_at = Instant::now();
+    let ok: String = raw(&sentinels[0].url(), &["SENTINEL", "FAILOVER", MASTER])
+        .await
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let (s0, new_port) = (sentinels[0].url(), replica.port);
+    wait_for("the sentinels name the new master", WAIT, move || {
+        let s0 = s0.clone();
+        async move { master_port(&s0).await == Some(new_port) }
+    })
+    .await;
+    let switched = failover_at.elapsed();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let first = first.lock().unwrap().clone();
+    assert_eq!(first.len(), 2000);
+    let (acked1, refused1) = acknowledged_are_delivered(&first, &received).await;
+    let not_ready1 = not_ready(polls_before);
+
+    // Serve stayed up and is ready again.
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "serve exited:\n{}",
+        serve.log()
+    );
+    let seen = readyz.clone();
+    wait_for("/readyz 200 after the failover", WAIT, move || {
+        let ok = seen.lock().unwrap().last() == Some(&200);
+        async move { ok }
+    })
+    .await;
+    watch_stop.cancel();
+    watcher.await.unwrap();
+    println!(
+        "replicated serve on sentinel. SENTINEL FAILOVER: new master named after {switched:?}; \
+         {acked1} of 2000 acknowledged and all delivered, {refused1} answered 503; /readyz not \
+         200 in {not_ready1} polls (every 50 ms)"
+    );
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+}
