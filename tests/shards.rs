@@ -134,7 +134,7 @@ async fn a_backlog_in_one_shard_does_not_starve_another() {
 }
 
 /// A producer in another language, doing exactly what ARCHITECTURE.md says (TIME, SCRIPT
-/// LOAD lua/enqueue.lua, FNV-1a shard, EVALSHA): `tests/producers/checkout.py`, standard
+/// LOAD of enqueue.lua as `delayq scripts export` writes it, FNV-1a shard, EVALSHA): `tests/producers/checkout.py`, standard
 /// library only. The Rust side finds every order in the shard it computes and delivers it.
 #[tokio::test]
 async fn a_python_producer_following_architecture_md_is_delivered() {
@@ -144,10 +144,15 @@ async fn a_python_producer_following_architecture_md_is_delivered() {
         .collect();
     orders.push(json!({"id": "py-later", "delay_ms": 3_600_000, "payload": {"later": true}}));
     let root = env!("CARGO_MANIFEST_DIR");
+    // The script as the engine runs it (lua/enqueue.lua with lua/prelude.lua after its
+    // header), as `delayq scripts export` writes it for other languages.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("enqueue.lua");
+    std::fs::write(&script, delayq::engine::scripts::ENQUEUE_LUA.as_str()).unwrap();
     let out = std::process::Command::new("python3")
         .arg(format!("{root}/tests/producers/checkout.py"))
         .args(["127.0.0.1", &s.port().to_string(), "dq", Q, "4"])
-        .arg(format!("{root}/lua/enqueue.lua"))
+        .arg(&script)
         .arg(serde_json::Value::Array(orders).to_string())
         .output()
         .expect("python3 runs");

@@ -5,7 +5,7 @@ It does exactly what ARCHITECTURE.md ("Redis key layout" / "Producing from anoth
 language") says, with nothing but the standard library (a minimal RESP client):
 
   1. now_ms from the Redis server's TIME;
-  2. SCRIPT LOAD lua/enqueue.lua, then EVALSHA by its SHA;
+  2. SCRIPT LOAD enqueue.lua as `delayq scripts export` writes it, then EVALSHA by its SHA;
   3. the queue's shard count and epoch from its registry record {ns}:queue:<q>; the shard
      of an id is FNV-1a 64 of its UTF-8 bytes modulo the shard count;
   4. keys {ns:q:s}:due, {ns:q:s}:payload and {ns:q:s}:meta, ARGV upsert|nx, now_ms, epoch,
