@@ -1321,7 +1321,10 @@ fn spawn_writers(
         .map(|w| {
             let (http, base, answers) = (http.clone(), base.to_owned(), answers.clone());
             tokio::spawn(async move {
+                // Paced: one request every 5 ms at most per writer.
+                let mut pace = tokio::time::interval(Duration::from_millis(5));
                 for i in 0..n {
+                    pace.tick().await;
                     let id = format!("{tag}{w}-{i}");
                     let delay = 1000 + (i * 8) % 2000;
                     let status = match http
@@ -1336,7 +1339,6 @@ fn spawn_writers(
                         Err(_) => 0,
                     };
                     answers.lock().unwrap().push((id, status));
-                    tokio::time::sleep(Duration::from_millis(5)).await;
                 }
             })
         })
@@ -1402,7 +1404,10 @@ async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across
             watch_stop.clone(),
         );
         tokio::spawn(async move {
+            // Polled every 50 ms.
+            let mut pace = tokio::time::interval(Duration::from_millis(50));
             while !stop.is_cancelled() {
+                pace.tick().await;
                 let status = match http
                     .get(format!("{base}/readyz"))
                     .timeout(Duration::from_secs(2))
@@ -1413,7 +1418,6 @@ async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across
                     Err(_) => 0,
                 };
                 seen.lock().unwrap().push(status);
-                tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
     };

@@ -3,8 +3,8 @@
 //!
 //! - [`spec`]: parsing and validating a recurrence, and its tick instants (pure, no Redis).
 //! - [`Schedules`]: declare, list, show and remove schedules (built from a [`Client`]).
-//! - [`Scheduler`]: the loop every `serve` process runs, moving each schedule to its next
-//!   tick.
+//! - [`Scheduler`] (`scheduler`): the loop every `serve` process runs, moving each schedule
+//!   to its next tick.
 //!
 //! # How a tick becomes an order, exactly once
 //!
@@ -45,7 +45,10 @@
 //!
 //! [`Clock`]: crate::engine::clock::Clock
 
+mod scheduler;
 pub mod spec;
+
+pub use scheduler::Scheduler;
 
 use crate::engine::client::Client;
 use crate::engine::keys::{QueueName, shard_of};
@@ -56,7 +59,6 @@ use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::{Deserialize, Serialize};
 use spec::Recurrence;
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// A tick handled later than this after its instant counts as missed (see [`Missed`]).
 pub const MISSED_AFTER: Duration = Duration::from_secs(1);
@@ -68,8 +70,6 @@ pub const MAX_SCHEDULE_ID_LEN: usize = 128;
 pub const MAX_WINDOW_MS: i64 = 253_402_300_799_999;
 /// How many upcoming fire times [`Schedules::get`] shows.
 pub const UPCOMING: usize = 5;
-/// The longest a scheduler sleeps between passes (it wakes earlier for an earlier tick).
-const MAX_SLEEP: Duration = Duration::from_secs(1);
 /// Schedules advanced per index read.
 const PASS_BATCH: isize = 500;
 
@@ -382,7 +382,7 @@ impl Record {
 /// Recurring schedules of a namespace: declare, list, show, remove.
 #[derive(Clone)]
 pub struct Schedules {
-    client: Client,
+    pub(super) client: Client,
 }
 
 impl Schedules {
@@ -771,7 +771,7 @@ impl Schedules {
 
     /// [`pass`](Self::pass), also saying how many schedules failed to advance (they stay
     /// due: the scheduler waits its longest sleep before it tries them again).
-    async fn pass_counting_failures(&self) -> Result<(u64, u64, usize)> {
+    pub(super) async fn pass_counting_failures(&self) -> Result<(u64, u64, usize)> {
         let now = self.client.now_ms();
         let due: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.client.keyspace().schedules())
@@ -810,7 +810,7 @@ impl Schedules {
     }
 
     /// When the earliest next tick is (unix ms), if any schedule has one.
-    async fn earliest(&self) -> Result<Option<i64>> {
+    pub(super) async fn earliest(&self) -> Result<Option<i64>> {
         let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(self.client.keyspace().schedules())
             .arg(0)
@@ -842,56 +842,4 @@ fn count_between(r: &Recurrence, from: i64, to: i64) -> u64 {
 /// The index member of a schedule.
 fn member(queue: &QueueName, id: &str) -> String {
     format!("{}:{id}", queue.as_str())
-}
-
-/// The loop every `serve` process runs: a pass whenever a schedule's next tick is due (at
-/// most a second apart), until cancelled. Errors are logged and retried.
-pub struct Scheduler {
-    schedules: Schedules,
-}
-
-impl Scheduler {
-    /// A scheduler for the namespace of `client`.
-    pub fn new(client: &Client) -> Self {
-        Scheduler {
-            schedules: Schedules::new(client),
-        }
-    }
-
-    /// One pass (what `serve` runs before it starts dispatching).
-    pub async fn pass(&self) -> Result<(u64, u64)> {
-        self.schedules.pass().await
-    }
-
-    /// Runs until `cancel`.
-    pub async fn run(self, cancel: CancellationToken) {
-        let mut failures = 0u32;
-        while !cancel.is_cancelled() {
-            let wait = match self.schedules.pass_counting_failures().await {
-                // A schedule that cannot advance stays due: not again at once.
-                Ok((_, _, failed)) if failed > 0 => MAX_SLEEP,
-                Ok(_) => {
-                    failures = 0;
-                    match self.schedules.earliest().await {
-                        Ok(Some(at)) => {
-                            let ms = (at - self.schedules.client.now_ms()).max(5);
-                            Duration::from_millis(u64::try_from(ms).unwrap_or(0)).min(MAX_SLEEP)
-                        }
-                        _ => MAX_SLEEP,
-                    }
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 || failures.is_power_of_two() {
-                        tracing::warn!(error = %e, failures, "the scheduler pass failed; retrying");
-                    }
-                    MAX_SLEEP
-                }
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = cancel.cancelled() => break,
-            }
-        }
-    }
 }

@@ -9,7 +9,7 @@
 //! - [`edge`]: the envelope for framework rejections, size limits, bearer tokens, body and
 //!   request deadlines.
 //! - [`messages`], [`queues`]: the handlers.
-//! - [`schedules`]: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
+//! - `schedules`: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
 //! - [`clients`]: who is calling, and failed authentications per client.
 //! - [`limits`]: [`HttpLimits`], the edge's limits and their one set of defaults.
 //! - [`server`]: the accept loop: header, idle and connection limits, bounded shutdown.
