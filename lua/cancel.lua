@@ -1,10 +1,14 @@
--- cancel.lua: remove one scheduled order (schedule entry and payload together).
+-- cancel.lua: remove one scheduled order (schedule entry, payload and level together).
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
+-- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
 -- ARGV[1]  order id
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
+-- Why one script: the three go together, so no crash leaves a payload or level without its
+-- schedule entry. Redis >= 6.2.
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
+if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end
 return removed

@@ -7,6 +7,8 @@
 -- KEYS[4]  the shard's history bucket for "now" ({ns:q:s}:history:<bucket_ms>:<bucket>):
 --          HASH order id -> "<entry id>:<due ms>"
 -- KEYS[5]  the shard's marker HASH: while its field `paused` is set, nothing is moved
+-- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
+-- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -22,6 +24,11 @@
 -- The pause flag is read here, inside the script, so once a pause has been written no
 -- dispatch starts: it takes effect when the pause command answers, not at a later poll.
 --
+-- Priorities: with KEYS[6], an order whose level is high or low goes into that lane's
+-- stream instead of KEYS[3], with the extra field priority = <level> (dead letters and
+-- replays keep it), and its history record ends in ":<level>". A lane's stream is made on
+-- first use with every group of KEYS[3] (`open_lane`, prelude). Without a levels HASH (a
+-- queue that never used priorities) this costs one EXISTS per call.
 -- Stream entry fields: id, due_ms, data = the HASH value as stored ("<enqueued_ms>:<json>",
 -- split by the consumer so Redis does no string work), or, when the HASH field is missing
 -- (tampered with), id, due_ms, flag = "payload_missing" and no data: still forwarded, never
@@ -40,6 +47,9 @@ local hist_at = int(ARGV[3])
 local getdel = ARGV[4] == '1'
 if ARGV[4] ~= nil and ARGV[4] ~= '0' and ARGV[4] ~= '1' then
   return redis.error_reply('ERR delayq dequeue: the HGETDEL flag must be 0 or 1')
+end
+if KEYS[6] and not (KEYS[7] and KEYS[8]) then
+  return redis.error_reply('ERR delayq dequeue: with the levels HASH, both lane streams are needed')
 end
 if not now then
   return redis.error_reply('ERR delayq dequeue: now must be unix milliseconds')
@@ -70,20 +80,41 @@ if n > 0 then
     vals = redis.call('HMGET', KEYS[2], unpack(ids))
     redis.call('HDEL', KEYS[2], unpack(ids))
   end
+  local levels = nil
+  if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then
+    levels = redis.call('HMGET', KEYS[6], unpack(ids))
+    redis.call('HDEL', KEYS[6], unpack(ids))
+  end
+  local lane_keys = { high = KEYS[7], low = KEYS[8] }
   local hist = {}
   for i = 1, n do
     local v = vals[i]
+    local level = levels and levels[i]
     local eid
-    if v then
-      eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v)
+    if level and lane_keys[level] then
+      local lane = lane_keys[level]
+      open_lane(lane, KEYS[3], KEYS[5], 'lane:' .. level)
+      if v then
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v, 'priority', level)
+      else
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing', 'priority', level)
+      end
+      if hist_at > 0 then
+        hist[#hist + 1] = ids[i]
+        hist[#hist + 1] = eid .. ':' .. popped[2 * i] .. ':' .. level
+      end
     else
-      eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing')
-    end
-    if hist_at > 0 then
-      -- One concatenation of strings Redis already handed over: building strings in Lua
-      -- (match, format) costs more than the HSET itself.
-      hist[#hist + 1] = ids[i]
-      hist[#hist + 1] = eid .. ':' .. popped[2 * i]
+      if v then
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v)
+      else
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing')
+      end
+      if hist_at > 0 then
+        -- One concatenation of strings Redis already handed over: building strings in Lua
+        -- (match, format) costs more than the HSET itself.
+        hist[#hist + 1] = ids[i]
+        hist[#hist + 1] = eid .. ':' .. popped[2 * i]
+      end
     end
   end
   if #hist > 0 then

@@ -5,6 +5,8 @@
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's dead-letter STREAM
 -- KEYS[4]  the shard's marker HASH (field epoch)
+-- KEYS[5], KEYS[6]  optional: the shard's high and low lane STREAMs (a group's pending and
+--          lag are summed over the lanes)
 -- ARGV[1]  the epoch the caller read from the registry record
 -- ARGV[2]  "1" = forced (fence even when not empty), "0" = refuse when not empty
 --
@@ -33,22 +35,33 @@ local scheduled = redis.call('ZCARD', KEYS[1])
 local dead = redis.call('XLEN', KEYS[3])
 local out = { 0, scheduled, dead }
 local busy = scheduled > 0 or dead > 0
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
-    local info = {}
-    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-    local lag = info['lag']
-    if type(lag) ~= 'number' then
-      -- Unknown (entries deleted from the middle of the stream): count what follows the
-      -- group's last-delivered id, up to 100,000 (enough to say "not empty").
-      lag = #redis.call('XRANGE', KEYS[2], '(' .. info['last-delivered-id'], '+', 'COUNT', 100000)
+local names, per = {}, {}
+for _, stream in ipairs({ KEYS[2], KEYS[5], KEYS[6] }) do
+  if redis.call('EXISTS', stream) == 1 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+      local info = {}
+      for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+      local lag = info['lag']
+      if type(lag) ~= 'number' then
+        -- Unknown (entries deleted from the middle of the stream): count what follows the
+        -- group's last-delivered id, up to 100,000 (enough to say "not empty").
+        lag = #redis.call('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 100000)
+      end
+      local name = info['name']
+      if not per[name] then
+        per[name] = { 0, 0 }
+        names[#names + 1] = name
+      end
+      per[name][1] = per[name][1] + (info['pending'] or 0)
+      per[name][2] = per[name][2] + lag
     end
-    local pending = info['pending'] or 0
-    out[#out + 1] = info['name']
-    out[#out + 1] = pending
-    out[#out + 1] = lag
-    if pending > 0 or lag > 0 then busy = true end
   end
+end
+for _, name in ipairs(names) do
+  out[#out + 1] = name
+  out[#out + 1] = per[name][1]
+  out[#out + 1] = per[name][2]
+  if per[name][1] > 0 or per[name][2] > 0 then busy = true end
 end
 if busy and ARGV[2] == '0' then
   return out

@@ -2,23 +2,30 @@
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
--- KEYS[3]  the shard's STREAM
+-- KEYS[3]  the shard's STREAM (the normal lane)
 -- KEYS[4]  the shard's dead-letter STREAM
--- KEYS[5 .. 4+k]  the shard's history buckets that may hold the order, newest first
--- KEYS[4+k+2i-1], KEYS[4+k+2i]  group i's timers ZSET and errors HASH (i = 1..g)
+-- KEYS[5], KEYS[6]  the shard's high and low lane STREAMs
+-- KEYS[7]  the shard's levels HASH (see enqueue.lua)
+-- KEYS[8 .. 7+k]  the shard's history buckets that may hold the order, newest first
+-- KEYS[7+k+6(i-1)+1 .. +6]  group i's timers ZSET and errors HASH in the normal, high and
+--          low lanes, in that order (i = 1..g)
 -- ARGV[1]  the order id
 -- ARGV[2]  k, the number of history buckets
 -- ARGV[3]  the bucket length, ms
--- ARGV[4 .. 3+k]  the bucket numbers of KEYS[5 .. 4+k]
+-- ARGV[4 .. 3+k]  the bucket numbers of KEYS[8 .. 7+k]
 -- ARGV[4+k]       the cutoff, unix ms: a record of an entry older than this is past the
 --                 retention (its bucket may outlive it by up to one bucket length)
 -- ARGV[5+k ..]    the group names (g of them)
 --
 -- Returns:
 --   false                                        never seen, or past the history retention
---   { 'scheduled', due_ms, stored value or false }   waiting for its due time
+--   { 'scheduled', due_ms, stored value or false, level or false }   waiting for its due time
 --   { 'dispatched', entry id, due_ms, entry fields or false (trimmed),
---     { {group, state, attempts, last_error or false, next_attempt_ms or false}, ... } }
+--     { {group, state, attempts, last_error or false, next_attempt_ms or false}, ... },
+--     level or false }
+-- A record "<entry id>:<due ms>" is of the normal lane; "<entry id>:<due ms>:<level>" of
+-- that level's lane (see dequeue.lua): its entry, pending state, timers and errors are
+-- looked up there.
 -- A group's state: 'waiting' (not read yet: the entry is after its last-delivered id),
 -- 'running' (pending, leased), 'retrying' (pending, its current attempt failed: the errors
 -- HASH holds that attempt), 'done' (acknowledged), 'dead' (history marker "d<n>:<dead id>").
@@ -46,46 +53,50 @@ if not cutoff then
 end
 local due = redis.call('ZSCORE', KEYS[1], id)
 if due then
-  return { 'scheduled', due, redis.call('HGET', KEYS[2], id) or false }
+  return { 'scheduled', due, redis.call('HGET', KEYS[2], id) or false,
+    redis.call('HGET', KEYS[7], id) or false }
 end
 -- The order's record (its first dispatch) and, per group, a redirect written when a replay
 -- or a reconciliation redelivered it to that group alone: each group is reported on the
 -- delivery it actually handles.
 local function lookup(field)
   for j = 1, k do
-    local v = redis.call('HGET', KEYS[4 + j], field)
+    local v = redis.call('HGET', KEYS[7 + j], field)
     if v then return v end
   end
   return nil
 end
+-- A lane by its record's level: 0 = normal, 1 = high, 2 = low.
+local lane_no = { [''] = 0, high = 1, low = 2 }
+local streams = { [0] = KEYS[3], KEYS[5], KEYS[6] }
 local function entry_of(v)
   if not v then return nil end
-  local e, d = string.match(v, '^(%d+%-%d+):(.+)$')
+  local e, d, level = string.match(v, '^(%d+%-%d+):(%d+):?(%a*)$')
   if not e or parse_id(e) < cutoff then return nil end
-  return e, d
+  return e, d, lane_no[level] or 0
 end
-local eid, due_ms = entry_of(lookup(id))
+local eid, due_ms, elane = entry_of(lookup(id))
 local ng = #ARGV - 4 - k
-local per = {}
+local per, plane = {}, {}
 local any = eid ~= nil
 for i = 1, ng do
   local g = ARGV[4 + k + i]
-  local reid, rdue = entry_of(lookup('\2' .. g .. '\2' .. id))
+  local reid, rdue, rlane = entry_of(lookup('\2' .. g .. '\2' .. id))
   if reid then
-    per[i] = reid
+    per[i], plane[i] = reid, rlane
     any = true
-    if not eid then eid, due_ms = reid, rdue end
+    if not eid then eid, due_ms, elane = reid, rdue, rlane end
   else
-    per[i] = eid
+    per[i], plane[i] = eid, elane
   end
 end
 if not any then return false end
-local function fields_of(e)
-  local entry = redis.call('XRANGE', KEYS[3], e, e)
+local function fields_of(e, lane)
+  local entry = redis.call('XRANGE', streams[lane], e, e)
   if entry[1] then return entry[1][2] end
   return false
 end
-local fields = fields_of(eid)
+local fields = fields_of(eid, elane)
 -- An entry made for one group only (a reconciliation of a lost order): the other groups
 -- never saw the order, so they are not reported.
 local only = false
@@ -96,28 +107,38 @@ end
 local function marker_bucket(e)
   local ems = parse_id(e)
   for j = 1, k do
-    if int(ARGV[3 + j]) == math.floor(ems / len) then return KEYS[4 + j] end
+    if int(ARGV[3 + j]) == math.floor(ems / len) then return KEYS[7 + j] end
   end
   return nil
 end
-local last = {}
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[3])) do
-    local name, ld
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
+-- Each lane's groups and their last-delivered ids, read once per lane that is needed.
+local lasts = {}
+local function last_of(lane)
+  if lasts[lane] then return lasts[lane] end
+  local last = {}
+  if redis.call('EXISTS', streams[lane]) == 1 then
+    for _, g in ipairs(redis.call('XINFO', 'GROUPS', streams[lane])) do
+      local name, ld
+      for i = 1, #g, 2 do
+        if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
+      end
+      last[name] = ld
     end
-    last[name] = ld
   end
+  lasts[lane] = last
+  return last
 end
 local groups = {}
 for i = 1, ng do
   local g = ARGV[4 + k + i]
   local e = per[i]
-  local timers, errors = KEYS[4 + k + 2 * i - 1], KEYS[4 + k + 2 * i]
+  local lane = plane[i] or 0
+  local base = 7 + k + 6 * (i - 1) + 2 * lane
+  local timers, errors = KEYS[base + 1], KEYS[base + 2]
   local skip = (only and only ~= g and e == eid) or not e
+  local last = last_of(lane)
   if last[g] and not skip then
-    local p = redis.call('XPENDING', KEYS[3], g, e, e, 1)
+    local p = redis.call('XPENDING', streams[lane], g, e, e, 1)
     if p[1] then
       local count = p[1][4]
       local err = redis.call('HGET', errors, e)
@@ -155,9 +176,10 @@ end
 if not fields then
   for i = 1, ng do
     if per[i] and per[i] ~= eid then
-      fields = fields_of(per[i])
+      fields = fields_of(per[i], plane[i])
       if fields then break end
     end
   end
 end
-return { 'dispatched', eid, due_ms, fields, groups }
+local levels = { [0] = false, 'high', 'low' }
+return { 'dispatched', eid, due_ms, fields, groups, levels[elane] }

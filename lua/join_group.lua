@@ -5,6 +5,9 @@
 -- ARGV[1]  group
 -- ARGV[2]  "create" (a worker starting: create the group if absent) or "rejoin" (a running
 --          worker whose read found no group: never create it again over an existing stream)
+--          or "lane" (KEYS[1] is a high or low priority lane: create the group, from the
+--          start, only where the lane's stream exists; dequeue.lua makes a lane with every
+--          group of the normal stream, so this covers groups that joined later)
 -- ARGV[3]  the most groups a queue may have
 --
 -- Returns: 1 = created (reading from the start of the stream), 0 = it existed.
@@ -20,14 +23,22 @@ local max = int(ARGV[3])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq join_group: the group name is missing')
 end
-if ARGV[2] ~= 'create' and ARGV[2] ~= 'rejoin' then
-  return redis.error_reply('ERR delayq join_group: mode must be create or rejoin')
+if ARGV[2] ~= 'create' and ARGV[2] ~= 'rejoin' and ARGV[2] ~= 'lane' then
+  return redis.error_reply('ERR delayq join_group: mode must be create, rejoin or lane')
 end
 if not max or max < 1 then
   return redis.error_reply('ERR delayq join_group: the cap on groups must be at least 1')
 end
 if redis.call('HEXISTS', KEYS[2], 'epoch') == 0 then
   return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
+end
+if ARGV[2] == 'lane' then
+  if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+  for _, name in ipairs(group_names(KEYS[1])) do
+    if name == ARGV[1] then return 0 end
+  end
+  redis.call('XGROUP', 'CREATE', KEYS[1], ARGV[1], '0')
+  return 1
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local groups = redis.call('XINFO', 'GROUPS', KEYS[1])

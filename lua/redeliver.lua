@@ -2,13 +2,15 @@
 -- their way: the reconciliation job's delivery (nothing else of the queue sees them).
 --
 -- KEYS[1]  the shard's due ZSET
--- KEYS[2]  the shard's STREAM
--- KEYS[3 .. 2+k]  the shard's history buckets, newest first (see dequeue.lua); the one of
+-- KEYS[2]  the shard's STREAM (the normal lane: redeliveries go there)
+-- KEYS[3], KEYS[4]  the shard's high and low lane STREAMs (an order's record names its lane;
+--          see dequeue.lua)
+-- KEYS[5 .. 4+k]  the shard's history buckets, newest first (see dequeue.lua); the one of
 --          "now" among them records the new entries
 -- ARGV[1]  the group
 -- ARGV[2]  k, the number of history buckets (0 = history off)
 -- ARGV[3]  the bucket length, ms
--- ARGV[4 .. 3+k]  the bucket numbers of KEYS[3 .. 2+k]
+-- ARGV[4 .. 3+k]  the bucket numbers of KEYS[5 .. 4+k]
 -- ARGV[4+k]  now, unix ms
 -- ARGV[5+k]  when the bucket of now expires, unix ms
 -- ARGV[6+k ..]  the orders as pairs: id, payload JSON
@@ -55,21 +57,26 @@ for i = 6 + k, #ARGV, 2 do
 end
 local wkey
 for j = 1, k do
-  if int(ARGV[3 + j]) == math.floor(now / len) then wkey = KEYS[2 + j] end
+  if int(ARGV[3 + j]) == math.floor(now / len) then wkey = KEYS[4 + j] end
 end
-local last = nil
-if redis.call('EXISTS', KEYS[2]) == 1 then
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[2])) do
+-- The group's last-delivered id in a stream (nil without the stream or the group).
+local function last_in(stream)
+  if redis.call('EXISTS', stream) == 0 then return nil end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local name, ld
     for i = 1, #g, 2 do
       if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
     end
-    if name == group then last = ld end
+    if name == group then return ld end
   end
+  return nil
 end
+local last = last_in(KEYS[2])
 if not last then
   return redis.error_reply('ERR delayq group_not_found: the group does not exist on this shard')
 end
+local lanes = { high = KEYS[3], low = KEYS[4] }
+local lane_last = {}
 local out = {}
 local hist = {}
 local recorded = {}
@@ -81,20 +88,29 @@ for i = 6 + k, #ARGV, 2 do
   else
     local found
     for j = 1, k do
-      found = redis.call('HGET', KEYS[2 + j], '\2' .. group .. '\2' .. id)
+      found = redis.call('HGET', KEYS[4 + j], '\2' .. group .. '\2' .. id)
       if found then break end
     end
     if not found then
       for j = 1, k do
-        found = redis.call('HGET', KEYS[2 + j], id)
+        found = redis.call('HGET', KEYS[4 + j], id)
         if found then break end
       end
     end
     recorded[i] = found
-    local eid = found and string.match(found, '^(%d+%-%d+):')
+    local eid, level
+    if found then eid, level = string.match(found, '^(%d+%-%d+):%d+:?(%a*)$') end
     if eid then
-      local p = redis.call('XPENDING', KEYS[2], group, eid, eid, 1)
-      if p[1] or less(last, eid) then code = 2 end
+      local stream, glast = KEYS[2], last
+      if lanes[level] then
+        stream = lanes[level]
+        if lane_last[level] == nil then lane_last[level] = last_in(stream) or false end
+        glast = lane_last[level]
+      end
+      if glast then
+        local p = redis.call('XPENDING', stream, group, eid, eid, 1)
+        if p[1] or less(glast, eid) then code = 2 end
+      end
     end
   end
   if code == 1 then

@@ -1,16 +1,33 @@
--- reschedule.lua: move a scheduled order to a new due time, keeping its payload.
+-- reschedule.lua: move a scheduled order to a new due time, keeping its payload; optionally
+-- change its priority level.
 --
 -- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  optional: the shard's levels HASH (see enqueue.lua); needed with ARGV[3]
 -- ARGV[1]  order id
 -- ARGV[2]  new due time, unix ms
+-- ARGV[3]  optional: the new level, "high", "normal" or "low" (absent: the level is kept)
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
+-- Why one script: the check and the writes go together, so a dispatched order is never
+-- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
 end
+local level = ARGV[3]
+if level and level ~= 'high' and level ~= 'normal' and level ~= 'low' then
+  return redis.error_reply('ERR delayq reschedule: the level must be high, normal or low')
+end
+if level and not KEYS[2] then
+  return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
+end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  if level == 'normal' then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+  elseif level then
+    redis.call('HSET', KEYS[2], ARGV[1], level)
+  end
   return 1
 end
 return 0

@@ -434,6 +434,12 @@ pub enum InvalidInput {
         /// Why it was refused.
         reason: String,
     },
+    /// A priority level other than `high`, `normal` or `low`, or bad priority weights.
+    #[error("invalid priority: {reason}")]
+    Priority {
+        /// Why it was refused.
+        reason: String,
+    },
     /// A dead-letter replay or purge that names neither every dead letter nor a list of
     /// entry ids (or both).
     #[error("invalid selection: {reason}")]
@@ -475,6 +481,7 @@ impl InvalidInput {
             InvalidInput::RedisUrl { .. } => "invalid_redis_url",
             InvalidInput::Option { .. } => "invalid_option",
             InvalidInput::Selection { .. } => "invalid_body",
+            InvalidInput::Priority { .. } => "invalid_priority",
             InvalidInput::BatchTooLarge { .. } => "batch_too_large",
             InvalidInput::InBatch { source, .. } => source.code(),
         }

@@ -75,8 +75,9 @@ pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
     ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
+pub use engine::priority::{Priority, PriorityMode};
 pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
-pub use engine::stats::{GroupStats, QueueStats};
+pub use engine::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,

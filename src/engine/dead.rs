@@ -32,6 +32,8 @@ pub struct DeadLetter {
     pub due_at_ms: i64,
     /// Its payload, byte for byte as scheduled (`null` when the entry had none).
     pub payload: crate::engine::message::Payload,
+    /// The order's priority level (a replay puts it back at this level).
+    pub priority: crate::engine::priority::Priority,
 }
 
 /// Which dead letters an operation applies to.
@@ -373,5 +375,6 @@ fn to_dead(
             .map(scripts::score_to_ms)
             .unwrap_or(0),
         payload,
+        priority: scripts::stored_level(get("priority")),
     }
 }

@@ -21,6 +21,8 @@
 use crate::engine::client::Client;
 use crate::engine::keys::{QueueName, ShardKeys, shard_of, validate_id, validate_member_name};
 use crate::engine::message::{NewOrder, decode_stored, raw_json};
+use crate::engine::priority::Priority;
+use crate::engine::scripts::stored_level;
 use crate::engine::worker::Fields;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
@@ -237,6 +239,8 @@ pub struct OrderHistory {
     pub entry_id: Option<String>,
     /// Each consumer group's state (dispatched orders; empty while scheduled).
     pub groups: Vec<GroupHistory>,
+    /// The order's priority level (of its first delivery once dispatched).
+    pub priority: Priority,
 }
 
 /// What [`Client::redeliver`] did with one order.
@@ -279,15 +283,21 @@ impl Client {
         let groups = group_names(self, &keys).await?;
         let buckets = policy.lookup(self.now_ms());
         let mut inv = HISTORY.prepare_invoke();
+        let [high, normal, low] = keys.lanes();
         inv.key(&keys.due)
             .key(&keys.payload)
-            .key(&keys.stream)
-            .key(&keys.dead);
+            .key(&normal.stream)
+            .key(&keys.dead)
+            .key(&high.stream)
+            .key(&low.stream)
+            .key(&keys.levels);
         for &b in &buckets {
             inv.key(keys.history(policy.bucket_ms(), b));
         }
         for g in &groups {
-            inv.key(keys.timers(g)).key(keys.errors(g));
+            for lane in [&normal, &high, &low] {
+                inv.key(lane.timers(g)).key(lane.errors(g));
+            }
         }
         inv.arg(id).arg(buckets.len()).arg(policy.bucket_ms());
         for &b in &buckets {
@@ -337,7 +347,11 @@ impl Client {
             let keys = self.shard_keys(&q, u16::try_from(shard).unwrap_or(0));
             for chunk in idxs.chunks(REDELIVER_CHUNK) {
                 let mut inv = REDELIVER.prepare_invoke();
-                inv.key(&keys.due).key(&keys.stream);
+                let [high, _, low] = keys.lanes();
+                inv.key(&keys.due)
+                    .key(&keys.stream)
+                    .key(&high.stream)
+                    .key(&low.stream);
                 for &b in &buckets {
                     inv.key(keys.history(policy.bucket_ms(), b));
                 }
@@ -441,6 +455,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         dispatched_at_ms: None,
         entry_id: None,
         groups: Vec::new(),
+        priority: Priority::Normal,
     };
     if state == "scheduled" {
         let due = parts
@@ -454,6 +469,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             .as_ref()
             .and_then(text)
             .map(|s| stored_payload(&s));
+        h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
         return Ok(Some(h));
     }
     let entry = parts
@@ -498,6 +514,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             });
         }
     }
+    h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
     Ok(Some(h))
 }
 

@@ -3,6 +3,7 @@
 //! Every key of one shard of one queue shares the hash tag `{<ns>:<queue>:<shard>}`, so a
 //! script touching them runs on one Redis Cluster slot. See ARCHITECTURE.md for the layout.
 
+use crate::engine::priority::Priority;
 use crate::error::InvalidInput;
 use std::fmt;
 
@@ -114,9 +115,12 @@ impl Keyspace {
         ShardKeys {
             due: format!("{tag}:due"),
             payload: format!("{tag}:payload"),
+            levels: format!("{tag}:levels"),
             stream: format!("{tag}:stream"),
             dead: format!("{tag}:dead"),
             meta: format!("{tag}:meta"),
+            level: Priority::Normal,
+            lane: tag.clone(),
             tag,
             shard,
         }
@@ -174,13 +178,24 @@ impl Keyspace {
 }
 
 /// The keys of one shard of one queue. All share one hash tag.
+///
+/// A shard has one *lane* per [`Priority`]: the stream its due orders of that level go to,
+/// and each group's timers and errors for that stream. `normal` is the lane every queue had
+/// before priorities (`{tag}:stream`, `{tag}:timers:<group>`, ...); `high` and `low` put
+/// their level before the same names (`{tag}:high:stream`, `{tag}:high:timers:<group>`),
+/// which no other key of the tag starts with. [`ShardKeys::lane`] gives a lane's keys; the
+/// scheduling keys (`due`, `payload`, `levels`), the dead letters and the marker are the
+/// shard's, shared by its lanes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardKeys {
     /// ZSET: order id scored by due time (unix ms).
     pub due: String,
     /// HASH: order id -> `"<enqueued_ms>:<payload JSON>"`.
     pub payload: String,
-    /// STREAM: dispatched orders, read by consumer groups.
+    /// HASH: order id -> level (`high` or `low`) of the scheduled orders that are not
+    /// `normal` (absent for `normal` ones, so a queue that never uses priorities has none).
+    pub levels: String,
+    /// STREAM: dispatched orders of this lane's level, read by consumer groups.
     pub stream: String,
     /// STREAM: dead letters of every group of this shard.
     pub dead: String,
@@ -192,19 +207,50 @@ pub struct ShardKeys {
     pub tag: String,
     /// The shard's index.
     pub shard: u16,
+    /// The lane's level (`normal` for the keys [`Keyspace::shard`] gives).
+    pub level: Priority,
+    /// What the lane's stream, timers and errors keys start with: the tag, then the level
+    /// for `high` and `low`.
+    lane: String,
 }
 
 impl ShardKeys {
-    /// ZSET of `group`'s timers in this shard: entry id scored by the unix ms after which it
-    /// may be taken (lease end of an entry being handled, or the time of its next attempt).
-    pub fn timers(&self, group: &str) -> String {
-        format!("{}:timers:{group}", self.tag)
+    /// The keys of this shard's lane of `level`: its stream, timers and errors; every other
+    /// key is the shard's.
+    pub fn lane(&self, level: Priority) -> ShardKeys {
+        let lane = match level {
+            Priority::Normal => self.tag.clone(),
+            other => format!("{}:{}", self.tag, other.as_str()),
+        };
+        ShardKeys {
+            stream: format!("{lane}:stream"),
+            level,
+            lane,
+            ..self.clone()
+        }
     }
 
-    /// HASH of `group`'s failed attempts in this shard: entry id -> `"<attempt>:<error>"`,
+    /// This shard's lanes, most urgent first.
+    pub fn lanes(&self) -> [ShardKeys; 3] {
+        Priority::ALL.map(|p| self.lane(p))
+    }
+
+    /// The marker field (of [`ShardKeys::meta`]) `dequeue.lua` sets once it has made this
+    /// lane's stream: readers learn from it that the lane is in use.
+    pub fn lane_marker(&self) -> String {
+        format!("lane:{}", self.level.as_str())
+    }
+
+    /// ZSET of `group`'s timers in this lane: entry id scored by the unix ms after which it
+    /// may be taken (lease end of an entry being handled, or the time of its next attempt).
+    pub fn timers(&self, group: &str) -> String {
+        format!("{}:timers:{group}", self.lane)
+    }
+
+    /// HASH of `group`'s failed attempts in this lane: entry id -> `"<attempt>:<error>"`,
     /// for entries still pending (the order history's `retrying` and `last_error`).
     pub fn errors(&self, group: &str) -> String {
-        format!("{}:errors:{group}", self.tag)
+        format!("{}:errors:{group}", self.lane)
     }
 
     /// HASH: schedule id -> the latest tick instant (unix ms) of that recurring schedule
@@ -287,6 +333,16 @@ mod tests {
             k.history(3_600_000, 5),
             "{dq:order-close:7}:history:3600000:5"
         );
+        assert_eq!(k.levels, "{dq:order-close:7}:levels");
+        let high = k.lane(Priority::High);
+        assert_eq!(high.stream, "{dq:order-close:7}:high:stream");
+        assert_eq!(high.timers("close"), "{dq:order-close:7}:high:timers:close");
+        assert_eq!(high.errors("close"), "{dq:order-close:7}:high:errors:close");
+        assert_eq!(high.due, k.due);
+        assert_eq!(high.dead, k.dead);
+        assert_eq!(high.lane_marker(), "lane:high");
+        assert_eq!(k.lane(Priority::Normal), k);
+        assert_eq!(k.lanes()[2].stream, "{dq:order-close:7}:low:stream");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What producers send: an order id, when it is due, and a JSON payload; and what they get back.
 
 use crate::engine::keys::validate_id;
+use crate::engine::priority::Priority;
 use crate::error::InvalidInput;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -217,16 +218,25 @@ pub struct NewOrder {
     pub when: When,
     /// Its payload.
     pub payload: Payload,
+    /// Its priority level (default `normal`): see [`crate::engine::priority`].
+    pub priority: Priority,
 }
 
 impl NewOrder {
-    /// An order.
+    /// An order (priority `normal`).
     pub fn new(id: impl Into<String>, when: impl Into<When>, payload: impl Into<Payload>) -> Self {
         NewOrder {
             id: id.into(),
             when: when.into(),
             payload: payload.into(),
+            priority: Priority::Normal,
         }
+    }
+
+    /// The same order with priority `priority`.
+    pub fn with_priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
     }
 
     /// Checks id, due time, payload size and depth (the one place, for every surface);
@@ -354,6 +364,9 @@ pub struct ScheduledOrder {
     pub enqueued_at_ms: Option<i64>,
     /// Its payload (`null` when the payload entry is missing).
     pub payload: serde_json::Value,
+    /// Its priority level.
+    #[serde(default)]
+    pub priority: Priority,
 }
 
 /// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes

@@ -7,6 +7,7 @@
 //! - [`retry`]: the one transient-error retry helper every Redis loop uses.
 //! - [`message`]: what producers send ([`NewOrder`](message::NewOrder),
 //!   [`When`](message::When), [`Payload`](message::Payload)) and get back.
+//! - [`priority`]: order priority levels and how a reader picks among them.
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
 //! - [`client`]: the producer and admin API ([`Client`](client::Client)).
 //! - [`registry`]: queues as declared objects (create, list, delete; the shard count).
@@ -37,6 +38,7 @@ pub mod history;
 pub mod housekeeping;
 pub mod keys;
 pub mod message;
+pub mod priority;
 pub mod redact;
 pub mod registry;
 pub mod retry;

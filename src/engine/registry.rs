@@ -347,7 +347,7 @@ impl Client {
                 alive_ms,
             });
         }
-        for k in &keys {
+        for k in keys.iter().flat_map(ShardKeys::lanes) {
             let mut conn = self.connection();
             let exists: bool = redis::cmd("EXISTS")
                 .arg(&k.stream)
@@ -355,13 +355,14 @@ impl Client {
                 .await
                 .ctx("deleting the consumer group")?;
             if exists {
-                let _: i64 = redis::cmd("XGROUP")
+                // A lane made before the group joined it has no such group: nothing to do.
+                let r: redis::RedisResult<i64> = redis::cmd("XGROUP")
                     .arg("DESTROY")
                     .arg(&k.stream)
                     .arg(group)
                     .query_async(&mut conn)
-                    .await
-                    .ctx("deleting the consumer group (XGROUP DESTROY)")?;
+                    .await;
+                r.ctx("deleting the consumer group (XGROUP DESTROY)")?;
             }
             let _: i64 = redis::cmd("DEL")
                 .arg(k.timers(group))
@@ -522,12 +523,17 @@ async fn delete_shard(
     let mut cmd = redis::cmd("DEL");
     cmd.arg(&k.due)
         .arg(&k.payload)
-        .arg(&k.stream)
+        .arg(&k.levels)
         .arg(&k.dead)
         .arg(&k.meta)
         .arg(k.ticks());
+    for lane in k.lanes() {
+        cmd.arg(&lane.stream);
+        for g in groups {
+            cmd.arg(lane.timers(g)).arg(lane.errors(g));
+        }
+    }
     for g in groups {
-        cmd.arg(k.timers(g)).arg(k.errors(g));
         if k.shard == 0 {
             cmd.arg(client.keyspace().rate(queue, g));
         }

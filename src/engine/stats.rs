@@ -3,6 +3,7 @@
 use crate::engine::client::Client;
 use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::QueueName;
+use crate::engine::priority::Priority;
 use crate::error::{RedisContext, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -38,6 +39,24 @@ pub struct QueueStats {
     pub paused: bool,
     /// Per consumer group.
     pub groups: Vec<GroupStats>,
+    /// The backlog of each priority level (`high`, `normal`, `low`, in that order).
+    pub priorities: Vec<PriorityStats>,
+}
+
+/// One priority level's backlog, summed over the shards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PriorityStats {
+    /// The level.
+    pub priority: Priority,
+    /// Entries in its streams (dispatched, not yet trimmed).
+    pub stream_length: u64,
+    /// Of its entries, those delivered to a group and not yet acknowledged, summed over the
+    /// groups.
+    pub pending: u64,
+    /// Of its entries, those not yet delivered, summed over the groups: what waits at this
+    /// level.
+    pub unread: u64,
 }
 
 /// One consumer group's numbers.
@@ -68,6 +87,7 @@ type Raw = (
     u64,
     u64,
     Vec<(String, u64, u64, i64, i64)>,
+    Vec<(u64, u64, u64)>,
 );
 
 impl Client {
@@ -86,6 +106,15 @@ impl Client {
             history: 0,
             paused: false,
             groups: Vec::new(),
+            priorities: Priority::ALL
+                .iter()
+                .map(|&priority| PriorityStats {
+                    priority,
+                    stream_length: 0,
+                    pending: 0,
+                    unread: 0,
+                })
+                .collect(),
         };
         let flags: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
             .arg(self.queue_meta_key(&q))
@@ -108,15 +137,29 @@ impl Client {
                 .await
                 .ctx("counting the order history (HLEN)")?;
             s.history += counts.iter().sum::<u64>();
+            let [high, _, low] = keys.lanes();
             let raw: Raw = STATS
                 .key(&keys.due)
                 .key(&keys.stream)
                 .key(&keys.dead)
+                .key(&high.stream)
+                .key(&low.stream)
                 .arg(now)
                 .invoke_async(&mut self.connection())
                 .await
                 .ctx("reading queue statistics (stats.lua)")?;
-            let (scheduled, overdue, head, stream_len, dead, gs) = raw;
+            let (scheduled, overdue, head, stream_len, dead, gs, lanes) = raw;
+            // The script's lanes come normal, high, low.
+            for ((len, pending, unread), level) in
+                lanes
+                    .into_iter()
+                    .zip([Priority::Normal, Priority::High, Priority::Low])
+            {
+                let p = &mut s.priorities[level.rank()];
+                p.stream_length += len;
+                p.pending += pending;
+                p.unread += unread;
+            }
             s.scheduled += scheduled;
             s.overdue += overdue;
             s.stream_length += stream_len;

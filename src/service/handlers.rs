@@ -355,6 +355,7 @@ mod tests {
             dispatched_at_ms: 1_800_000_000_001,
             entry_id: "1800000000001-0".into(),
             shard: 0,
+            priority: crate::engine::priority::Priority::Normal,
             attempt: 3,
             flag: None,
         }

@@ -18,6 +18,7 @@ use crate::engine::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id}
 use crate::engine::message::{
     CancelOutcome, RescheduleOutcome, ScheduledOrder, When, decode_stored,
 };
+use crate::engine::priority::Priority;
 use crate::engine::scripts::{self};
 use crate::engine::telemetry;
 use crate::engine::wake::WakeRegistry;
@@ -49,8 +50,8 @@ struct Inner {
     /// What the server said it is at connect (`None`: it refused `INFO`).
     server: Option<crate::engine::version::ServerInfo>,
     /// The connection durable schedules use (`WAIT` blocks its connection, so it gets its
-    /// own), opened on first use.
-    durable_conn: tokio::sync::OnceCell<Conn>,
+    /// own), opened on first use and replaced after a write on it broke or ran out of time.
+    durable_conn: schedule::DurableSlot,
     /// Shard counts and epochs of queues this client found in the registry (or
     /// registered); an entry is dropped when a script says the queue changed.
     pub(crate) known_queues: Mutex<HashMap<String, crate::engine::registry::QueueRef>>,
@@ -118,7 +119,7 @@ impl Client {
                 redis_clock,
                 wake: WakeRegistry::default(),
                 server,
-                durable_conn: tokio::sync::OnceCell::new(),
+                durable_conn: schedule::DurableSlot::default(),
                 known_queues: Mutex::new(HashMap::new()),
             }),
         })
@@ -139,19 +140,31 @@ impl Client {
         })
     }
 
-    /// Moves a scheduled order to a new due time, keeping its payload.
+    /// Moves a scheduled order to a new due time, keeping its payload and priority.
     pub async fn reschedule(
         &self,
         queue: &str,
         id: &str,
         when: impl Into<When>,
     ) -> Result<RescheduleOutcome> {
+        self.reschedule_with(queue, id, when, None).await
+    }
+
+    /// Moves a scheduled order to a new due time, keeping its payload; `priority` given:
+    /// the order gets that level too (both change together, or neither).
+    pub async fn reschedule_with(
+        &self,
+        queue: &str,
+        id: &str,
+        when: impl Into<When>,
+        priority: Option<Priority>,
+    ) -> Result<RescheduleOutcome> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let due = when.into().resolve(self.now_ms())?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
-        if scripts::reschedule(&mut conn, &keys, id, due).await? {
+        if scripts::reschedule(&mut conn, &keys, id, due, priority).await? {
             self.inner.wake.scheduled(queue.as_str(), due);
             Ok(RescheduleOutcome::Rescheduled)
         } else {
@@ -159,13 +172,14 @@ impl Client {
         }
     }
 
-    /// Reads a scheduled order: its due time and payload. `None` when it is not scheduled.
+    /// Reads a scheduled order: its due time, payload and priority. `None` when it is not
+    /// scheduled.
     pub async fn get(&self, queue: &str, id: &str) -> Result<Option<ScheduledOrder>> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
-        let (score, raw) = scripts::get(&mut conn, &keys, id).await?;
+        let (score, raw, priority) = scripts::get(&mut conn, &keys, id).await?;
         let Some(score) = score else { return Ok(None) };
         let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
             Some((enq, json)) => (
@@ -179,6 +193,7 @@ impl Client {
             due_at_ms: scripts::score_to_ms(score),
             enqueued_at_ms,
             payload,
+            priority,
         }))
     }
 

@@ -257,6 +257,7 @@ impl Client {
                         id: &orders[i].id,
                         due_ms: dues[i],
                         payload: orders[i].payload.as_str(),
+                        priority: orders[i].priority,
                     })
                     .collect()
             })

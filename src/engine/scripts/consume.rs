@@ -51,8 +51,21 @@ pub(crate) async fn extend<C: ConnectionLike>(
         .ctx("extending leases (extend.lua)")
 }
 
-/// Runs `read.lua`: returns the raw entries (`[[id, [f, v, ...]], ...]`) and the stream's
-/// last entry id.
+/// What one `read.lua` call returned.
+pub(crate) struct ReadReply {
+    /// The raw entries (`[[id, [f, v, ...]], ...]`).
+    pub entries: redis::Value,
+    /// The stream's last entry id (`0-0` when empty or missing).
+    pub last_id: String,
+    /// The group is paused (nothing was read).
+    pub paused: bool,
+    /// The shard's priority lanes in use: 1 = high, 2 = low.
+    pub lanes: u8,
+    /// A `high` or `low` lane whose stream does not exist yet.
+    pub missing: bool,
+}
+
+/// Runs `read.lua` on one lane of a shard.
 pub(crate) async fn read<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -60,17 +73,29 @@ pub(crate) async fn read<C: ConnectionLike>(
     consumer: &str,
     count: usize,
     lease_until_ms: i64,
-) -> Result<(redis::Value, String, i64)> {
-    READ.key(&keys.stream)
+) -> Result<ReadReply> {
+    let mut inv = READ.prepare_invoke();
+    inv.key(&keys.stream)
         .key(keys.timers(group))
         .key(&keys.meta)
         .arg(group)
         .arg(consumer)
         .arg(count.clamp(1, 1000))
-        .arg(lease_until_ms)
+        .arg(lease_until_ms);
+    if keys.level != crate::engine::priority::Priority::Normal {
+        inv.arg("lane");
+    }
+    let (entries, last_id, paused, lanes, missing): (redis::Value, String, i64, i64, i64) = inv
         .invoke_async(conn)
         .await
-        .ctx("reading the stream (read.lua)")
+        .ctx("reading the stream (read.lua)")?;
+    Ok(ReadReply {
+        entries,
+        last_id,
+        paused: paused == 1,
+        lanes: u8::try_from(lanes & 3).unwrap_or(0),
+        missing: missing == 1,
+    })
 }
 
 /// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`),
@@ -175,10 +200,14 @@ pub(crate) async fn replay<C: ConnectionLike>(
     history: &HistoryPolicy,
 ) -> Result<u64> {
     let (bucket, expires_at) = history.write_target(keys, now_ms);
+    let [high, _, low] = keys.lanes();
     REPLAY
         .key(&keys.dead)
         .key(&keys.stream)
         .key(bucket)
+        .key(&high.stream)
+        .key(&low.stream)
+        .key(&keys.meta)
         .arg(group.unwrap_or(""))
         .arg(expires_at)
         .arg(dead_ids)

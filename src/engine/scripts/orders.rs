@@ -5,6 +5,7 @@ use super::score_to_ms;
 use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::ShardKeys;
 use crate::engine::message::ScheduleOutcome;
+use crate::engine::priority::Priority;
 use crate::error::{Error, RedisContext, Result};
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
@@ -35,6 +36,7 @@ pub(crate) struct EnqueueArg<'a> {
     pub id: &'a str,
     pub due_ms: i64,
     pub payload: &'a str,
+    pub priority: Priority,
 }
 
 /// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
@@ -49,13 +51,25 @@ pub(crate) fn enqueue_invocation<'a>(
     inv.key(&keys.due)
         .key(&keys.payload)
         .key(&keys.meta)
+        .key(&keys.levels)
         .arg(if if_absent { "nx" } else { "upsert" })
         .arg(now_ms)
         .arg(epoch);
     for o in orders {
-        inv.arg(o.id).arg(o.due_ms).arg(o.payload);
+        inv.arg(o.id)
+            .arg(o.due_ms)
+            .arg(o.payload)
+            .arg(lane_arg(o.priority));
     }
     inv
+}
+
+/// A level as the scripts take it: `""` for normal (the cheapest argument), else its name.
+fn lane_arg(p: Priority) -> &'static str {
+    match p {
+        Priority::Normal => "",
+        other => other.as_str(),
+    }
 }
 
 /// Runs `enqueue.lua` for orders of one shard; returns one outcome per order.
@@ -135,6 +149,9 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .key(&keys.stream)
         .key(bucket)
         .key(&keys.meta)
+        .key(&keys.levels)
+        .key(&keys.lane(Priority::High).stream)
+        .key(&keys.lane(Priority::Low).stream)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -159,6 +176,7 @@ pub(crate) async fn cancel<C: ConnectionLike>(
     let n: i64 = CANCEL
         .key(&keys.due)
         .key(&keys.payload)
+        .key(&keys.levels)
         .arg(id)
         .invoke_async(conn)
         .await
@@ -166,17 +184,21 @@ pub(crate) async fn cancel<C: ConnectionLike>(
     Ok(n == 1)
 }
 
-/// Runs `reschedule.lua`; true when the order was scheduled.
+/// Runs `reschedule.lua` (a new `priority`, or the order keeps its level); true when the
+/// order was scheduled.
 pub(crate) async fn reschedule<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     id: &str,
     due_ms: i64,
+    priority: Option<Priority>,
 ) -> Result<bool> {
-    let n: i64 = RESCHEDULE
-        .key(&keys.due)
-        .arg(id)
-        .arg(due_ms)
+    let mut inv = RESCHEDULE.prepare_invoke();
+    inv.key(&keys.due).key(&keys.levels).arg(id).arg(due_ms);
+    if let Some(p) = priority {
+        inv.arg(p.as_str());
+    }
+    let n: i64 = inv
         .invoke_async(conn)
         .await
         .ctx("rescheduling an order (reschedule.lua)")?;
@@ -188,16 +210,26 @@ pub static GET_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/get.lua")));
 static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&GET_LUA));
 
-/// Runs `get.lua`: the order's score and stored value, read together.
+/// Runs `get.lua`: the order's score, stored value and level, read together.
 pub(crate) async fn get<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     id: &str,
-) -> Result<(Option<f64>, Option<String>)> {
-    GET.key(&keys.due)
+) -> Result<(Option<f64>, Option<String>, Priority)> {
+    let (due, stored, level): (Option<f64>, Option<String>, Option<String>) = GET
+        .key(&keys.due)
         .key(&keys.payload)
+        .key(&keys.levels)
         .arg(id)
         .invoke_async(conn)
         .await
-        .ctx("reading an order (get.lua)")
+        .ctx("reading an order (get.lua)")?;
+    Ok((due, stored, stored_level(level.as_deref())))
+}
+
+/// A level as stored in the levels HASH or a stream entry's `priority` field (absent, or
+/// anything else a foreign writer left: normal).
+pub(crate) fn stored_level(text: Option<&str>) -> Priority {
+    text.and_then(|t| Priority::parse(t).ok())
+        .unwrap_or_default()
 }

@@ -69,11 +69,14 @@ pub(crate) async fn fence<C: ConnectionLike>(
     epoch: &str,
     force: bool,
 ) -> Result<Fence> {
+    let [high, _, low] = keys.lanes();
     let reply: Vec<redis::Value> = FENCE
         .key(&keys.due)
         .key(&keys.stream)
         .key(&keys.dead)
         .key(&keys.meta)
+        .key(&high.stream)
+        .key(&low.stream)
         .arg(epoch)
         .arg(if force { "1" } else { "0" })
         .invoke_async(conn)
@@ -107,6 +110,7 @@ pub(crate) async fn fence<C: ConnectionLike>(
 
 /// Runs `join_group.lua`: creates `group` on a shard's stream when it is new; true when
 /// created. `rejoin`: a running worker's group vanished (refused when the stream exists).
+/// On a `high` or `low` lane: only where the lane's stream exists (`rejoin` alike).
 pub(crate) async fn join_group<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -118,7 +122,13 @@ pub(crate) async fn join_group<C: ConnectionLike>(
         .key(&keys.stream)
         .key(&keys.meta)
         .arg(group)
-        .arg(if rejoin { "rejoin" } else { "create" })
+        .arg(if keys.level != crate::engine::priority::Priority::Normal {
+            "lane"
+        } else if rejoin {
+            "rejoin"
+        } else {
+            "create"
+        })
         .arg(max_groups)
         .invoke_async(conn)
         .await
@@ -159,13 +169,18 @@ pub static CONSUMERS_LUA: LazyLock<String> =
 static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TRIM_LUA));
 static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONSUMERS_LUA));
 
-/// Runs `trim.lua`; returns how many entries were removed.
+/// Runs `trim.lua` on each priority lane of the shard; returns how many entries were
+/// removed.
 pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<u64> {
-    let (removed, _point): (u64, Option<String>) = TRIM
-        .key(&keys.stream)
-        .invoke_async(conn)
-        .await
-        .ctx("trimming the stream (trim.lua)")?;
+    let mut removed = 0;
+    for lane in keys.lanes() {
+        let (n, _point): (u64, Option<String>) = TRIM
+            .key(&lane.stream)
+            .invoke_async(conn)
+            .await
+            .ctx("trimming the stream (trim.lua)")?;
+        removed += n;
+    }
     Ok(removed)
 }
 
@@ -175,10 +190,15 @@ pub(crate) async fn remove_idle_consumers<C: ConnectionLike>(
     keys: &ShardKeys,
     min_idle_ms: i64,
 ) -> Result<u64> {
-    CONSUMERS
-        .key(&keys.stream)
-        .arg(min_idle_ms)
-        .invoke_async(conn)
-        .await
-        .ctx("removing idle consumers (consumers.lua)")
+    let mut removed = 0;
+    for lane in keys.lanes() {
+        let n: u64 = CONSUMERS
+            .key(&lane.stream)
+            .arg(min_idle_ms)
+            .invoke_async(conn)
+            .await
+            .ctx("removing idle consumers (consumers.lua)")?;
+        removed += n;
+    }
+    Ok(removed)
 }

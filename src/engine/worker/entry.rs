@@ -1,7 +1,7 @@
 //! Stream entries: parsing replies into [`Taken`] deliveries, consumer names, group creation.
 
 use super::lease::Lease;
-use super::{Delivery, DeliveryFlag, Shared};
+use super::{Delivery, DeliveryFlag, Shared, lane_index};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::error::{Error, Result};
 use redis::Value;
@@ -83,7 +83,7 @@ pub(crate) fn as_string(v: &Value) -> Option<String> {
 pub(super) fn parse_delivery(
     queue: &QueueName,
     group: &str,
-    shard: u16,
+    lane: &ShardKeys,
     entry_id: &str,
     fields: Vec<(String, String)>,
     attempt: u32,
@@ -139,7 +139,8 @@ pub(super) fn parse_delivery(
         enqueued_at_ms: enq,
         dispatched_at_ms,
         entry_id: entry_id.to_owned(),
-        shard,
+        shard: lane.shard,
+        priority: lane.level,
         attempt,
         flag,
     };
@@ -255,18 +256,19 @@ pub(crate) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
 /// marked `bad`, and dead-lettered on this first delivery.
 pub(super) fn to_taken<H>(
     s: &Shared<H>,
-    shard: u16,
+    lane: &ShardKeys,
     entry_id: &str,
     fields: Option<Vec<(String, String)>>,
     attempt: u32,
     lease_until: i64,
 ) -> Taken {
-    let lease = s.leases.hold(shard, entry_id, lease_until);
+    let lease = s
+        .leases
+        .hold(lane_index(lane.shard, lane.level), entry_id, lease_until);
     let (delivery, for_group, bad) = match fields {
-        Some(f) => parse_delivery(&s.queue, &s.group, shard, entry_id, f, attempt),
+        Some(f) => parse_delivery(&s.queue, &s.group, lane, entry_id, f, attempt),
         None => {
-            let (d, _, _) =
-                parse_delivery(&s.queue, &s.group, shard, entry_id, Vec::new(), attempt);
+            let (d, _, _) = parse_delivery(&s.queue, &s.group, lane, entry_id, Vec::new(), attempt);
             (
                 d,
                 None,

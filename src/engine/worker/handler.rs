@@ -1,6 +1,7 @@
 //! What a handler sees and returns: [`Delivery`], [`Handler`], [`HandlerError`], the
 //! outcome [`Hooks`] and the worker's counters.
 
+use crate::engine::priority::Priority;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -46,6 +47,8 @@ pub struct Delivery {
     pub entry_id: String,
     /// The shard the order lives in.
     pub shard: u16,
+    /// The order's priority level (the lane it was read from).
+    pub priority: Priority,
     /// Which delivery this is for this group, from 1.
     pub attempt: u32,
     /// Set when something about the order is unusual; it is delivered all the same.
@@ -67,6 +70,7 @@ impl Delivery {
             dispatched_at_ms: self.dispatched_at_ms,
             entry_id: self.entry_id.clone(),
             shard: self.shard,
+            priority: self.priority,
             attempt: self.attempt,
             flag: self.flag,
         }

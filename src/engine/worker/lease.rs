@@ -161,7 +161,7 @@ pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
         let until = s.client.now_ms() + ms(s.opts.visibility_timeout);
         let calls = snapshot.into_iter().map(|(shard, held)| {
             let mut conn = s.client.connection();
-            let key = s.shards[usize::from(shard)].timers(&s.group);
+            let key = s.lanes[usize::from(shard)].timers(&s.group);
             async move {
                 let r = scripts::extend(&mut conn, &key, until, &held).await;
                 (shard, r)

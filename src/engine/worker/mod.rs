@@ -34,6 +34,7 @@ pub use options::WorkerOptions;
 
 use crate::engine::client::Client;
 use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
+use crate::engine::priority::Priority;
 use crate::engine::retry::until_ok;
 use crate::error::Result;
 use entry::default_consumer_name;
@@ -53,7 +54,9 @@ struct Shared<H> {
     queue: QueueName,
     group: String,
     consumer: String,
-    shards: Vec<ShardKeys>,
+    /// Every priority lane of every shard of the queue, shard by shard and most urgent
+    /// first: the lane of shard `s` and level `p` is at [`lane_index`]`(s, p)`.
+    lanes: Vec<ShardKeys>,
     handler: H,
     hooks: Arc<dyn Hooks>,
     /// Whether hooks were set: without them a delivery is moved into the handler, not
@@ -78,7 +81,24 @@ struct Shared<H> {
     taken: Arc<Semaphore>,
 }
 
+/// Where the lane of shard `shard` and level `p` is in [`Shared::lanes`] (and in lease keys:
+/// stream entry ids are unique per stream, not per shard).
+pub(super) fn lane_index(shard: u16, p: Priority) -> u16 {
+    // At most MAX_SHARDS (1024) shards of 3 lanes: fits.
+    let rank: u16 = match p {
+        Priority::High => 0,
+        Priority::Normal => 1,
+        Priority::Low => 2,
+    };
+    shard * 3 + rank
+}
+
 impl<H> Shared<H> {
+    /// The keys of shard `shard`'s lane of level `p`.
+    fn lane(&self, shard: u16, p: Priority) -> &ShardKeys {
+        &self.lanes[usize::from(lane_index(shard, p))]
+    }
+
     /// The group's metric handles.
     fn metrics(&self) -> &crate::engine::telemetry::GroupMetrics {
         self.metrics.get_or_init(|| {
@@ -114,7 +134,11 @@ impl<H: Handler> Worker<H> {
         let pause = crate::engine::flow::QueueWatch::new(queue.clone(), Some(group.to_owned()));
         Ok(Worker {
             shared: Arc::new(Shared {
-                shards: client.queue_keys(&queue),
+                lanes: client
+                    .queue_keys(&queue)
+                    .iter()
+                    .flat_map(ShardKeys::lanes)
+                    .collect(),
                 client: client.clone(),
                 queue,
                 group: group.to_owned(),
@@ -159,7 +183,7 @@ impl<H: Handler> Worker<H> {
     pub async fn ensure_groups(&self) -> Result<()> {
         let s = &self.shared;
         s.client.register(&s.queue).await?;
-        ensure_groups(&s.client, &s.queue, &s.shards, &s.group, false).await
+        ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await
     }
 
     /// Runs until `cancel` fires, then stops reading, waits for in-flight handlers (up to
@@ -171,7 +195,7 @@ impl<H: Handler> Worker<H> {
         let _ = s.metrics();
         let started = until_ok("starting the worker", &cancel, || async {
             s.client.register(&s.queue).await?;
-            ensure_groups(&s.client, &s.queue, &s.shards, &s.group, false).await
+            ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await
         })
         .await?;
         if started.is_none() {
@@ -247,17 +271,17 @@ async fn heartbeat_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
     }
 }
 
-/// One reader for every shard on one server (one multi-key XREAD); one reader per shard on
-/// a cluster, where a multi-key read must stay in one slot.
+/// One reader for every lane of every shard on one server (one multi-key XREAD); one reader
+/// per shard (its three lanes) on a cluster, where a multi-key read must stay in one slot.
 fn spawn_readers<H: Handler>(
     s: &Arc<Shared<H>>,
     ack_tx: &settle::AckSender,
     reading: &CancellationToken,
 ) -> Vec<tokio::task::JoinHandle<JoinSet<()>>> {
     let shard_sets: Vec<Vec<ShardKeys>> = if s.client.is_cluster() {
-        s.shards.iter().map(|k| vec![k.clone()]).collect()
+        s.lanes.chunks(3).map(<[ShardKeys]>::to_vec).collect()
     } else {
-        vec![s.shards.clone()]
+        vec![s.lanes.clone()]
     };
     shard_sets
         .into_iter()

@@ -2,6 +2,7 @@
 
 use crate::engine::backoff::Backoff;
 use crate::engine::flow::RateLimit;
+use crate::engine::priority::{Priority, PriorityMode};
 use crate::error::InvalidInput;
 use std::time::Duration;
 
@@ -40,6 +41,10 @@ pub struct WorkerOptions {
     /// At most this many handler calls per period, shared by every process of the group
     /// (default none). Entries beyond it stay in the stream, unread.
     pub rate_limit: Option<RateLimit>,
+    /// How reads pick among the priority levels (default strict: every `high` entry before
+    /// any `normal` one, every `normal` before any `low`); weighted takes three weights,
+    /// most urgent first.
+    pub priority: PriorityMode,
 }
 
 impl Default for WorkerOptions {
@@ -56,6 +61,7 @@ impl Default for WorkerOptions {
             reclaim_every: Duration::from_secs(1),
             prefetch: None,
             rate_limit: None,
+            priority: PriorityMode::Strict,
         }
     }
 }
@@ -127,6 +133,12 @@ impl WorkerOptions {
         self
     }
 
+    /// Sets how reads pick among priority levels.
+    pub fn priority(mut self, mode: PriorityMode) -> Self {
+        self.priority = mode;
+        self
+    }
+
     /// Handler slots plus prefetch: the most entries a reader holds at once.
     pub(super) fn taken_limit(&self) -> usize {
         self.concurrency + self.prefetch.unwrap_or(3 * self.concurrency)
@@ -162,6 +174,9 @@ impl WorkerOptions {
         }
         if self.reclaim_every.is_zero() {
             return Err(bad("reclaim_every", "must be more than zero"));
+        }
+        if let PriorityMode::Weighted(w) = &self.priority {
+            PriorityMode::weighted(w.clone(), Priority::ALL.len())?;
         }
         Ok(())
     }

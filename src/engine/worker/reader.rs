@@ -7,6 +7,7 @@ use super::{Handler, Shared};
 use crate::engine::conn::Conn;
 use crate::engine::flow::{PAUSE_REFRESH, refund_permits, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
+use crate::engine::priority::{Priority, PriorityMode, Rotation};
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
 use crate::engine::telemetry;
@@ -18,11 +19,11 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-/// Takes and handles new entries of `shards` until `cancel`; returns the handler tasks still
+/// Takes and handles new entries of `lanes` until `cancel`; returns the handler tasks still
 /// running (shutdown waits for them).
 pub(super) async fn reader_loop<H: Handler>(
     s: Arc<Shared<H>>,
-    shards: Vec<ShardKeys>,
+    lanes: Vec<ShardKeys>,
     ack_tx: AckSender,
     cancel: CancellationToken,
 ) -> JoinSet<()> {
@@ -35,7 +36,7 @@ pub(super) async fn reader_loop<H: Handler>(
     let Ok(Some(conn)) = opened else {
         return tasks;
     };
-    let mut r = Reader::new(&s, &shards, conn);
+    let mut r = Reader::new(&s, &lanes, conn);
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
         if r.to_read.is_empty() {
@@ -163,47 +164,66 @@ pub(super) async fn limit<H, P>(
 /// Most entries one read takes.
 const MAX_READ: usize = 1000;
 
-/// One reader's view of its shards.
+/// One reader's view of its lanes (every priority lane of its shards).
 struct Reader<'a, H> {
     s: &'a Shared<H>,
-    shards: &'a [ShardKeys],
+    lanes: &'a [ShardKeys],
     /// The dedicated connection for the blocking wait.
     conn: Conn,
-    /// Which shards to read next (indexes into `shards`): all at first; then only those the
+    /// Which lanes may have entries (indexes into `lanes`): all at first; then those the
     /// blocking wait reported new entries in, or whose last read came back full.
     to_read: Vec<usize>,
-    /// Each shard's last seen stream id, for the blocking wait.
+    /// Which lanes are in use: every `normal` lane; a `high` or `low` lane once its stream
+    /// exists (`read.lua` reports the shard's lanes in use with every read). A lane in use
+    /// more urgent than any in `to_read` is read on every pass (strict), and every lane in
+    /// use is (weighted): a busy reader never blocks, so this is how it sees new urgent
+    /// entries.
+    live: Vec<bool>,
+    /// Each lane's last seen stream id, for the blocking wait.
     last_ids: Vec<String>,
-    /// Where the next read starts among `to_read`, so a small budget rotates over shards.
+    /// Where the next read starts among a rank's lanes, so a small budget rotates over shards.
     rotate: usize,
+    /// The weighted mode's rotation over levels.
+    rotation: Rotation,
     /// The last read found the group paused.
     paused: bool,
     pacer: Pacer,
 }
 
+/// What reading some lanes gave.
+#[derive(Default)]
+struct Got {
+    taken: Vec<Taken>,
+    /// The lanes read that may have more (their read came back full, or failed).
+    again: Vec<usize>,
+    failed: Option<Error>,
+}
+
 impl<'a, H: Handler> Reader<'a, H> {
-    fn new(s: &'a Shared<H>, shards: &'a [ShardKeys], conn: Conn) -> Self {
+    fn new(s: &'a Shared<H>, lanes: &'a [ShardKeys], conn: Conn) -> Self {
         Reader {
             s,
-            shards,
+            lanes,
             conn,
-            to_read: (0..shards.len()).collect(),
-            last_ids: vec!["0-0".to_owned(); shards.len()],
+            to_read: (0..lanes.len()).collect(),
+            live: lanes.iter().map(|k| k.level == Priority::Normal).collect(),
+            last_ids: vec!["0-0".to_owned(); lanes.len()],
             rotate: 0,
+            rotation: Rotation::default(),
             paused: false,
             pacer: Pacer::new(RetryPolicy::LOOP),
         }
     }
 
     fn all(&self) -> Vec<usize> {
-        (0..self.shards.len()).collect()
+        (0..self.lanes.len()).collect()
     }
 
-    /// Nothing known to be waiting: block until a shard has a new entry (or the block time
-    /// passes: then look at every shard once, e.g. after a restart of Redis).
+    /// Nothing known to be waiting: block until a lane has a new entry (or the block time
+    /// passes: then look at every lane once, e.g. after a restart of Redis).
     async fn wait(&mut self, cancel: &CancellationToken) {
         let waited = tokio::select! {
-            r = wait_for_new(self.s, self.shards, &mut self.conn, &self.last_ids) => r,
+            r = wait_for_new(self.s, self.lanes, &mut self.conn, &self.last_ids) => r,
             // Leaves a reply in flight on the dedicated connection, which is dropped with
             // the reader.
             _ = cancel.cancelled() => return,
@@ -219,48 +239,163 @@ impl<'a, H: Handler> Reader<'a, H> {
         }
     }
 
-    /// Reads the shards in `to_read` with `budget` entries in all (split between them, so
-    /// the reader never holds more than its budget), all in flight together. A shard whose
-    /// read fails is read again later; the entries other shards returned are kept.
-    async fn read(&mut self, budget: usize, cancel: &CancellationToken) -> Vec<Taken> {
-        let n = self.to_read.len().min(budget).max(1);
-        let start = self.rotate % self.to_read.len();
-        self.rotate = self.rotate.wrapping_add(1);
-        let chosen: Vec<usize> = (0..n)
-            .map(|k| self.to_read[(start + k) % self.to_read.len()])
-            .collect();
-        let per_shard = budget / n;
-        let results = take_new(self.s, self.shards, &chosen, per_shard).await;
-        let mut again: Vec<usize> = self
-            .to_read
+    /// The lanes of rank `rank` among `among`, in `among`'s order.
+    fn of_rank(&self, among: &[usize], rank: usize) -> Vec<usize> {
+        among
             .iter()
             .copied()
-            .filter(|i| !chosen.contains(i))
-            .collect();
-        let mut out = Vec::new();
-        let mut failed = None;
-        for (&i, r) in chosen.iter().zip(results) {
-            match r {
-                Ok((_, _, _, true)) => self.paused = true,
-                Ok((taken, got, last, false)) => {
-                    self.last_ids[i] = last;
-                    if got >= per_shard {
-                        again.push(i); // maybe more: read it again at once
+            .filter(|&i| self.lanes[i].level.rank() == rank)
+            .collect()
+    }
+
+    /// Reads up to `budget` entries in all from the lanes that may have some, by the
+    /// worker's priority mode: strict takes the most urgent level first and a less urgent one
+    /// only with what budget is left; weighted shares the budget among the levels in use by
+    /// their weights (a level that comes back short leaves its share to the others). A lane
+    /// whose read fails is read again later; what other lanes returned is kept.
+    async fn read(&mut self, budget: usize, cancel: &CancellationToken) -> Vec<Taken> {
+        let weights = match &self.s.opts.priority {
+            PriorityMode::Strict => None,
+            PriorityMode::Weighted(w) => Some(w.clone()),
+        };
+        // The lanes to look at: those that may have entries, plus every lane in use that
+        // is more urgent than all of them (strict) or every lane in use (weighted).
+        let most_urgent = self
+            .to_read
+            .iter()
+            .map(|&i| self.lanes[i].level.rank())
+            .min()
+            .unwrap_or(usize::MAX);
+        let mut cands = self.to_read.clone();
+        for (i, k) in self.lanes.iter().enumerate() {
+            if self.live[i]
+                && (weights.is_some() || k.level.rank() < most_urgent)
+                && !cands.contains(&i)
+            {
+                cands.push(i);
+            }
+        }
+        let mut got = Got::default();
+        let mut left = budget;
+        match weights {
+            None => {
+                for rank in 0..Priority::ALL.len() {
+                    let lanes = self.of_rank(&cands, rank);
+                    if lanes.is_empty() {
+                        continue;
                     }
-                    out.extend(taken);
+                    if left == 0 || self.paused {
+                        got.again
+                            .extend(lanes.iter().filter(|i| self.to_read.contains(i)));
+                        continue;
+                    }
+                    let g = self.read_lanes(&lanes, left).await;
+                    left = left.saturating_sub(g.taken.len());
+                    got.merge(g);
                 }
-                Err(e) => {
-                    again.push(i);
-                    failed = Some(e);
+            }
+            Some(w) => {
+                let mut active: Vec<usize> = (0..Priority::ALL.len())
+                    .filter(|&r| !self.of_rank(&cands, r).is_empty())
+                    .collect();
+                while left > 0 && !active.is_empty() && !self.paused {
+                    let mut quota = [0usize; 3];
+                    for _ in 0..left {
+                        if let Some(r) = self.rotation.pick(&w, &active) {
+                            quota[r] += 1;
+                        }
+                    }
+                    for (rank, &want) in quota.iter().enumerate() {
+                        if want == 0 || self.paused {
+                            continue;
+                        }
+                        let lanes = self.of_rank(&cands, rank);
+                        let g = self.read_lanes(&lanes, want).await;
+                        if g.taken.len() < want {
+                            active.retain(|&r| r != rank);
+                        }
+                        left = left.saturating_sub(g.taken.len());
+                        got.merge(g);
+                    }
+                }
+                for rank in active {
+                    got.again.extend(
+                        self.of_rank(&cands, rank)
+                            .into_iter()
+                            .filter(|i| self.to_read.contains(i)),
+                    );
                 }
             }
         }
-        self.to_read = again;
-        match failed {
+        got.again.sort_unstable();
+        got.again.dedup();
+        self.to_read = got.again;
+        match got.failed {
             None => self.pacer.reset(),
-            Some(e) => self.read_failed(e, out.is_empty(), cancel).await,
+            Some(e) => self.read_failed(e, got.taken.is_empty(), cancel).await,
         }
-        out
+        got.taken
+    }
+
+    /// Reads `lanes` (all of one level) with `budget` entries in all, split between them so
+    /// the reader never holds more than its budget, all in flight together.
+    async fn read_lanes(&mut self, lanes: &[usize], budget: usize) -> Got {
+        let n = lanes.len().min(budget).max(1);
+        let start = self.rotate % lanes.len();
+        self.rotate = self.rotate.wrapping_add(1);
+        let chosen: Vec<usize> = (0..n).map(|k| lanes[(start + k) % lanes.len()]).collect();
+        let per_lane = budget / n;
+        let results = take_new(self.s, self.lanes, &chosen, per_lane).await;
+        // Lanes of this level left out this time (a budget smaller than the lanes) stay.
+        let mut got = Got {
+            again: lanes
+                .iter()
+                .copied()
+                .filter(|i| !chosen.contains(i) && self.to_read.contains(i))
+                .collect(),
+            ..Got::default()
+        };
+        for (&i, r) in chosen.iter().zip(results) {
+            match r {
+                Ok(t) => {
+                    self.learn_lanes(i, t.lanes);
+                    if t.missing {
+                        self.live[i] = false;
+                        continue;
+                    }
+                    self.live[i] = true;
+                    if t.paused {
+                        self.paused = true;
+                        continue;
+                    }
+                    self.last_ids[i] = t.last_id;
+                    if t.got >= per_lane {
+                        got.again.push(i); // maybe more: read it again at once
+                    }
+                    got.taken.extend(t.taken);
+                }
+                Err(e) => {
+                    got.again.push(i);
+                    got.failed = Some(e);
+                }
+            }
+        }
+        got
+    }
+
+    /// Marks the lanes in use of lane `i`'s shard, as `read.lua` reported them (1 = high,
+    /// 2 = low).
+    fn learn_lanes(&mut self, i: usize, lanes: u8) {
+        let shard = self.lanes[i].shard;
+        for (j, k) in self.lanes.iter().enumerate() {
+            if k.shard == shard {
+                match k.level {
+                    Priority::High if lanes & 1 != 0 => self.live[j] = true,
+                    Priority::Low if lanes & 2 != 0 => self.live[j] = true,
+                    _ => {}
+                }
+            }
+        }
     }
 
     async fn read_failed(&mut self, e: Error, nothing_read: bool, cancel: &CancellationToken) {
@@ -270,7 +405,7 @@ impl<'a, H: Handler> Reader<'a, H> {
             match ensure_groups(
                 &self.s.client,
                 &self.s.queue,
-                self.shards,
+                self.lanes,
                 &self.s.group,
                 true,
             )
@@ -298,34 +433,68 @@ impl<'a, H: Handler> Reader<'a, H> {
     }
 }
 
-/// Takes up to `count` new entries from each chosen shard (leased atomically), the reads in
-/// flight together on the multiplexed connection; per shard, the entries, how many the
-/// stream returned, and the stream's last id.
+impl Got {
+    fn merge(&mut self, other: Got) {
+        self.taken.extend(other.taken);
+        self.again.extend(other.again);
+        if other.failed.is_some() {
+            self.failed = other.failed;
+        }
+    }
+}
+
+/// One lane's read.
+struct LaneRead {
+    taken: Vec<Taken>,
+    /// How many entries the stream returned.
+    got: usize,
+    last_id: String,
+    paused: bool,
+    /// The shard's lanes in use (see `read.lua`).
+    lanes: u8,
+    /// The lane's stream does not exist (a `high` or `low` lane not used yet).
+    missing: bool,
+}
+
+/// Takes up to `count` new entries from each chosen lane (leased atomically), the reads in
+/// flight together on the multiplexed connection.
 async fn take_new<H: Handler>(
     s: &Shared<H>,
-    shards: &[ShardKeys],
+    lanes: &[ShardKeys],
     chosen: &[usize],
     count: usize,
-) -> Vec<Result<(Vec<Taken>, usize, String, bool)>> {
+) -> Vec<Result<LaneRead>> {
     let lease_until = s.client.now_ms() + ms(s.opts.visibility_timeout);
     futures_util::future::join_all(chosen.iter().map(|&i| {
         let mut conn = s.client.connection();
-        let keys = &shards[i];
+        let keys = &lanes[i];
         async move {
-            let (entries, last, paused) =
+            let r =
                 scripts::read(&mut conn, keys, &s.group, &s.consumer, count, lease_until).await?;
-            if paused == 1 {
-                return Ok((Vec::new(), 0, last, true));
+            if r.paused || r.missing {
+                return Ok(LaneRead {
+                    taken: Vec::new(),
+                    got: 0,
+                    last_id: r.last_id,
+                    paused: r.paused,
+                    lanes: r.lanes,
+                    missing: r.missing,
+                });
             }
-            let entries = entries_of(entries)?;
+            let entries = entries_of(r.entries)?;
             let got = entries.len();
             let taken = entries
                 .into_iter()
-                .map(|(entry_id, fields)| {
-                    to_taken(s, keys.shard, &entry_id, fields, 1, lease_until)
-                })
+                .map(|(entry_id, fields)| to_taken(s, keys, &entry_id, fields, 1, lease_until))
                 .collect();
-            Ok((taken, got, last, false))
+            Ok(LaneRead {
+                taken,
+                got,
+                last_id: r.last_id,
+                paused: false,
+                lanes: r.lanes,
+                missing: false,
+            })
         }
     }))
     .await

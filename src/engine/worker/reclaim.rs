@@ -4,7 +4,7 @@
 use super::entry::{Fields, claimed_entries, ms, to_taken};
 use super::reader::may_take;
 use super::settle::{self, AckSender, spawn_process};
-use super::{Handler, Shared};
+use super::{Handler, Shared, lane_index};
 use crate::engine::keys::ShardKeys;
 use crate::engine::scripts;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
         }
         let now = s.client.now_ms();
         for i in due {
-            let keys = &s.shards[i];
+            let keys = &s.lanes[i];
             if permits.is_empty() {
                 next_look = now;
                 break;
@@ -85,7 +85,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 continue;
             };
             for (entry_id, owner, attempts) in missing {
-                settle::settle_missing(&s, keys.shard, &entry_id, &owner, attempts).await;
+                settle::settle_missing(&s, keys, &entry_id, &owner, attempts).await;
             }
             if let Some(n) = next {
                 next_look = next_look.min(n);
@@ -102,7 +102,11 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 }
             }
             for (entry_id, fields, count) in claimed {
-                if s.leases.renew_if_held(keys.shard, &entry_id, lease_until) {
+                if s.leases.renew_if_held(
+                    lane_index(keys.shard, keys.level),
+                    &entry_id,
+                    lease_until,
+                ) {
                     // Still running here: one owner, one copy.
                     s.stats.reclaimed_own.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -110,7 +114,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 s.stats.reclaimed.fetch_add(1, Ordering::Relaxed);
                 // A claim never returns more entries than there are permits.
                 let Some(permit) = permits.pop() else { break };
-                let t = to_taken(&s, keys.shard, &entry_id, Some(fields), count, lease_until);
+                let t = to_taken(&s, keys, &entry_id, Some(fields), count, lease_until);
                 spawn_process(&mut handles, &s, &ack_tx, t, permit);
             }
         }
@@ -120,7 +124,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
 /// The shards whose earliest timer is due at `now` (one `ZRANGE ... 0 0` each, in flight
 /// together, no permit held); lowers `next_look` to the earliest timer not yet due.
 async fn due_shards<H>(s: &Shared<H>, now: i64, next_look: &mut i64) -> Vec<usize> {
-    let firsts = futures_util::future::join_all(s.shards.iter().map(|k| {
+    let firsts = futures_util::future::join_all(s.lanes.iter().map(|k| {
         let mut conn = s.client.connection();
         let key = k.timers(&s.group);
         async move {

@@ -154,7 +154,7 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
     hook(s, "on_failure", || {
         s.hooks.on_failure(d, message, Some(delay))
     });
-    let keys = &s.shards[usize::from(d.shard)];
+    let keys = s.lane(d.shard, d.priority);
     let at = s.client.now_ms() + ms(delay);
     let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
     let error = redact::error(message);
@@ -183,7 +183,8 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
         hook(s, "on_failure", || s.hooks.on_failure(d, message, None));
     }
     let error = redact::error(message);
-    match dead_letter(s, d.shard, &d.entry_id, &s.consumer, d.attempt, &error).await {
+    let lane = s.lane(d.shard, d.priority);
+    match dead_letter(s, lane, &d.entry_id, &s.consumer, d.attempt, &error).await {
         Ok(true) => {
             tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
@@ -201,13 +202,12 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
 /// false when the entry was no longer that owner's.
 async fn dead_letter<H>(
     s: &Shared<H>,
-    shard: u16,
+    keys: &ShardKeys,
     entry_id: &str,
     owner: &str,
     attempts: u32,
     error: &str,
 ) -> crate::error::Result<bool> {
-    let keys = &s.shards[usize::from(shard)];
     let args = DeadArgs {
         group: &s.group,
         consumer: owner,
@@ -239,12 +239,12 @@ pub(crate) const ENTRY_MISSING: &str =
 /// the reason [`ENTRY_MISSING`]: nothing leaves the pending list without a record.
 pub(super) async fn settle_missing<H>(
     s: &Shared<H>,
-    shard: u16,
+    lane: &ShardKeys,
     entry_id: &str,
     owner: &str,
     attempts: u32,
 ) {
-    match dead_letter(s, shard, entry_id, owner, attempts, ENTRY_MISSING).await {
+    match dead_letter(s, lane, entry_id, owner, attempts, ENTRY_MISSING).await {
         Ok(true) => {
             tracing::warn!(entry = %entry_id, group = %s.group, attempts, "dead-lettered: its stream entry was deleted while pending");
         }
@@ -324,11 +324,12 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                 }
             }
         }
+        // By lane (the lease key's first part; see `lane_index`).
         let mut by_shard: HashMap<u16, Vec<(String, u32)>> = HashMap::new();
         for a in &buf {
-            let (shard, id) = a.lease.key();
+            let (lane, id) = a.lease.key();
             by_shard
-                .entry(shard)
+                .entry(lane)
                 .or_default()
                 .push((id.to_owned(), a.attempt));
         }
@@ -338,8 +339,8 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
         } else {
             HistoryPolicy::from_ms(0)
         };
-        for (shard, entries) in by_shard {
-            let keys = &s.shards[usize::from(shard)];
+        for (lane, entries) in by_shard {
+            let keys = &s.lanes[usize::from(lane)];
             let pipe = ack_pipeline(keys, &s.group, &entries, &history);
             let (client, pipe) = (&s.client, &pipe);
             let r = with_retries("XACK", RetryPolicy::CALL, None, || {
