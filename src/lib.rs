@@ -80,8 +80,8 @@ pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Sched
 pub use engine::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
 pub use engine::worker::{
-    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, Worker,
-    WorkerOptions, WorkerStats,
+    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, MultiWorker, NoHooks,
+    Worker, WorkerOptions, WorkerStats,
 };
 pub use error::{Error, InvalidInput, Result, WriteOutcome};
 #[cfg(feature = "orders")]

@@ -143,6 +143,10 @@ async fn invalid_input_exits_2_names_the_problem_and_writes_nothing() {
         (&["dead", "replay", "q"], "--all"),
         (&["dead", "list", "q", "--group", ""], "group"),
         (&["stats", "bad queue"], "queue"),
+        (
+            &["schedule", "q", "o", "--in", "1s", "--priority", "bogus"],
+            "--priority",
+        ),
     ];
     for (args, needle) in cases {
         let o = run(&url, args);
@@ -967,4 +971,30 @@ async fn cron_pause_and_resume() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("next fire"), "{out}");
     assert_eq!(run(&["cron", "pause", "reports", "nope"]).0, Some(1));
+}
+
+#[tokio::test]
+async fn schedule_with_a_priority_and_get_shows_it() {
+    let (s, _client) = start().await;
+    let url = s.url();
+    let o = run(
+        &url,
+        &[
+            "schedule",
+            "order-close",
+            "vip",
+            "--in",
+            "15m",
+            "--priority",
+            "high",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = run(&url, &["get", "order-close", "vip"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.json()["priority"], json!("high"), "{}", o.stdout);
+    let o = run(&url, &["schedule", "order-close", "plain", "--in", "15m"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let o = run(&url, &["get", "order-close", "plain"]);
+    assert_eq!(o.json()["priority"], json!("normal"), "{}", o.stdout);
 }

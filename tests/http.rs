@@ -924,3 +924,102 @@ async fn a_schedule_is_paused_and_resumed_over_http() {
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 }
+
+#[tokio::test]
+async fn priorities_over_http_are_stored_shown_and_checked() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![]));
+    let uri = "/v1/queues/order-close/messages/vip";
+    let (st, _) = call(
+        &r,
+        "PUT",
+        uri,
+        Some(json!({"delay_ms": 60_000, "priority": "high"})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, v) = call(&r, "GET", uri, None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["priority"], json!("high"), "{v}");
+    // Upserted without a level: normal again.
+    call(&r, "PUT", uri, Some(json!({"delay_ms": 60_000})), None).await;
+    let (_, v) = call(&r, "GET", uri, None, None).await;
+    assert_eq!(v["priority"], json!("normal"), "{v}");
+
+    let before = support::snapshot(&client).await;
+    for (body, uri) in [
+        (
+            json!({"delay_ms": 1, "priority": 7}),
+            "/v1/queues/order-close/messages/p7",
+        ),
+        (
+            json!({"delay_ms": 1, "priority": "urgent"}),
+            "/v1/queues/order-close/messages/pu",
+        ),
+    ] {
+        let (st, v) = call(&r, "PUT", uri, Some(body.clone()), None).await;
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{body}: {v}");
+        assert_eq!(code(&v), "invalid_priority", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains("priority"),
+            "{v}"
+        );
+    }
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/order-close/messages:batch",
+        Some(json!({"messages": [
+            {"id": "b0", "delay_ms": 1, "priority": "low"},
+            {"id": "b1", "delay_ms": 1, "priority": 7}
+        ]})),
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(code(&v), "invalid_priority");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("message 1"),
+        "{v}"
+    );
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "a refused call wrote something"
+    );
+
+    // The stats show each level's backlog.
+    let (st, v) = call(&r, "GET", "/v1/stats", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let levels: Vec<&str> = v["queues"][0]["priorities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["priority"].as_str().unwrap())
+        .collect();
+    assert_eq!(levels, ["high", "normal", "low"], "{v}");
+    // ...and so do the gauges, one series per level (once the shared statistics are read
+    // again with the recorder installed by the first scrape).
+    let r2 = r.clone();
+    support::wait_for(
+        "the per-level gauges on /metrics",
+        std::time::Duration::from_secs(30),
+        move || {
+            let r = r2.clone();
+            async move {
+                let (_, text) = call(&r, "GET", "/metrics", None, None).await;
+                let text = text.as_str().unwrap_or_default().to_owned();
+                ["high", "normal", "low"].iter().all(|level| {
+                    text.contains(&format!(
+                        "delayq_stream_length{{queue=\"order-close\",priority=\"{level}\"}}"
+                    ))
+                })
+            }
+        },
+    )
+    .await;
+}

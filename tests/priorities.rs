@@ -255,10 +255,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         Priority::Low
     );
     // An upsert without a level makes it normal again; cancel drops the level with it.
-    client
-        .schedule(Q, "again", far, json!({}))
-        .await
-        .unwrap();
+    client.schedule(Q, "again", far, json!({})).await.unwrap();
     client
         .schedule_with(
             Q,
@@ -267,10 +264,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         )
         .await
         .unwrap();
-    client
-        .schedule(Q, "again", far, json!({}))
-        .await
-        .unwrap();
+    client.schedule(Q, "again", far, json!({})).await.unwrap();
     assert_eq!(
         client.get(Q, "again").await.unwrap().unwrap().priority,
         Priority::Normal
@@ -407,4 +401,94 @@ async fn a_queue_without_priorities_makes_no_lane_keys_and_bad_levels_change_not
     let bad = WorkerOptions::default().priority(PriorityMode::Weighted(vec![1, 2]));
     let e = Worker::new(&client, Q, "g", logging(&log, Duration::ZERO), bad).unwrap_err();
     assert!(e.to_string().contains("priority"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_handler_over_urgent_then_bulk_drains_urgent_first() {
+    let (_s, client) = start().await;
+    for q in ["urgent", "bulk"] {
+        client.create_queue(q, 1).await.unwrap();
+        let orders: Vec<NewOrder> = (0..1000)
+            .map(|i| NewOrder::new(format!("{q}-{i}"), When::in_ms(0), json!({})))
+            .collect();
+        client
+            .schedule_many(q, &orders, Mode::Upsert)
+            .await
+            .unwrap();
+    }
+    let cancel = CancellationToken::new();
+    let mut disp = Vec::new();
+    for q in ["urgent", "bulk"] {
+        let d = Dispatcher::new(&client, q, DispatcherOptions::default()).unwrap();
+        disp.push(tokio::spawn(d.run(cancel.clone())));
+    }
+    let c = client.clone();
+    wait_for("both queues dispatched", WAIT, move || {
+        let c = c.clone();
+        async move {
+            c.stats("urgent").await.unwrap().stream_length == 1000
+                && c.stats("bulk").await.unwrap().stream_length == 1000
+        }
+    })
+    .await;
+
+    let log: Arc<Mutex<Vec<String>>> = Arc::default();
+    let l = log.clone();
+    let handler = move |d: Delivery| {
+        l.lock().unwrap().push(d.queue.clone());
+        std::future::ready(Ok::<(), HandlerError>(()))
+    };
+    let opts = WorkerOptions::default()
+        .concurrency(4)
+        .block(Duration::from_millis(100));
+    let w = delayq::MultiWorker::new(
+        &client,
+        &["urgent", "bulk"],
+        "close",
+        handler,
+        opts,
+        PriorityMode::Strict,
+    )
+    .unwrap();
+    let run = tokio::spawn(w.run(cancel.clone()));
+    let l = log.clone();
+    wait_for("2,000 handled", WAIT, move || {
+        let n = l.lock().unwrap().len();
+        async move { n == 2000 }
+    })
+    .await;
+    cancel.cancel();
+    run.await.unwrap().unwrap();
+    for d in disp {
+        d.await.unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let last_urgent = log.iter().rposition(|q| q == "urgent").unwrap();
+    let bulk_before = log[..last_urgent].iter().filter(|q| *q == "bulk").count();
+    println!("urgent then bulk: {bulk_before} bulk orders started before the last urgent one");
+    // At most one read's worth (concurrency 4 + prefetch 12) may overlap the urgent tail.
+    assert!(
+        bulk_before <= 16,
+        "{bulk_before} bulk orders before urgent was drained"
+    );
+    assert_eq!(log.iter().filter(|q| *q == "bulk").count(), 1000);
+    // Each queue's group kept its own pending list, now settled.
+    for q in ["urgent", "bulk"] {
+        let s = client.stats(q).await.unwrap();
+        assert_eq!(s.groups.len(), 1, "{q}");
+        assert_eq!(s.groups[0].group, "close");
+        assert_eq!(s.groups[0].pending, 0, "{q}");
+        assert_eq!(s.groups[0].lag, Some(0), "{q}");
+    }
+    // A bad queue list is refused before anything runs.
+    let e = delayq::MultiWorker::new(
+        &client,
+        &["urgent", "urgent"],
+        "close",
+        |_d: Delivery| std::future::ready(Ok::<(), HandlerError>(())),
+        WorkerOptions::default(),
+        PriorityMode::Strict,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("listed twice"), "{e}");
 }

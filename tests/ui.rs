@@ -701,3 +701,43 @@ async fn the_queue_page_lists_its_recurring_schedules() {
     b.screenshot("schedules").await;
     b.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_page_shows_the_backlog_of_each_priority() {
+    let redis = LocalRedis::start().unwrap();
+    let serve = serve_with(&redis, "").await;
+    let b = Browser::start(1280, 1100).await;
+    sign_in(&b, &serve, TOKEN).await;
+    b.wait("#queues-body").await;
+    // Two high orders due now: dispatched into the high lane (no handler reads them here).
+    for id in ["vip-1", "vip-2"] {
+        let (st, v) = v1(
+            reqwest::Method::PUT,
+            &serve,
+            &format!("/v1/queues/order-close/messages/{id}"),
+            Some(json!({"delay_ms": 0, "priority": "high"})),
+        )
+        .await;
+        assert_eq!(st, 201, "{v}");
+    }
+    b.client
+        .goto(&format!("{}/ui/#/queue/order-close", serve.base()))
+        .await
+        .unwrap();
+    let row = b
+        .wait_text(
+            "#priorities tr[data-priority='high']",
+            "the high row with both orders",
+            |t| t.split_whitespace().nth(1) == Some("2"),
+        )
+        .await;
+    assert!(row.starts_with("high"), "{row}");
+    let low = b
+        .wait_text("#priorities tr[data-priority='low']", "the low row", |t| {
+            t.starts_with("low")
+        })
+        .await;
+    assert_eq!(low.split_whitespace().nth(1), Some("0"), "{low}");
+    b.screenshot("priorities").await;
+    b.close().await;
+}

@@ -1,5 +1,6 @@
 //! The command line's arguments (clap): the global flags and one variant per verb.
 
+use crate::engine::priority::Priority;
 use clap::{ArgGroup, Parser, Subcommand};
 
 /// delayq: an order-expiry delay queue on Redis.
@@ -66,6 +67,9 @@ pub enum Command {
         /// Leave an already scheduled id untouched.
         #[arg(long)]
         if_absent: bool,
+        /// Priority level: high, normal (the default) or low.
+        #[arg(long, value_parser = parse_priority)]
+        priority: Option<Priority>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {
@@ -392,4 +396,9 @@ pub enum CronAction {
         /// Schedule id.
         id: String,
     },
+}
+
+/// `--priority`: the engine's one rule ([`Priority::parse`]); clap names the flag and exits 2.
+fn parse_priority(text: &str) -> Result<Priority, String> {
+    Priority::parse(text).map_err(|e| e.to_string())
 }

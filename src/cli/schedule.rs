@@ -1,4 +1,4 @@
-//! `delayq schedule QUEUE ID (--in D | --at T) [--payload JSON] [--if-absent]`.
+//! `delayq schedule QUEUE ID (--in D | --at T) [--payload JSON] [--if-absent] [--priority P]`.
 
 use super::{Command, Failure, Global, VerbResult, print_json};
 use crate::engine::duration::parse_duration;
@@ -14,6 +14,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         at,
         payload,
         if_absent,
+        priority,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -33,7 +34,11 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     };
     let a = Admin::connect(&g.redis_url, &g.namespace).await?;
     let answer = a
-        .schedule(&queue, NewOrder::new(id, when, payload), mode)
+        .schedule(
+            &queue,
+            NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default()),
+            mode,
+        )
         .await?;
     print_json(&answer);
     Ok(())

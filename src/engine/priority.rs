@@ -61,6 +61,19 @@ impl Priority {
     }
 }
 
+impl Priority {
+    /// A level given as a JSON value (the HTTP API's `priority` field): a level name; any
+    /// other value (a number, `null`, ...) is refused naming the field and the value.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self, InvalidInput> {
+        match v {
+            serde_json::Value::String(s) => Priority::parse(s),
+            other => Err(InvalidInput::Priority {
+                reason: format!("priority {other} is not \"high\", \"normal\" or \"low\""),
+            }),
+        }
+    }
+}
+
 impl fmt::Display for Priority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -178,6 +191,13 @@ mod tests {
         let e = Priority::parse("bogus").unwrap_err();
         assert!(e.to_string().contains("\"bogus\""), "{e}");
         assert!(serde_json::from_str::<Priority>("7").is_err());
+        let e = Priority::from_json(&serde_json::json!(7)).unwrap_err();
+        assert_eq!(e.code(), "invalid_priority");
+        assert!(e.to_string().contains("priority 7"), "{e}");
+        assert_eq!(
+            Priority::from_json(&serde_json::json!("low")),
+            Ok(Priority::Low)
+        );
         assert_eq!(Priority::default(), Priority::Normal);
         assert!(Priority::High < Priority::Normal && Priority::Normal < Priority::Low);
     }

@@ -16,11 +16,12 @@
 //! | `delayq_dead_trimmed_total` | counter | queue (retention and cap) |
 //! | `delayq_rate_limited_total` | counter | queue, group (reads that waited for the limit) |
 //! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
-//! | `delayq_lateness_seconds` | histogram | queue, group (handler start − due time, first deliveries only) |
+//! | `delayq_lateness_seconds` | histogram | queue, group, priority (handler start − due time, first deliveries only) |
 //! | `delayq_redelivery_age_seconds` | histogram | queue, group, reason (retry, replay, reconcile): handler start − due time of a redelivery |
 //! | `delayq_late_acks_total` | counter | queue, group (acks of entries another consumer had acknowledged) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
+//! | `delayq_stream_length`, `delayq_unread` | gauge | queue, priority (high, normal, low): entries in the level's streams; of them, not yet read, summed over the groups |
 //! | `delayq_workers_stopped_total` | counter | queue, group (a worker stopped because its group or queue was deleted) |
 //! | `delayq_maintenance_runs_total` | counter | service (each maintenance pass) |
 //! | `delayq_maintenance_errors_total` | counter | service |
@@ -33,6 +34,7 @@
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
 
+use crate::engine::priority::Priority;
 use crate::engine::stats::QueueStats;
 use std::sync::{Arc, OnceLock};
 
@@ -150,7 +152,8 @@ pub struct GroupMetrics {
     skipped: metrics::Counter,
     dead_lettered: metrics::Counter,
     late_acks: metrics::Counter,
-    lateness: metrics::Histogram,
+    /// By priority rank (high, normal, low).
+    lateness: [metrics::Histogram; 3],
     redelivery: [metrics::Histogram; 3],
 }
 
@@ -191,11 +194,14 @@ impl GroupMetrics {
                 "queue" => queue.to_owned(),
                 "group" => group.to_owned()
             ),
-            lateness: metrics::histogram!(
-                LATENESS_SECONDS,
-                "queue" => queue.to_owned(),
-                "group" => group.to_owned()
-            ),
+            lateness: Priority::ALL.map(|p| {
+                metrics::histogram!(
+                    LATENESS_SECONDS,
+                    "queue" => queue.to_owned(),
+                    "group" => group.to_owned(),
+                    "priority" => p.as_str()
+                )
+            }),
             redelivery: Redelivery::ALL.map(|r| {
                 metrics::histogram!(
                     REDELIVERY_AGE_SECONDS,
@@ -236,9 +242,10 @@ impl GroupMetrics {
         self.redelivery[reason as usize].record(seconds.max(0.0));
     }
 
-    /// How late a handler started on a first delivery, in seconds (never negative).
-    pub fn lateness(&self, seconds: f64) {
-        self.lateness.record(seconds.max(0.0));
+    /// How late a handler started on a first delivery of an order of level `priority`, in
+    /// seconds (never negative).
+    pub fn lateness(&self, priority: Priority, seconds: f64) {
+        self.lateness[priority.rank()].record(seconds.max(0.0));
         if let Some(s) = sink() {
             s.lateness(&self.queue, &self.group, seconds.max(0.0));
         }
@@ -274,6 +281,8 @@ pub const QUEUE_GAUGES: &[&str] = &[
     "delayq_history",
     "delayq_paused",
     "delayq_pending",
+    "delayq_stream_length",
+    "delayq_unread",
 ];
 
 /// A worker stopped on its own because its group (or its queue) was deleted.
@@ -322,6 +331,13 @@ pub fn queue_gauges(s: &QueueStats) {
     metrics::gauge!("delayq_history", "queue" => q.clone()).set(s.history as f64);
     metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => "")
         .set(f64::from(u8::from(s.paused)));
+    for p in &s.priorities {
+        let level = p.priority.as_str();
+        metrics::gauge!("delayq_stream_length", "queue" => q.clone(), "priority" => level)
+            .set(p.stream_length as f64);
+        metrics::gauge!("delayq_unread", "queue" => q.clone(), "priority" => level)
+            .set(p.unread as f64);
+    }
     for g in &s.groups {
         metrics::gauge!("delayq_pending", "queue" => q.clone(), "group" => g.group.clone())
             .set(g.pending as f64);

@@ -7,7 +7,7 @@ use crate::engine::client::Client;
 use crate::engine::housekeeping::Housekeeper;
 use crate::engine::retry::until_ok;
 use crate::engine::supervisor::{Supervisor, SupervisorOptions};
-use crate::engine::worker::Worker;
+use crate::engine::worker::{MultiWorker, Worker};
 use crate::error::Result;
 use crate::orders::close::OrderClose;
 use crate::orders::db::Db;
@@ -177,6 +177,12 @@ async fn spawn_engine(
 /// One worker per configured handler, and the reconciliation job; handlers on one orders
 /// database share one pool. A database that refuses the configured login stops start-up
 /// (waiting will not fix it); one that is unreachable is retried by its queries.
+/// A `[[handlers]]` entry's worker: over one queue, or over several.
+enum Runner {
+    One(Worker<Builtin>),
+    Many(MultiWorker<Builtin>),
+}
+
 async fn spawn_handlers(
     settings: &Settings,
     client: &Client,
@@ -207,13 +213,25 @@ async fn spawn_handlers(
                 client,
             )),
         };
-        workers.push(Worker::new(
-            client,
-            &h.queue,
-            &h.group,
-            handler,
-            h.worker.clone(),
-        )?);
+        workers.push(if let [queue] = h.queues.as_slice() {
+            Runner::One(Worker::new(
+                client,
+                queue,
+                &h.group,
+                handler,
+                h.worker.clone(),
+            )?)
+        } else {
+            let queues: Vec<&str> = h.queues.iter().map(String::as_str).collect();
+            Runner::Many(MultiWorker::new(
+                client,
+                &queues,
+                &h.group,
+                handler,
+                h.worker.clone(),
+                h.queue_mode.clone(),
+            )?)
+        });
     }
     let mut reconciler = None;
     if let Some(r) = &settings.reconciliation {
@@ -222,7 +240,7 @@ async fn spawn_handlers(
         let ours = settings
             .handlers
             .iter()
-            .any(|h| h.queue == r.queue && h.group == r.group);
+            .any(|h| h.queues.contains(&r.queue) && h.group == r.group);
         if !ours {
             let stats = client.stats(&r.queue).await?;
             if !stats.groups.iter().any(|g| g.group == r.group) {
@@ -249,7 +267,10 @@ async fn spawn_handlers(
         db.check_credentials().await?;
     }
     for w in workers {
-        tasks.spawn(w.run(cancel.clone()));
+        match w {
+            Runner::One(w) => tasks.spawn(w.run(cancel.clone())),
+            Runner::Many(w) => tasks.spawn(w.run(cancel.clone())),
+        };
     }
     if let Some(r) = reconciler {
         tasks.spawn(r.run(cancel.clone()));

@@ -21,6 +21,7 @@
 mod entry;
 mod handler;
 mod lease;
+mod multi;
 mod options;
 mod reader;
 mod reclaim;
@@ -30,6 +31,7 @@ pub(crate) use entry::{Fields, as_string, ensure_groups, entries_of, field_pairs
 pub use handler::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, WorkerStats,
 };
+pub use multi::{MAX_QUEUES_PER_HANDLER, MultiWorker, check_queues};
 pub use options::WorkerOptions;
 
 use crate::engine::client::Client;
@@ -79,6 +81,9 @@ struct Shared<H> {
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
     taken: Arc<Semaphore>,
+    /// For one queue of a [`MultiWorker`]: the gate its readers pass before each read, and
+    /// the queue's rank (0 = most urgent).
+    gate: Option<(Arc<multi::Gate>, usize)>,
 }
 
 /// Where the lane of shard `shard` and level `p` is in [`Shared::lanes`] (and in lease keys:
@@ -154,8 +159,26 @@ impl<H: Handler> Worker<H> {
                 leases: Arc::default(),
                 stopping: CancellationToken::new(),
                 pause,
+                gate: None,
             }),
         })
+    }
+
+    /// This worker as queue `rank` of a [`MultiWorker`]: it shares `sem` and `taken` with
+    /// the other queues' workers and reads when `gate` lets it (before `run`).
+    fn share_budget(
+        mut self,
+        sem: Arc<Semaphore>,
+        taken: Arc<Semaphore>,
+        gate: Arc<multi::Gate>,
+        rank: usize,
+    ) -> Self {
+        if let Some(s) = Arc::get_mut(&mut self.shared) {
+            s.sem = sem;
+            s.taken = taken;
+            s.gate = Some((gate, rank));
+        }
+        self
     }
 
     /// Sets the hooks (before `run`).

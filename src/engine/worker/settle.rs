@@ -88,7 +88,7 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
     // reclaim, a replay, a reconciliation) have their own histogram, by reason.
     let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
     match (&for_group, d.attempt) {
-        (None, 1) => s.metrics().lateness(late_s),
+        (None, 1) => s.metrics().lateness(d.priority, late_s),
         (None, _) => s.metrics().redelivery_age(Redelivery::Retry, late_s),
         // A reconciliation sends an order due at the moment it sends it; a replay keeps
         // the order's due time.

@@ -4,13 +4,16 @@
 use super::{ConfigError, HandlerConfig, at_key, duration, lib_err};
 use crate::engine::backoff::Backoff;
 use crate::engine::keys::{QueueName, validate_member_name};
-use crate::engine::worker::WorkerOptions;
+use crate::engine::priority::{Priority, PriorityMode};
+use crate::engine::worker::{WorkerOptions, check_queues};
 
 /// A handler's settings, checked.
 #[derive(Debug, Clone)]
 pub struct HandlerSpec {
-    /// The queue.
-    pub queue: String,
+    /// The queues it serves, most urgent first (one, unless `queues` was given).
+    pub queues: Vec<String>,
+    /// How it picks among `queues` (strict unless `queue_weights` was given).
+    pub queue_mode: PriorityMode,
     /// The consumer group.
     pub group: String,
     /// What it does.
@@ -71,11 +74,13 @@ pub(super) fn check_all(
         let prefix = format!("handlers[{i}]");
         let mut spec = check_one(&prefix, h)?;
         spec.worker = spec.worker.shutdown_grace(shutdown_grace);
-        if !seen.insert((h.queue.clone(), h.group.clone())) {
-            return Err(ConfigError::at(
-                format!("{prefix}.group"),
-                format!("{:?} is configured twice for queue {:?}", h.group, h.queue),
-            ));
+        for q in &spec.queues {
+            if !seen.insert((q.clone(), h.group.clone())) {
+                return Err(ConfigError::at(
+                    format!("{prefix}.group"),
+                    format!("{:?} is configured twice for queue {q:?}", h.group),
+                ));
+            }
         }
         out.push(spec);
     }
@@ -84,11 +89,48 @@ pub(super) fn check_all(
 
 fn check_one(prefix: &str, h: &HandlerConfig) -> Result<HandlerSpec, ConfigError> {
     let k = |f: &str| format!("{prefix}.{f}");
-    QueueName::new(&h.queue).map_err(|e| ConfigError::at(k("queue"), e))?;
+    let (queues, queue_mode) = match (&h.queue, &h.queues) {
+        (Some(q), None) => {
+            QueueName::new(q).map_err(|e| ConfigError::at(k("queue"), e))?;
+            if h.queue_weights.is_some() {
+                return Err(ConfigError::at(
+                    k("queue_weights"),
+                    "is for a handler over several `queues`",
+                ));
+            }
+            (vec![q.clone()], PriorityMode::Strict)
+        }
+        (None, Some(list)) => {
+            let mode = match &h.queue_weights {
+                Some(w) => PriorityMode::Weighted(w.clone()),
+                None => PriorityMode::Strict,
+            };
+            let names: Vec<&str> = list.iter().map(String::as_str).collect();
+            check_queues(&names, &mode).map_err(|e| {
+                let key = if matches!(e, crate::error::InvalidInput::Priority { .. }) {
+                    k("queue_weights")
+                } else {
+                    k("queues")
+                };
+                ConfigError::at(key, e)
+            })?;
+            (list.clone(), mode)
+        }
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::at(
+                k("queues"),
+                "give `queue` or `queues`, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ConfigError::at(k("queue"), "required (or `queues`)"));
+        }
+    };
     validate_member_name("group", &h.group).map_err(|e| ConfigError::at(k("group"), e))?;
     let kind = kind(prefix, h)?;
     Ok(HandlerSpec {
-        queue: h.queue.clone(),
+        queues,
+        queue_mode,
         group: h.group.clone(),
         kind,
         worker: worker_options(prefix, h)?,
@@ -172,6 +214,12 @@ fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, Conf
     if let Some(r) = &h.rate_limit {
         let r = crate::engine::flow::RateLimit::parse(r).map_err(at_key(&k("rate_limit")))?;
         o = o.rate_limit(r);
+    }
+    if let Some(w) = &h.priority_weights {
+        o = o.priority(
+            PriorityMode::weighted(w.clone(), Priority::ALL.len())
+                .map_err(|e| ConfigError::at(k("priority_weights"), e))?,
+        );
     }
     o.validate().map_err(lib_err(prefix, RENAMES))?;
     Ok(o)

@@ -161,7 +161,7 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         crate::engine::history::HistoryPolicy::new(r).map_err(at_key("history_retention"))?;
     }
     let handlers = handlers::check_all(&config.handlers, shutdown_grace)?;
-    queues.extend(handlers.iter().map(|h| h.queue.clone()));
+    queues.extend(handlers.iter().flat_map(|h| h.queues.iter().cloned()));
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
     if let Some(r) = &reconciliation {
         queues.push(r.queue.clone());

@@ -281,8 +281,21 @@ pub struct DeadConfig {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
-    /// The queue.
-    pub queue: String,
+    /// The queue (or `queues`).
+    #[serde(default)]
+    pub queue: Option<String>,
+    /// Several queues served by this one handler, most urgent first, each with its own
+    /// consumer group `group` and one concurrency budget (instead of `queue`).
+    #[serde(default)]
+    pub queues: Option<Vec<String>>,
+    /// With `queues`: one weight per queue, most urgent first (e.g. `[6, 3, 1]`), to share
+    /// the reads while several have a backlog; without it, strict order.
+    #[serde(default)]
+    pub queue_weights: Option<Vec<u32>>,
+    /// Three weights for the `high`, `normal` and `low` orders of each queue (e.g.
+    /// `[6, 3, 1]`); without it, strict order.
+    #[serde(default)]
+    pub priority_weights: Option<Vec<u32>>,
     /// The consumer group.
     pub group: String,
     /// `webhook`, `log` or `order-close`.
@@ -325,6 +338,7 @@ impl std::fmt::Debug for HandlerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HandlerConfig")
             .field("queue", &self.queue)
+            .field("queues", &self.queues)
             .field("group", &self.group)
             .field("kind", &self.kind)
             .field("url", &self.url.as_deref().map(redact::url))

@@ -217,9 +217,11 @@ pub(super) fn check_reconciliation(
     handlers: &[HandlerSpec],
 ) -> Result<Option<ReconcileSpec>, ConfigError> {
     let close = handlers.iter().find_map(|h| match &h.kind {
-        HandlerKind::OrderClose { database_url } => {
-            Some((h.queue.clone(), h.group.clone(), database_url.clone()))
-        }
+        HandlerKind::OrderClose { database_url } => Some((
+            h.queues.first()?.clone(),
+            h.group.clone(),
+            database_url.clone(),
+        )),
         _ => None,
     });
     if !r.enabled.unwrap_or(close.is_some()) {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::engine::priority::PriorityMode;
 
 /// [`super::load_str`] with a Redis URL when the text names none (it is required).
 fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
@@ -437,4 +438,51 @@ fn redis_tls_files_are_checked_naming_their_key_and_travel_in_the_url() {
     // No TLS key: the URL is left as written.
     let s = load_str("redis_url = \"rediss://h:1\"", env()).unwrap();
     assert_eq!(s.config.redis_url, "rediss://h:1");
+}
+
+#[test]
+fn handlers_over_several_queues_and_priority_weights() {
+    let many = GOOD.replace(
+        "queue = \"order-close\"",
+        "queues = [\"urgent\", \"bulk\"]\nqueue_weights = [3, 1]\npriority_weights = [6, 3, 1]",
+    );
+    let s = load_str(&many, env()).unwrap();
+    let h = &s.handlers[0];
+    assert_eq!(h.queues, vec!["urgent", "bulk"]);
+    assert_eq!(h.queue_mode, PriorityMode::Weighted(vec![3, 1]));
+    assert_eq!(h.worker.priority, PriorityMode::Weighted(vec![6, 3, 1]));
+    assert!(s.queues.contains(&"urgent".to_owned()) && s.queues.contains(&"bulk".to_owned()));
+    let bad = [
+        (
+            many.replace("queue_weights = [3, 1]", "queue_weights = [3]"),
+            "handlers[0].queue_weights",
+        ),
+        (
+            many.replace(
+                "priority_weights = [6, 3, 1]",
+                "priority_weights = [6, 0, 1]",
+            ),
+            "handlers[0].priority_weights",
+        ),
+        (
+            many.replace("[\"urgent\", \"bulk\"]", "[\"urgent\", \"urgent\"]"),
+            "handlers[0].queues",
+        ),
+        (
+            many.replace("queues = [", "queue = \"x\"\nqueues = ["),
+            "handlers[0].queues",
+        ),
+        (
+            GOOD.replace("queue = \"order-close\"\n", ""),
+            "handlers[0].queue",
+        ),
+        (
+            GOOD.replace("concurrency = 16", "concurrency = 16\nqueue_weights = [1]"),
+            "handlers[0].queue_weights",
+        ),
+    ];
+    for (text, key) in bad {
+        let e = load_str(&text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{e}");
+    }
 }

@@ -5,6 +5,7 @@ use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::engine::history::OrderHistory;
 use crate::engine::message::{Mode, NewOrder, Payload, ScheduleOutcome, When};
+use crate::engine::priority::Priority;
 use crate::error::InvalidInput;
 use crate::service::admin;
 use axum::Json;
@@ -42,9 +43,19 @@ struct MessageBody {
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     if_absent: bool,
+    /// `high`, `normal` (default) or `low`; checked by [`Priority::from_json`] so a wrong
+    /// value is named (serde's own message would not name the field).
+    #[serde(default)]
+    priority: Option<Value>,
 }
 
 impl MessageBody {
+    fn priority(&self) -> Result<Priority, InvalidInput> {
+        self.priority
+            .as_ref()
+            .map_or(Ok(Priority::Normal), Priority::from_json)
+    }
+
     fn when(&self) -> Result<When, InvalidInput> {
         match (&self.delay_ms, &self.due_at) {
             (Some(ms), None) => Ok(When::in_ms(*ms)),
@@ -86,7 +97,7 @@ pub(super) async fn put_message(
             "the id goes in the path, not the body",
         ));
     }
-    let order = NewOrder::new(id, b.when()?, b.payload());
+    let order = NewOrder::new(id, b.when()?, b.payload()).with_priority(b.priority()?);
     let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
     let status = if a.outcome == ScheduleOutcome::Created {
         StatusCode::CREATED
@@ -147,7 +158,8 @@ pub(super) async fn batch(
             .into());
         }
         let when = m.when().map_err(in_batch)?;
-        orders.push(NewOrder::new(id, when, m.payload()));
+        let priority = m.priority().map_err(in_batch)?;
+        orders.push(NewOrder::new(id, when, m.payload()).with_priority(priority));
     }
     let a = st
         .admin

@@ -66,6 +66,15 @@ fn object(required: &[&str], props: Value) -> Value {
     json!({"type": "object", "required": required, "properties": props})
 }
 
+/// The priority levels, most urgent first (from the engine's one list).
+fn priority() -> Value {
+    let levels: Vec<&str> = crate::engine::priority::Priority::ALL
+        .iter()
+        .map(|p| p.as_str())
+        .collect();
+    json!({"type": "string", "enum": levels})
+}
+
 fn schemas() -> Value {
     let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged"]});
     let scheduled = object(
@@ -89,10 +98,13 @@ fn schemas() -> Value {
             "history",
             "paused",
             "groups",
+            "priorities",
         ],
         json!({"queue": {"type": "string"}, "scheduled": int(), "overdue": int(), "oldest_overdue_ms": int(),
                "next_due_at_ms": nullable("integer"), "stream_length": int(), "dead": int(), "history": int(),
-               "paused": {"type": "boolean"}, "groups": {"type": "array", "items": group_stats}}),
+               "paused": {"type": "boolean"}, "groups": {"type": "array", "items": group_stats},
+               "priorities": {"type": "array", "items": object(&["priority", "stream_length", "pending", "unread"],
+                   json!({"priority": priority(), "stream_length": int(), "pending": int(), "unread": int()}))}}),
     );
     let dead_letter = object(
         &[
@@ -105,10 +117,11 @@ fn schemas() -> Value {
             "dead_at_ms",
             "due_at_ms",
             "payload",
+            "priority",
         ],
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
-               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}}),
+               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority()}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -120,12 +133,14 @@ fn schemas() -> Value {
             "delay_ms": {"type": "integer", "minimum": 0},
             "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
             "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
-            "if_absent": {"type": "boolean"}}},
+            "if_absent": {"type": "boolean"},
+            "priority": priority()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
             "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
-            "payload": {}}},
+            "payload": {},
+            "priority": priority()}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -248,12 +263,13 @@ fn order_history() -> Value {
             "dispatched_at_ms",
             "entry_id",
             "groups",
+            "priority",
         ],
         json!({"queue": {"type": "string"}, "id": {"type": "string"},
                "state": {"type": "string", "enum": ["scheduled", "dispatched"]}, "due_at_ms": int(),
                "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
-               "groups": {"type": "array", "items": group}}),
+               "groups": {"type": "array", "items": group}, "priority": priority()}),
     )
 }
 

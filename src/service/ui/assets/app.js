@@ -403,6 +403,7 @@ function queuePage(name) {
   const q = encodeURIComponent(name);
   const facts = h('dl', { class: 'facts card' });
   const groups = h('tbody');
+  const levels = h('tbody');
   const charts = h('div', { class: 'charts' });
   const schedules = h('tbody');
   const schedulesTable = h('div', { class: 'scroll', hidden: true }, h('table', { id: 'schedules' },
@@ -423,6 +424,11 @@ function queuePage(name) {
     h('div', { class: 'scroll' }, h('table', { id: 'groups' },
       h('thead', {}, h('tr', {}, ['Group', 'Pending', 'Lag', 'Consumers', 'Idle', 'State', ''].map((t) => h('th', { scope: 'col' }, t)))),
       groups)),
+    h('h2', {}, 'Backlog by priority'),
+    h('div', { class: 'scroll' }, h('table', { id: 'priorities' },
+      h('caption', {}, 'Dispatched orders of each priority level: in the streams, not yet read by some group, read and not yet acknowledged (summed over the groups).'),
+      h('thead', {}, h('tr', {}, ['Priority', 'In the streams', 'Unread', 'Pending'].map((t, i) => h('th', { scope: 'col', class: i ? 'num' : null }, t)))),
+      levels)),
     h('h2', {}, 'Recurring schedules'),
     noSchedules, schedulesTable,
     h('h2', {}, 'Last hour (this delayq process)'),
@@ -450,6 +456,11 @@ function queuePage(name) {
       h('td', {}, g.idle_ms === null ? 'no reader' : dur(g.idle_ms)),
       h('td', {}, g.paused ? badge('paused') : badge('running', 'done')),
       h('td', {}, pauseButton(s.queue, g.group, g.paused)))]));
+    patchRows(levels, s.priorities.map((p) => [p.priority, h('tr', { 'data-priority': p.priority },
+      h('th', { scope: 'row' }, p.priority),
+      h('td', { class: 'num' }, num(p.stream_length)),
+      h('td', { class: 'num' }, num(p.unread)),
+      h('td', { class: 'num' }, num(p.pending)))]));
     noSchedules.hidden = recurring.schedules.length > 0;
     schedulesTable.hidden = recurring.schedules.length === 0;
     patchRows(schedules, recurring.schedules.map((r) => [r.id, h('tr', { 'data-schedule': r.id },
