@@ -297,10 +297,12 @@ async fn cli(args: &[&str], envs: &[(&str, &str)]) -> (i32, String, String) {
     )
 }
 
-/// Bodies POSTed to `/hook` of a receiver on a free port (`/fail` answers 500).
+/// Bodies POSTed to `/hook` of a receiver on a free port (`/fail` answers 500), and when
+/// each arrived (`at[i]` for `bodies[i]`).
 #[derive(Clone, Default)]
 struct Received {
     bodies: Arc<Mutex<Vec<String>>>,
+    at: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Received {
@@ -322,7 +324,9 @@ async fn receiver() -> (u16, Received) {
             "/hook",
             axum::routing::post(
                 |axum::extract::State(r): axum::extract::State<Received>, body: String| async move {
-                    r.bodies.lock().unwrap().push(body);
+                    let mut bodies = r.bodies.lock().unwrap();
+                    bodies.push(body);
+                    r.at.lock().unwrap().push(Instant::now());
                     axum::http::StatusCode::OK
                 },
             )
@@ -1308,58 +1312,138 @@ fn delivered_ids(r: &Received) -> HashSet<String> {
         .collect()
 }
 
-/// `n` orders per writer through serve's API from 8 writers, due 1 to 3 s after they are
-/// scheduled; each answer (status, 0 for no answer) kept in `answers`.
+/// When each delivery reached the receiver, in arrival order.
+fn delivery_times(r: &Received) -> Vec<Instant> {
+    r.at.lock().unwrap().clone()
+}
+
+/// How long a writer waits for each answer: generous, so that only a request left hanging
+/// shows up as "no answer" (status 0).
+const ANSWER_WITHIN: Duration = Duration::from_secs(30);
+
+/// One PUT of the writers.
+#[derive(Debug, Clone)]
+struct Answer {
+    id: String,
+    /// The HTTP status; 0 when no answer came within the client's timeout (or the
+    /// connection failed).
+    status: u16,
+    /// The envelope's `error.code` of an error answer.
+    code: Option<String>,
+    /// The client's error when no answer came.
+    failure: Option<String>,
+    sent: Instant,
+    answered: Instant,
+}
+
+impl Answer {
+    /// Acknowledged: 201 (created) or 200 (updated).
+    fn acked(&self) -> bool {
+        matches!(self.status, 200 | 201)
+    }
+}
+
+/// PUTs order `id` (due in `delay_ms`) through serve's API at `base`, allowing `within` for
+/// the answer.
+async fn put_timed(
+    http: &reqwest::Client,
+    base: &str,
+    id: String,
+    delay_ms: u64,
+    within: Duration,
+) -> Answer {
+    let sent = Instant::now();
+    let (status, code, failure) = match http
+        .put(format!("{base}/v1/queues/{Q}/messages/{id}"))
+        .header("content-type", "application/json")
+        .body(json!({"delay_ms": delay_ms, "payload": {"order": id}}).to_string())
+        .timeout(within)
+        .send()
+        .await
+    {
+        Ok(r) => {
+            let status = r.status();
+            let code = if status.is_success() {
+                None
+            } else {
+                r.text()
+                    .await
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                    .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+            };
+            (status.as_u16(), code, None)
+        }
+        Err(e) => (0, None, Some(e.to_string())),
+    };
+    Answer {
+        id,
+        status,
+        code,
+        failure,
+        sent,
+        answered: Instant::now(),
+    }
+}
+
+/// `n` orders per writer through serve's API from `writers` concurrent writers, one request
+/// every `pace` at most per writer, due 1 to 3 s after they are scheduled; each answer kept
+/// in `answers`.
 fn spawn_writers(
     http: &reqwest::Client,
     base: &str,
     tag: &'static str,
-    n: u64,
-    answers: &Arc<Mutex<Vec<(String, u16)>>>,
+    (writers, n): (usize, u64),
+    pace: Duration,
+    answers: &Arc<Mutex<Vec<Answer>>>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    (0..8)
+    (0..writers)
         .map(|w| {
             let (http, base, answers) = (http.clone(), base.to_owned(), answers.clone());
             tokio::spawn(async move {
-                // Paced: one request every 5 ms at most per writer.
-                let mut pace = tokio::time::interval(Duration::from_millis(5));
+                let mut pace = tokio::time::interval(pace);
+                pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 for i in 0..n {
                     pace.tick().await;
                     let id = format!("{tag}{w}-{i}");
-                    let delay = 1000 + (i * 8) % 2000;
-                    let status = match http
-                        .put(format!("{base}/v1/queues/{Q}/messages/{id}"))
-                        .header("content-type", "application/json")
-                        .body(json!({"delay_ms": delay, "payload": {"order": id}}).to_string())
-                        .timeout(Duration::from_secs(10))
-                        .send()
-                        .await
-                    {
-                        Ok(r) => r.status().as_u16(),
-                        Err(_) => 0,
-                    };
-                    answers.lock().unwrap().push((id, status));
+                    let delay = 1000 + i * 2000 / n;
+                    let a = put_timed(&http, &base, id, delay, ANSWER_WITHIN).await;
+                    answers.lock().unwrap().push(a);
                 }
             })
         })
         .collect()
 }
 
-/// Every order answered 201/200 is delivered; the others were answered 503 (never as
-/// written). Returns (acknowledged, refused).
-async fn acknowledged_are_delivered(
-    answers: &[(String, u16)],
-    received: &Received,
-) -> (usize, usize) {
+/// Every request was answered, every order answered 201/200 is delivered, and the others
+/// were answered 503 (never as written). Returns (acknowledged, refused).
+async fn acknowledged_are_delivered(answers: &[Answer], received: &Received) -> (usize, usize) {
+    let unanswered: Vec<String> = answers
+        .iter()
+        .filter(|a| a.status == 0)
+        .map(|a| {
+            format!(
+                "{} (after {:?}: {})",
+                a.id,
+                a.answered - a.sent,
+                a.failure.as_deref().unwrap_or("?")
+            )
+        })
+        .collect();
+    assert!(
+        unanswered.is_empty(),
+        "{} requests got no answer within {ANSWER_WITHIN:?}: {unanswered:?}",
+        unanswered.len()
+    );
     let acked: HashSet<String> = answers
         .iter()
-        .filter(|(_, s)| *s == 200 || *s == 201)
-        .map(|(id, _)| id.clone())
+        .filter(|a| a.acked())
+        .map(|a| a.id.clone())
         .collect();
-    let refused = answers.iter().filter(|(_, s)| *s == 503).count();
-    let other: Vec<&(String, u16)> = answers
+    let refused = answers.iter().filter(|a| a.status == 503).count();
+    let other: Vec<&Answer> = answers
         .iter()
-        .filter(|(_, s)| ![200, 201, 503].contains(s))
+        .filter(|a| !a.acked() && a.status != 503)
         .collect();
     assert!(
         other.is_empty(),
@@ -1378,59 +1462,89 @@ async fn acknowledged_are_delivered(
     (acked.len(), refused)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+/// `/readyz` answers: when each came, and its status (0: none within 2 s).
+type Probes = Arc<Mutex<Vec<(Instant, u16)>>>;
 
+/// Every `/readyz` answer of the serve at `base`, polled every 50 ms until `stop`.
+fn watch_readyz(
+    http: &reqwest::Client,
+    base: &str,
+    stop: &CancellationToken,
+) -> (Probes, tokio::task::JoinHandle<()>) {
+    let seen: Probes = Arc::default();
+    let (http, base, out, stop) = (http.clone(), base.to_owned(), seen.clone(), stop.clone());
+    let task = tokio::spawn(async move {
+        let mut pace = tokio::time::interval(Duration::from_millis(50));
+        pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.is_cancelled() {
+            pace.tick().await;
+            let status = match http
+                .get(format!("{base}/readyz"))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await
+            {
+                Ok(r) => r.status().as_u16(),
+                Err(_) => 0,
+            };
+            out.lock().unwrap().push((Instant::now(), status));
+        }
+    });
+    (seen, task)
+}
+
+/// Waits until the latest `/readyz` answer is 200.
+async fn ready_again(readyz: &Probes, what: &str) {
+    let seen = readyz.clone();
+    wait_for(what, WAIT, move || {
+        let ok = seen.lock().unwrap().last().map(|p| p.1) == Some(200);
+        async move { ok }
+    })
+    .await;
+}
+
+/// A serve on the sentinel `url` with `durability = "replicated"` and a webhook handler
+/// posting to `hook`, ready. Its HTTP request timeout is 60 s, longer than the writers'
+/// own ([`ANSWER_WITHIN`]), so that a write left hanging is seen as one (the 503 the edge
+/// answers at its request timeout would hide it).
+async fn replicated_serve(url: &str, hook: u16) -> Serve {
+    let config = webhook_config(
+        &format!("redis_url = \"{url}\"\ndurability = \"replicated\""),
+        hook,
+    )
+    .replace("[http]\n", "[http]\nrequest_timeout = \"60s\"\n");
+    let mut serve = Serve::start(&config, None);
+    serve.wait_ready(WAIT).await;
+    serve
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across_a_failover() {
     let (_master, replica, sentinels, url) = sentinel_group().await;
     let (hook, received) = receiver().await;
-    let mut serve = Serve::start(
-        &webhook_config(
-            &format!("redis_url = \"{url}\"\ndurability = \"replicated\""),
-            hook,
-        ),
-        None,
-    );
-    serve.wait_ready(WAIT).await;
+    let mut serve = replicated_serve(&url, hook).await;
     let http = http();
 
     // /readyz watched all along.
-    let readyz: Arc<Mutex<Vec<u16>>> = Arc::default();
     let watch_stop = CancellationToken::new();
-    let watcher = {
-        let (http, base, seen, stop) = (
-            http.clone(),
-            serve.base(),
-            readyz.clone(),
-            watch_stop.clone(),
-        );
-        tokio::spawn(async move {
-            // Polled every 50 ms.
-            let mut pace = tokio::time::interval(Duration::from_millis(50));
-            while !stop.is_cancelled() {
-                pace.tick().await;
-                let status = match http
-                    .get(format!("{base}/readyz"))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await
-                {
-                    Ok(r) => r.status().as_u16(),
-                    Err(_) => 0,
-                };
-                seen.lock().unwrap().push(status);
-            }
-        })
-    };
+    let (readyz, watcher) = watch_readyz(&http, &serve.base(), &watch_stop);
     let not_ready = |from: usize| {
         readyz.lock().unwrap()[from..]
             .iter()
-            .filter(|s| **s != 200)
+            .filter(|p| p.1 != 200)
             .count()
     };
 
     // 1. SENTINEL FAILOVER while 2,000 orders are scheduled and come due.
-    let first: Arc<Mutex<Vec<(String, u16)>>> = Arc::default();
-    let writers = spawn_writers(&http, &serve.base(), "a", 250, &first);
+    let first: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let writers = spawn_writers(
+        &http,
+        &serve.base(),
+        "a",
+        (8, 250),
+        Duration::from_millis(5),
+        &first,
+    );
     let a = first.clone();
     wait_for("500 orders answered before the failover", WAIT, move || {
         let n = a.lock().unwrap().len();
@@ -1464,12 +1578,7 @@ async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across
         "serve exited:\n{}",
         serve.log()
     );
-    let seen = readyz.clone();
-    wait_for("/readyz 200 after the failover", WAIT, move || {
-        let ok = seen.lock().unwrap().last() == Some(&200);
-        async move { ok }
-    })
-    .await;
+    ready_again(&readyz, "/readyz 200 after the failover").await;
     watch_stop.cancel();
     watcher.await.unwrap();
     println!(
@@ -1479,4 +1588,266 @@ async fn a_replicated_serve_on_sentinel_delivers_every_acknowledged_order_across
     );
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+}
+
+/// `d` after (+) or before (-) `t`, in ms, for the report.
+fn rel_ms(d: Instant, t: Instant) -> i128 {
+    if d >= t {
+        (d - t).as_millis() as i128
+    } else {
+        -((t - d).as_millis() as i128)
+    }
+}
+
+/// The longest pause between two consecutive instants of `times` (sorted) that ends after
+/// `from`, and when it ended.
+fn longest_pause_after(times: &[Instant], from: Instant) -> Option<(Duration, Instant)> {
+    times
+        .windows(2)
+        .filter(|w| w[1] > from)
+        .map(|w| (w[1] - w[0], w[1]))
+        .max_by_key(|p| p.0)
+}
+
+/// The master SIGKILLed while 2,000 durable (`replicated`) orders are scheduled over HTTP
+/// and come due. Every request is answered (none left hanging past the writers' generous
+/// timeout), every acknowledged order is delivered, the others are answered 503 with the
+/// reason in the envelope, nothing is acknowledged while the new master has no replica,
+/// serve stays up, and `/readyz` is not ready during and ready after. Once a replacement
+/// replica follows the new master, durable writes are acknowledged again, with no restart
+/// of serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replicated_serve_on_sentinel_answers_every_order_across_a_master_kill() {
+    const WRITERS: usize = 40;
+    let (mut master, replica, sentinels, url) = sentinel_group().await;
+    let (hook, received) = receiver().await;
+    let mut serve = replicated_serve(&url, hook).await;
+    let http = http();
+    let base = serve.base();
+    let watch_stop = CancellationToken::new();
+    let (readyz, watcher) = watch_readyz(&http, &base, &watch_stop);
+
+    // 2,000 orders from 40 concurrent writers (a checkout service under load), one request
+    // every 100 ms at most per writer (at least 5 s of writing); the kill comes once orders
+    // are being delivered.
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let writers = spawn_writers(
+        &http,
+        &base,
+        "k",
+        (WRITERS, 50),
+        Duration::from_millis(100),
+        &answers,
+    );
+    let (a, r) = (answers.clone(), received.clone());
+    wait_for(
+        "400 orders answered and deliveries under way before the kill",
+        WAIT,
+        move || {
+            let n = a.lock().unwrap().len();
+            let delivering = !r.bodies.lock().unwrap().is_empty();
+            async move { n >= 400 && delivering }
+        },
+    )
+    .await;
+
+    // SIGKILL of the master.
+    let polls_before = readyz.lock().unwrap().len();
+    let kill_at = Instant::now();
+    master.kill();
+    let answered_at_kill = answers.lock().unwrap().len();
+    assert!(
+        answered_at_kill < 2000,
+        "the writers finished before the kill"
+    );
+    let (s0, new_port) = (sentinels[0].url(), replica.port);
+    wait_for(
+        "the sentinels name the replica as the new master",
+        WAIT,
+        move || {
+            let s0 = s0.clone();
+            async move { master_port(&s0).await == Some(new_port) }
+        },
+    )
+    .await;
+    let switched = kill_at.elapsed();
+
+    // The new master has no replica yet: the writes it takes are not confirmed, and are
+    // answered so (503 not_replicated). Each `WAIT` lasts its whole timeout (1 s) then:
+    // as many refusals as there are writers, so that they could queue behind one another.
+    let (a, named) = (answers.clone(), Instant::now());
+    wait_for(
+        "writes refused by the new master for want of a replica",
+        Duration::from_secs(90),
+        move || {
+            let n = a
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|x| x.sent > named && x.code.as_deref() == Some("not_replicated"))
+                .count();
+            async move { n >= WRITERS }
+        },
+    )
+    .await;
+
+    // A replacement replica of the new master is started (as an operator or an orchestrator
+    // would; the killed master's port stays dead).
+    let spare_at = Instant::now();
+    let spare = Proc::data("spare replica", Some(new_port));
+    let spare_url = spare.url();
+    wait_for(
+        "the replacement replica in sync with the new master",
+        WAIT,
+        move || {
+            let u = spare_url.clone();
+            async move { replica_in_sync(&u).await }
+        },
+    )
+    .await;
+    let resynced = kill_at.elapsed();
+    for w in writers {
+        w.await.unwrap();
+    }
+
+    // Durable writes are acknowledged again, with no restart of serve.
+    let mut probe = 0;
+    let probes: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let acked_again = poll(WAIT, || {
+        probe += 1;
+        let (http, base, probes) = (http.clone(), base.clone(), probes.clone());
+        let id = format!("after-{probe}");
+        async move {
+            let a = put_timed(&http, &base, id, 100, ANSWER_WITHIN).await;
+            let ok = a.acked();
+            probes.lock().unwrap().push(a);
+            ok.then_some(())
+        }
+    })
+    .await;
+    let probes = probes.lock().unwrap().clone();
+    assert!(
+        acked_again.is_some(),
+        "no durable write acknowledged after the replica came back: {probes:?}"
+    );
+
+    let writes = answers.lock().unwrap().clone();
+    assert_eq!(writes.len(), 2000);
+    let mut all = writes.clone();
+    all.extend(probes.iter().cloned());
+    // Every request answered; every acknowledged order delivered; the rest 503.
+    let (acked, refused) = acknowledged_are_delivered(&all, &received).await;
+    // A 503 says why, in the envelope: not confirmed by a replica, outcome unknown, or
+    // nothing written.
+    let mut codes: std::collections::BTreeMap<String, usize> = Default::default();
+    for a in all.iter().filter(|a| a.status == 503) {
+        *codes
+            .entry(a.code.clone().unwrap_or_else(|| "(none)".into()))
+            .or_default() += 1;
+    }
+    for code in codes.keys() {
+        assert!(
+            ["not_replicated", "outcome_unknown", "redis_unavailable"].contains(&code.as_str()),
+            "a 503 with code {code}: {codes:?}"
+        );
+    }
+    // From the kill until the replacement replica was started there was no replica to
+    // confirm a write: nothing sent in that time was acknowledged, and something was
+    // refused.
+    let acked_without_replica: Vec<&Answer> = all
+        .iter()
+        .filter(|a| a.acked() && a.sent > kill_at && a.answered < spare_at)
+        .collect();
+    assert!(
+        acked_without_replica.is_empty(),
+        "acknowledged while the new master had no replica: {acked_without_replica:?}"
+    );
+    assert!(refused > 0, "no write refused around the kill");
+
+    // /readyz: not ready during, ready after; serve stayed up.
+    let during: Vec<(Instant, u16)> = readyz.lock().unwrap()[polls_before..].to_vec();
+    let not_ready: Vec<&(Instant, u16)> = during.iter().filter(|p| p.1 != 200).collect();
+    assert!(!not_ready.is_empty(), "/readyz stayed 200 through the kill");
+    ready_again(&readyz, "/readyz 200 after the kill").await;
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "serve exited:\n{}",
+        serve.log()
+    );
+    watch_stop.cancel();
+    watcher.await.unwrap();
+
+    // The measured interruption.
+    let oks: Vec<Instant> = {
+        let mut t: Vec<Instant> = all
+            .iter()
+            .filter(|a| a.acked())
+            .map(|a| a.answered)
+            .collect();
+        t.sort();
+        t
+    };
+    let last_ack_before = oks.iter().rev().find(|t| **t <= kill_at);
+    // The first acknowledgement of a write sent after the kill (one sent before may still be
+    // confirmed just after it).
+    let first_ack_after = all
+        .iter()
+        .filter(|a| a.acked() && a.sent > kill_at)
+        .map(|a| a.answered)
+        .min();
+    let deliveries = delivery_times(&received);
+    let last_delivery_before = deliveries.iter().rev().find(|t| **t <= kill_at);
+    let first_delivery_after = deliveries.iter().find(|t| **t > kill_at);
+    let pause = longest_pause_after(&deliveries, kill_at);
+    let slowest = all
+        .iter()
+        .map(|a| a.answered - a.sent)
+        .max()
+        .unwrap_or_default();
+    let slowest_after_kill = all
+        .iter()
+        .filter(|a| a.answered > kill_at)
+        .map(|a| a.answered - a.sent)
+        .max()
+        .unwrap_or_default();
+    let fmt = |t: Option<&Instant>| {
+        t.map_or("none".to_owned(), |t| {
+            format!("{:+} ms", rel_ms(*t, kill_at))
+        })
+    };
+    println!(
+        "replicated serve on sentinel, SIGKILL of the master ({answered_at_kill} of 2000 answered \
+         at the kill): the sentinels named the replica after {switched:?}; the \
+         replacement replica was in sync {resynced:?} after the kill"
+    );
+    println!(
+        "  answers: {} requests, {acked} acknowledged (all delivered), {refused} answered 503 \
+         {codes:?}, 0 unanswered; slowest answer {slowest:?} (after the kill {slowest_after_kill:?})",
+        all.len()
+    );
+    println!(
+        "  acknowledgements: last before the kill {}, first of a write sent after it {}",
+        fmt(last_ack_before),
+        fmt(first_ack_after.as_ref())
+    );
+    println!(
+        "  deliveries: {} in all; last before the kill {}, first after it {}; longest pause \
+         between two deliveries after the kill {:?} (ending {})",
+        deliveries.len(),
+        fmt(last_delivery_before),
+        fmt(first_delivery_after),
+        pause.map(|p| p.0).unwrap_or_default(),
+        fmt(pause.map(|p| p.1).as_ref()),
+    );
+    println!(
+        "  /readyz: not 200 in {} of {} polls after the kill (every 50 ms), from {} to {}",
+        not_ready.len(),
+        during.len(),
+        fmt(not_ready.first().map(|p| &p.0)),
+        fmt(not_ready.last().map(|p| &p.0)),
+    );
+
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+    drop(sentinels);
 }

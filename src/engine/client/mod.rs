@@ -49,9 +49,10 @@ struct Inner {
     wake: WakeRegistry,
     /// What the server said it is at connect (`None`: it refused `INFO`).
     server: Option<crate::engine::version::ServerInfo>,
-    /// The connection durable schedules use (`WAIT` blocks its connection, so it gets its
-    /// own), opened on first use and replaced after a write on it broke or ran out of time.
-    durable_conn: schedule::DurableSlot,
+    /// The connections durable schedules use (`WAIT` blocks its connection, so they get
+    /// their own), opened on first use and replaced after a write on one broke or ran out of
+    /// time.
+    durable_conns: schedule::DurableConns,
     /// Shard counts and epochs of queues this client found in the registry (or
     /// registered); an entry is dropped when a script says the queue changed.
     pub(crate) known_queues: Mutex<HashMap<String, crate::engine::registry::QueueRef>>,
@@ -119,7 +120,7 @@ impl Client {
                 redis_clock,
                 wake: WakeRegistry::default(),
                 server,
-                durable_conn: schedule::DurableSlot::default(),
+                durable_conns: schedule::DurableConns::default(),
                 known_queues: Mutex::new(HashMap::new()),
             }),
         })
