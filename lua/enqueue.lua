@@ -99,7 +99,7 @@ for k = 1, n do
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
     if w == 4 then
       local level = lanes[ARGV[a + 3]]
-      if level ~= '' or had_levels then fin[id] = level end
+      if level ~= '' or had_levels or fin[id] then fin[id] = level end
     end
   end
 end

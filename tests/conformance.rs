@@ -13,7 +13,7 @@ use delayq::engine::message::{MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
 use delayq::service::admin::{self, Admin};
 use delayq::{
     CancelOutcome, Client, ClientOptions, Clock, Error, LocalRedis, ManualClock, Mode, NewOrder,
-    Payload, RescheduleOutcome, ScheduleOutcome, Scheduled, When,
+    Payload, Priority, RescheduleOutcome, ScheduleOutcome, Scheduled, When,
 };
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -30,8 +30,8 @@ const OPS: [&str; 6] = [
     "connect",
 ];
 
-/// Every key a case may have (README, format 1); another key means the file changed format.
-const CASE_KEYS: [&str; 14] = [
+/// Every key a case may have (README, format 2); another key means the file changed format.
+const CASE_KEYS: [&str; 16] = [
     "name",
     "op",
     "queue",
@@ -46,11 +46,16 @@ const CASE_KEYS: [&str; 14] = [
     "fixed_clock",
     "expect",
     "index",
+    "priority",
+    "expect_priority",
 ];
+
+/// Every key an order of a batch may have.
+const ORDER_KEYS: [&str; 5] = ["id", "delay_ms", "due_ms", "payload", "priority"];
 
 fn doc() -> Value {
     let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
-    assert_eq!(doc["format"], 1, "inputs.json: unknown format");
+    assert_eq!(doc["format"], 2, "inputs.json: unknown format");
     doc
 }
 
@@ -138,6 +143,18 @@ fn text<'a>(o: &'a Map<String, Value>, key: &str) -> Result<&'a str, String> {
         .ok_or_else(|| format!("needs the string {key:?}"))
 }
 
+/// The `priority` of a case or of a batch order: absent (`None`), or the text parsed as the
+/// library parses it (README, check 1). A level that is not a string is a broken file.
+fn priority_of(
+    o: &Map<String, Value>,
+) -> Result<Option<Result<Priority, delayq::InvalidInput>>, String> {
+    match o.get("priority") {
+        None => Ok(None),
+        Some(Value::String(text)) => Ok(Some(Priority::parse(text))),
+        Some(other) => Err(format!("priority is not a string: {other}")),
+    }
+}
+
 fn mode_of(case: &Map<String, Value>) -> Result<Mode, String> {
     match case.get("mode").map(|m| m.as_str()) {
         None | Some(Some("upsert")) => Ok(Mode::Upsert),
@@ -188,14 +205,17 @@ impl Run {
                     Ok(p) => p,
                     Err(e) => return Ok(Outcome::invalid(&e, None)),
                 };
-                match self
-                    .client
-                    .schedule_with(queue, NewOrder::new(id, when, payload), mode)
-                    .await
-                {
+                // Then the level (README, check 1).
+                let priority = match priority_of(case)? {
+                    None => Priority::Normal,
+                    Some(Ok(p)) => p,
+                    Some(Err(e)) => return Ok(Outcome::invalid(&e, None)),
+                };
+                let order = NewOrder::new(id, when, payload).with_priority(priority);
+                match self.client.schedule_with(queue, order, mode).await {
                     Ok(s) => {
                         let due = due_of(case, self.now);
-                        self.accepted(queue, &[(id, payload_text, due)], &[s])
+                        self.accepted(queue, &[(id, payload_text, due, priority)], &[s])
                             .await?;
                         Ok(Outcome::Ok("scheduled".into()))
                     }
@@ -233,6 +253,15 @@ impl Run {
                                 if known { "an order" } else { "not found" },
                             ));
                         }
+                        if let Some(want) = case.get("expect_priority") {
+                            let want = want.as_str().ok_or("expect_priority is not a string")?;
+                            let got = o.map(|o| o.priority.as_str());
+                            if got != Some(want) {
+                                return Err(format!(
+                                    "get read the level {got:?}, expected {want:?}"
+                                ));
+                            }
+                        }
                         Ok(Outcome::Ok(
                             if known { "found" } else { "not found" }.into(),
                         ))
@@ -243,7 +272,13 @@ impl Run {
             "reschedule" => {
                 let id = text(case, "id")?;
                 let (when, _) = when_of(case)?;
-                match self.client.reschedule(queue, id, when).await {
+                // The level first (README, check 1); absent: the order keeps its own.
+                let priority = match priority_of(case)? {
+                    None => None,
+                    Some(Ok(p)) => Some(p),
+                    Some(Err(e)) => return Ok(Outcome::invalid(&e, None)),
+                };
+                match self.client.reschedule_with(queue, id, when, priority).await {
                     Ok(o) => {
                         let known = self.scheduled.contains(&(queue.to_owned(), id.to_owned()));
                         let want = if known {
@@ -253,6 +288,17 @@ impl Run {
                         };
                         if o != want {
                             return Err(format!("reschedule answered {o:?}, expected {want:?}"));
+                        }
+                        if let (RescheduleOutcome::Rescheduled, Some(p)) = (o, priority) {
+                            let got = self
+                                .client
+                                .get(queue, id)
+                                .await
+                                .map_err(|e| e.to_string())?
+                                .map(|o| o.priority);
+                            if got != Some(p) {
+                                return Err(format!("rescheduled to {p}, but get reads {got:?}"));
+                            }
                         }
                         Ok(Outcome::Ok(format!("{o:?}")))
                     }
@@ -273,8 +319,8 @@ impl Run {
         queue: &str,
     ) -> Result<Outcome, String> {
         let mode = mode_of(case)?;
-        // (id, payload text, due time) of each order, and the orders themselves.
-        let mut spec: Vec<(String, String, i64)> = Vec::new();
+        // (id, payload text, due time, level) of each order, and the orders themselves.
+        let mut spec: Vec<(String, String, i64, Priority)> = Vec::new();
         let mut orders = Vec::new();
         match (case.get("orders"), case.get("generate")) {
             (Some(Value::Array(list)), None) => {
@@ -282,17 +328,30 @@ impl Run {
                     let o = o
                         .as_object()
                         .ok_or_else(|| format!("order {i} is not an object"))?;
+                    if let Some(k) = o.keys().find(|k| !ORDER_KEYS.contains(&k.as_str())) {
+                        return Err(format!("order {i}: unknown key {k:?}"));
+                    }
                     let id = text(o, "id")?;
                     let payload_text = text(o, "payload")?;
                     let (when, _) = when_of(o)?;
-                    // Each payload is built from its text before the call; an invalid one
-                    // refuses the batch, naming its order.
+                    // Each payload is built from its text, then its level parsed, before the
+                    // call; an invalid one refuses the batch, naming its order.
                     let payload = match Payload::from_json(payload_text) {
                         Ok(p) => p,
                         Err(e) => return Ok(Outcome::invalid(&e, Some(i))),
                     };
-                    spec.push((id.into(), payload_text.into(), due_of(o, self.now)));
-                    orders.push(NewOrder::new(id, when, payload));
+                    let priority = match priority_of(o)? {
+                        None => Priority::Normal,
+                        Some(Ok(p)) => p,
+                        Some(Err(e)) => return Ok(Outcome::invalid(&e, Some(i))),
+                    };
+                    spec.push((
+                        id.into(),
+                        payload_text.into(),
+                        due_of(o, self.now),
+                        priority,
+                    ));
+                    orders.push(NewOrder::new(id, when, payload).with_priority(priority));
                 }
             }
             (None, Some(Value::Object(g))) => {
@@ -309,7 +368,12 @@ impl Run {
                 };
                 for i in 0..count {
                     let id = format!("{prefix}{i}");
-                    spec.push((id.clone(), payload_text.into(), due_of(g, self.now)));
+                    spec.push((
+                        id.clone(),
+                        payload_text.into(),
+                        due_of(g, self.now),
+                        Priority::Normal,
+                    ));
                     orders.push(NewOrder::new(id, when, payload.clone()));
                 }
             }
@@ -326,9 +390,9 @@ impl Run {
                         outcome: a.outcome,
                     })
                     .collect();
-                let spec: Vec<(&str, &str, i64)> = spec
+                let spec: Vec<(&str, &str, i64, Priority)> = spec
                     .iter()
-                    .map(|(id, p, due)| (id.as_str(), p.as_str(), *due))
+                    .map(|(id, p, due, level)| (id.as_str(), p.as_str(), *due, *level))
                     .collect();
                 self.accepted(queue, &spec, &results).await?;
                 Ok(Outcome::Ok(format!("{} scheduled", results.len())))
@@ -338,12 +402,12 @@ impl Run {
     }
 
     /// After an accepted schedule: one result per order, in order, and what each written
-    /// order left in Redis: its payload byte for byte and its due time (an id repeated in
-    /// a batch: its last write).
+    /// order left in Redis: its payload byte for byte, its due time and its level (an id
+    /// repeated in a batch: its last write).
     async fn accepted(
         &mut self,
         queue: &str,
-        orders: &[(&str, &str, i64)],
+        orders: &[(&str, &str, i64, Priority)],
         results: &[Scheduled],
     ) -> Result<(), String> {
         if results.len() != orders.len() {
@@ -353,8 +417,8 @@ impl Run {
                 orders.len()
             ));
         }
-        let mut last: BTreeMap<&str, (&str, i64)> = BTreeMap::new();
-        for ((id, payload, due), r) in orders.iter().zip(results) {
+        let mut last: BTreeMap<&str, (&str, i64, Priority)> = BTreeMap::new();
+        for ((id, payload, due, level), r) in orders.iter().zip(results) {
             if r.id != *id || r.due_at_ms != *due {
                 return Err(format!(
                     "result {r:?} for order {id:?} due at {due} (now is {})",
@@ -365,7 +429,7 @@ impl Run {
                 r.outcome,
                 ScheduleOutcome::Created | ScheduleOutcome::Updated
             ) {
-                last.insert(id, (payload, *due));
+                last.insert(id, (payload, *due, *level));
             }
             self.scheduled.insert((queue.to_owned(), (*id).to_owned()));
         }
@@ -375,7 +439,7 @@ impl Run {
             .ok_or_else(|| format!("accepted on the unregistered queue {queue:?}"))?;
         let q = QueueName::new(queue).map_err(|e| e.to_string())?;
         let mut conn = self.client.connection();
-        for (id, (payload, due)) in last {
+        for (id, (payload, due, level)) in last {
             let keys = self.client.keyspace().shard(&q, shard_of(id, shards));
             let stored: Option<Vec<u8>> = redis::cmd("HGET")
                 .arg(&keys.payload)
@@ -403,11 +467,11 @@ impl Run {
                 .await
                 .map_err(|e| e.to_string())?;
             match got {
-                Some(o) if o.due_at_ms == due => {}
+                Some(o) if o.due_at_ms == due && o.priority == level => {}
                 other => {
                     return Err(format!(
-                        "order {id:?}: stored due time {:?}, expected {due}",
-                        other.map(|o| o.due_at_ms)
+                        "order {id:?}: stored (due time, level) {:?}, expected ({due}, {level})",
+                        other.map(|o| (o.due_at_ms, o.priority))
                     ));
                 }
             }
@@ -456,7 +520,23 @@ fn the_file_is_well_formed_and_its_limits_are_the_librarys() {
             expect.is_null() || codes.contains(&expect.as_str().unwrap()),
             "{name}: expect {expect}"
         );
+        if let Some(p) = c.get("expect_priority") {
+            assert_eq!(c["op"], "get", "{name}: expect_priority on another op");
+            assert!(
+                Priority::parse(p.as_str().unwrap()).is_ok(),
+                "{name}: expect_priority {p}"
+            );
+        }
     }
+    assert!(
+        codes.contains(&"invalid_priority"),
+        "codes lacks invalid_priority"
+    );
+    assert_eq!(
+        Priority::parse("urgent").unwrap_err().code(),
+        "invalid_priority",
+        "the library's code for a bad level"
+    );
     let lim = &doc["limits"];
     assert_eq!(lim["max_id_bytes"], MAX_ID_LEN);
     assert_eq!(lim["max_name_bytes"], MAX_NAME_LEN);

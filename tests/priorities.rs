@@ -269,6 +269,20 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         client.get(Q, "again").await.unwrap().unwrap().priority,
         Priority::Normal
     );
+    // An id given twice in one call: the last level wins, as the last payload does ("q" has
+    // no levels HASH yet).
+    let twice = [
+        NewOrder::new("twice", far, json!({})).with_priority(Priority::High),
+        NewOrder::new("twice", far, json!({})),
+    ];
+    client
+        .schedule_many("q", &twice, Mode::Upsert)
+        .await
+        .unwrap();
+    assert_eq!(
+        client.get("q", "twice").await.unwrap().unwrap().priority,
+        Priority::Normal
+    );
     client
         .schedule_with(
             Q,

@@ -155,7 +155,7 @@ pub enum Command {
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
     /// redis-server when none is reachable).
     Bench {
-        /// Scenarios, comma separated: spread, storm, enqueue, ceiling, dispatch, depth, idle
+        /// Scenarios, comma separated: spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle
         /// (idle: `--orders` declared queues, nothing due, for `--window`), schedules
         /// (`--orders` recurring schedules ticking every minute, for `--window`).
         #[arg(long, default_value = "spread")]

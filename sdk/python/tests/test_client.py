@@ -138,7 +138,7 @@ def _delete_queue(r, ns: str, queue: str, shards: int) -> None:
     for s in range(shards):
         r.delete("{%s:%s:%d}:meta" % (ns, queue, s))
     for s in range(shards):
-        r.delete("{%s:%s:%d}:due" % (ns, queue, s), "{%s:%s:%d}:payload" % (ns, queue, s))
+        r.delete(*("{%s:%s:%d}:%s" % (ns, queue, s, k) for k in ("due", "payload", "levels")))
     r.delete("{%s}:queue:%s" % (ns, queue))
     r.srem("{%s}:queues" % ns, queue)
 

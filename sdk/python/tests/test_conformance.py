@@ -15,13 +15,21 @@ CASES: List[Dict[str, Any]] = DOC["cases"]
 OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 
 
+CASE_KEYS = {
+    "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
+    "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
+}
+
+
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 1
+    assert DOC["format"] == 2, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
         assert c["op"] in OPS, c["name"]
         assert c["expect"] is None or c["expect"] in DOC["codes"], c["name"]
+        assert set(c) <= CASE_KEYS, (c["name"], set(c) - CASE_KEYS)
+    assert "invalid_priority" in DOC["codes"]
 
 
 def test_limits_are_the_sdks():
@@ -55,12 +63,17 @@ def _scheduled_count(server: RedisServer) -> int:
     return sum(r.zcard(k) for k in r.scan_iter(match="{%s:*}:due" % DOC["namespace"]))
 
 
+def _level(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The ``priority`` given to the SDK exactly as the file has it (absent: normal)."""
+    return {"priority": d["priority"]} if "priority" in d else {}
+
+
 def run_case(client: Any, case: Dict[str, Any]) -> Any:
     op, q = case["op"], case.get("queue")
     mode = "if_absent" if case.get("mode") == "if_absent" else "upsert"
     if op == "schedule":
         payload = delayq.RawJson(case["payload"])
-        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case))
+        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case), **_level(case))
     if op == "schedule_many":
         if "generate" in case:
             g = case["generate"]
@@ -71,17 +84,44 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
             for i, o in enumerate(case["orders"]):
                 try:
                     payload = delayq.RawJson(o["payload"])  # the text is checked when built
+                    # The level too, order by order, as the Rust runner parses it (README,
+                    # "The order of checks", 1); the SDK checks it again in schedule_many.
+                    if "priority" in o:
+                        delayq.rules.check_priority(o["priority"])
                 except delayq.InvalidInput as e:
                     raise e.in_batch(i) from None
-                orders.append(delayq.Order(o["id"], payload=payload, **_when(o)))
+                orders.append(delayq.Order(o["id"], payload=payload, **_when(o), **_level(o)))
         return client.schedule_many(q, orders, mode=mode)
     if op == "cancel":
         return client.cancel(q, case["id"])
     if op == "get":
         return client.get(q, case["id"])
     if op == "reschedule":
-        return client.reschedule(q, case["id"], **_when(case))
+        return client.reschedule(q, case["id"], **_when(case), **_level(case))
     raise AssertionError(f"unknown op {op}")
+
+
+def _check_levels(client: Any, case: Dict[str, Any], out: Any) -> None:
+    """After an accepted call: what ``get`` reads back has the level the case gave (or
+    states with ``expect_priority``)."""
+    op, q = case["op"], case.get("queue")
+    if op == "get":
+        if "expect_priority" in case:
+            assert out is not None, f"{case['name']}: not found, expected priority {case['expect_priority']}"
+            assert out.priority == case["expect_priority"], f"{case['name']}: priority {out.priority.value}"
+    elif op == "schedule" and out.outcome != delayq.Outcome.UNCHANGED:
+        got = client.get(q, case["id"])
+        assert got.priority == case.get("priority", "normal"), f"{case['name']}: stored {got.priority.value}"
+    elif op == "schedule_many" and "orders" in case:
+        # An id repeated in the batch: its last write.
+        last = {}
+        for o, r in zip(case["orders"], out):
+            if r.outcome != delayq.Outcome.UNCHANGED:
+                last[o["id"]] = o.get("priority", "normal")
+        for i, level in last.items():
+            assert client.get(q, i).priority == level, f"{case['name']}: {i!r} stored at another level"
+    elif op == "reschedule" and "priority" in case and out == delayq.RescheduleOutcome.RESCHEDULED:
+        assert client.get(q, case["id"]).priority == case["priority"], f"{case['name']}: level not changed"
 
 
 @pytest.mark.parametrize("kind", ["sync", "asyncio"])
@@ -116,6 +156,7 @@ def test_case(server, case, kind):
             assert e.code == expect, f"{case['name']}: queue_not_found, expected {expect}"
         else:
             assert expect is None, f"{case['name']}: succeeded ({out!r:.200}), expected {expect}"
+            _check_levels(client, case, out)
             return
         # A refused call wrote nothing.
         assert _scheduled_count(server) == before

@@ -24,6 +24,13 @@ def test_every_script_the_sdk_runs_is_vendored():
     # The enqueue contract of issue 22: three keys (due, payload, the shard's marker) and
     # the epoch as ARGV[3].
     assert b"KEYS[3]" in _core.ENQUEUE.text and b"stale_epoch" in _core.ENQUEUE.text
+    # Issue 26: the levels HASH as KEYS[4] (enqueue), KEYS[3] (cancel, get), KEYS[2] and the
+    # new level as ARGV[3] (reschedule).
+    assert b"KEYS[4]" in _core.ENQUEUE.text and b"quadruples" in _core.ENQUEUE.text
+    for script in (_core.CANCEL, _core.GET):
+        assert b"KEYS[3]  optional: the shard's levels HASH" in script.text, script.name
+    assert b"KEYS[2]  optional: the shard's levels HASH" in _core.RESCHEDULE.text
+    assert b"ARGV[3]  optional: the new level" in _core.RESCHEDULE.text
 
 
 @pytest.mark.parametrize("name", NAMES)

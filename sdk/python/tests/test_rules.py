@@ -86,3 +86,55 @@ def test_options_are_checked():
                  {"durability": delayq.Replicated(1, 60_001)}, {"response_timeout": 0}):
         with pytest.raises(delayq.InvalidInput):
             delayq.Client("redis://127.0.0.1:1", **opts)
+
+
+# What Rust's format!("{:?}", s) writes (checked with rustc), which the invalid_priority
+# message quotes the refused text with.
+RUST_DEBUG = [
+    ("bogus", '"bogus"'),
+    ("", '""'),
+    ('a"b\\c\n\t\r\0', '"a\\"b\\\\c\\n\\t\\r\\0"'),
+    ("\u0301x", '"\\u{301}x"'),
+    ("x\u0301", '"x\\u{301}"'),
+    ("\u00a0", '"\\u{a0}"'),
+    ("\u200b", '"\\u{200b}"'),
+    ("é", '"é"'),
+    ("\x7f", '"\\u{7f}"'),
+    ("\x85", '"\\u{85}"'),
+    ("\U0001F600", '"\U0001F600"'),
+    ("\ue000", '"\\u{e000}"'),
+    ("\u0378", '"\\u{378}"'),
+    ("\u2028", '"\\u{2028}"'),
+    ("'", '"\'"'),
+    ("\u00ad", '"\\u{ad}"'),
+    ("\x1b", '"\\u{1b}"'),
+    ("\u3000", '"\\u{3000}"'),
+    ("\ufe0f", '"\\u{fe0f}"'),
+    ("\U0001F3FB", '"\U0001F3FB"'),
+    ("\u200d", '"\\u{200d}"'),
+    ("\u0903", '"\u0903"'),
+]
+
+
+@pytest.mark.parametrize("text,quoted", RUST_DEBUG)
+def test_refused_text_is_quoted_as_rust_quotes_it(text, quoted):
+    assert rules.rust_debug(text) == quoted
+
+
+def test_priority_levels():
+    assert rules.PRIORITIES == ("high", "normal", "low")
+    for name in rules.PRIORITIES:
+        assert rules.check_priority(name) == name
+        assert rules.check_priority(delayq.Priority(name)) == name
+    assert [rules.lane_arg(p) for p in rules.PRIORITIES] == [b"high", b"", b"low"]
+    for bad, reason in [
+        ("bogus", 'invalid priority: "bogus" is not high, normal or low'),
+        ("", 'invalid priority: "" is not high, normal or low'),
+        ("Normal", 'invalid priority: "Normal" is not high, normal or low'),
+        ("low\n", 'invalid priority: "low\\n" is not high, normal or low'),
+        (None, "invalid priority: must be a string (high, normal or low), got NoneType"),
+        (0, "invalid priority: must be a string (high, normal or low), got int"),
+    ]:
+        with pytest.raises(delayq.InvalidInput) as e:
+            rules.check_priority(bad)
+        assert (e.value.code, str(e.value), e.value.index) == ("invalid_priority", reason, None)

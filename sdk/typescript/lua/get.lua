@@ -1,10 +1,13 @@
--- get.lua: read one scheduled order (due time and stored payload) consistently.
+-- get.lua: read one scheduled order (due time, stored payload, level) consistently.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
+-- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
 -- ARGV[1]  order id
 --
--- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false }
+-- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false,
+--            level ("high" or "low") or false (normal) }
+-- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -20,4 +23,29 @@ local function int(s)
   return n
 end
 
-return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]) }
+-- The names of a stream's consumer groups (none when the stream does not exist).
+local function group_names(stream)
+  local names = {}
+  if redis.call('EXISTS', stream) == 0 then return names end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then names[#names + 1] = g[i + 1] end
+    end
+  end
+  return names
+end
+
+-- Opens a priority lane of a shard, once: makes its stream with every consumer group the
+-- shard's normal stream has (each reading from the start of the lane) and sets the lane's
+-- marker field in the shard's marker HASH, from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, marker)
+  if redis.call('EXISTS', lane) == 1 then return end
+  for _, g in ipairs(group_names(normal)) do
+    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
+  end
+  redis.call('HSET', meta, marker, '1')
+end
+
+local level = false
+if KEYS[3] then level = redis.call('HGET', KEYS[3], ARGV[1]) end
+return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]), level }

@@ -23,9 +23,12 @@ import {
 import {
   DEFAULT_MAX_PAYLOAD_BYTES,
   type NewOrder,
+  type Priority,
   type When,
   checkOrder,
+  checkPriority,
   decodeStored,
+  laneArg,
   payloadText,
   resolveWhen,
 } from "./message.js";
@@ -92,6 +95,8 @@ export interface ScheduledOrder {
   payloadJson: string;
   /** The payload parsed with `JSON.parse` (numbers beyond 2^53 lose precision: use `payloadJson`). */
   payload: unknown;
+  /** Its priority level (`normal` for an order scheduled without one). */
+  priority: Priority;
 }
 
 interface QueueRef {
@@ -318,7 +323,10 @@ export class Client {
     ]);
   }
 
-  /** Schedules one order (`mode` default `upsert`: a known id gets the new due time and payload). */
+  /**
+   * Schedules one order (`mode` default `upsert`: a known id gets the new due time, payload
+   * and priority; `order.priority` absent is `normal`).
+   */
   async schedule(queue: string, order: NewOrder, options: { mode?: Mode } = {}): Promise<Scheduled> {
     try {
       const out = await this.scheduleMany(queue, [order], options);
@@ -335,7 +343,7 @@ export class Client {
   }
 
   /**
-   * Schedules a batch (at most 10,000 orders). The whole batch is checked first: one invalid
+   * Schedules a batch (at most 10,000 orders, each with its own `priority`). The whole batch is checked first: one invalid
    * order refuses it (`InvalidInputError` with its `index`) and nothing is written. Orders go
    * out at most 500 and 1 MiB of payloads per enqueue.lua call, one shard per call, the calls
    * pipelined; each call is atomic. When some calls fail after others succeeded, the error is
@@ -345,13 +353,16 @@ export class Client {
   async scheduleMany(queue: string, orders: NewOrder[], options: { mode?: Mode } = {}): Promise<Scheduled[]> {
     const mode = checkMode(options.mode);
     if (!Array.isArray(orders)) throw new InvalidInputError("invalid_body", "orders must be an array");
-    // 1. Each payload's JSON text.
+    // 1. Each payload's JSON text, then its priority level, order by order.
+    const levels: string[] = new Array(orders.length);
     const payloads = orders.map((o, i) => {
       try {
         if (o === null || typeof o !== "object") {
           throw new InvalidInputError("invalid_body", "an order must be an object");
         }
-        return payloadText(o);
+        const text = payloadText(o);
+        levels[i] = laneArg(checkPriority(o.priority));
+        return text;
       } catch (e) {
         throw e instanceof InvalidInputError ? e.inBatch(i) : e;
       }
@@ -378,7 +389,7 @@ export class Client {
       throw new QueueNotFoundError(queue, "its registry record has no epoch (written by an earlier delayq): `delayq queue create` upgrades it");
     }
     let calls = plan(orders, bytes, all, ref.shards);
-    let done = await this.enqueueCalls(queue, ref.epoch, calls, orders, dues, payloads, now, mode);
+    let done = await this.enqueueCalls(queue, ref.epoch, calls, orders, dues, payloads, levels, now, mode);
     // Every call refused by enqueue.lua (nothing written): the queue was deleted, or deleted
     // and created again. Read the registry once more and retry with what it says.
     if (done.every((r) => "err" in r && r.err instanceof ScriptRefusal)) {
@@ -388,7 +399,7 @@ export class Client {
       if (fresh.epoch === null) throw new QueueNotFoundError(queue);
       ref = fresh;
       calls = plan(orders, bytes, all, ref.shards);
-      done = await this.enqueueCalls(queue, ref.epoch as string, calls, orders, dues, payloads, now, mode);
+      done = await this.enqueueCalls(queue, ref.epoch as string, calls, orders, dues, payloads, levels, now, mode);
     }
     const results: (ItemOutcome | undefined)[] = new Array(orders.length);
     let failed: DelayqError | null = null;
@@ -435,12 +446,21 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload], [id], "cancelling an order (cancel.lua)");
+    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels], [id], "cancelling an order (cancel.lua)");
     return Number(n) === 1 ? "cancelled" : "not_found";
   }
 
-  /** Moves a scheduled order to a new due time, keeping its payload. */
-  async reschedule(queue: string, id: string, when: When): Promise<RescheduleOutcome> {
+  /**
+   * Moves a scheduled order to a new due time, keeping its payload. With `priority`, the
+   * order gets that level too (both change together, or neither); without, it keeps its level.
+   */
+  async reschedule(
+    queue: string,
+    id: string,
+    when: When,
+    options: { priority?: Priority } = {},
+  ): Promise<RescheduleOutcome> {
+    const level = options?.priority === undefined || options.priority === null ? null : checkPriority(options.priority);
     checkQueue(queue);
     checkId(id);
     if (when === null || typeof when !== "object") {
@@ -449,23 +469,26 @@ export class Client {
     const due = resolveWhen(when, this.core.now());
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.reschedule, [k.due], [id, String(due)], "rescheduling an order (reschedule.lua)");
+    const args = level === null ? [id, String(due)] : [id, String(due), level];
+    const n = await this.evalScript(SCRIPTS.reschedule, [k.due, k.levels], args, "rescheduling an order (reschedule.lua)");
     return Number(n) === 1 ? "rescheduled" : "not_found";
   }
 
-  /** Reads a scheduled order: its due time and payload; null when it is not scheduled. */
+  /** Reads a scheduled order: its due time, payload and priority; null when it is not scheduled. */
   async get(queue: string, id: string): Promise<ScheduledOrder | null> {
     checkQueue(queue);
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const r = await this.evalScript(SCRIPTS.get, [k.due, k.payload], [id], "reading an order (get.lua)");
-    if (!Array.isArray(r)) throw new ReplyError("reading an order (get.lua)", "not an array");
-    const [score, raw] = r as [string | null, string | null];
+    const r = await this.evalScript(SCRIPTS.get, [k.due, k.payload, k.levels], [id], "reading an order (get.lua)");
+    if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("reading an order (get.lua)", "not an array of 3");
+    const [score, raw, stored] = r as [string | null, string | null, string | null];
     if (score === null || score === undefined) return null;
     const dueAtMs = Math.round(Number(score));
+    // Absent, or anything but high / low (a foreign writer's): normal, as the Rust client reads it.
+    const priority: Priority = stored === "high" || stored === "low" ? stored : "normal";
     if (raw === null || raw === undefined) {
-      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null };
+      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority };
     }
     const { enqueuedAtMs, json } = decodeStored(String(raw));
     let payload: unknown;
@@ -474,7 +497,7 @@ export class Client {
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority };
   }
 
   // ---- internals ----
@@ -524,16 +547,19 @@ export class Client {
     orders: NewOrder[],
     dues: number[],
     payloads: string[],
+    levels: string[],
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
+    // The form the Rust client sends: the levels HASH as KEYS[4] and one quadruple per
+    // order (id, due, payload, level; "" for normal).
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
       const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
       for (const i of c.idxs) {
-        args.push((orders[i] as NewOrder).id, String(dues[i]), payloads[i] as string);
+        args.push((orders[i] as NewOrder).id, String(dues[i]), payloads[i] as string, levels[i] as string);
       }
-      return { keys: [k.due, k.payload, k.meta], args, n: c.idxs.length };
+      return { keys: [k.due, k.payload, k.meta, k.levels], args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to
     // the node that holds it); on one server every call goes together.

@@ -11,6 +11,7 @@ export type InvalidInputCode =
   | "payload_too_large"
   | "invalid_delay"
   | "invalid_due_time"
+  | "invalid_priority"
   | "invalid_redis_url"
   | "invalid_option"
   | "invalid_body"

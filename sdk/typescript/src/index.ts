@@ -33,8 +33,11 @@ export {
   JsonText,
   MAX_AHEAD_MS,
   MAX_PAYLOAD_DEPTH,
+  PRIORITIES,
+  checkPriority,
   jsonText,
   type NewOrder,
+  type Priority,
   type When,
 } from "./message.js";
 export { LUA_DIR, SCRIPTS, SCRIPT_NAMES, type Script, type ScriptName } from "./scripts.js";

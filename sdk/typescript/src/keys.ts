@@ -97,11 +97,13 @@ export interface ShardKeys {
   payload: string;
   /** HASH: the shard's marker (`epoch` while the queue exists). */
   meta: string;
+  /** HASH: order id -> `high` or `low`, for the scheduled orders that are not `normal`. */
+  levels: string;
 }
 
 export function shardKeys(ns: string, queue: string, shard: number): ShardKeys {
   const tag = `{${ns}:${queue}:${shard}}`;
-  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta` };
+  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels` };
 }
 
 /** The queue's registry record (HASH: `shards`, `epoch`, ...). */

@@ -1,5 +1,6 @@
-// What producers send: an order id, when it is due, and a JSON payload (kept as text, byte
-// for byte), checked by the same rules as the Rust crate's `engine::message`.
+// What producers send: an order id, when it is due, a JSON payload (kept as text, byte for
+// byte) and a priority level, checked by the same rules as the Rust crate's
+// `engine::message` and `engine::priority`.
 
 import { InvalidInputError } from "./errors.js";
 import { checkId, hasLoneSurrogate } from "./keys.js";
@@ -48,6 +49,50 @@ export interface When {
   at?: Date | number | bigint | string;
 }
 
+/**
+ * An order's priority level: consumers take every due `high` order before any `normal` one,
+ * and every `normal` one before any `low` one (or share reads by weight, as the engine's
+ * worker is configured). `normal` is the default.
+ */
+export type Priority = "high" | "normal" | "low";
+
+/** The priority levels, most urgent first. */
+export const PRIORITIES: readonly Priority[] = Object.freeze(["high", "normal", "low"] as const);
+
+/** Characters Rust's `{:?}` writes as `\u{..}`: not printable, or grapheme extenders. */
+const RUST_ESCAPED = /^[\p{Cc}\p{Cf}\p{Cs}\p{Co}\p{Cn}\p{Zl}\p{Zp}\p{Zs}\p{Grapheme_Extend}]$/u;
+const RUST_SHORT: Record<string, string> = { "\0": "\\0", "\t": "\\t", "\r": "\\r", "\n": "\\n", "\\": "\\\\", '"': '\\"' };
+
+/** `text` quoted as Rust's `format!("{text:?}")` writes it (how the Rust client's errors quote what they refuse). */
+export function rustDebug(text: string): string {
+  let out = '"';
+  for (const ch of text) {
+    const short = RUST_SHORT[ch];
+    if (short !== undefined) out += short;
+    else if (ch !== " " && RUST_ESCAPED.test(ch)) out += `\\u{${(ch.codePointAt(0) as number).toString(16)}}`;
+    else out += ch;
+  }
+  return `${out}"`;
+}
+
+/**
+ * Checks a priority level as the Rust `Priority::parse`: exactly `high`, `normal` or `low`
+ * (`invalid_priority` otherwise, with the Rust message). `undefined` and `null` are `normal`.
+ */
+export function checkPriority(level: unknown): Priority {
+  if (level === undefined || level === null) return "normal";
+  if (typeof level !== "string") {
+    throw new InvalidInputError("invalid_priority", `invalid priority: must be a string (high, normal or low), got ${typeof level}`);
+  }
+  if (level === "high" || level === "normal" || level === "low") return level;
+  throw new InvalidInputError("invalid_priority", `invalid priority: ${rustDebug(level)} is not high, normal or low`);
+}
+
+/** A checked level as enqueue.lua takes it: `""` for normal (the cheapest argument), else its name. */
+export function laneArg(level: Priority): string {
+  return level === "normal" ? "" : level;
+}
+
 /** One order to schedule. */
 export interface NewOrder extends When {
   /** The business id: 1..=256 bytes of UTF-8, no control characters. */
@@ -59,6 +104,8 @@ export interface NewOrder extends When {
   payload?: unknown;
   /** The payload as JSON text, kept byte for byte (instead of `payload`). */
   payloadJson?: string;
+  /** Its priority level: `"high"`, `"normal"` (the default) or `"low"`. */
+  priority?: Priority;
 }
 
 const dueErr = (reason: string) => new InvalidInputError("invalid_due_time", `invalid due time: ${reason}`);

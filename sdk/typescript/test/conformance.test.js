@@ -12,12 +12,16 @@ import { LocalRedis, REPO, createQueue } from "./support/harness.js";
 const FILE = path.join(REPO, "tests/conformance/inputs.json");
 const spec = JSON.parse(readFileSync(FILE, "utf8"));
 const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule", "connect"]);
+const CASE_KEYS = new Set([
+  "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
+  "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
+]);
 
 let redis;
 let client;
 
 before(async () => {
-  assert.equal(spec.format, 1, "a conformance format this reader does not know");
+  assert.equal(spec.format, 2, "a conformance format this reader does not know");
   redis = await LocalRedis.start();
   for (const q of spec.queues) await createQueue(redis.url, q.name, q.shards, spec.namespace);
   client = await Client.connect(redis.url, { namespace: spec.namespace, clock: () => spec.now_ms });
@@ -42,8 +46,13 @@ function when(o) {
   return {};
 }
 
+/** The `priority` exactly as the file has it (absent: none given, i.e. normal). */
+function level(o) {
+  return "priority" in o ? { priority: o.priority } : {};
+}
+
 function orderOf(o) {
-  return { id: o.id, ...when(o), payloadJson: o.payload };
+  return { id: o.id, ...when(o), payloadJson: o.payload, ...level(o) };
 }
 
 function ordersOf(c) {
@@ -68,7 +77,7 @@ async function run(c) {
     case "get":
       return client.get(c.queue, c.id);
     case "reschedule":
-      return client.reschedule(c.queue, c.id, when(c));
+      return client.reschedule(c.queue, c.id, when(c), level(c));
     case "connect": {
       const other = await Client.connect(redis.url, { namespace: c.namespace, clock: () => spec.now_ms });
       await other.close();
@@ -87,7 +96,9 @@ test("the conformance file has cases this reader knows", { timeout: 90_000 }, ()
     assert.ok(!names.has(c.name), `duplicate case name ${c.name}`);
     names.add(c.name);
     if (c.expect !== null) assert.ok(spec.codes.includes(c.expect), `${c.name}: unknown code ${c.expect}`);
+    for (const k of Object.keys(c)) assert.ok(CASE_KEYS.has(k), `${c.name}: unknown key ${k}`);
   }
+  assert.ok(spec.codes.includes("invalid_priority"));
 });
 
 for (const c of spec.cases) {
@@ -116,15 +127,32 @@ for (const c of spec.cases) {
         }
         const expectDue = "delay_ms" in c ? spec.now_ms + c.delay_ms : c.due_ms;
         assert.equal(result.dueAtMs, expectDue);
+        if (result.outcome !== "unchanged") assert.equal(got.priority, c.priority ?? "normal", `${c.name}: stored level`);
       } else if (c.op === "schedule_many") {
         const orders = ordersOf(c);
         assert.equal(result.length, orders.length);
         result.forEach((r, i) => assert.equal(r.id, orders[i].id));
         if (c.mode === "if_absent") assert.ok(result.every((r) => r.outcome === "created" || r.outcome === "unchanged"));
+        if (c.orders) {
+          // Each written order's level (an id repeated in the batch: its last write).
+          const last = new Map();
+          c.orders.forEach((o, i) => {
+            if (result[i].outcome !== "unchanged") last.set(o.id, o.priority ?? "normal");
+          });
+          for (const [id, want] of last) assert.equal((await client.get(c.queue, id)).priority, want, `${c.name}: level of ${id}`);
+        }
+      } else if (c.op === "get") {
+        if ("expect_priority" in c) {
+          assert.ok(result, `${c.name}: not found, expected priority ${c.expect_priority}`);
+          assert.equal(result.priority, c.expect_priority, `${c.name}: level`);
+        }
       } else if (c.op === "cancel") {
         assert.ok(result === "not_found" || result === "cancelled");
       } else if (c.op === "reschedule") {
         assert.ok(result === "not_found" || result === "rescheduled");
+        if (result === "rescheduled" && "priority" in c) {
+          assert.equal((await client.get(c.queue, c.id)).priority, c.priority, `${c.name}: level not changed`);
+        }
       } else if (c.op === "connect") {
         assert.equal(result, c.namespace);
       }

@@ -147,3 +147,35 @@ test("every shard agrees: the Rust side finds each order scheduled here", { time
   }
   for (const id of ids) assert.equal(await client.cancel(Q, id), "cancelled");
 });
+
+test("scheduled here at high / low, dispatched by delayq serve into that level's stream", { timeout: 90_000 }, async () => {
+  const want = { "lane-vip": "high", "lane-plain": "normal", "lane-slow": "low", "lane-vip-2": "high" };
+  const ids = Object.keys(want);
+  await client.scheduleMany(Q, ids.map((id) => ({ id, delayMs: 200, payload: { id }, priority: want[id] })));
+  for (const id of ids) await hook.waitFor(id, 30_000);
+  // Each order went into its shard's stream of its level ({tag}:high:stream, {tag}:stream,
+  // {tag}:low:stream), with priority=<level> when it is not normal.
+  const admin = await redis.connect();
+  try {
+    for (const id of ids) {
+      const tag = `{dq:${Q}:${shardOf(id, SHARDS)}}`;
+      const lanes = { high: `${tag}:high:stream`, normal: `${tag}:stream`, low: `${tag}:low:stream` };
+      const found = {};
+      for (const [lv, key] of Object.entries(lanes)) {
+        for (const [, flat] of await admin.xrange(key, "-", "+")) {
+          const fields = {};
+          for (let i = 0; i < flat.length; i += 2) fields[flat[i]] = flat[i + 1];
+          if (fields.id === id) found[lv] = fields;
+        }
+      }
+      assert.deepEqual(Object.keys(found), [want[id]], `${id}: ${JSON.stringify(found)}`);
+      assert.equal(found[want[id]].priority, want[id] === "normal" ? undefined : want[id]);
+    }
+    // Dispatched: no level is left behind in the levels HASHes.
+    for (let s = 0; s < SHARDS; s++) {
+      for (const id of ids) assert.equal(await admin.hget(`{dq:${Q}:${s}}:levels`, id), null);
+    }
+  } finally {
+    admin.disconnect();
+  }
+});

@@ -3,9 +3,9 @@
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { fnv1a64, jsonText, shardKeys, shardOf } from "../dist/index.js";
+import { PRIORITIES, checkPriority, fnv1a64, jsonText, shardKeys, shardOf } from "../dist/index.js";
 import { parseRedisUrl } from "../dist/connection.js";
-import { decodeStored, jsonDepth, parseAt, resolveWhen, toJsonText } from "../dist/message.js";
+import { decodeStored, jsonDepth, laneArg, parseAt, resolveWhen, rustDebug, toJsonText } from "../dist/message.js";
 
 test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, () => {
   // Published test vectors.
@@ -25,6 +25,7 @@ test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, 
     due: "{dq:order-close:7}:due",
     payload: "{dq:order-close:7}:payload",
     meta: "{dq:order-close:7}:meta",
+    levels: "{dq:order-close:7}:levels",
   });
 });
 
@@ -72,5 +73,55 @@ test("Redis URLs, and no password in their errors", { timeout: 90_000 }, () => {
   assert.equal(c.options.password, "pw");
   for (const bad of ["", "http://u:hunter2@h", "redis://u:hunter2@h/x", "redis+cluster://u:hunter2@", "nonsense hunter2"]) {
     assert.throws(() => parseRedisUrl(bad), (e) => e.code === "invalid_redis_url" && !e.message.includes("hunter2"));
+  }
+});
+
+// What Rust's format!("{:?}", s) writes (checked with rustc): how the invalid_priority message
+// quotes the refused text.
+const RUST_DEBUG = [
+  ["bogus", '"bogus"'],
+  ["", '""'],
+  ['a"b\\c\n\t\r\0', '"a\\"b\\\\c\\n\\t\\r\\0"'],
+  ["\u0301x", '"\\u{301}x"'],
+  ["x\u0301", '"x\\u{301}"'],
+  ["\u00a0", '"\\u{a0}"'],
+  ["\u200b", '"\\u{200b}"'],
+  ["é", '"é"'],
+  ["\x7f", '"\\u{7f}"'],
+  ["\x85", '"\\u{85}"'],
+  ["\u{1F600}", '"\u{1F600}"'],
+  ["\ue000", '"\\u{e000}"'],
+  ["\u0378", '"\\u{378}"'],
+  ["\u2028", '"\\u{2028}"'],
+  ["'", '"\'"'],
+  ["\u00ad", '"\\u{ad}"'],
+  ["\x1b", '"\\u{1b}"'],
+  ["\u3000", '"\\u{3000}"'],
+  ["\ufe0f", '"\\u{fe0f}"'],
+  ["\u{1F3FB}", '"\u{1F3FB}"'],
+  ["\u200d", '"\\u{200d}"'],
+  ["\u0903", '"\u0903"'],
+];
+
+test("priority levels, and refused text quoted as Rust quotes it", { timeout: 90_000 }, () => {
+  for (const [text, quoted] of RUST_DEBUG) assert.equal(rustDebug(text), quoted, JSON.stringify(text));
+  assert.deepEqual([...PRIORITIES], ["high", "normal", "low"]);
+  for (const p of PRIORITIES) assert.equal(checkPriority(p), p);
+  assert.equal(checkPriority(undefined), "normal");
+  assert.deepEqual(PRIORITIES.map(laneArg), ["high", "", "low"]);
+  for (const [bad, message] of [
+    ["bogus", 'invalid priority: "bogus" is not high, normal or low'],
+    ["", 'invalid priority: "" is not high, normal or low'],
+    ["Normal", 'invalid priority: "Normal" is not high, normal or low'],
+    ["low\n", 'invalid priority: "low\\n" is not high, normal or low'],
+    [1, "invalid priority: must be a string (high, normal or low), got number"],
+    [new String("high"), "invalid priority: must be a string (high, normal or low), got object"],
+  ]) {
+    assert.throws(() => checkPriority(bad), (e) => {
+      assert.equal(e.code, "invalid_priority");
+      assert.equal(e.message, message);
+      assert.equal(e.index, undefined);
+      return true;
+    });
   }
 });

@@ -7,6 +7,9 @@
 //!   pending order, Redis CPU per order.
 //! - `storm`: N orders all due at one instant; drain rate from that instant to the last one
 //!   handled (dispatched, handled, acked), and lateness.
+//! - `storm3`: `storm` with the orders spread over the three priority levels (order i is
+//!   high, normal, low for i mod 3 = 0, 1, 2), read strictly: the drain rate beside the
+//!   one-level storm's.
 //! - `enqueue`: N orders due in an hour, no worker: producer rate and memory per pending
 //!   order.
 //! - `ceiling`: this Redis's raw limits in the same run (pipelined ZADD, a trivial script),
@@ -110,8 +113,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         .set_history_retention(QUEUE, opts.history_retention)
         .await?;
     let result = match scenario {
-        "spread" => timed(&client, opts, false).await,
-        "storm" => timed(&client, opts, true).await,
+        "spread" => timed(&client, opts, false, false).await,
+        "storm" => timed(&client, opts, true, false).await,
+        "storm3" => timed(&client, opts, true, true).await,
         "enqueue" => enqueue(&client, opts).await,
         "ceiling" => ceiling(&client, opts).await,
         "dispatch" => dispatch(&client, opts).await,
@@ -119,7 +123,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "idle" => idle(&client, opts).await,
         "schedules" => schedules(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, enqueue, ceiling, dispatch, depth, idle, schedules)"
+            "unknown scenario {other:?} (spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle, schedules)"
         )),
     };
     client.delete_namespace().await?;
@@ -328,14 +332,25 @@ async fn ceiling(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRe
     })
 }
 
-/// spread (due over the window) or storm (all due at one instant).
-async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Result<BenchReport> {
+/// spread (due over the window) or storm (all due at one instant); `levels`: the orders
+/// take the three priority levels in turn.
+async fn timed(
+    client: &Client,
+    opts: &BenchOptions,
+    storm: bool,
+    levels: bool,
+) -> anyhow::Result<BenchReport> {
     let n = opts.orders;
     let start = client.now_ms();
     let lead = i64::try_from(opts.lead.as_millis()).unwrap_or(3000);
     let window = i64::try_from(opts.window.as_millis()).unwrap_or(10_000) * i64::from(!storm);
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
-    let orders = bench_orders(n, opts.payload_bytes, due_of);
+    let mut orders = bench_orders(n, opts.payload_bytes, due_of);
+    if levels {
+        for (i, o) in orders.iter_mut().enumerate() {
+            o.priority = crate::Priority::ALL[i % 3];
+        }
+    }
     let rec = Recorder::default();
     let stop = CancellationToken::new();
     let worker = Worker::new(
@@ -378,7 +393,12 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         (None, None)
     };
     let mut report = BenchReport {
-        scenario: if storm { "storm" } else { "spread" }.into(),
+        scenario: match (storm, levels) {
+            (true, true) => "storm3",
+            (true, false) => "storm",
+            _ => "spread",
+        }
+        .into(),
         n,
         enqueue_s: Some(took.as_secs_f64()),
         enqueue_rate: Some(n as f64 / took.as_secs_f64()),
@@ -392,8 +412,13 @@ async fn timed(client: &Client, opts: &BenchOptions, storm: bool) -> anyhow::Res
         client_cpu_us_per_order: own0.zip(own1).map(|(a, b)| (b - a) * 1e6 / n as f64),
         timed_out,
         notes: format!(
-            "{} shard(s), worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
+            "{} shard(s){}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
             opts.shards,
+            if levels {
+                ", 3 priority levels (strict)"
+            } else {
+                ""
+            },
             opts.concurrency,
             opts.payload_bytes,
             opts.rate_limit

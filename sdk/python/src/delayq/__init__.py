@@ -8,6 +8,7 @@ engine (``delayq serve``).
     import delayq
     client = delayq.Client("redis://127.0.0.1:6379")
     client.schedule("order-close", "order-1234", delay_ms=15 * 60_000, payload={"user": 42})
+    client.schedule("order-close", "order-vip", delay_ms=15 * 60_000, priority="high")
     client.cancel("order-close", "order-1234")
 """
 
@@ -18,6 +19,7 @@ from ._core import (
     Mode,
     Order,
     Outcome,
+    Priority,
     Replicated,
     RescheduleOutcome,
     Scheduled,
@@ -50,6 +52,7 @@ __all__ = [
     "Order",
     "Outcome",
     "PartialBatch",
+    "Priority",
     "QueueNotFound",
     "RawJson",
     "RedisFailure",

@@ -67,6 +67,17 @@ def parse_mode(mode: Any) -> Mode:
         raise InvalidInput("invalid_option", f"invalid option mode: {mode!r} is not upsert or if_absent") from None
 
 
+class Priority(str, enum.Enum):
+    """An order's priority level (src/engine/priority.rs). A due order goes into its
+    level's stream; consumers take ``high`` before ``normal`` before ``low``. Plain strings
+    (``"high"``, ``"normal"``, ``"low"``) are accepted wherever a level is."""
+
+    HIGH = "high"
+    #: The default.
+    NORMAL = "normal"
+    LOW = "low"
+
+
 class Outcome(str, enum.Enum):
     """What scheduling one order did."""
 
@@ -106,7 +117,8 @@ Durability = Union[Leader, Replicated]
 @dataclasses.dataclass
 class Order:
     """One order of a batch: an id, exactly one of ``delay_ms`` / ``due_ms`` / ``delay`` /
-    ``at``, and a payload (any JSON-serializable value, or :class:`RawJson` text)."""
+    ``at``, a payload (any JSON-serializable value, or :class:`RawJson` text) and a priority
+    level (``"high"``, ``"normal"``, the default, or ``"low"``; None is the default too)."""
 
     id: str
     delay_ms: Optional[int] = None
@@ -114,6 +126,7 @@ class Order:
     payload: Any = None
     delay: Optional[_dt.timedelta] = None
     at: Optional[_dt.datetime] = None
+    priority: Union[str, Priority, None] = Priority.NORMAL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,6 +151,8 @@ class ScheduledOrder:
     payload: Any
     #: The payload's exact JSON text as stored (None when missing).
     payload_json: Optional[str]
+    #: Its priority level (``normal`` for an order scheduled without one).
+    priority: Priority = Priority.NORMAL
 
 
 # ---------------------------------------------------------------- options
@@ -272,6 +287,11 @@ class Keys:
     def meta(self, queue: str, shard: int) -> str:
         return self.tag(queue, shard) + ":meta"
 
+    def levels(self, queue: str, shard: int) -> str:
+        """HASH: order id -> ``high`` or ``low``, for the scheduled orders that are not
+        normal."""
+        return self.tag(queue, shard) + ":levels"
+
     def queues(self) -> str:
         return "{%s}:queues" % self.ns
 
@@ -337,6 +357,8 @@ class Prepared:
     id_bytes: bytes
     due: int
     payload: rules.RawJson
+    #: The level as enqueue.lua takes it (b"" for normal).
+    level: bytes = b""
 
 
 def to_order(o: Any) -> Order:
@@ -347,23 +369,36 @@ def to_order(o: Any) -> Order:
     raise TypeError(f"an order is a delayq.Order or a dict, got {type(o).__name__}")
 
 
+def level_of(priority: Any) -> bytes:
+    """A checked priority level (None: normal) as enqueue.lua takes it."""
+    return rules.lane_arg("normal" if priority is None else rules.check_priority(priority))
+
+
 def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: int) -> List[Prepared]:
-    """Validates a batch the way ``Client::schedule_many`` does: size, queue name, then each
-    order (id, payload size and depth, due time). One invalid order refuses the batch."""
+    """Validates a batch the way ``Client::schedule_many`` does (tests/conformance/README.md,
+    "The order of checks"): each order's priority level (as the Rust side parses it before
+    the call), the size, the queue name, then each order (id, payload size and depth, due
+    time). One invalid order refuses the batch."""
+    orders = [to_order(o) for o in orders]
+    levels = []
+    for i, o in enumerate(orders):
+        try:
+            levels.append(level_of(o.priority))
+        except InvalidInput as e:
+            raise e.in_batch(i) from None
     if len(orders) > rules.MAX_BATCH:
         raise InvalidInput("batch_too_large", f"{len(orders)} messages; at most {rules.MAX_BATCH} per call")
     rules.check_queue(queue)
     out = []
     for i, o in enumerate(orders):
         try:
-            o = to_order(o)
             idb = rules.check_id(o.id)
             p = rules.to_payload(o.payload)
             rules.check_payload(p, max_payload)
             due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at)
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p))
+        out.append(Prepared(o.id, idb, due, p, levels[i]))
     return out
 
 
@@ -404,16 +439,19 @@ def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
 
 
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 3 due payload meta mode now epoch id due json ...``"""
+    """``EVALSHA <sha> 4 due payload meta levels mode now epoch id due json level ...``: the
+    form with the levels HASH and one quadruple per order (level ``""`` for normal), as the
+    Rust client sends it."""
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 3,
+        "EVALSHA", ENQUEUE.sha, 4,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
+        keys.levels(queue, call.shard),
         "nx" if if_absent else "upsert", now_ms, epoch,
     ]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        args += (p.id_bytes, b"%d" % p.due, p.payload.data)
+        args += (p.id_bytes, b"%d" % p.due, p.payload.data, p.level)
     return args
 
 
@@ -505,14 +543,29 @@ def assemble(
     return [Scheduled(p.id, p.due, Outcome(o)) for p, o in zip(prepared, per)]
 
 
+def stored_level(v: Any) -> Priority:
+    """A level as stored in the levels HASH: absent, or anything but ``high`` / ``low`` (a
+    foreign writer's), is normal, as the Rust client reads it."""
+    if v is None:
+        return Priority.NORMAL
+    try:
+        return Priority(_text(v))
+    except (ValueError, UnicodeDecodeError):
+        return Priority.NORMAL
+
+
 def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
-    """get.lua's ``{score or false, stored or false}`` as an order (None: not scheduled)."""
-    score, raw = reply
+    """get.lua's ``{score or false, stored or false, level or false}`` as an order (None:
+    not scheduled)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+        raise RedisFailure("reading an order (get.lua)", ValueError("unexpected reply"), NOT_APPLIED, False, False)
+    score, raw, level = reply
     if score is None:
         return None
     due = round(float(score))
+    priority = stored_level(level)
     if raw is None:
-        return ScheduledOrder(id, due, None, None, None)
+        return ScheduledOrder(id, due, None, None, None, priority)
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
     enq: Optional[int] = None
     body = text
@@ -527,4 +580,4 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
         value = json.loads(body)
     except (ValueError, RecursionError):
         value = body
-    return ScheduledOrder(id, due, enq, value, body)
+    return ScheduledOrder(id, due, enq, value, body, priority)

@@ -220,20 +220,24 @@ class AsyncClient:
         at: Optional[_dt.datetime] = None,
         payload: Any = None,
         mode: Union[str, c.Mode] = c.Mode.UPSERT,
+        priority: Union[str, c.Priority, None] = c.Priority.NORMAL,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``). ``payload``: any JSON value, or :class:`RawJson` text kept byte for byte.
-        ``mode``: ``upsert`` (a known id gets the new due time and payload) or
-        ``if_absent`` (a known id is left untouched)."""
-        order = c.Order(id, delay_ms=delay_ms, due_ms=due_ms, payload=payload, delay=delay, at=at)
+        ``mode``: ``upsert`` (a known id gets the new due time, payload and priority) or
+        ``if_absent`` (a known id is left untouched). ``priority``: ``"high"``,
+        ``"normal"`` (the default) or ``"low"``; anything else is refused with
+        ``invalid_priority`` before anything is sent."""
+        order = c.Order(id, delay_ms=delay_ms, due_ms=due_ms, payload=payload, delay=delay, at=at, priority=priority)
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
         except InvalidInput as e:
             raise c.single(e) from None
 
     async def schedule_many(self, queue: str, orders: Iterable[Union[c.Order, dict]], mode: Union[str, c.Mode] = c.Mode.UPSERT) -> List[c.Scheduled]:
-        """Schedules a batch (at most 10,000 orders), validated whole first: one invalid
-        order refuses the batch (``InvalidInput.index`` names it) and nothing is written.
+        """Schedules a batch (at most 10,000 orders, each with its own ``priority``),
+        validated whole first: one invalid order refuses the batch (``InvalidInput.index``
+        names it) and nothing is written.
         Sent as calls of at most 500 orders and 1 MiB, one shard per call, in one pipeline.
         Returns one result per order, in order; a call that failed after others succeeded
         raises :class:`PartialBatch`."""
@@ -387,19 +391,20 @@ class AsyncClient:
 
     # ------------------------------------------------------------ cancel, reschedule, get
 
-    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str]:
+    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str]:
+        """The due ZSET, payload HASH and levels HASH of the order's shard."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
         ref = await self._queue_ref(queue)
         s = rules.shard_of(idb, ref.shards)
-        return self._keys.due(queue, s), self._keys.payload(queue, s)
+        return self._keys.due(queue, s), self._keys.payload(queue, s), self._keys.levels(queue, s)
 
     async def cancel(self, queue: str, id: str) -> c.CancelOutcome:
         """Cancels a scheduled order (e.g. the customer paid). ``not_found`` when it was
         never scheduled, was already cancelled, or was already dispatched."""
-        due, payload = await self._shard_keys(queue, id)
+        keys = await self._shard_keys(queue, id)
         try:
-            n = await self._evalsha(c.CANCEL, [due, payload], [id])
+            n = await self._evalsha(c.CANCEL, list(keys), [id])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
@@ -413,23 +418,29 @@ class AsyncClient:
         due_ms: Optional[int] = None,
         delay: Optional[_dt.timedelta] = None,
         at: Optional[_dt.datetime] = None,
+        priority: Union[str, c.Priority, None] = None,
     ) -> c.RescheduleOutcome:
-        """Moves a scheduled order to a new due time, keeping its payload."""
+        """Moves a scheduled order to a new due time, keeping its payload. ``priority``
+        given (``"high"``, ``"normal"`` or ``"low"``): the order gets that level too, in the
+        same atomic step; None (the default): it keeps its level."""
+        level = None if priority is None else rules.check_priority(priority)
         rules.check_queue(queue)
         rules.check_id(id)
         due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at)
-        due, _ = await self._shard_keys(queue, id)
+        due, _, levels = await self._shard_keys(queue, id)
+        args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
-            n = await self._evalsha(c.RESCHEDULE, [due], [id, due_at])
+            n = await self._evalsha(c.RESCHEDULE, [due, levels], args)
         except redis.RedisError as e:
             raise c.wrap("rescheduling an order (reschedule.lua)", e) from None
         return c.RescheduleOutcome.RESCHEDULED if int(n) == 1 else c.RescheduleOutcome.NOT_FOUND
 
     async def get(self, queue: str, id: str) -> Optional[c.ScheduledOrder]:
-        """A scheduled order (due time, payload), or None when it is not scheduled."""
-        due, payload = await self._shard_keys(queue, id)
+        """A scheduled order (due time, payload, priority), or None when it is not
+        scheduled."""
+        keys = await self._shard_keys(queue, id)
         try:
-            reply = await self._evalsha(c.GET, [due, payload], [id])
+            reply = await self._evalsha(c.GET, list(keys), [id])
         except redis.RedisError as e:
             raise c.wrap("reading an order (get.lua)", e) from None
         return c.decode_get(id, reply)

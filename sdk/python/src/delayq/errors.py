@@ -30,8 +30,9 @@ class InvalidInput(DelayqError, ValueError):
 
     ``code`` is one of ``invalid_queue``, ``invalid_namespace``, ``invalid_id``,
     ``invalid_payload``, ``payload_too_large``, ``invalid_delay``, ``invalid_due_time``,
-    ``batch_too_large``, ``invalid_option``, ``invalid_redis_url`` (``InvalidInput::code()``
-    in src/error.rs). In a batch, ``index`` is the position of the invalid order.
+    ``invalid_priority``, ``batch_too_large``, ``invalid_option``, ``invalid_redis_url``
+    (``InvalidInput::code()`` in src/error.rs). In a batch, ``index`` is the position of
+    the invalid order.
     """
 
     def __init__(self, code: str, message: str, index: Optional[int] = None):

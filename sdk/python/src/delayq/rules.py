@@ -1,8 +1,8 @@
 """Input rules: the same checks, in the same order, as the Rust client.
 
 src/engine/keys.rs (names, ids, the shard function), src/engine/message.rs (payloads, due
-times, delays) and src/service/admin.rs (batch size); the cases every producer must agree
-on are tests/conformance/inputs.json.
+times, delays), src/engine/priority.rs (priority levels) and src/service/admin.rs (batch
+size); the cases every producer must agree on are tests/conformance/inputs.json.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import re
+import unicodedata
 from typing import Any, Optional, Union
 
 from .errors import InvalidInput
@@ -34,6 +35,8 @@ ENQUEUE_CALL_BYTES = 1 << 20
 MAX_SHARDS = 1024
 #: Longest durable WAIT, ms.
 MAX_WAIT_MS = 60_000
+#: The priority levels, most urgent first (``normal`` is the default).
+PRIORITIES = ("high", "normal", "low")
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9._-]*")
 _NAME_BAD = re.compile(r"[^A-Za-z0-9._-]")
@@ -107,6 +110,56 @@ def shard_of(id: Union[str, bytes], shards: int) -> int:
         return 0
     data = id.encode("utf-8") if isinstance(id, str) else id
     return fnv1a64(data) % shards
+
+
+# ---------------------------------------------------------------- priorities
+
+_DEBUG_ESCAPES = {"\0": "\\0", "\t": "\\t", "\r": "\\r", "\n": "\\n", "\\": "\\\\", '"': '\\"'}
+# What Rust's `{:?}` of a str writes as \u{..}: characters that are not printable (Unicode
+# categories Cc, Cf, Cs, Co, Cn, Zl, Zp and Zs but for the space) and grapheme extenders
+# (Mn, Me and the Other_Grapheme_Extend code points).
+_UNPRINTABLE = frozenset(("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs", "Mn", "Me"))
+_OTHER_GRAPHEME_EXTEND = frozenset(
+    [0x09BE, 0x09D7, 0x0B3E, 0x0B57, 0x0BBE, 0x0BD7, 0x0CC2, 0x0CD5, 0x0CD6, 0x0D3E, 0x0D57,
+     0x0DCF, 0x0DDF, 0x1B35, 0x200C, 0x302E, 0x302F, 0xFF9E, 0xFF9F, 0x1133E, 0x11357,
+     0x114B0, 0x114BD, 0x115AF, 0x11930, 0x1D165, *range(0x1D16E, 0x1D173), *range(0xE0020, 0xE0080)]
+)
+
+
+def rust_debug(text: str) -> str:
+    """``text`` quoted as Rust's ``format!("{text:?}")`` writes it (the error messages of
+    the Rust client quote what they refuse this way)."""
+    out = ['"']
+    for ch in text:
+        esc = _DEBUG_ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ch != " " and (unicodedata.category(ch) in _UNPRINTABLE or ord(ch) in _OTHER_GRAPHEME_EXTEND):
+            out.append("\\u{%x}" % ord(ch))
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def check_priority(level: Any) -> str:
+    """Validates a priority level, as ``Priority::parse``: exactly ``high``, ``normal`` or
+    ``low`` (no other spelling, case or whitespace); returns its name."""
+    if isinstance(level, str):
+        for name in PRIORITIES:
+            if level == name:
+                return name
+        raise InvalidInput("invalid_priority", f"invalid priority: {rust_debug(level)} is not high, normal or low")
+    raise InvalidInput(
+        "invalid_priority",
+        f"invalid priority: must be a string (high, normal or low), got {type(level).__name__}",
+    )
+
+
+def lane_arg(level: str) -> bytes:
+    """A checked level as enqueue.lua takes it: ``b""`` for normal (the cheapest
+    argument), else its name."""
+    return b"" if level == "normal" else level.encode("ascii")
 
 
 # ---------------------------------------------------------------- payloads

@@ -9,6 +9,7 @@ import {
   QueueNotFoundError,
   jsonText,
   type NewOrder,
+  type Priority,
   type Scheduled,
   type ScheduledOrder,
 } from "delayq";
@@ -20,13 +21,17 @@ export async function usage(): Promise<void> {
     { id: "a", at: new Date(s.dueAtMs), payloadJson: '{"n":123456789012345678901234567890}' },
     { id: "b", at: "2030-01-01T00:00:00Z", payload: { amount: 10n, raw: jsonText("1.50") } },
     { id: "c", delayMs: 1000 },
+    { id: "d", delayMs: 1000, priority: "high" },
   ];
   const many: Scheduled[] = await dq.scheduleMany("order-close", orders, { mode: "if_absent" });
   const outcome: "created" | "updated" | "unchanged" = many[0]!.outcome;
   const cancelled: "cancelled" | "not_found" = await dq.cancel("order-close", "order-1234");
   const moved: "rescheduled" | "not_found" = await dq.reschedule("order-close", "a", { delayMs: 5 });
+  const level: Priority = "low";
+  await dq.reschedule("order-close", "a", { delayMs: 5 }, { priority: level });
   const got: ScheduledOrder | null = await dq.get("order-close", "a");
   const text: string | undefined = got?.payloadJson;
+  const priority: Priority | undefined = got?.priority;
   const durable = dq.withDurability({ replicas: 1, timeoutMs: 1000 });
   try {
     await durable.scheduleMany("order-close", orders);
@@ -37,6 +42,6 @@ export async function usage(): Promise<void> {
     else if (e instanceof PartialBatchError) console.log(e.results.map((r) => r.outcome));
     else if (e instanceof DelayqError && e.writeOutcome === "unknown") console.log(e.code);
   }
-  console.log(outcome, cancelled, moved, text);
+  console.log(outcome, cancelled, moved, text, priority);
   await dq.close();
 }

@@ -33,6 +33,29 @@ local function int(s)
   return n
 end
 
+-- The names of a stream's consumer groups (none when the stream does not exist).
+local function group_names(stream)
+  local names = {}
+  if redis.call('EXISTS', stream) == 0 then return names end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then names[#names + 1] = g[i + 1] end
+    end
+  end
+  return names
+end
+
+-- Opens a priority lane of a shard, once: makes its stream with every consumer group the
+-- shard's normal stream has (each reading from the start of the lane) and sets the lane's
+-- marker field in the shard's marker HASH, from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, marker)
+  if redis.call('EXISTS', lane) == 1 then return end
+  for _, g in ipairs(group_names(normal)) do
+    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
+  end
+  redis.call('HSET', meta, marker, '1')
+end
+
 local shards = int(ARGV[2])
 local max = int(ARGV[4])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then

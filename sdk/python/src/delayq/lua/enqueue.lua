@@ -3,11 +3,17 @@
 -- KEYS[1]  the shard's due ZSET     member = order id, score = due time (unix ms)
 -- KEYS[2]  the shard's payload HASH field = order id, value = "<enqueued_ms>:<payload JSON>"
 -- KEYS[3]  the shard's marker HASH  field epoch = the queue's epoch while it exists
+-- KEYS[4]  optional: the shard's levels HASH (field = order id, value = high or low, for the
+--          scheduled orders that are not normal). Given: the orders come as quadruples (see
+--          ARGV) and each one's level is set; absent (producers that predate priorities):
+--          triples, a new order is normal and an update keeps the level it had.
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched)
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record
--- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated
+-- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
+--           with KEYS[4], quadruples: id, due_ms, payload, level ("high", "low", or "" or
+--           "normal" for normal)
 --
 -- Numbers are canonical decimal integers ("^-?[0-9]+$", at most 2^53 - 1, not negative):
 -- " 5", "5 ", "1e3", "0x10", "nan", "inf" and "" are refused. Redis >= 6.2.
@@ -37,6 +43,29 @@ local function int(s)
   return n
 end
 
+-- The names of a stream's consumer groups (none when the stream does not exist).
+local function group_names(stream)
+  local names = {}
+  if redis.call('EXISTS', stream) == 0 then return names end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then names[#names + 1] = g[i + 1] end
+    end
+  end
+  return names
+end
+
+-- Opens a priority lane of a shard, once: makes its stream with every consumer group the
+-- shard's normal stream has (each reading from the start of the lane) and sets the lane's
+-- marker field in the shard's marker HASH, from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, marker)
+  if redis.call('EXISTS', lane) == 1 then return end
+  for _, g in ipairs(group_names(normal)) do
+    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
+  end
+  redis.call('HSET', meta, marker, '1')
+end
+
 local mode = ARGV[1]
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')
@@ -48,16 +77,22 @@ end
 if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
   return redis.error_reply('ERR delayq enqueue: the queue epoch is missing')
 end
-if (#ARGV - 3) % 3 ~= 0 then
-  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload triples')
+local w = 3
+if KEYS[4] then w = 4 end
+if (#ARGV - 3) % w ~= 0 then
+  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 4 and ', level quadruples' or ' triples'))
 end
-for i = 4, #ARGV, 3 do
+local lanes = { [''] = '', normal = '', high = 'high', low = 'low' }
+for i = 4, #ARGV, w do
   if ARGV[i] == '' then
     return redis.error_reply('ERR delayq enqueue: empty order id')
   end
   local due = int(ARGV[i + 1])
   if not due or due < 0 then
     return redis.error_reply('ERR delayq enqueue: due_ms of order ' .. ARGV[i] .. ' is not a number (a non-negative decimal integer)')
+  end
+  if w == 4 and not lanes[ARGV[i + 3]] then
+    return redis.error_reply('ERR delayq enqueue: the level of order ' .. ARGV[i] .. ' must be high, normal or low')
   end
 end
 
@@ -73,32 +108,58 @@ end
 -- HSET per 500 orders instead of one of each per order (a call from Lua costs more than the
 -- work it does for one order). An id given twice in one call behaves as two calls in order:
 -- the later one is an update (upsert) or unchanged (nx).
-local n = (#ARGV - 3) / 3
+local n = (#ARGV - 3) / w
 local ids = {}
-for k = 1, n do ids[k] = ARGV[3 * k + 1] end
+for k = 1, n do ids[k] = ARGV[w * (k - 1) + 4] end
 local known = {}
 for s = 1, n, 1000 do
   local e = math.min(s + 999, n)
   local scores = redis.call('ZMSCORE', KEYS[1], unpack(ids, s, e))
   for k = s, e do known[k] = scores[k - s + 1] end
 end
-local seen, z, h, out = {}, {}, {}, {}
+-- Levels (quadruples only): "high"/"low" set in the levels HASH, normal ones removed from
+-- it (the last one given wins, as for the payload); a queue that never used a level has no
+-- levels HASH and pays one EXISTS per call.
+local seen, z, h, fin, out = {}, {}, {}, {}, {}
+local had_levels = w == 4 and redis.call('EXISTS', KEYS[4]) == 1
 for k = 1, n do
   local id = ids[k]
   local exists = known[k] or seen[id]
+  local a = w * (k - 1) + 4
   if mode == 'nx' and exists then
     out[k] = 0
   else
     if exists then out[k] = 2 else out[k] = 1 end
     seen[id] = true
-    z[#z + 1] = ARGV[3 * k + 2]
+    z[#z + 1] = ARGV[a + 1]
     z[#z + 1] = id
     h[#h + 1] = id
-    h[#h + 1] = now .. ':' .. ARGV[3 * k + 3]
+    h[#h + 1] = now .. ':' .. ARGV[a + 2]
+    if w == 4 then
+      local level = lanes[ARGV[a + 3]]
+      if level ~= '' or had_levels or fin[id] then fin[id] = level end
+    end
   end
 end
 for s = 1, #z, 1000 do
   redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 999, #z)))
   redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 999, #h)))
+end
+if w == 4 then
+  local lv, plain = {}, {}
+  for id, level in pairs(fin) do
+    if level ~= '' then
+      lv[#lv + 1] = id
+      lv[#lv + 1] = level
+    elseif had_levels then
+      plain[#plain + 1] = id
+    end
+  end
+  for s = 1, #plain, 1000 do
+    redis.call('HDEL', KEYS[4], unpack(plain, s, math.min(s + 999, #plain)))
+  end
+  for s = 1, #lv, 1000 do
+    redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
+  end
 end
 return out

@@ -1,10 +1,15 @@
--- reschedule.lua: move a scheduled order to a new due time, keeping its payload.
+-- reschedule.lua: move a scheduled order to a new due time, keeping its payload; optionally
+-- change its priority level.
 --
 -- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  optional: the shard's levels HASH (see enqueue.lua); needed with ARGV[3]
 -- ARGV[1]  order id
 -- ARGV[2]  new due time, unix ms
+-- ARGV[3]  optional: the new level, "high", "normal" or "low" (absent: the level is kept)
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
+-- Why one script: the check and the writes go together, so a dispatched order is never
+-- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -20,12 +25,47 @@ local function int(s)
   return n
 end
 
+-- The names of a stream's consumer groups (none when the stream does not exist).
+local function group_names(stream)
+  local names = {}
+  if redis.call('EXISTS', stream) == 0 then return names end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    for i = 1, #g, 2 do
+      if g[i] == 'name' then names[#names + 1] = g[i + 1] end
+    end
+  end
+  return names
+end
+
+-- Opens a priority lane of a shard, once: makes its stream with every consumer group the
+-- shard's normal stream has (each reading from the start of the lane) and sets the lane's
+-- marker field in the shard's marker HASH, from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, marker)
+  if redis.call('EXISTS', lane) == 1 then return end
+  for _, g in ipairs(group_names(normal)) do
+    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
+  end
+  redis.call('HSET', meta, marker, '1')
+end
+
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
 end
+local level = ARGV[3]
+if level and level ~= 'high' and level ~= 'normal' and level ~= 'low' then
+  return redis.error_reply('ERR delayq reschedule: the level must be high, normal or low')
+end
+if level and not KEYS[2] then
+  return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
+end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  if level == 'normal' then
+    redis.call('HDEL', KEYS[2], ARGV[1])
+  elseif level then
+    redis.call('HSET', KEYS[2], ARGV[1], level)
+  end
   return 1
 end
 return 0
