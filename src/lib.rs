@@ -21,7 +21,8 @@
 //! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
 //! - [`engine`]: keys, connections, the clock, the Lua scripts, the producer
 //!   [`Client`], the queue registry, the [`Dispatcher`] and the [`Supervisor`] that runs one
-//!   per registered queue, the [`Worker`], recurring [`Schedules`] and their [`Scheduler`],
+//!   per registered queue, the [`Worker`] (and [`MultiWorker`] over several queues), order
+//!   [`Priority`] levels, recurring [`Schedules`] and their [`Scheduler`],
 //!   the maintenance services, dead letters, statistics. Always built.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
 //!   handler and the reconciliation job.
