@@ -103,7 +103,7 @@ async fn schedule_get_cancel() {
         o.json(),
         json!({"queue": "order-close", "id": "o1", "state": "scheduled",
                "due_at_ms": 1_893_452_400_000_i64, "payload": null, "dispatched_at_ms": null,
-               "entry_id": null, "groups": []})
+               "entry_id": null, "groups": [], "priority": "normal"})
     );
     assert_eq!(run(&url, &["get", "order-close", "nope"]).code, 1);
 
