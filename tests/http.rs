@@ -103,7 +103,7 @@ async fn messages_put_get_delete() {
         v,
         json!({"queue": "order-close", "id": "o1", "state": "scheduled",
                "due_at_ms": 1_893_456_000_000_i64, "payload": 1, "dispatched_at_ms": null,
-               "entry_id": null, "groups": []})
+               "entry_id": null, "groups": [], "priority": "normal"})
     );
     let (st, v) = call(&r, "DELETE", uri, None, t).await;
     assert_eq!((st, v), (StatusCode::OK, json!({"outcome": "cancelled"})));
