@@ -61,8 +61,11 @@ if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq dequeue: history expiry must be unix milliseconds or 0')
 end
 
-local gone = 1 - redis.call('HEXISTS', KEYS[5], 'epoch')
-if redis.call('HEXISTS', KEYS[5], 'paused') == 1 then
+-- The epoch and the pause flag in one read of the marker.
+local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused')
+local gone = 0
+if not marker[1] then gone = 1 end
+if marker[2] then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return { 0, first[2] or false, 1, gone }
 end

@@ -63,4 +63,9 @@ if reply and reply[1] then
   end
   if #z > 0 then redis.call('ZADD', KEYS[2], unpack(z)) end
 end
+-- Fewer entries than asked (and some): they reach the end of the stream, so the last one
+-- is the stream's last id, without another command.
+if #entries > 0 and #entries < count then
+  return { entries, entries[#entries][1], 0, lanes, 0 }
+end
 return { entries, last_id(), 0, lanes, 0 }

@@ -225,10 +225,33 @@ async fn script_calls(client: &Client) -> u64 {
 }
 
 #[tokio::test]
-async fn a_lingering_dispatcher_moves_a_trickle_in_fewer_calls() {
-    // 100 orders due 2 ms apart: without a linger the dispatcher passes once per due
-    // millisecond (about 100 calls); with a 50 ms linger a pass that moved a few waits, so
+async fn a_lateness_budget_moves_a_steady_trickle_in_fewer_calls() {
+    // 100 orders due 2 ms apart: with no budget the dispatcher passes once per due
+    // millisecond (about 100 calls); with a 50 ms budget, once it has seen orders come due
+    // faster than one per 30 ms (the budget's 3/5), a pass that moved a few waits 30 ms, so
     // the 200 ms trickle takes a handful of calls. Every order still goes out, in due order.
+    trickle_in_few_calls(DispatcherOptions::default().lateness_budget(Duration::from_millis(50)))
+        .await;
+    assert!(
+        DispatcherOptions::default()
+            .lateness_budget(Duration::from_millis(1001))
+            .validate()
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn a_lingering_dispatcher_moves_a_trickle_in_fewer_calls() {
+    // The same with a fixed 50 ms linger (which replaces the budget's own spacing).
+    trickle_in_few_calls(
+        DispatcherOptions::default()
+            .lateness_budget(Duration::ZERO)
+            .linger(Duration::from_millis(50)),
+    )
+    .await;
+}
+
+async fn trickle_in_few_calls(opts: DispatcherOptions) {
     let (_s, client) = start().await;
     let t = client.now_ms() + 300;
     let orders: Vec<NewOrder> = (0..100)
@@ -239,7 +262,6 @@ async fn a_lingering_dispatcher_moves_a_trickle_in_fewer_calls() {
         .await
         .unwrap();
     let before = script_calls(&client).await;
-    let opts = DispatcherOptions::default().linger(Duration::from_millis(50));
     let cancel = CancellationToken::new();
     let d = tokio::spawn(
         Dispatcher::new(&client, Q, opts)

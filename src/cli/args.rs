@@ -187,6 +187,10 @@ pub enum Command {
         /// The dispatcher's linger between small passes (default: the library's, off).
         #[arg(long)]
         linger: Option<String>,
+        /// The dispatcher's lateness budget (default: the library's, 5ms; 0s: dispatch each
+        /// order as soon as it is due).
+        #[arg(long)]
+        lateness_budget: Option<String>,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

@@ -7,7 +7,9 @@
 //! scheduled something (producers elsewhere are seen within `max_idle`). While any shard
 //! returns a full batch it keeps draining; otherwise it sleeps until the earliest next due
 //! time (capped by `max_idle`), and wakes early when this process schedules an earlier
-//! order. The script is atomic, so any number of dispatchers may run on one queue at once.
+//! order. While orders come due steadily, passes are spaced by a share of the lateness
+//! budget so each call moves more of them (see [`DispatcherOptions::lateness_budget`]).
+//! The script is atomic, so any number of dispatchers may run on one queue at once.
 
 use crate::engine::client::Client;
 use crate::engine::flow::QueueWatch;
@@ -39,10 +41,26 @@ pub struct DispatcherOptions {
     /// milliseconds' worth instead of one millisecond's: about a third of the calls (and of
     /// the readers' wake-ups and reads behind them) for up to this much more lateness. A pass
     /// that found nothing does not wait: the first order after a quiet spell goes out at once.
-    /// Off by default because the lateness target (p99 within 5 ms) comes first; see
-    /// docs/benchmarks.md for the trade.
+    /// Off by default: [`lateness_budget`](DispatcherOptions::lateness_budget) spaces passes
+    /// by itself, from the arrival rate; a linger set here replaces that with a fixed wait.
     pub linger: Duration,
+    /// How late the dispatcher may let a due order be, to move more orders per call
+    /// (default 5 ms; zero: each order as soon as it is due, the behaviour before budgets).
+    /// While orders come due faster than one per [`BUDGET_SPACING`] of the budget, a pass
+    /// that moved some (not a full batch) is followed by the next no sooner than that share
+    /// of the budget after it started, so each call moves that much time's worth; under a
+    /// trickle (less than one order expected in that time) or a backlog (full batches) it
+    /// does not wait. The rest of the budget is the reader's and the handler's start.
+    pub lateness_budget: Duration,
 }
+
+/// The share of the lateness budget the dispatcher spends waiting for more due orders
+/// (3/5: with 5 ms, passes 3 ms apart under load); the rest covers the read and the
+/// handler's start.
+pub const BUDGET_SPACING: (u32, u32) = (3, 5);
+
+/// Longest lateness budget.
+pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
 
 impl Default for DispatcherOptions {
     fn default() -> Self {
@@ -51,6 +69,7 @@ impl Default for DispatcherOptions {
             max_idle: Duration::from_millis(250),
             clock_sync_every: Duration::from_secs(30),
             linger: Duration::ZERO,
+            lateness_budget: Duration::from_millis(5),
         }
     }
 }
@@ -74,6 +93,17 @@ impl DispatcherOptions {
         self
     }
 
+    /// Sets the lateness budget.
+    pub fn lateness_budget(mut self, d: Duration) -> Self {
+        self.lateness_budget = d;
+        self
+    }
+
+    /// The wait between passes the budget allows: its [`BUDGET_SPACING`] share.
+    fn budget_spacing(&self) -> Duration {
+        self.lateness_budget * BUDGET_SPACING.0 / BUDGET_SPACING.1
+    }
+
     /// Checks every option's range (the one place they are written).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         if !(1..=MAX_DEQUEUE_BATCH).contains(&self.batch) {
@@ -92,6 +122,12 @@ impl DispatcherOptions {
             return Err(InvalidInput::Option {
                 name: "linger",
                 reason: "must be at most 50ms and at most max_idle".into(),
+            });
+        }
+        if self.lateness_budget > MAX_LATENESS_BUDGET {
+            return Err(InvalidInput::Option {
+                name: "lateness_budget",
+                reason: format!("must be at most {MAX_LATENESS_BUDGET:?}"),
             });
         }
         if self.clock_sync_every.is_zero() {
@@ -321,6 +357,7 @@ impl Dispatcher {
     pub async fn run(self, cancel: CancellationToken) {
         let mut pacer = Pacer::new(RetryPolicy::LOOP);
         let mut last_sync = Instant::now();
+        let mut rate = ArrivalRate::default();
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
             if cancel.is_cancelled() {
@@ -359,11 +396,13 @@ impl Dispatcher {
             let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
             let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
             let look_at = look_at.min(self.wake.early_ms.load(Ordering::SeqCst));
-            // A trickle: pass again no sooner than `linger` after this pass started.
+            // Orders coming due steadily: pass again no sooner than the budget's share (or
+            // the linger) after this pass started, so one call moves that much time's worth.
             let mut look_at_us = look_at.saturating_mul(1000);
+            let spacing = rate.spacing(started_us, moved, &self.opts);
             if moved > 0 && moved < self.opts.batch {
-                let linger_us = i64::try_from(self.opts.linger.as_micros()).unwrap_or(0);
-                look_at_us = look_at_us.max(started_us.saturating_add(linger_us));
+                let spacing_us = i64::try_from(spacing.as_micros()).unwrap_or(0);
+                look_at_us = look_at_us.max(started_us.saturating_add(spacing_us));
             }
             let look_at = look_at_us.div_euclid(1000);
             self.wake.next_look_ms.store(look_at, Ordering::SeqCst);
@@ -388,6 +427,42 @@ impl Dispatcher {
             }
         }
         tracing::info!(queue = %self.queue, "dispatcher stopped");
+    }
+}
+
+/// The rate at which orders come due, as the passes saw it (orders moved per ms between
+/// pass starts, smoothed), and the wait between passes it calls for.
+#[derive(Debug, Default)]
+struct ArrivalRate {
+    /// Orders per millisecond.
+    per_ms: f64,
+    /// When the previous pass started, unix µs.
+    last_us: Option<i64>,
+}
+
+impl ArrivalRate {
+    /// Records a pass that started at `started_us` and moved `moved`; returns how long the
+    /// next pass should wait after it: the linger when one is set; else the budget's share
+    /// when at least one more order is expected in that time, zero otherwise (a trickle
+    /// goes out as soon as due, a backlog in full batches anyway).
+    fn spacing(&mut self, started_us: i64, moved: usize, opts: &DispatcherOptions) -> Duration {
+        if let Some(last) = self.last_us {
+            let ms = ((started_us - last) as f64 / 1000.0).max(0.001);
+            let now = moved as f64 / ms;
+            // Smoothed over a few passes, so one empty or one full pass does not swing it.
+            self.per_ms = 0.7 * self.per_ms + 0.3 * now;
+        }
+        self.last_us = Some(started_us);
+        if !opts.linger.is_zero() {
+            return opts.linger;
+        }
+        let spacing = opts.budget_spacing();
+        let expected = self.per_ms * spacing.as_secs_f64() * 1000.0;
+        if expected >= 1.0 {
+            spacing
+        } else {
+            Duration::ZERO
+        }
     }
 }
 

@@ -61,6 +61,13 @@ pub struct BenchReport {
     /// This process's CPU (user + sys: producer, dispatcher and worker together) over the
     /// scenario / n, µs.
     pub client_cpu_us_per_order: Option<f64>,
+    /// Redis time in script calls (`EVALSHA` in `INFO commandstats`) / n, µs.
+    pub script_us_per_order: Option<f64>,
+    /// Of it, the Lua interpreter's own work (`EVALSHA` time less the time of the commands
+    /// the scripts ran, which `commandstats` counts under their own names) / n, µs.
+    pub interpreter_us_per_order: Option<f64>,
+    /// Script calls per order (`EVALSHA` calls / n): how many orders each call moves.
+    pub script_calls_per_order: Option<f64>,
     /// Bytes of order history kept per dispatched order (`dispatch`).
     pub history_bytes_per_order: Option<f64>,
     /// Idle: Redis commands per second with nothing due (`idle`, `--orders` = queues).
@@ -107,6 +114,83 @@ pub(super) async fn info_field<T: std::str::FromStr + std::iter::Sum>(
 pub(super) async fn redis_cpu_s(client: &Client) -> anyhow::Result<f64> {
     Ok(info_field::<f64>(client, "cpu", "used_cpu_user").await?
         + info_field::<f64>(client, "cpu", "used_cpu_sys").await?)
+}
+
+/// `INFO commandstats`: per command, (calls, µs), summed over the nodes that answered.
+pub(super) async fn command_stats(client: &Client) -> anyhow::Result<HashMap<String, (f64, f64)>> {
+    let reply: redis::Value = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut client.connection())
+        .await?;
+    let texts: Vec<String> = match reply {
+        redis::Value::Map(nodes) => nodes
+            .into_iter()
+            .filter_map(|(_, v)| redis::from_redis_value(v).ok())
+            .collect(),
+        other => vec![redis::from_redis_value(other)?],
+    };
+    let mut out: HashMap<String, (f64, f64)> = HashMap::new();
+    for line in texts.iter().flat_map(|t| t.lines()) {
+        // cmdstat_<name>:calls=N,usec=U,usec_per_call=...
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |k: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(k))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        };
+        let e = out.entry(name.to_owned()).or_default();
+        e.0 += field("calls=");
+        e.1 += field("usec=");
+    }
+    Ok(out)
+}
+
+/// Commands a client sends outside scripts in the bench scenarios (a worker's blocking
+/// wait and acks, clock and flag reads, INFO itself): not part of any script's time.
+const OUTSIDE_SCRIPTS: &[&str] = &[
+    "xack", "xread", "time", "info", "ping", "client", "hello", "hgetall", "hmget", "get",
+    "smembers", "select", "config",
+];
+
+/// The split of Redis time between two `commandstats` readings over `n` orders: (script
+/// µs per order, interpreter µs per order, script calls per order). The ack pipeline's
+/// `ZREM` and `HDEL` (one each per `XACK`) are taken out of the commands the scripts ran.
+pub(super) fn script_split(
+    before: &HashMap<String, (f64, f64)>,
+    after: &HashMap<String, (f64, f64)>,
+    n: usize,
+) -> (f64, f64, f64) {
+    let diff = |k: &str| {
+        let a = after.get(k).copied().unwrap_or_default();
+        let b = before.get(k).copied().unwrap_or_default();
+        (a.0 - b.0, a.1 - b.1)
+    };
+    let (calls, script) = diff("evalsha");
+    let (xacks, _) = diff("xack");
+    let mut inner = 0.0;
+    for k in after.keys() {
+        if k == "evalsha" || k == "evalsha_ro" || OUTSIDE_SCRIPTS.contains(&k.as_str()) {
+            continue;
+        }
+        let (c, us) = diff(k);
+        if c <= 0.0 {
+            continue;
+        }
+        let outside = if k == "zrem" || k == "hdel" {
+            xacks.min(c)
+        } else {
+            0.0
+        };
+        inner += us * (c - outside) / c;
+    }
+    let n = n.max(1) as f64;
+    (script / n, (script - inner).max(0.0) / n, calls / n)
 }
 
 /// What the bench handler saw: handler start times (µs, Redis clock) per order index.

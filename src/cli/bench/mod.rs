@@ -38,7 +38,10 @@ use tokio_util::sync::CancellationToken;
 mod measure;
 
 pub use measure::BenchReport;
-use measure::{Lateness, Recorder, info_field, print_report, process_cpu_s, redis_cpu_s};
+use measure::{
+    Lateness, Recorder, command_stats, info_field, print_report, process_cpu_s, redis_cpu_s,
+    script_split,
+};
 
 const QUEUE: &str = "bench";
 
@@ -63,14 +66,21 @@ pub struct BenchOptions {
     pub history_retention: Duration,
     /// The dispatcher's linger between small passes (`None`: its default).
     pub linger: Option<Duration>,
+    /// The dispatcher's lateness budget (`None`: its default).
+    pub lateness_budget: Option<Duration>,
 }
 
-/// The bench dispatcher's options: the defaults, with `--linger` when given.
+/// The bench dispatcher's options: the defaults, with `--linger` and `--lateness-budget`
+/// when given.
 fn dispatcher_options(opts: &BenchOptions) -> DispatcherOptions {
-    match opts.linger {
-        Some(l) => DispatcherOptions::default().linger(l),
-        None => DispatcherOptions::default(),
+    let mut o = DispatcherOptions::default();
+    if let Some(l) = opts.linger {
+        o = o.linger(l);
     }
+    if let Some(b) = opts.lateness_budget {
+        o = o.lateness_budget(b);
+    }
+    o
 }
 
 fn payload(bytes: usize, i: usize, due_ms: i64) -> Payload {
@@ -362,8 +372,10 @@ async fn timed(
     )?;
     worker.ensure_groups().await?;
     let mem_before = info_field::<i64>(client, "memory", "used_memory").await?;
+    // Redis time of the whole run: enqueue, dispatch, reads, acks.
     let cpu0 = redis_cpu_s(client).await?;
     let own0 = process_cpu_s();
+    let stats0 = command_stats(client).await?;
     let took = enqueue_all(client, &orders).await?;
     let enqueue_done = client.now_ms();
     let mem_after = info_field::<i64>(client, "memory", "used_memory").await?;
@@ -379,6 +391,8 @@ async fn timed(
     w.await??;
     let cpu1 = redis_cpu_s(client).await?;
     let own1 = process_cpu_s();
+    let stats1 = command_stats(client).await?;
+    let (script_us, interp_us, calls_per_order) = script_split(&stats0, &stats1, n);
 
     let seen = rec
         .seen
@@ -410,6 +424,9 @@ async fn timed(
         drain_rate,
         redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / n as f64),
         client_cpu_us_per_order: own0.zip(own1).map(|(a, b)| (b - a) * 1e6 / n as f64),
+        script_us_per_order: Some(script_us),
+        interpreter_us_per_order: Some(interp_us),
+        script_calls_per_order: Some(calls_per_order),
         timed_out,
         notes: format!(
             "{} shard(s){}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
@@ -469,6 +486,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         rate_limit,
         history_retention,
         linger,
+        lateness_budget,
         json,
     } = c
     else {
@@ -489,6 +507,10 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         linger: linger
             .as_deref()
             .map(|l| parse_duration("--linger", l))
+            .transpose()?,
+        lateness_budget: lateness_budget
+            .as_deref()
+            .map(|b| parse_duration("--lateness-budget", b))
             .transpose()?,
     };
     dispatcher_options(&opts).validate()?;

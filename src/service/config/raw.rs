@@ -249,8 +249,12 @@ pub struct DispatcherConfig {
     pub batch: Option<usize>,
     /// Longest idle sleep (default 250 ms).
     pub max_idle: Option<String>,
-    /// Least time between two passes that moved a few orders (default 2 ms; `0s` off).
+    /// A fixed least time between two passes that moved a few orders (default off:
+    /// `lateness_budget` spaces them from the arrival rate).
     pub linger: Option<String>,
+    /// How late a due order may be dispatched to move more per call (default `5ms`; `0s`:
+    /// each order as soon as it is due).
+    pub lateness_budget: Option<String>,
 }
 
 /// `[housekeeping]` (six-field cron expressions, seconds first, UTC).

@@ -174,6 +174,9 @@ pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptio
     if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
         o = o.linger(l);
     }
+    if let Some(b) = duration("dispatcher.lateness_budget", d.lateness_budget.as_deref())? {
+        o = o.lateness_budget(b);
+    }
     o.validate().map_err(lib_err("dispatcher", &[]))?;
     Ok(o)
 }

@@ -147,9 +147,10 @@ fn config_and_library_agree() {
         (
             s.dispatcher.batch,
             s.dispatcher.max_idle,
-            s.dispatcher.linger
+            s.dispatcher.linger,
+            s.dispatcher.lateness_budget
         ),
-        (dd.batch, dd.max_idle, dd.linger)
+        (dd.batch, dd.max_idle, dd.linger, dd.lateness_budget)
     );
     let c = crate::engine::client::ClientOptions::default();
     assert_eq!(
@@ -188,6 +189,10 @@ fn config_and_library_agree() {
         ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
         ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
         ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
+        (
+            "[dispatcher]\nlateness_budget = \"2s\"\n",
+            "dispatcher.lateness_budget",
+        ),
         (
             "[housekeeping]\ntrim_cron = \"* * *\"\n",
             "housekeeping.trim_cron",
