@@ -55,9 +55,9 @@ pub struct DispatcherOptions {
 }
 
 /// The share of the lateness budget the dispatcher spends waiting for more due orders
-/// (3/5: with 5 ms, passes 3 ms apart under load); the rest covers the read and the
-/// handler's start.
-pub const BUDGET_SPACING: (u32, u32) = (3, 5);
+/// (2/5: with 5 ms, passes 2 ms apart under load); the rest covers the read and the
+/// handler's start, which take 1–3 ms at p99 on a busy 2-core machine (docs/benchmarks.md).
+pub const BUDGET_SPACING: (u32, u32) = (2, 5);
 
 /// Longest lateness budget.
 pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
