@@ -38,13 +38,17 @@
 //! | feature | adds | pulls in |
 //! |---|---|---|
 //! | (none) | the engine | redis, tokio, serde, serde_json, chrono, chrono-tz, croner, tracing, tokio-cron-scheduler, metrics (facade) |
+//! | `otel` | the `send` / `process` spans of [`engine::trace`] and the caller's context taken from its `tracing` span (no exporter) | opentelemetry (API), tracing-opentelemetry |
 //! | `orders` | [`orders`] | sqlx (PostgreSQL, SQLite) |
-//! | `server` | [`service`] (implies `orders`) | axum, reqwest (rustls), figment, metrics-exporter-prometheus |
+//! | `server` | [`service`] (implies `orders`, `otel`) | axum, reqwest (rustls), figment, metrics-exporter-prometheus |
 //! | `test-util` | [`testing`], [`ManualClock`] | tempfile |
-//! | `cli` (default) | [`cli`] and the `delayq` binary (implies all the above) | clap, tracing-subscriber, hdrhistogram, anyhow |
+//! | `cli` (default) | [`cli`] and the `delayq` binary (implies all the above) | clap, tracing-subscriber, hdrhistogram, anyhow, opentelemetry_sdk, opentelemetry-otlp (HTTP/protobuf on reqwest) |
 //!
 //! A service that only schedules and cancels depends on
-//! `delayq = { version = "0.1", default-features = false }`.
+//! `delayq = { version = "0.1", default-features = false }` (with `features = ["otel"]` to
+//! carry its OpenTelemetry trace context into the orders).
+//! An order can carry a W3C trace context without `otel` too
+//! ([`NewOrder::with_trace`], [`Delivery::trace`]).
 //!
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
 
@@ -80,6 +84,7 @@ pub use engine::priority::{Priority, PriorityMode};
 pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
 pub use engine::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
+pub use engine::trace::{ConsumerSpan, TraceContext};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, MultiWorker, NoHooks,
     Worker, WorkerOptions, WorkerStats,

@@ -28,6 +28,7 @@ mod schedule;
 mod scripts;
 mod serve;
 mod stats;
+mod telemetry;
 
 pub use args::{Cli, Command, CronAction, DeadAction, GroupAction, QueueAction, ScriptsAction};
 
@@ -106,8 +107,13 @@ pub(crate) fn write_out(text: &str, newline: bool) {
     }
 }
 
-/// Runs the parsed command line; returns the process exit code.
+/// Runs the parsed command line; returns the process exit code. Sets up logging (on stderr,
+/// filtered by `RUST_LOG`, warnings by default): plain text for every verb; `serve` sets up
+/// its own from its configuration (`log_format`, `[telemetry]`).
 pub async fn run(cli: Cli) -> ExitCode {
+    if !matches!(cli.command, Command::Serve { .. }) {
+        telemetry::init_plain();
+    }
     match dispatch(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::NotFound(out)) => {

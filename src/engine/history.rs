@@ -431,7 +431,8 @@ fn int(v: &redis::Value) -> Option<i64> {
     }
 }
 
-/// The payload of a stored value (`"<enqueued_ms>:<json>"`), byte for byte.
+/// The payload of a stored value (`"<enqueued_ms>:<json>"`), byte for byte; a traced
+/// order's context (`"<enqueued_ms>:~<traceparent>...~<json>"`) is left out.
 fn stored_payload(raw: &str) -> Box<RawValue> {
     raw_json(decode_stored(raw).1)
 }

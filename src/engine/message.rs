@@ -2,6 +2,7 @@
 
 use crate::engine::keys::validate_id;
 use crate::engine::priority::Priority;
+use crate::engine::trace::{self, TraceContext};
 use crate::error::InvalidInput;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
@@ -220,6 +221,10 @@ pub struct NewOrder {
     pub payload: Payload,
     /// Its priority level (default `normal`): see [`crate::engine::priority`].
     pub priority: Priority,
+    /// The W3C trace context it is scheduled in, stored with it (see
+    /// [`crate::engine::trace`]); `None` takes the caller's current span's, if any. Not
+    /// counted in the payload's size.
+    pub trace: Option<TraceContext>,
 }
 
 impl NewOrder {
@@ -230,7 +235,15 @@ impl NewOrder {
             when: when.into(),
             payload: payload.into(),
             priority: Priority::Normal,
+            trace: None,
         }
+    }
+
+    /// The same order scheduled in trace context `trace` (e.g. a request's `traceparent`
+    /// and `tracestate` headers, [`TraceContext::parse`]d).
+    pub fn with_trace(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
+        self
     }
 
     /// The same order with priority `priority`.
@@ -406,14 +419,26 @@ pub(crate) fn raw_json(text: &str) -> Box<serde_json::value::RawValue> {
     })
 }
 
-/// Splits a stored payload value `"<enqueued_ms>:<json>"` into its parts.
+/// Splits a stored payload value `"<enqueued_ms>:<json>"` into its parts; the trace
+/// context of a traced order (`"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"`, see
+/// [`crate::engine::trace`]) is left out, so the payload reads back byte for byte.
 pub(crate) fn decode_stored(raw: &str) -> (Option<i64>, &str) {
+    let (ms, _, json) = decode_stored_traced(raw);
+    (ms, json)
+}
+
+/// [`decode_stored`] with the order's trace context. A value without the `<ms>:` prefix is
+/// returned whole, with no context.
+pub(crate) fn decode_stored_traced(raw: &str) -> (Option<i64>, Option<TraceContext>, &str) {
     match raw.split_once(':') {
-        Some((ms, json)) => match ms.parse::<i64>() {
-            Ok(ms) => (Some(ms), json),
-            Err(_) => (None, raw),
+        Some((ms, rest)) => match ms.parse::<i64>() {
+            Ok(ms) => {
+                let (ctx, json) = trace::split_stored(rest);
+                (Some(ms), ctx, json)
+            }
+            Err(_) => (None, None, raw),
         },
-        None => (None, raw),
+        None => (None, None, raw),
     }
 }
 
@@ -482,5 +507,14 @@ mod tests {
     fn stored_encoding() {
         assert_eq!(decode_stored("12:{\"a\":1}"), (Some(12), "{\"a\":1}"));
         assert_eq!(decode_stored("{\"a\":1}"), (None, "{\"a\":1}"));
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let traced = format!("12:~{tp};k=v~{{\"a\":1}}");
+        assert_eq!(decode_stored(&traced), (Some(12), "{\"a\":1}"));
+        let (ms, ctx, json) = decode_stored_traced(&traced);
+        assert_eq!((ms, json), (Some(12), "{\"a\":1}"));
+        let ctx = ctx.unwrap();
+        assert_eq!((ctx.traceparent(), ctx.tracestate()), (tp, Some("k=v")));
+        // Only after the `<ms>:` prefix: a foreign value is left whole.
+        assert_eq!(decode_stored_traced("~x~1"), (None, None, "~x~1"));
     }
 }

@@ -23,6 +23,8 @@
 //! - [`redact`]: the one helper that masks URL credentials, query strings and tokens.
 //! - [`backoff`], [`duration`]: retry policies and human durations.
 //! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
+//! - [`trace`]: the W3C trace context carried with orders, and (feature `otel`) the
+//!   OpenTelemetry `send` / `process` spans.
 //! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 
@@ -47,6 +49,7 @@ pub mod scripts;
 pub mod stats;
 pub mod supervisor;
 pub mod telemetry;
+pub mod trace;
 pub mod version;
 mod wake;
 pub mod worker;

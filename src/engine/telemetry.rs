@@ -30,6 +30,7 @@
 //! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
 //! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
 //! | `delayq_http_connections_cut_total` | counter | deadline (idle, header, write): HTTP connections the server closed past a deadline |
+//! | `delayq_trace_spans_dropped_total` | counter | reason (queue_full, export_failed): finished spans the trace exporter never delivered (its queue was full, or the collector did not take them in time) |
 //!
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
@@ -53,6 +54,13 @@ pub fn schedule_ticks(queue: &str, fired: u64, missed: u64) {
 /// An HTTP connection closed past its `deadline` (`idle`, `header`, `write`).
 pub fn http_connection_cut(deadline: &'static str) {
     metrics::counter!("delayq_http_connections_cut_total", "deadline" => deadline).increment(1);
+}
+
+/// `n` finished spans the trace exporter dropped, for `reason` (`queue_full`: its bounded
+/// queue was full; `export_failed`: the collector refused them, could not be reached, or did
+/// not answer within the export timeout). Recording 0 makes the series visible.
+pub fn trace_spans_dropped(reason: &'static str, n: u64) {
+    metrics::counter!("delayq_trace_spans_dropped_total", "reason" => reason).increment(n);
 }
 
 /// The lateness histogram's name (the service sets its buckets): first deliveries only.

@@ -12,12 +12,15 @@
 //! | `unknown_order`   | nothing; logged (an event without a row)                    |
 //!
 //! A database error is a retryable failure (the worker's backoff applies), never an ack.
+//! The statement runs inside the delivery's `process` span, in a CLIENT span of its own
+//! (`UPDATE orders`, see [`crate::engine::trace`]).
 //! Each outcome is counted in `delayq_order_close_total{queue,group,outcome}`.
 
 use crate::engine::client::Client;
 use crate::engine::message::{Mode, NewOrder, Payload, When};
 use crate::engine::worker::{Delivery, Handler, HandlerError, HandlerResult};
 use crate::orders::repo::{CloseOutcome, Orders};
+use tracing::Instrument;
 
 /// The `close_reason` written for a scheduled close event.
 pub const REASON_EXPIRED: &str = "expired";
@@ -70,7 +73,21 @@ impl OrderClose {
         } else {
             REASON_EXPIRED
         };
-        let outcome = self.orders.close(id, now, reason).await?;
+        // A CLIENT span for the statement, inside the delivery's `process` span (free when
+        // nothing records `delayq::otel` spans).
+        let sql = tracing::info_span!(
+            target: crate::engine::trace::SPAN_TARGET,
+            "UPDATE orders",
+            otel.kind = "client",
+            db.system.name = match self.orders.db().backend() {
+                "postgres" => "postgresql",
+                other => other,
+            },
+            db.operation.name = "UPDATE",
+            db.collection.name = "orders",
+            messaging.message.id = id,
+        );
+        let outcome = self.orders.close(id, now, reason).instrument(sql).await?;
         match outcome {
             CloseOutcome::NotYetExpired { expires_at } => {
                 // The database is the system of record: follow its expiry. The event keeps

@@ -43,7 +43,10 @@ impl Handler for Builtin {
 }
 
 /// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}` (the payload byte for byte
-/// as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt` and, with secrets,
+/// as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt`, `traceparent` and
+/// `tracestate` (W3C Trace Context: the delivery's `process` span, or the order's own
+/// context when no spans are recorded; none for an order scheduled without one) and, with
+/// secrets,
 /// the [Standard Webhooks](https://www.standardwebhooks.com/) signature: `webhook-id` (the
 /// idempotency key, stable across attempts), `webhook-timestamp` (unix seconds, the Redis
 /// clock) and `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`, one per
@@ -238,6 +241,14 @@ impl Webhook {
             .header("content-type", "application/json")
             .header("idempotency-key", &msg_id)
             .header("x-delayq-attempt", d.attempt.to_string());
+        // The delivery's `process` span as the receiver's parent (the order's own context
+        // when no spans are recorded): its trace goes on at the receiver.
+        if let Some(ctx) = crate::engine::trace::outgoing(d.trace.as_ref()) {
+            req = req.header("traceparent", ctx.traceparent());
+            if let Some(state) = ctx.tracestate() {
+                req = req.header("tracestate", state);
+            }
+        }
         if !self.keys.is_empty() {
             let ts = self.clock.now_ms().div_euclid(1000);
             let sigs: Vec<String> = self
@@ -358,6 +369,7 @@ mod tests {
             priority: crate::engine::priority::Priority::Normal,
             attempt: 3,
             flag: None,
+            trace: None,
         }
     }
 
@@ -528,11 +540,27 @@ mod tests {
             clock(),
         )
         .unwrap();
-        Builtin::Webhook(w).handle(delivery()).await.unwrap();
+        Builtin::Webhook(w.clone())
+            .handle(delivery())
+            .await
+            .unwrap();
+        // Without recorded spans, a traced order's own context is passed on as it is.
+        let mut traced = delivery();
+        traced.trace = crate::engine::trace::TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("congo=t61rcWkgMzE"),
+        );
+        Builtin::Webhook(w).handle(traced).await.unwrap();
         let seen = seen.lock().unwrap();
-        assert_eq!(seen.len(), 1);
+        assert_eq!(seen.len(), 2);
         assert!(seen[0].get("webhook-signature").is_none());
         assert_eq!(seen[0]["x-delayq-attempt"], "3");
         assert_eq!(seen[0]["content-type"], "application/json");
+        assert!(seen[0].get("traceparent").is_none());
+        assert_eq!(
+            seen[1]["traceparent"],
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+        assert_eq!(seen[1]["tracestate"], "congo=t61rcWkgMzE");
     }
 }

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 /// Runs everything `settings` describes until `cancel` fires.
 pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let _ = crate::service::metrics::handle();
+    crate::engine::trace::set_consumer_span(settings.telemetry.consumer_span);
     let cfg = &settings.config;
     // Bind first: a port in use is a start-up failure, not something to retry.
     let listener = tokio::net::TcpListener::bind(settings.listen)

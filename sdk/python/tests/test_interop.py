@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import redis
 
 import delayq
-from conftest import Serve, Webhook, create_queue, run_bin
+from conftest import Serve, Webhook, create_queue, poll, run_bin
 
 PAYLOADS = [
     '{"n":123456789012345678901234567890,"d":0.1000000000000000055511151231257827}',
@@ -144,3 +145,33 @@ def test_same_keys_and_values_as_the_rust_client(redis_server, make_client):
     rust, py = dump(rust_ns), dump(py_ns)
     assert py == rust
     assert sum(len(v) for k, v in py.items() if k.endswith(":due")) == len(orders)
+
+
+def test_an_order_scheduled_in_a_trace_context_reads_back_byte_for_byte(serve, redis_server, ns, make_client):
+    """``delayq serve`` stores a request's W3C trace context in front of the payload
+    (``<ms>:~<traceparent>;<tracestate>~<json>``); ``get`` leaves it out."""
+    import http.client
+
+    s, _hook = serve
+    poll("delayq serve to be ready", lambda: s.http("GET", "/readyz")[0] == 200)
+    text = PAYLOADS[0]
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request(
+        "PUT",
+        "/v1/queues/hooked/messages/traced-1",
+        body=f'{{"delay_ms": 3600000, "payload": {text}}}',
+        headers={"content-type": "application/json", "traceparent": tp, "tracestate": "shop=1"},
+    )
+    r = conn.getresponse()
+    assert r.status == 201, r.read()
+    conn.close()
+    c = make_client(redis_server.url, namespace=ns)
+    key = f"{{{ns}:hooked:{delayq.shard_of('traced-1', 4)}}}:payload"
+    raw = redis.Redis.from_url(redis_server.url).hget(key, "traced-1").decode()
+    assert raw.split(":", 1)[1].startswith("~00-4bf92f3577b34da6a3ce929d0e0e4736-"), raw
+    assert raw.endswith(f";shop=1~{text}"), raw
+    got = c.get("hooked", "traced-1")
+    assert got.payload_json == text
+    assert got.payload == json.loads(text)
+    assert c.cancel("hooked", "traced-1") == delayq.CancelOutcome.CANCELLED

@@ -138,3 +138,15 @@ def test_priority_levels():
         with pytest.raises(delayq.InvalidInput) as e:
             rules.check_priority(bad)
         assert (e.value.code, str(e.value), e.value.index) == ("invalid_priority", reason, None)
+
+
+def test_stored_values_decode_with_or_without_a_trace_context():
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert _core.decode_stored('12:{"a":1}') == (12, '{"a":1}')
+    assert _core.decode_stored(f'12:~{tp};k=v;w~{{"a":"~"}}') == (12, '{"a":"~"}')
+    assert _core.decode_stored(f"12:~{tp}~[1]") == (12, "[1]")
+    # Only after the "<ms>:" prefix; an unterminated "~" is left as it is (not JSON).
+    assert _core.decode_stored("~x~1") == (None, "~x~1")
+    assert _core.decode_stored("12:~x") == (12, "~x")
+    got = _core.decode_get("o", [b"5", f"12:~{tp}~[1]".encode(), None])
+    assert (got.payload_json, got.payload, got.enqueued_at_ms) == ("[1]", [1], 12)

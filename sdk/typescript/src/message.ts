@@ -341,7 +341,12 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   return resolveWhen(order, nowMs);
 }
 
-/** Splits a stored value `"<enqueued_ms>:<json>"` into its parts. */
+/**
+ * Splits a stored value `"<enqueued_ms>:<json>"` into its parts. An order scheduled in a
+ * trace context (a Rust producer, or `delayq serve` given `traceparent`) stores
+ * `"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"`: the context is left out, so the
+ * payload reads back byte for byte (`~` never starts a JSON text).
+ */
 export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string } {
   const i = raw.indexOf(":");
   if (i >= 0) {
@@ -349,7 +354,12 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
     if (/^[+-]?[0-9]+$/.test(ms)) {
       const big = BigInt(ms);
       if (big <= 9223372036854775807n && big >= -9223372036854775808n) {
-        return { enqueuedAtMs: Number(big), json: raw.slice(i + 1) };
+        let json = raw.slice(i + 1);
+        if (json.startsWith("~")) {
+          const end = json.indexOf("~", 1);
+          if (end > 0) json = json.slice(end + 1);
+        }
+        return { enqueuedAtMs: Number(big), json };
       }
     }
   }

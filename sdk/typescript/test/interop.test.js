@@ -134,6 +134,33 @@ test("scheduled by the Rust side, read and cancelled here", { timeout: 90_000 },
   assert.equal(await client.cancel(Q, "cli-1"), "cancelled");
 });
 
+test("scheduled by delayq serve in a trace context, read here byte for byte", { timeout: 90_000 }, async () => {
+  // serve stores the request's W3C context in front of the payload; get leaves it out.
+  const raw = '{"n":123456789012345678901234567890,"s":"~a~"}';
+  const put = await fetch(`${serve.base}/v1/queues/${Q}/messages/traced-1`, {
+    method: "PUT",
+    headers: {
+      "content-type": "application/json",
+      traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+      tracestate: "shop=1",
+    },
+    body: `{"delay_ms":600000,"payload":${raw}}`,
+  });
+  assert.equal(put.status, 201, await put.text());
+  const admin = await redis.connect();
+  try {
+    const stored = await admin.hget(`{dq:${Q}:${shardOf("traced-1", SHARDS)}}:payload`, "traced-1");
+    assert.match(stored, /^\d+:~00-4bf92f3577b34da6a3ce929d0e0e4736-[0-9a-f]{16}-01;shop=1~/);
+    assert.ok(stored.endsWith(`~${raw}`), stored);
+  } finally {
+    admin.disconnect();
+  }
+  const got = await client.get(Q, "traced-1");
+  assert.equal(got.payloadJson, raw);
+  assert.deepEqual(got.payload, { n: got.payload.n, s: "~a~" });
+  assert.equal(await client.cancel(Q, "traced-1"), "cancelled");
+});
+
 test("every shard agrees: the Rust side finds each order scheduled here", { timeout: 90_000 }, async () => {
   const ids = Array.from({ length: 40 }, (_, i) => [`o-${i}`, `заказ:${i} ✓`, `{x}:${i}`, `🎉${i}`][i % 4]);
   const out = await client.scheduleMany(Q, ids.map((id) => ({ id, delayMs: 600_000, payload: { id } })));

@@ -62,6 +62,12 @@ test("payload depth, serialization and the stored value", { timeout: 90_000 }, (
   assert.throws(() => toJsonText({ s: "\ud800" }), { code: "invalid_payload" });
   assert.deepEqual(decodeStored('12:{"a":1}'), { enqueuedAtMs: 12, json: '{"a":1}' });
   assert.deepEqual(decodeStored('{"a":1}'), { enqueuedAtMs: null, json: '{"a":1}' });
+  // A trace context stored in front of the payload is left out; only after "<ms>:".
+  const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  assert.deepEqual(decodeStored(`12:~${tp};k=v;w~{"a":"~"}`), { enqueuedAtMs: 12, json: '{"a":"~"}' });
+  assert.deepEqual(decodeStored(`12:~${tp}~[1]`), { enqueuedAtMs: 12, json: "[1]" });
+  assert.deepEqual(decodeStored("~x~1"), { enqueuedAtMs: null, json: "~x~1" });
+  assert.deepEqual(decodeStored("12:~x"), { enqueuedAtMs: 12, json: "~x" });
 });
 
 test("Redis URLs, and no password in their errors", { timeout: 90_000 }, () => {

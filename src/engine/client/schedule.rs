@@ -9,12 +9,13 @@ use crate::engine::message::{
     BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
 };
 use crate::engine::scripts::{self, EnqueueArg, ScriptRefusal};
-use crate::engine::{redact, telemetry};
+use crate::engine::{redact, telemetry, trace};
 use crate::error::{Error, InvalidInput, RedisContext, Result, WriteOutcome};
 use futures_util::future::join_all;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tracing::Instrument;
 
 impl Client {
     /// Schedules one order (upsert: a known id gets the new due time and payload).
@@ -83,9 +84,29 @@ impl Client {
             return Ok(Vec::new());
         }
         let if_absent = mode == Mode::IfAbsent;
+        // Traced orders store their context in front of the payload (see `engine::trace`);
+        // the others keep exactly the bytes they always had.
+        let producer = trace::Producer::start(queue.as_str(), orders);
+        let stored: Vec<Option<String>> = if producer.is_traced() {
+            orders
+                .iter()
+                .map(|o| {
+                    producer
+                        .stored(o.trace.as_ref())
+                        .map(|c| c.encode(o.payload.as_str()))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let texts = Texts {
+            orders,
+            stored: &stored,
+        };
         let mut calls = self.plan_enqueue(&queue, qref.shards, orders);
         let mut outcomes = self
-            .enqueue_calls(&calls, &qref.epoch, orders, &dues, now, if_absent)
+            .enqueue_calls(&calls, &qref.epoch, &texts, &dues, now, if_absent)
+            .instrument(producer.span.clone())
             .await;
         // Every call refused by enqueue.lua (nothing written): the queue was deleted, or
         // deleted and created again. Re-read the registry once and retry with what it says.
@@ -103,7 +124,8 @@ impl Client {
             qref = fresh;
             calls = self.plan_enqueue(&queue, qref.shards, orders);
             outcomes = self
-                .enqueue_calls(&calls, &qref.epoch, orders, &dues, now, if_absent)
+                .enqueue_calls(&calls, &qref.epoch, &texts, &dues, now, if_absent)
+                .instrument(producer.span.clone())
                 .await;
         }
         let outcomes: Vec<_> = outcomes
@@ -164,6 +186,7 @@ impl Client {
             results.iter().filter(|o| written(o)).count() as u64,
         );
         if let Some(e) = failed {
+            producer.failed(&redact::error(&e.to_string()));
             // No call went through: the error says for the whole batch whether anything may
             // have been written. Some did: each order's fate is reported.
             if !succeeded {
@@ -246,11 +269,12 @@ impl Client {
         &self,
         calls: &[(ShardKeys, Vec<usize>)],
         epoch: &str,
-        orders: &[NewOrder],
+        texts: &Texts<'_>,
         dues: &[i64],
         now: i64,
         if_absent: bool,
     ) -> Vec<Result<Vec<ScheduleOutcome>>> {
+        let orders = texts.orders;
         let args: Vec<Vec<EnqueueArg<'_>>> = calls
             .iter()
             .map(|(_, idxs)| {
@@ -258,7 +282,7 @@ impl Client {
                     .map(|&i| EnqueueArg {
                         id: &orders[i].id,
                         due_ms: dues[i],
-                        payload: orders[i].payload.as_str(),
+                        payload: texts.payload(i),
                         priority: orders[i].priority,
                     })
                     .collect()
@@ -403,6 +427,23 @@ impl Client {
             .await?
             .clone();
         Ok((cell, conn))
+    }
+}
+
+/// What each order of a schedule call stores as its payload: the JSON text, or (a traced
+/// order) its context and the JSON text.
+struct Texts<'a> {
+    orders: &'a [NewOrder],
+    /// Per order, the stored text of a traced order (empty when none is traced).
+    stored: &'a [Option<String>],
+}
+
+impl Texts<'_> {
+    fn payload(&self, i: usize) -> &str {
+        match self.stored.get(i) {
+            Some(Some(text)) => text,
+            _ => self.orders[i].payload.as_str(),
+        }
     }
 }
 

@@ -108,15 +108,15 @@ pub(super) fn parse_delivery(
             _ => {}
         }
     }
-    let (enq, text) = match &data {
-        Some(d) => match crate::engine::message::decode_stored(d) {
-            (Some(enq), json) => (Some(enq), json),
-            (None, raw) => {
+    let (enq, trace, text) = match &data {
+        Some(d) => match crate::engine::message::decode_stored_traced(d) {
+            (Some(enq), trace, json) => (Some(enq), trace, json),
+            (None, _, raw) => {
                 flag = flag.or(Some(DeliveryFlag::BadEncoding));
-                (None, raw)
+                (None, None, raw)
             }
         },
-        None => (None, "null"),
+        None => (None, None, "null"),
     };
     let payload = match serde_json::from_str(text) {
         Ok(v) => v,
@@ -143,6 +143,7 @@ pub(super) fn parse_delivery(
         priority: lane.level,
         attempt,
         flag,
+        trace,
     };
     let bad = id
         .is_none()

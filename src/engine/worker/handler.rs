@@ -2,6 +2,7 @@
 //! outcome [`Hooks`] and the worker's counters.
 
 use crate::engine::priority::Priority;
+use crate::engine::trace::TraceContext;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -53,6 +54,9 @@ pub struct Delivery {
     pub attempt: u32,
     /// Set when something about the order is unusual; it is delivered all the same.
     pub flag: Option<DeliveryFlag>,
+    /// The W3C trace context the order was scheduled in, when it was scheduled in one
+    /// (see [`crate::engine::trace`]): the same on every attempt, reclaim and replay.
+    pub trace: Option<TraceContext>,
 }
 
 impl Delivery {
@@ -73,6 +77,7 @@ impl Delivery {
             priority: self.priority,
             attempt: self.attempt,
             flag: self.flag,
+            trace: None,
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::engine::redact;
 use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
 use crate::engine::telemetry::Redelivery;
+use crate::engine::trace;
 use crate::error::RedisContext;
 use futures_util::FutureExt;
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 /// Spawns the task that owns `t` until it is settled: it waits for a handler slot (the
 /// entry's lease is extended meanwhile), handles it and settles it. A panic anywhere in that
@@ -86,7 +88,8 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
     }
     // The on-time promise is measured on first deliveries only; redeliveries (a retry or a
     // reclaim, a replay, a reconciliation) have their own histogram, by reason.
-    let late_s = (s.client.clock().now_us() - d.due_at_ms * 1000) as f64 / 1e6;
+    let late_us = s.client.clock().now_us() - d.due_at_ms * 1000;
+    let late_s = late_us as f64 / 1e6;
     match (&for_group, d.attempt) {
         (None, 1) => s.metrics().lateness(d.priority, late_s),
         (None, _) => s.metrics().redelivery_age(Redelivery::Retry, late_s),
@@ -97,6 +100,32 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         }
         (Some(_), _) => s.metrics().redelivery_age(Redelivery::Replay, late_s),
     }
+    // The delivery's `process` span (free when nothing records it): the handler, its SQL
+    // and its webhook call, and the settlement run inside it.
+    let span = trace::process_span(&trace::Process {
+        queue: s.queue.as_str(),
+        group: &s.group,
+        id: &d.id,
+        entry_id: &d.entry_id,
+        attempt: d.attempt,
+        lateness_ms: late_us / 1000,
+        priority: d.priority.as_str(),
+        stored: d.trace.as_ref(),
+    });
+    handle_and_settle(s, ack_tx, d, lease, &span)
+        .instrument(span.clone())
+        .await;
+}
+
+/// Runs the handler on `d` and settles its entry: ack, retry or dead letter; the outcome
+/// is recorded on `span`.
+async fn handle_and_settle<H: Handler>(
+    s: &Shared<H>,
+    ack_tx: &AckSender,
+    d: Delivery,
+    lease: Lease,
+    span: &tracing::Span,
+) {
     // What settling needs once the handler has the delivery: all of it with hooks, else
     // the few fields that name the entry.
     let (d, outcome) = if d.attempt > s.opts.max_attempts {
@@ -116,6 +145,7 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
     };
     match outcome {
         Ok(()) => {
+            trace::record_outcome(span, "success", None);
             handled_metric(s, "success");
             hook(s, "on_success", || s.hooks.on_success(&d));
             // The lease travels with the ack and is released once XACK is done. The acker
@@ -127,11 +157,13 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
             });
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
+            trace::record_outcome(span, "retry", Some(&message));
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
             lease.release();
             settle_retry(s, &d, &message, delay).await;
         }
         Err(HandlerError::Retry { message, .. } | HandlerError::Permanent { message }) => {
+            trace::record_outcome(span, "dead", Some(&message));
             lease.release();
             settle_dead(s, &d, &message, true).await;
         }

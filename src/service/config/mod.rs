@@ -18,7 +18,7 @@ pub(crate) use error::{at_key, duration, lib_err};
 pub use handlers::{HandlerKind, HandlerSpec};
 pub use raw::{
     Config, DeadConfig, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig,
-    ReconciliationConfig, Secrets,
+    ReconciliationConfig, Secrets, TelemetryConfig,
 };
 use sections::{
     check_http, check_reconciliation, client_options, dispatcher_options, housekeeping_options,
@@ -94,6 +94,69 @@ pub struct Settings {
     pub reconciliation: Option<ReconcileSpec>,
     /// Recurring schedules declared at start-up.
     pub schedules: Vec<crate::engine::schedules::ScheduleSpec>,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+    /// Trace export and the consumer spans' relation to the producer's.
+    pub telemetry: TelemetrySettings,
+}
+
+/// How `serve` writes its log lines (`log_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines (the default).
+    #[default]
+    Text,
+    /// One JSON object per line, with `trace_id` and `span_id` inside a traced span.
+    Json,
+}
+
+/// `[telemetry]`, checked.
+#[derive(Clone, PartialEq)]
+pub struct TelemetrySettings {
+    /// The OTLP/HTTP traces URL the configuration names (`<otlp_endpoint>/v1/traces`);
+    /// `None`: the standard `OTEL_EXPORTER_OTLP_*` variables decide (nothing is exported
+    /// when they name no endpoint either).
+    pub traces_url: Option<String>,
+    /// `service.name`, when the configuration sets it.
+    pub service_name: Option<String>,
+    /// How each delivery's `process` span relates to the producer's.
+    pub consumer_span: crate::engine::trace::ConsumerSpan,
+    /// The longest one export may take.
+    pub export_timeout: Duration,
+    /// How long finished spans wait to be exported together.
+    pub export_interval: Duration,
+    /// Finished spans waiting for export at most.
+    pub max_queue: usize,
+    /// Spans per export request at most.
+    pub max_batch: usize,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            traces_url: None,
+            service_name: None,
+            consumer_span: crate::engine::trace::ConsumerSpan::Link,
+            export_timeout: Duration::from_secs(10),
+            export_interval: Duration::from_secs(1),
+            max_queue: 2048,
+            max_batch: 512,
+        }
+    }
+}
+
+impl std::fmt::Debug for TelemetrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetrySettings")
+            .field("traces_url", &self.traces_url.as_deref().map(redact::url))
+            .field("service_name", &self.service_name)
+            .field("consumer_span", &self.consumer_span)
+            .field("export_timeout", &self.export_timeout)
+            .field("export_interval", &self.export_interval)
+            .field("max_queue", &self.max_queue)
+            .field("max_batch", &self.max_batch)
+            .finish()
+    }
 }
 
 /// How long `serve` waits for Redis at start-up unless `startup_timeout` says otherwise.
@@ -171,7 +234,11 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     queues.sort();
     queues.dedup();
     let dispatch = sections::dispatch_selection(config.dispatch.as_ref())?;
+    let log_format = sections::log_format(config.log_format.as_deref())?;
+    let telemetry = sections::telemetry(&config.telemetry)?;
     Ok(Settings {
+        log_format,
+        telemetry,
         dispatch,
         config,
         listen,

@@ -491,3 +491,69 @@ fn handlers_over_several_queues_and_priority_weights() {
         assert_eq!(e.key.as_deref(), Some(key), "{e}");
     }
 }
+
+#[test]
+fn telemetry_and_log_format_are_checked_naming_their_key() {
+    let s = load_str("", env()).unwrap();
+    assert_eq!(s.log_format, LogFormat::Text);
+    assert_eq!(s.telemetry, TelemetrySettings::default());
+    assert_eq!(s.telemetry.traces_url, None);
+    let s = load_str(
+        "log_format = \"json\"\n[telemetry]\notlp_endpoint = \"http://u:pw@collector:4318/\"\n\
+         service_name = \"shop-delayq\"\nconsumer_span = \"parent\"\nexport_timeout = \"2s\"\n\
+         export_interval = \"200ms\"\nmax_queue = 100\n",
+        env(),
+    )
+    .unwrap();
+    assert_eq!(s.log_format, LogFormat::Json);
+    let t = &s.telemetry;
+    assert_eq!(
+        t.traces_url.as_deref(),
+        Some("http://u:pw@collector:4318/v1/traces")
+    );
+    assert_eq!(t.service_name.as_deref(), Some("shop-delayq"));
+    assert_eq!(t.consumer_span, crate::engine::trace::ConsumerSpan::Parent);
+    assert_eq!(t.export_timeout, Duration::from_secs(2));
+    assert_eq!(t.export_interval, Duration::from_millis(200));
+    // The batch never exceeds the queue.
+    assert_eq!((t.max_queue, t.max_batch), (100, 100));
+    // Credentials never show.
+    assert!(!format!("{s:?}").contains("pw"), "{s:?}");
+    for (line, key) in [
+        ("log_format = \"yaml\"", "log_format"),
+        (
+            "[telemetry]\notlp_endpoint = \"collector:4318\"",
+            "telemetry.otlp_endpoint",
+        ),
+        (
+            "[telemetry]\notlp_endpoint = \"grpc://c:4317\"",
+            "telemetry.otlp_endpoint",
+        ),
+        (
+            "[telemetry]\notlp_endpoint = \"http://c:4318?token=x\"",
+            "telemetry.otlp_endpoint",
+        ),
+        (
+            "[telemetry]\nconsumer_span = \"child\"",
+            "telemetry.consumer_span",
+        ),
+        (
+            "[telemetry]\nexport_timeout = \"1h\"",
+            "telemetry.export_timeout",
+        ),
+        (
+            "[telemetry]\nexport_interval = \"soon\"",
+            "telemetry.export_interval",
+        ),
+        ("[telemetry]\nmax_queue = 0", "telemetry.max_queue"),
+        (
+            "[telemetry]\nmax_queue = 10\nmax_batch = 11",
+            "telemetry.max_batch",
+        ),
+        ("[telemetry]\nendpoint = \"http://c\"", "endpoint"),
+    ] {
+        let e = load_str(line, env()).unwrap_err();
+        assert!(e.to_string().contains(key), "{line}: {e}");
+        assert!(!e.to_string().contains("token=x"), "{e}");
+    }
+}

@@ -6,13 +6,14 @@ use super::error::{ApiError, ApiResult};
 use crate::engine::history::OrderHistory;
 use crate::engine::message::{Mode, NewOrder, Payload, ScheduleOutcome, When};
 use crate::engine::priority::Priority;
+use crate::engine::trace::TraceContext;
 use crate::error::InvalidInput;
 use crate::service::admin;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::Value;
@@ -77,6 +78,30 @@ impl MessageBody {
     }
 }
 
+/// The W3C trace context of a request (`traceparent`, `tracestate`): the orders it schedules
+/// store it (see [`crate::engine::trace`]). An invalid `traceparent` is ignored, as the W3C
+/// says, never an error; several `tracestate` headers are one list.
+fn trace_of(headers: &HeaderMap) -> Option<TraceContext> {
+    let parent = headers.get("traceparent")?.to_str().ok()?;
+    let mut state: Option<String> = None;
+    for v in headers.get_all("tracestate") {
+        let Ok(v) = v.to_str() else { continue };
+        state = Some(match state {
+            Some(s) => format!("{s},{v}"),
+            None => v.to_owned(),
+        });
+    }
+    TraceContext::parse(parent, state.as_deref())
+}
+
+/// `order` in the request's trace context, if it has one.
+fn traced(order: NewOrder, trace: Option<&TraceContext>) -> NewOrder {
+    match trace {
+        Some(t) => order.with_trace(t.clone()),
+        None => order,
+    }
+}
+
 fn mode(if_absent: bool) -> Mode {
     if if_absent {
         Mode::IfAbsent
@@ -88,6 +113,7 @@ fn mode(if_absent: bool) -> Mode {
 pub(super) async fn put_message(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let b: MessageBody = json_body(body)?;
@@ -98,6 +124,7 @@ pub(super) async fn put_message(
         ));
     }
     let order = NewOrder::new(id, b.when()?, b.payload()).with_priority(b.priority()?);
+    let order = traced(order, trace_of(&headers).as_ref());
     let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
     let status = if a.outcome == ScheduleOutcome::Created {
         StatusCode::CREATED
@@ -129,9 +156,11 @@ fn without_position(e: &serde_json::Error) -> String {
 pub(super) async fn batch(
     State(st): State<AppState>,
     Path(queue): Path<String>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<admin::BatchAnswer>> {
     let b: BatchBody = json_body(body)?;
+    let trace = trace_of(&headers);
     admin::check_batch_len(b.messages.len())?;
     let mut orders = Vec::with_capacity(b.messages.len());
     for (index, raw) in b.messages.iter().enumerate() {
@@ -159,7 +188,10 @@ pub(super) async fn batch(
         }
         let when = m.when().map_err(in_batch)?;
         let priority = m.priority().map_err(in_batch)?;
-        orders.push(NewOrder::new(id, when, m.payload()).with_priority(priority));
+        orders.push(traced(
+            NewOrder::new(id, when, m.payload()).with_priority(priority),
+            trace.as_ref(),
+        ));
     }
     let a = st
         .admin
@@ -199,6 +231,20 @@ pub(super) async fn delete_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_requests_trace_context_is_read_and_a_bad_one_ignored() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut h = HeaderMap::new();
+        assert!(trace_of(&h).is_none());
+        h.insert("traceparent", tp.parse().unwrap());
+        h.append("tracestate", "a=1".parse().unwrap());
+        h.append("tracestate", "b=2".parse().unwrap());
+        let t = trace_of(&h).unwrap();
+        assert_eq!((t.traceparent(), t.tracestate()), (tp, Some("a=1,b=2")));
+        h.insert("traceparent", "00-zz-00f067aa0ba902b7-01".parse().unwrap());
+        assert!(trace_of(&h).is_none());
+    }
 
     #[test]
     fn positions_are_dropped_from_batch_errors() {

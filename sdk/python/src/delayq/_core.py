@@ -554,6 +554,25 @@ def stored_level(v: Any) -> Priority:
         return Priority.NORMAL
 
 
+def decode_stored(text: str) -> Tuple[Optional[int], str]:
+    """A stored payload value ``"<enqueued_ms>:<json>"`` as (enqueued ms, JSON text). An order
+    scheduled in a trace context (a Rust producer or ``delayq serve`` with ``traceparent``)
+    stores ``"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"``: the context is left
+    out, so the payload reads back byte for byte (``~`` never starts a JSON text)."""
+    head, sep, rest = text.partition(":")
+    if not sep:
+        return None, text
+    try:
+        enq = int(head)
+    except ValueError:
+        return None, text
+    if rest.startswith("~"):
+        end = rest.find("~", 1)
+        if end > 0:
+            rest = rest[end + 1:]
+    return enq, rest
+
+
 def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
     """get.lua's ``{score or false, stored or false, level or false}`` as an order (None:
     not scheduled)."""
@@ -567,15 +586,7 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
     if raw is None:
         return ScheduledOrder(id, due, None, None, None, priority)
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
-    enq: Optional[int] = None
-    body = text
-    head, sep, rest = text.partition(":")
-    if sep:
-        try:
-            enq = int(head)
-            body = rest
-        except ValueError:
-            pass
+    enq, body = decode_stored(text)
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
