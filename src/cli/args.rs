@@ -191,6 +191,9 @@ pub enum Command {
         /// order as soon as it is due).
         #[arg(long)]
         lateness_budget: Option<String>,
+        /// Every order carries a W3C trace context (stored and decoded; nothing exported).
+        #[arg(long)]
+        traced: bool,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

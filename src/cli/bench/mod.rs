@@ -68,6 +68,9 @@ pub struct BenchOptions {
     pub linger: Option<Duration>,
     /// The dispatcher's lateness budget (`None`: its default).
     pub lateness_budget: Option<Duration>,
+    /// Every order carries a W3C trace context (as a traced producer's would), stored and
+    /// decoded with it; no spans are exported.
+    pub traced: bool,
 }
 
 /// The bench dispatcher's options: the defaults, with `--linger` and `--lateness-budget`
@@ -142,7 +145,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
 
 async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let now = client.now_ms();
-    let orders: Vec<NewOrder> = (0..opts.orders)
+    let mut orders: Vec<NewOrder> = (0..opts.orders)
         .map(|i| {
             let due = now + 3_600_000;
             NewOrder::new(
@@ -152,6 +155,7 @@ async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRe
             )
         })
         .collect();
+    with_traces(&mut orders, opts.traced);
     let before = info_field::<i64>(client, "memory", "used_memory").await?;
     let took = enqueue_all(client, &orders).await?;
     let after = info_field::<i64>(client, "memory", "used_memory").await?;
@@ -356,6 +360,7 @@ async fn timed(
     let window = i64::try_from(opts.window.as_millis()).unwrap_or(10_000) * i64::from(!storm);
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
     let mut orders = bench_orders(n, opts.payload_bytes, due_of);
+    with_traces(&mut orders, opts.traced);
     if levels {
         for (i, o) in orders.iter_mut().enumerate() {
             o.priority = crate::Priority::ALL[i % 3];
@@ -429,10 +434,15 @@ async fn timed(
         script_calls_per_order: Some(calls_per_order),
         timed_out,
         notes: format!(
-            "{} shard(s){}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
+            "{} shard(s){}{}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
             opts.shards,
             if levels {
                 ", 3 priority levels (strict)"
+            } else {
+                ""
+            },
+            if opts.traced {
+                ", every order traced (W3C context stored, no export)"
             } else {
                 ""
             },
@@ -470,6 +480,19 @@ fn bench_orders(n: usize, payload_bytes: usize, due_of: impl Fn(usize) -> i64) -
         .collect()
 }
 
+/// `orders` with a trace context each (a distinct trace id per order), when `traced`.
+fn with_traces(orders: &mut [NewOrder], traced: bool) {
+    if !traced {
+        return;
+    }
+    for (i, o) in orders.iter_mut().enumerate() {
+        let tp = format!("00-{:032x}-{:016x}-01", i + 1, i + 1);
+        if let Some(t) = crate::engine::trace::TraceContext::parse(&tp, None) {
+            *o = o.clone().with_trace(t);
+        }
+    }
+}
+
 /// `delayq bench`: runs the named scenarios and prints one report each (`c` is a
 /// [`Command::Bench`](super::Command::Bench)).
 pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbResult {
@@ -487,6 +510,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         history_retention,
         linger,
         lateness_budget,
+        traced,
         json,
     } = c
     else {
@@ -512,6 +536,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .as_deref()
             .map(|b| parse_duration("--lateness-budget", b))
             .transpose()?,
+        traced,
     };
     dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;
