@@ -122,10 +122,10 @@ for bin in "${SERVERS[@]}"; do
   start=$(date +%s)
   # First the version delayq reads at connect against the binary's --version (and a user
   # without +info connecting), then the engine, failure handling, history and crash
-  # recovery suites; --no-fail-fast: a failing suite does not hide the others.
+  # recovery suites and priorities; --no-fail-fast: a failing suite does not hide the others.
   if DELAYQ_TEST_REDIS_SERVER="$bin" cargo test --locked --lib engine::version::tests::live_server &&
     DELAYQ_TEST_REDIS_SERVER="$bin" cargo test --locked --no-fail-fast \
-      --test engine --test failure --test history --test crash -- --test-threads 2; then
+      --test engine --test failure --test history --test crash --test priorities -- --test-threads 2; then
     result=pass
   else
     result=FAIL
