@@ -228,7 +228,7 @@ async fn script_calls(client: &Client) -> u64 {
 async fn a_lateness_budget_moves_a_steady_trickle_in_fewer_calls() {
     // 100 orders due 2 ms apart: with no budget the dispatcher passes once per due
     // millisecond (about 100 calls); with a 50 ms budget, once it has seen orders come due
-    // faster than one per 20 ms (the budget's 2/5), a pass that moved a few waits 20 ms, so
+    // faster than one per 17 ms (the budget's 1/3), a pass that moved a few waits 17 ms, so
     // the 200 ms trickle takes a handful of calls. Every order still goes out, in due order.
     trickle_in_few_calls(DispatcherOptions::default().lateness_budget(Duration::from_millis(50)))
         .await;

@@ -55,9 +55,10 @@ pub struct DispatcherOptions {
 }
 
 /// The share of the lateness budget the dispatcher spends waiting for more due orders
-/// (2/5: with 5 ms, passes 2 ms apart under load); the rest covers the read and the
-/// handler's start, which take 1–3 ms at p99 on a busy 2-core machine (docs/benchmarks.md).
-pub const BUDGET_SPACING: (u32, u32) = (2, 5);
+/// (1/3: with 5 ms, passes about 1.7 ms apart under load); the rest covers the read and the
+/// handler's start, which take 2–3 ms at p99 on a 2-core machine (with 2/5 the p99 was at
+/// the budget's edge, 4.7–5.5 ms: docs/benchmarks.md).
+pub const BUDGET_SPACING: (u32, u32) = (1, 3);
 
 /// Longest lateness budget.
 pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
