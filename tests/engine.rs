@@ -933,7 +933,7 @@ async fn the_scripts_accept_only_canonical_integers() {
         ),
         (
             // A valid order first, then a malformed "now".
-            &delayq::engine::history::REDELIVER_LUA,
+            &delayq::engine::scripts::admin::REDELIVER_LUA,
             vec!["{dq:order-close:0}:due", "{dq:order-close:0}:stream"],
             vec!["close", "0", "1000", "17e11", "0", "a", "{}"],
         ),

@@ -209,7 +209,7 @@ fn bad_rate_limits_are_refused_with_the_key_named() {
 #[tokio::test]
 async fn unused_rate_limit_permits_are_refunded() {
     let (_s, client) = support::start().await;
-    let script = redis::Script::new(&delayq::engine::flow::RATELIMIT_LUA);
+    let script = redis::Script::new(&delayq::engine::scripts::admin::RATELIMIT_LUA);
     let key = "{dq:order-close:0}:rate:g";
     let now = client.clock().now_us();
     let call = |mode: &'static str, n: i64| {

@@ -20,7 +20,7 @@ use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::QueueName;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How stale a process's view of the pause flags may be.
@@ -258,10 +258,7 @@ impl RateLimit {
     }
 }
 
-/// Source of `lua/ratelimit.lua`.
-pub static RATELIMIT_LUA: LazyLock<String> =
-    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/ratelimit.lua")));
-static RATELIMIT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RATELIMIT_LUA));
+use crate::engine::scripts::admin::RATELIMIT;
 
 /// Takes up to `wanted` permits of `limit` for `queue`/`group`; returns how many were
 /// granted and, when none, how long until one is free.

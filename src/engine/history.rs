@@ -27,7 +27,6 @@ use crate::engine::worker::Fields;
 use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
 use serde_json::value::RawValue;
-use std::sync::LazyLock;
 use std::time::Duration;
 
 /// History kept when a queue's record says nothing else: 24 hours.
@@ -37,14 +36,7 @@ pub const MAX_HISTORY_RETENTION: Duration = Duration::from_secs(90 * 24 * 3600);
 /// The registry record field holding a queue's history retention, in ms.
 pub(crate) const RETENTION_FIELD: &str = "history_ms";
 
-/// Source of `lua/history.lua`.
-pub static HISTORY_LUA: LazyLock<String> =
-    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/history.lua")));
-/// Source of `lua/redeliver.lua`.
-pub static REDELIVER_LUA: LazyLock<String> =
-    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/redeliver.lua")));
-static HISTORY: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&HISTORY_LUA));
-static REDELIVER: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&REDELIVER_LUA));
+use crate::engine::scripts::admin::{HISTORY, REDELIVER};
 
 /// The length of a history bucket, ms: one hour, independent of the retention.
 pub const HISTORY_BUCKET_MS: i64 = 3_600_000;

@@ -7,12 +7,8 @@ use crate::engine::priority::Priority;
 use crate::error::{RedisContext, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
-/// Source of `lua/stats.lua`.
-pub static STATS_LUA: LazyLock<String> =
-    LazyLock::new(|| crate::engine::scripts::source(include_str!("../../lua/stats.lua")));
-static STATS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&STATS_LUA));
+use crate::engine::scripts::admin::STATS;
 
 /// One queue's numbers (summed over its shards).
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -1,11 +1,14 @@
 //! The Lua scripts in `lua/`, loaded at compile time, one typed wrapper each, grouped by who
 //! runs them: [`orders`] (producers and the dispatcher), [`consume`] (workers), [`registry`]
-//! (queues, groups and maintenance), [`schedules`] (recurring schedules and their ticks).
+//! (queues, groups and maintenance), [`schedules`] (recurring schedules and their ticks),
+//! [`admin`] (statistics, order history and redelivery, the rate limiter). No script is
+//! made (`Script::new`) anywhere else.
 //!
 //! Scripts are invoked by SHA (`EVALSHA`) and loaded again when Redis answers `NOSCRIPT`
 //! (after a restart or `SCRIPT FLUSH`); [`redis::Script::invoke_async`] does both. Every
 //! script's source is listed once, in [`all`].
 
+pub mod admin;
 pub mod consume;
 pub mod orders;
 pub mod registry;
@@ -53,10 +56,10 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
         ("fence", FENCE_LUA.as_str()),
         ("join_group", JOIN_GROUP_LUA.as_str()),
         ("heartbeat", HEARTBEAT_LUA.as_str()),
-        ("stats", crate::engine::stats::STATS_LUA.as_str()),
-        ("history", crate::engine::history::HISTORY_LUA.as_str()),
-        ("redeliver", crate::engine::history::REDELIVER_LUA.as_str()),
-        ("ratelimit", crate::engine::flow::RATELIMIT_LUA.as_str()),
+        ("stats", admin::STATS_LUA.as_str()),
+        ("history", admin::HISTORY_LUA.as_str()),
+        ("redeliver", admin::REDELIVER_LUA.as_str()),
+        ("ratelimit", admin::RATELIMIT_LUA.as_str()),
         ("schedule", schedules::SCHEDULE_LUA.as_str()),
         ("tick", schedules::TICK_LUA.as_str()),
     ]
