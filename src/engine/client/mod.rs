@@ -4,6 +4,7 @@
 //! connection ([`Conn`]: one server or a cluster), the clock, and the wake-up signals of
 //! dispatchers running in this process.
 
+mod durable;
 mod options;
 mod schedule;
 
@@ -52,7 +53,7 @@ struct Inner {
     /// The connections durable schedules use (`WAIT` blocks its connection, so they get
     /// their own), opened on first use and replaced after a write on one broke or ran out of
     /// time.
-    durable_conns: schedule::DurableConns,
+    durable_conns: durable::DurableConns,
     /// Shard counts and epochs of queues this client found in the registry (or
     /// registered); an entry is dropped when a script says the queue changed.
     pub(crate) known_queues: Mutex<HashMap<String, crate::engine::registry::QueueRef>>,
@@ -120,7 +121,7 @@ impl Client {
                 redis_clock,
                 wake: WakeRegistry::default(),
                 server,
-                durable_conns: schedule::DurableConns::default(),
+                durable_conns: durable::DurableConns::default(),
                 known_queues: Mutex::new(HashMap::new()),
             }),
         })

@@ -136,13 +136,13 @@ impl ClientOptions {
             });
         }
         if let Durability::Replicated { replicas, timeout } = self.durability
-            && (replicas == 0 || timeout.is_zero() || timeout > super::schedule::MAX_WAIT)
+            && (replicas == 0 || timeout.is_zero() || timeout > super::durable::MAX_WAIT)
         {
             return Err(InvalidInput::Option {
                 name: "durability",
                 reason: format!(
                     "replicated durability needs at least one replica and a timeout of 1 ms..={:?}",
-                    super::schedule::MAX_WAIT
+                    super::durable::MAX_WAIT
                 ),
             });
         }

@@ -90,12 +90,8 @@ struct Shared<H> {
 /// stream entry ids are unique per stream, not per shard).
 pub(super) fn lane_index(shard: u16, p: Priority) -> u16 {
     // At most MAX_SHARDS (1024) shards of 3 lanes: fits.
-    let rank: u16 = match p {
-        Priority::High => 0,
-        Priority::Normal => 1,
-        Priority::Low => 2,
-    };
-    shard * 3 + rank
+    // The rank is 0..=2 (`Priority::rank`, the one mapping of levels to indexes).
+    shard * 3 + u16::try_from(p.rank()).unwrap_or(0)
 }
 
 impl<H> Shared<H> {

@@ -130,6 +130,51 @@ impl Gate {
     }
 }
 
+/// One reader's standing at its [`MultiWorker`]'s gate (nothing for a
+/// worker of its own).
+pub(super) struct Backlog<'a> {
+    gate: Option<(&'a Gate, usize)>,
+    busy: bool,
+}
+
+impl<'a> Backlog<'a> {
+    pub(super) fn new(gate: &'a Option<(Arc<Gate>, usize)>) -> Self {
+        Backlog {
+            gate: gate.as_ref().map(|(g, r)| (&**g, *r)),
+            busy: true,
+        }
+    }
+
+    pub(super) fn set(&mut self, busy: bool) {
+        if let Some((g, rank)) = self.gate
+            && busy != self.busy
+        {
+            g.set_busy(rank, busy);
+            self.busy = busy;
+        }
+    }
+
+    pub(super) async fn turn(&self, cancel: &CancellationToken) -> bool {
+        match self.gate {
+            Some((g, rank)) => g.turn(rank, cancel).await,
+            None => true,
+        }
+    }
+
+    pub(super) fn took(&self, n: usize) {
+        if let Some((g, rank)) = self.gate {
+            g.took(rank, n);
+        }
+    }
+}
+
+impl Drop for Backlog<'_> {
+    fn drop(&mut self) {
+        // A stopped reader holds nobody back.
+        self.set(false);
+    }
+}
+
 /// One business handler over an ordered list of queues, most urgent first: the seed's
 /// "watch high, then medium, then low". Each queue keeps its own consumer group (same name)
 /// and pending list; the handler's concurrency and prefetch are one budget over all of them;

@@ -39,7 +39,7 @@ pub(super) async fn reader_loop<H: Handler>(
     let mut r = Reader::new(&s, &lanes, conn);
     // A queue of a MultiWorker: whether this reader told the gate it has a backlog (every
     // reader starts so).
-    let mut backlog = Backlog::new(&s);
+    let mut backlog = super::multi::Backlog::new(&s.gate);
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
         if r.to_read.is_empty() {
@@ -93,51 +93,6 @@ pub(super) async fn reader_loop<H: Handler>(
         }
     }
     tasks
-}
-
-/// One reader's standing at its [`MultiWorker`](super::MultiWorker)'s gate (nothing for a
-/// worker of its own).
-struct Backlog<'a> {
-    gate: Option<(&'a super::multi::Gate, usize)>,
-    busy: bool,
-}
-
-impl<'a> Backlog<'a> {
-    fn new<H>(s: &'a Shared<H>) -> Self {
-        Backlog {
-            gate: s.gate.as_ref().map(|(g, r)| (&**g, *r)),
-            busy: true,
-        }
-    }
-
-    fn set(&mut self, busy: bool) {
-        if let Some((g, rank)) = self.gate
-            && busy != self.busy
-        {
-            g.set_busy(rank, busy);
-            self.busy = busy;
-        }
-    }
-
-    async fn turn(&self, cancel: &CancellationToken) -> bool {
-        match self.gate {
-            Some((g, rank)) => g.turn(rank, cancel).await,
-            None => true,
-        }
-    }
-
-    fn took(&self, n: usize) {
-        if let Some((g, rank)) = self.gate {
-            g.took(rank, n);
-        }
-    }
-}
-
-impl Drop for Backlog<'_> {
-    fn drop(&mut self) {
-        // A stopped reader holds nobody back.
-        self.set(false);
-    }
 }
 
 /// Waits (cancellably) for one place among the entries this worker may hold, then takes as
