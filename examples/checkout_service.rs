@@ -96,7 +96,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = format!("dq-example-{}", std::process::id());
     let client =
         Client::connect_with(&redis_url, ClientOptions::default().namespace(&namespace)).await?;
-    client.create_queue(QUEUE, 1).await?;
+    client.admin().create_queue(QUEUE, 1).await?;
     let tag = std::process::id();
 
     let a = format!("co-{tag}-a");
@@ -136,7 +136,7 @@ async fn main() -> anyhow::Result<()> {
 
     for id in [&a, &b, &c, &d] {
         let o = orders.get(id).await?;
-        let event = client.history(QUEUE, id).await?;
+        let event = client.admin().history(QUEUE, id).await?;
         println!(
             "{id}: {:?}, close event {}",
             o.map(|o| o.status),

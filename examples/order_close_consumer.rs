@@ -76,7 +76,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = format!("dq-example-{}", std::process::id());
     let client =
         Client::connect_with(&redis_url, ClientOptions::default().namespace(&namespace)).await?;
-    client.create_queue(QUEUE, 1).await?;
+    client.admin().create_queue(QUEUE, 1).await?;
 
     // Three orders expiring within a second; one is paid, one gets more time.
     let tag = std::process::id();

@@ -38,7 +38,7 @@ async fn main() -> anyhow::Result<()> {
     let namespace = format!("dq-example-{}", std::process::id());
     let client = Client::connect_with(&url, ClientOptions::default().namespace(&namespace)).await?;
     // Declare the queue first: scheduling into an unknown queue is refused.
-    client.create_queue("order-close", 1).await?;
+    client.admin().create_queue("order-close", 1).await?;
 
     // The checkout service: create orders that expire 1..4 s from now.
     let orders: Vec<NewOrder> = (0..ORDERS)

@@ -53,7 +53,8 @@
 //! ARCHITECTURE.md describes the data flow, the key layout and the invariants.
 
 pub mod engine;
-pub mod error;
+/// The engine's errors, at the crate root (`delayq::error`).
+pub use engine::error;
 
 #[cfg(feature = "orders")]
 pub mod orders;
@@ -67,29 +68,30 @@ pub mod cli;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
+pub use engine::admin::dead::{DeadLetter, Selection};
+pub use engine::admin::history::{GroupHistory, GroupState, OrderHistory, OrderState};
+pub use engine::admin::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::backoff::Backoff;
 pub use engine::client::{Client, ClientOptions, Durability};
 #[cfg(feature = "test-util")]
 pub use engine::clock::ManualClock;
 pub use engine::clock::{Clock, RedisClock};
-pub use engine::dead::{DeadLetter, Selection};
 pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
-pub use engine::history::{GroupHistory, GroupState, OrderHistory, OrderState};
+pub use engine::error::{Error, InvalidInput, Result};
 pub use engine::housekeeping::{Housekeeper, HousekeepingOptions};
 pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
     ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
+pub use engine::outcome::WriteOutcome;
 pub use engine::priority::{Priority, PriorityMode};
 pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
-pub use engine::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
 pub use engine::trace::{ConsumerSpan, TraceContext};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, MultiWorker, NoHooks,
     Worker, WorkerOptions, WorkerStats,
 };
-pub use error::{Error, InvalidInput, Result, WriteOutcome};
 #[cfg(feature = "orders")]
 pub use orders::close::OrderClose;
 #[cfg(feature = "orders")]

@@ -93,7 +93,11 @@ async fn the_full_flow_runs_on_a_cluster() {
         async move { n == 1 }
     })
     .await;
-    let dead = client.dead_list(Q, Some("close"), 10).await.unwrap();
+    let dead = client
+        .admin()
+        .dead_list(Q, Some("close"), 10)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].id.as_str(), dead[0].attempts), ("poison", 3));
     assert_eq!(*poison_calls.lock().unwrap(), 3);
@@ -102,7 +106,7 @@ async fn the_full_flow_runs_on_a_cluster() {
     assert!(close.counts().values().all(|&c| c == 1));
     let shards: HashSet<u16> = close.deliveries().iter().map(|d| d.shard).collect();
     assert_eq!(shards.len(), 4, "all shards served");
-    let stats = client.stats(Q).await.unwrap();
+    let stats = client.admin().stats(Q).await.unwrap();
     assert_eq!(stats.dead, 1);
     let _ = st2;
     cancel.cancel();

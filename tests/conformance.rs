@@ -571,7 +571,11 @@ async fn every_case_gives_the_expected_outcome() {
     for q in doc["queues"].as_array().unwrap() {
         let name = q["name"].as_str().unwrap();
         let n = u16::try_from(q["shards"].as_u64().unwrap()).unwrap();
-        client.create_queue(name, n).await.expect("create queue");
+        client
+            .admin()
+            .create_queue(name, n)
+            .await
+            .expect("create queue");
         shards.insert(name.to_owned(), n);
     }
     let mut run = Run {

@@ -66,6 +66,7 @@ async fn pages_are_oldest_first_across_shards() {
     let mut after: Option<String> = None;
     loop {
         let page = client
+            .admin()
             .dead_page(Q, None, after.as_deref(), 7)
             .await
             .unwrap();
@@ -105,7 +106,7 @@ async fn retention_and_the_cap_bound_dead_letters() {
         );
     }
     let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
-    assert_eq!(client.stats(Q).await.unwrap().dead, 40);
+    assert_eq!(client.admin().stats(Q).await.unwrap().dead, 40);
     let hk = Housekeeper::new(
         &client,
         &[Q],
@@ -116,7 +117,7 @@ async fn retention_and_the_cap_bound_dead_letters() {
     .unwrap();
     let r = hk.trim_dead().await.unwrap();
     assert_eq!(r.count, 20, "10 past retention, then 10 over the cap");
-    let left = client.dead_list(Q, None, 100).await.unwrap();
+    let left = client.admin().dead_list(Q, None, 100).await.unwrap();
     assert_eq!(left.len(), 20);
     assert!(
         left.iter().all(|d| d.id.starts_with("new")),
@@ -168,15 +169,19 @@ async fn replaying_200k_dead_letters_takes_bounded_memory() {
         }
         let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
     }
-    assert_eq!(client.stats(Q).await.unwrap().dead, n);
+    assert_eq!(client.admin().stats(Q).await.unwrap().dead, n);
     // Reset the peak RSS (Linux: writing 5 to clear_refs), then replay everything.
     std::fs::write("/proc/self/clear_refs", "5").unwrap();
     let base = current_rss_kib();
-    let replayed = client.dead_replay(Q, None, &Selection::All).await.unwrap();
+    let replayed = client
+        .admin()
+        .dead_replay(Q, None, &Selection::All)
+        .await
+        .unwrap();
     assert_eq!(replayed, n);
     let grown_mib = peak_rss_kib().saturating_sub(base) / 1024;
     assert!(grown_mib < 64, "replay grew the process by {grown_mib} MiB");
-    let s = client.stats(Q).await.unwrap();
+    let s = client.admin().stats(Q).await.unwrap();
     assert_eq!((s.dead, s.stream_length), (0, n));
     // Purge of everything pages the same way.
     let mut pipe = redis::pipe();
@@ -191,7 +196,11 @@ async fn replaying_200k_dead_letters_takes_bounded_memory() {
     }
     let _: () = pipe.query_async(&mut client.connection()).await.unwrap();
     assert_eq!(
-        client.dead_purge(Q, None, &Selection::All).await.unwrap(),
+        client
+            .admin()
+            .dead_purge(Q, None, &Selection::All)
+            .await
+            .unwrap(),
         1000
     );
 }
@@ -247,17 +256,28 @@ async fn an_abandoned_group_can_be_deleted_and_trimming_resumes() {
     let cancel = CancellationToken::new();
     let h = tokio::spawn(w.run(cancel.clone()));
     rec.wait_len(10, Duration::from_secs(30)).await;
-    let groups = client.stats(Q).await.unwrap().groups;
+    let groups = client.admin().stats(Q).await.unwrap().groups;
     let old = groups.iter().find(|g| g.group == "old").unwrap();
     assert_eq!(old.pending, 3);
     assert!(old.idle_ms.is_some());
     // The live group is refused without force; the unknown one is not found.
-    let e = client.delete_group(Q, "close", false).await.unwrap_err();
+    let e = client
+        .admin()
+        .delete_group(Q, "close", false)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::GroupBusy { .. }), "{e}");
-    let e = client.delete_group(Q, "nope", false).await.unwrap_err();
+    let e = client
+        .admin()
+        .delete_group(Q, "nope", false)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::GroupNotFound { .. }), "{e}");
     // "old" read just now too (within the minute): force it, as an operator would.
-    assert_eq!(client.delete_group(Q, "old", true).await.unwrap(), 3);
+    assert_eq!(
+        client.admin().delete_group(Q, "old", true).await.unwrap(),
+        3
+    );
     let hk = std::sync::Arc::new(
         Housekeeper::new(&client, &[Q], HousekeepingOptions::default()).unwrap(),
     );
@@ -269,7 +289,7 @@ async fn an_abandoned_group_can_be_deleted_and_trimming_resumes() {
             let (hk, c) = (hk.clone(), c2.clone());
             async move {
                 hk.trim().await.unwrap();
-                c.stats(Q).await.unwrap().stream_length <= 1
+                c.admin().stats(Q).await.unwrap().stream_length <= 1
             }
         },
     )
@@ -278,6 +298,7 @@ async fn an_abandoned_group_can_be_deleted_and_trimming_resumes() {
     h.await.unwrap().unwrap();
     assert!(
         client
+            .admin()
             .stats(Q)
             .await
             .unwrap()
@@ -310,7 +331,8 @@ async fn a_quiet_group_with_a_running_worker_counts_as_alive() {
         move || {
             let c = c.clone();
             async move {
-                c.stats(Q)
+                c.admin()
+                    .stats(Q)
                     .await
                     .unwrap()
                     .groups
@@ -320,17 +342,28 @@ async fn a_quiet_group_with_a_running_worker_counts_as_alive() {
         },
     )
     .await;
-    let g = client.stats(Q).await.unwrap().groups;
+    let g = client.admin().stats(Q).await.unwrap().groups;
     let quiet = g.iter().find(|g| g.group == "quiet").unwrap();
     assert!(quiet.idle_ms.is_some_and(|i| i < 60_000), "{quiet:?}");
-    let e = client.delete_group(Q, "quiet", false).await.unwrap_err();
+    let e = client
+        .admin()
+        .delete_group(Q, "quiet", false)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::GroupBusy { .. }), "{e}");
     cancel.cancel();
     h.await.unwrap().unwrap();
-    let g = client.stats(Q).await.unwrap().groups;
+    let g = client.admin().stats(Q).await.unwrap().groups;
     let quiet = g.iter().find(|g| g.group == "quiet").unwrap();
     assert_eq!(quiet.consumers, 0, "{quiet:?}");
-    assert_eq!(client.delete_group(Q, "quiet", false).await.unwrap(), 0);
+    assert_eq!(
+        client
+            .admin()
+            .delete_group(Q, "quiet", false)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// Dead letters carry the payload byte for byte, like every other surface: big integers,
@@ -342,7 +375,7 @@ async fn dead_letters_keep_the_payload_byte_for_byte() {
     let mut pipe = redis::pipe();
     xadd_dead(&mut pipe, 0, "1-0", "exact", &format!("1:{text}"));
     let () = pipe.query_async(&mut client.connection()).await.unwrap();
-    let page = client.dead_page(Q, None, None, 10).await.unwrap();
+    let page = client.admin().dead_page(Q, None, None, 10).await.unwrap();
     assert_eq!(page.dead_letters.len(), 1);
     assert_eq!(page.dead_letters[0].payload.as_str(), text);
     let listed = serde_json::to_string(&page).unwrap();

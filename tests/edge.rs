@@ -133,10 +133,14 @@ async fn redirecting_receivers_never_acknowledge_and_their_target_receives_nothi
     // Each group: every order retried once, then dead-lettered, the cause named.
     wait_for("20 dead letters", WAIT, || {
         let c = client.clone();
-        async move { c.stats("order-close").await.unwrap().dead == 20 }
+        async move { c.admin().stats("order-close").await.unwrap().dead == 20 }
     })
     .await;
-    let dead = client.dead_list("order-close", None, 100).await.unwrap();
+    let dead = client
+        .admin()
+        .dead_list("order-close", None, 100)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 20);
     for d in &dead {
         assert_eq!(d.attempts, 2, "{d:?}");
@@ -765,7 +769,7 @@ async fn a_host_that_is_not_allowed_is_refused_before_routing() {
     let v: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["error"]["code"], json!("host_not_allowed"));
     assert!(
-        client.queue_info("q").await.unwrap().is_some(),
+        client.admin().queue_info("q").await.unwrap().is_some(),
         "nothing deleted"
     );
     // Probes answer whatever the host; a local name is served.
@@ -1292,7 +1296,11 @@ async fn metrics_clients_that_never_read_do_not_pin_memory_on_5000_queues() {
         .await
         .unwrap();
     for i in 0..5000 {
-        client.create_queue(&format!("q-{i:04}"), 1).await.unwrap();
+        client
+            .admin()
+            .create_queue(&format!("q-{i:04}"), 1)
+            .await
+            .unwrap();
     }
     let mut serve = Serve::start(
         &format!(

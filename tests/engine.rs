@@ -653,7 +653,7 @@ async fn failed_panicked_and_timed_out_attempts_stay_pending_permanent_ones_die(
         3,
         "retries wait in the pending list"
     );
-    let dead = client.dead_list(Q, None, 10).await.unwrap();
+    let dead = client.admin().dead_list(Q, None, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(
         (dead[0].id.as_str(), dead[0].last_error.as_str()),

@@ -205,7 +205,11 @@ async fn a_poison_order_is_dead_lettered_after_max_attempts_while_others_flow() 
         async move { d == 1 && a == 3 }
     })
     .await;
-    let dead = client.dead_list(Q, Some("close"), 10).await.unwrap();
+    let dead = client
+        .admin()
+        .dead_list(Q, Some("close"), 10)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
     let d = &dead[0];
     assert_eq!(
@@ -235,6 +239,7 @@ async fn a_poison_order_is_dead_lettered_after_max_attempts_while_others_flow() 
     assert_eq!(hooks.dead.load(Ordering::SeqCst), 1);
     assert!(
         client
+            .admin()
             .dead_list(Q, Some("notify"), 10)
             .await
             .unwrap()
@@ -278,10 +283,11 @@ async fn replay_redelivers_to_the_failing_group_only_from_attempt_one() {
     ok.wait_len(2, WAIT).await;
 
     healthy.store(true, Ordering::SeqCst);
-    let dead = client.dead_list(Q, None, 10).await.unwrap();
+    let dead = client.admin().dead_list(Q, None, 10).await.unwrap();
     assert_eq!(dead.len(), 2);
     // Replay one by id, then the rest with "all".
     let one = client
+        .admin()
         .dead_replay(
             Q,
             Some("webhook"),
@@ -290,10 +296,24 @@ async fn replay_redelivers_to_the_failing_group_only_from_attempt_one() {
         .await
         .unwrap();
     assert_eq!(one, 1);
-    assert_eq!(client.dead_list(Q, None, 10).await.unwrap().len(), 1);
-    let rest = client.dead_replay(Q, None, &Selection::All).await.unwrap();
+    assert_eq!(
+        client.admin().dead_list(Q, None, 10).await.unwrap().len(),
+        1
+    );
+    let rest = client
+        .admin()
+        .dead_replay(Q, None, &Selection::All)
+        .await
+        .unwrap();
     assert_eq!(rest, 1);
-    assert!(client.dead_list(Q, None, 10).await.unwrap().is_empty());
+    assert!(
+        client
+            .admin()
+            .dead_list(Q, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     wait_for("both replays handled", WAIT, || {
         let n = b_stats.acked.load(Ordering::SeqCst);
         async move { n == 2 }
@@ -355,14 +375,16 @@ async fn purge_deletes_dead_letters_and_bad_ids_are_refused() {
     .await;
     cancel.cancel();
     h.await.unwrap();
-    let dead = client.dead_list(Q, None, 10).await.unwrap();
+    let dead = client.admin().dead_list(Q, None, 10).await.unwrap();
     let e = client
+        .admin()
         .dead_purge(Q, None, &Selection::Ids(vec!["not-an-id".into()]))
         .await
         .unwrap_err();
     assert_eq!(e.as_invalid().unwrap().code(), "invalid_id");
     assert_eq!(
         client
+            .admin()
             .dead_purge(Q, Some("other-group"), &Selection::All)
             .await
             .unwrap(),
@@ -370,19 +392,31 @@ async fn purge_deletes_dead_letters_and_bad_ids_are_refused() {
         "a group filter that matches nothing purges nothing"
     );
     let n = client
+        .admin()
         .dead_purge(Q, None, &Selection::Ids(vec![dead[0].entry_id.clone()]))
         .await
         .unwrap();
     assert_eq!(n, 1);
-    assert_eq!(client.dead_list(Q, None, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        client.admin().dead_list(Q, None, 10).await.unwrap().len(),
+        2
+    );
     assert_eq!(
         client
+            .admin()
             .dead_purge(Q, Some("close"), &Selection::All)
             .await
             .unwrap(),
         2
     );
-    assert!(client.dead_list(Q, None, 10).await.unwrap().is_empty());
+    assert!(
+        client
+            .admin()
+            .dead_list(Q, None, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
@@ -542,7 +576,7 @@ async fn an_entry_deleted_while_waiting_for_its_retry_is_dead_lettered_as_entry_
     .await;
     assert_eq!(flaky.calls().len(), 1, "nothing left to deliver");
     // It left the pending list through a dead letter with a stable reason, never silently.
-    let page = client.dead_page(Q, None, None, 10).await.unwrap();
+    let page = client.admin().dead_page(Q, None, None, 10).await.unwrap();
     assert_eq!(page.dead_letters.len(), 1, "{page:?}");
     assert!(
         page.dead_letters[0].last_error.starts_with("entry_missing"),
@@ -550,7 +584,7 @@ async fn an_entry_deleted_while_waiting_for_its_retry_is_dead_lettered_as_entry_
         page.dead_letters[0]
     );
     assert_eq!(st.dead_lettered.load(Ordering::SeqCst), 1);
-    let hist = client.history(Q, "o1").await.unwrap().unwrap();
+    let hist = client.admin().history(Q, "o1").await.unwrap().unwrap();
     assert_eq!(hist.groups[0].state, delayq::GroupState::Dead, "{hist:?}");
     cancel.cancel();
     h.await.unwrap();
@@ -607,7 +641,7 @@ async fn lateness_counts_first_deliveries_only() {
     assert!(delayq::engine::telemetry::set_sink(sink.clone()));
     // A queue of its own: the sink is the process's, shared with the other tests.
     const LQ: &str = "lateness-q";
-    client.create_queue(LQ, 1).await.unwrap();
+    client.admin().create_queue(LQ, 1).await.unwrap();
     let flaky = Flaky::default();
     let w = Worker::new(
         &client,

@@ -48,7 +48,7 @@ async fn a_paused_queue_holds_its_orders_and_resumes_earliest_first() {
     let stop = CancellationToken::new();
     let w = Worker::new(&client, Q, "close", rec.handler(), fast()).unwrap();
     w.ensure_groups().await.unwrap();
-    let p = client.set_paused(Q, None, true).await.unwrap();
+    let p = client.admin().set_paused(Q, None, true).await.unwrap();
     assert_eq!(
         serde_json::to_value(&p).unwrap(),
         json!({"queue": Q, "group": null, "paused": true})
@@ -63,13 +63,13 @@ async fn a_paused_queue_holds_its_orders_and_resumes_earliest_first() {
     // Scheduling, reading and cancelling work while paused.
     client.cancel(Q, "o0999").await.unwrap();
     assert!(client.get(Q, "o0000").await.unwrap().is_some());
-    let s = client.stats(Q).await.unwrap();
+    let s = client.admin().stats(Q).await.unwrap();
     assert!(s.paused);
     // Nothing is delivered while paused, well after every order came due.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(rec.len(), 0);
-    assert_eq!(client.stats(Q).await.unwrap().overdue, 999);
-    client.set_paused(Q, None, false).await.unwrap();
+    assert_eq!(client.admin().stats(Q).await.unwrap().overdue, 999);
+    client.admin().set_paused(Q, None, false).await.unwrap();
     rec.wait_len(999, WAIT).await;
     let counts = rec.counts();
     assert_eq!(counts.len(), 999);
@@ -100,10 +100,22 @@ async fn a_paused_group_waits_while_the_other_receives() {
     let other = Client::connect_with(&_s.url(), ClientOptions::default())
         .await
         .unwrap();
-    other.set_paused(Q, Some("notify"), true).await.unwrap();
-    let e = other.set_paused(Q, Some("nope"), true).await.unwrap_err();
+    other
+        .admin()
+        .set_paused(Q, Some("notify"), true)
+        .await
+        .unwrap();
+    let e = other
+        .admin()
+        .set_paused(Q, Some("nope"), true)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::GroupNotFound { .. }), "{e}");
-    let e = other.set_paused("typo", None, true).await.unwrap_err();
+    let e = other
+        .admin()
+        .set_paused("typo", None, true)
+        .await
+        .unwrap_err();
     assert!(matches!(e, Error::QueueNotFound { .. }), "{e}");
     let hs = [
         tokio::spawn(wc.run(stop.clone())),
@@ -116,12 +128,16 @@ async fn a_paused_group_waits_while_the_other_receives() {
     );
     schedule(&client, 200, 0, "g").await;
     close.wait_len(200, WAIT).await;
-    let groups = client.stats(Q).await.unwrap().groups;
+    let groups = client.admin().stats(Q).await.unwrap().groups;
     let n = groups.iter().find(|g| g.group == "notify").unwrap();
     assert!(n.paused);
     assert_eq!(notify.len(), 0, "the paused group took nothing");
     assert_eq!(n.pending, 0, "no lease runs, no attempt is used");
-    other.set_paused(Q, Some("notify"), false).await.unwrap();
+    other
+        .admin()
+        .set_paused(Q, Some("notify"), false)
+        .await
+        .unwrap();
     notify.wait_len(200, WAIT).await;
     assert!(notify.deliveries().iter().all(|d| d.attempt == 1));
     assert_eq!(notify.counts().len(), 200);
@@ -191,7 +207,7 @@ async fn a_rate_limit_is_shared_by_every_worker_of_the_group() {
         let n = t.iter().filter(|&&x| x >= from && x < from + 5000).count();
         assert!((450..=550).contains(&n), "window at +{w} ms: {n} calls");
     }
-    assert_eq!(client.stats(Q).await.unwrap().dead, 0);
+    assert_eq!(client.admin().stats(Q).await.unwrap().dead, 0);
 }
 
 #[test]

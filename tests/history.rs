@@ -312,6 +312,7 @@ async fn a_group_whose_webhook_fails_shows_retrying_then_dead() {
 async fn past_the_history_retention_an_order_answers_not_found() {
     let (server, client) = start().await;
     client
+        .admin()
         .set_history_retention(Q, Duration::from_secs(2))
         .await
         .unwrap();
@@ -358,6 +359,7 @@ async fn past_the_history_retention_an_order_answers_not_found() {
 async fn history_off_answers_only_scheduled_orders() {
     let (_server, client) = start().await;
     client
+        .admin()
         .set_history_retention(Q, Duration::ZERO)
         .await
         .unwrap();
@@ -365,24 +367,25 @@ async fn history_off_answers_only_scheduled_orders() {
         .schedule(Q, "o-x", When::in_ms(0), json!(1))
         .await
         .unwrap();
-    assert!(client.history(Q, "o-x").await.unwrap().is_some());
+    assert!(client.admin().history(Q, "o-x").await.unwrap().is_some());
     Dispatcher::new(&client, Q, DispatcherOptions::default())
         .unwrap()
         .drain()
         .await
         .unwrap();
-    assert!(client.history(Q, "o-x").await.unwrap().is_none());
+    assert!(client.admin().history(Q, "o-x").await.unwrap().is_none());
     // No history bucket was written.
     let keys: Vec<String> = support::raw(&client, &["KEYS", "*history*"]).await;
     assert!(keys.is_empty(), "{keys:?}");
     assert!(
         client
+            .admin()
             .set_history_retention(Q, Duration::from_millis(10))
             .await
             .is_err(),
         "a retention below one second is refused"
     );
-    let info = client.queue_info(Q).await.unwrap().unwrap();
+    let info = client.admin().queue_info(Q).await.unwrap().unwrap();
     assert_eq!(info.history_retention_ms, 0);
 }
 
@@ -440,6 +443,7 @@ async fn a_replay_for_one_group_leaves_the_other_groups_on_their_own_delivery() 
     .await;
     a_fails.store(false, std::sync::atomic::Ordering::SeqCst);
     let replayed = client
+        .admin()
         .dead_replay(Q, Some("a"), &delayq::Selection::All)
         .await
         .unwrap();
@@ -464,6 +468,7 @@ async fn a_replay_for_one_group_leaves_the_other_groups_on_their_own_delivery() 
 async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
     let (_server, client) = start().await;
     client
+        .admin()
         .set_history_retention(Q, Duration::from_secs(24 * 3600))
         .await
         .unwrap();
@@ -493,6 +498,7 @@ async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
         .await
         .unwrap();
     client
+        .admin()
         .set_history_retention(Q, Duration::from_secs(12 * 3600))
         .await
         .unwrap();
@@ -501,10 +507,10 @@ async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
         assert_eq!(st, StatusCode::OK, "o-{i}: {v}");
         assert_eq!(group_state(&v, "close").unwrap()["state"], json!("waiting"));
     }
-    let sent = client.redeliver(Q, "close", &orders).await.unwrap();
+    let sent = client.admin().redeliver(Q, "close", &orders).await.unwrap();
     assert!(
         sent.iter()
-            .all(|r| *r == delayq::engine::history::Redelivered::InFlight),
+            .all(|r| *r == delayq::engine::admin::history::Redelivered::InFlight),
         "{sent:?}"
     );
     let len: i64 = support::raw(&client, &["XLEN", "{dq:order-close:0}:stream"]).await;

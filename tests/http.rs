@@ -647,7 +647,7 @@ fn tokens_of_spaces_are_refused() {
 async fn every_queues_statistics_come_in_pages_with_totals_over_all_of_them() {
     let (_s, client) = start().await;
     for q in ["p-a", "p-b", "p-c", "p-d", "p-e"] {
-        client.create_queue(q, 1).await.unwrap();
+        client.admin().create_queue(q, 1).await.unwrap();
     }
     let router = app(AppState::new(client.clone(), Vec::new()));
     let (status, all) = call(&router, "GET", "/v1/stats", None, None).await;

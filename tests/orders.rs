@@ -49,7 +49,7 @@ async fn migrations_apply_on_an_empty_database_are_idempotent_and_refuse_edits()
         .await
         .unwrap();
         match db.migrate().await {
-            Err(delayq::Error::Migrate(e)) => {
+            Err(delayq::orders::error::Error::Migrate(e)) => {
                 assert!(e.to_string().contains("modified"), "{}: {e}", t.backend)
             }
             other => panic!(
@@ -299,7 +299,7 @@ async fn a_database_outage_is_retried_then_the_order_closes() {
         w.ensure_groups().await.unwrap();
         let stats = w.stats();
         let hw = tokio::spawn(w.run(stop.clone()));
-        client.create_queue(q, 1).await.unwrap();
+        client.admin().create_queue(q, 1).await.unwrap();
         let hd = tokio::spawn(
             Dispatcher::new(&client, q, DispatcherOptions::default())
                 .unwrap()

@@ -187,7 +187,7 @@ async fn a_panicking_hook_does_not_pin_its_entry() {
     cancel.cancel();
     h.await.unwrap().unwrap();
     assert_eq!(*attempts.lock().unwrap(), vec![1, 2, 3]);
-    let dl = client.dead_list(Q, None, 10).await.unwrap();
+    let dl = client.admin().dead_list(Q, None, 10).await.unwrap();
     assert_eq!(dl.len(), 1);
     // Nothing is left pending or timed.
     assert_eq!(
@@ -257,7 +257,7 @@ async fn shutdown_is_bounded_under_a_backlog() {
         .unwrap();
     // The abandoned entries stay pending (the next process reclaims them), nothing is lost:
     // every order is still scheduled, in the stream, or pending.
-    let stats = client.stats(Q).await.unwrap();
+    let stats = client.admin().stats(Q).await.unwrap();
     assert!(
         stats.scheduled + stats.stream_length >= n as u64,
         "{stats:?}"
@@ -338,7 +338,7 @@ async fn an_entry_without_an_id_is_dead_lettered_on_first_delivery() {
     cancel.cancel();
     h.await.unwrap().unwrap();
     assert_eq!(rec.len(), 0, "the handler never sees it");
-    let dl = client.dead_list(Q, None, 10).await.unwrap();
+    let dl = client.admin().dead_list(Q, None, 10).await.unwrap();
     assert_eq!(dl.len(), 1);
     assert_eq!(dl[0].attempts, 1);
     assert!(

@@ -136,7 +136,7 @@ async fn high_orders_overtake_a_backlog_of_low_ones() {
         "{low_between} low orders handled before the high ones were done"
     );
     wait_log(&log, 20_100).await;
-    let stats = client.stats(Q).await.unwrap();
+    let stats = client.admin().stats(Q).await.unwrap();
     assert_eq!(stats.scheduled, 0);
     cancel.cancel();
     worker.await.unwrap().unwrap();
@@ -169,12 +169,12 @@ async fn weighted_mode_shares_reads_six_three_one() {
     wait_for("4,500 orders dispatched", WAIT, move || {
         let c = c.clone();
         async move {
-            let s = c.stats(Q).await.unwrap();
+            let s = c.admin().stats(Q).await.unwrap();
             s.scheduled == 0 && s.stream_length == 4500
         }
     })
     .await;
-    let stats = client.stats(Q).await.unwrap();
+    let stats = client.admin().stats(Q).await.unwrap();
     let lengths: Vec<u64> = stats.priorities.iter().map(|p| p.stream_length).collect();
     assert_eq!(lengths, vec![1500, 1500, 1500], "{:?}", stats.priorities);
 
@@ -213,6 +213,7 @@ async fn weighted_mode_shares_reads_six_three_one() {
 async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_replay() {
     let (_s, client) = start().await;
     client
+        .admin()
         .set_history_retention(Q, Duration::from_secs(3600))
         .await
         .unwrap();
@@ -237,7 +238,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         client.get(Q, "plain").await.unwrap().unwrap().priority,
         Priority::Normal
     );
-    let h = client.history(Q, "vip").await.unwrap().unwrap();
+    let h = client.admin().history(Q, "vip").await.unwrap().unwrap();
     assert_eq!(h.priority, Priority::High);
 
     // A reschedule without a level keeps it; with one, changes it.
@@ -310,7 +311,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
     let c = client.clone();
     wait_for("two dead letters", WAIT, move || {
         let c = c.clone();
-        async move { c.dead_list(Q, None, 10).await.unwrap().len() == 2 }
+        async move { c.admin().dead_list(Q, None, 10).await.unwrap().len() == 2 }
     })
     .await;
     cancel.cancel();
@@ -331,6 +332,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         ]
     );
     let mut dead: Vec<(String, Priority)> = client
+        .admin()
         .dead_list(Q, None, 10)
         .await
         .unwrap()
@@ -339,14 +341,18 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         .collect();
     dead.sort();
     assert_eq!(dead, levels);
-    let h = client.history(Q, "vip").await.unwrap().unwrap();
+    let h = client.admin().history(Q, "vip").await.unwrap().unwrap();
     assert_eq!(h.priority, Priority::High);
     assert_eq!(h.groups.len(), 1);
     assert_eq!(h.groups[0].state, delayq::GroupState::Dead);
 
     // Replayed, each comes back at its level; this time the handler succeeds.
     assert_eq!(
-        client.dead_replay(Q, None, &Selection::All).await.unwrap(),
+        client
+            .admin()
+            .dead_replay(Q, None, &Selection::All)
+            .await
+            .unwrap(),
         2
     );
     let cancel = CancellationToken::new();
@@ -369,7 +375,7 @@ async fn the_level_is_kept_through_reschedule_get_history_dead_letters_and_repla
         move || {
             let c = c.clone();
             async move {
-                let h = c.history(Q, "vip").await.unwrap().unwrap();
+                let h = c.admin().history(Q, "vip").await.unwrap().unwrap();
                 h.groups.first().map(|g| g.state) == Some(delayq::GroupState::Done)
             }
         },
@@ -421,7 +427,7 @@ async fn a_queue_without_priorities_makes_no_lane_keys_and_bad_levels_change_not
 async fn one_handler_over_urgent_then_bulk_drains_urgent_first() {
     let (_s, client) = start().await;
     for q in ["urgent", "bulk"] {
-        client.create_queue(q, 1).await.unwrap();
+        client.admin().create_queue(q, 1).await.unwrap();
         let orders: Vec<NewOrder> = (0..1000)
             .map(|i| NewOrder::new(format!("{q}-{i}"), When::in_ms(0), json!({})))
             .collect();
@@ -440,8 +446,8 @@ async fn one_handler_over_urgent_then_bulk_drains_urgent_first() {
     wait_for("both queues dispatched", WAIT, move || {
         let c = c.clone();
         async move {
-            c.stats("urgent").await.unwrap().stream_length == 1000
-                && c.stats("bulk").await.unwrap().stream_length == 1000
+            c.admin().stats("urgent").await.unwrap().stream_length == 1000
+                && c.admin().stats("bulk").await.unwrap().stream_length == 1000
         }
     })
     .await;
@@ -488,7 +494,7 @@ async fn one_handler_over_urgent_then_bulk_drains_urgent_first() {
     assert_eq!(log.iter().filter(|q| *q == "bulk").count(), 1000);
     // Each queue's group kept its own pending list, now settled.
     for q in ["urgent", "bulk"] {
-        let s = client.stats(q).await.unwrap();
+        let s = client.admin().stats(q).await.unwrap();
         assert_eq!(s.groups.len(), 1, "{q}");
         assert_eq!(s.groups[0].group, "close");
         assert_eq!(s.groups[0].pending, 0, "{q}");

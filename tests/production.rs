@@ -402,7 +402,7 @@ async fn tls_with_a_private_ca_schedules_and_reads_through_the_library() {
     let plain = format!("rediss://127.0.0.1:{}", redis.port);
     let url = url_with_tls_files(&plain, &TlsFiles::new().ca(pki.path("ca.crt"))).unwrap();
     let client = Client::connect(&url).await.unwrap();
-    client.create_queue(Q, 1).await.unwrap();
+    client.admin().create_queue(Q, 1).await.unwrap();
     client
         .schedule(Q, "o1", When::in_ms(60_000), json!({"n": 1}))
         .await
@@ -442,7 +442,7 @@ async fn tls_files_given_as_client_options() {
     let client = Client::connect_with(&format!("rediss://127.0.0.1:{}", redis.port), opts)
         .await
         .unwrap();
-    client.create_queue(Q, 1).await.unwrap();
+    client.admin().create_queue(Q, 1).await.unwrap();
     client
         .schedule(Q, "o1", When::in_ms(60_000), json!(1))
         .await
@@ -500,7 +500,7 @@ async fn tls_reaches_a_cluster_with_the_same_files() {
     let with_ca = url_with_tls_files(&url, &TlsFiles::new().ca(pki.path("ca.crt"))).unwrap();
     let client = Client::connect(&with_ca).await.unwrap();
     assert!(client.is_cluster());
-    client.create_queue(Q, 6).await.unwrap();
+    client.admin().create_queue(Q, 6).await.unwrap();
     for i in 0..12 {
         client
             .schedule(Q, &format!("o{i}"), When::in_ms(600_000), json!(i))
@@ -1047,7 +1047,7 @@ async fn sentinel_failover_and_master_kill_are_followed_without_a_restart() {
         .collect();
     let url = format!("redis+sentinel://{}/{MASTER}", hosts.join(","));
     let client = Client::connect(&url).await.unwrap();
-    client.create_queue(Q, 1).await.unwrap();
+    client.admin().create_queue(Q, 1).await.unwrap();
 
     // A dispatcher and a worker on the sentinel URL.
     let cancel = CancellationToken::new();

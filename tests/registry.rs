@@ -23,7 +23,7 @@ async fn a_queue_created_while_the_supervisor_runs_is_dispatched() {
     let sup = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
     let sup = tokio::spawn(sup.run(stop.clone()));
     // Created after the supervisor started, with a shard count of its own.
-    client.create_queue("b", 4).await.unwrap();
+    client.admin().create_queue("b", 4).await.unwrap();
     let rec = Recorder::default();
     let w = Worker::new(&client, "b", "g", rec.handler(), WorkerOptions::default()).unwrap();
     w.ensure_groups().await.unwrap_err(); // the worker's client has 1 shard: refused
@@ -59,7 +59,7 @@ async fn a_supervisor_follows_its_selection_and_stops_a_deleted_queue() {
     let mut all = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
     let r = all.run_once(&stop).await.unwrap();
     assert_eq!(r.started, vec!["notify", "order-close", "q"]);
-    client.delete_queue("notify", false).await.unwrap();
+    client.admin().delete_queue("notify", false).await.unwrap();
     let r = all.run_once(&stop).await.unwrap();
     assert_eq!(r.stopped, vec!["notify".to_owned()]);
     assert_eq!(all.running(), vec!["order-close", "q"]);
@@ -69,7 +69,7 @@ async fn a_supervisor_follows_its_selection_and_stops_a_deleted_queue() {
 #[tokio::test]
 async fn maintenance_over_the_registry_trims_a_queue_declared_only_by_the_api() {
     let (_s, client) = start().await;
-    client.create_queue("api-only", 1).await.unwrap();
+    client.admin().create_queue("api-only", 1).await.unwrap();
     let rec = Recorder::default();
     let stop = CancellationToken::new();
     let w = Worker::new(
@@ -138,7 +138,11 @@ async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_
     )
     .unwrap();
     w.ensure_groups().await.unwrap();
-    client.set_paused("q", Some("slow"), true).await.unwrap();
+    client
+        .admin()
+        .set_paused("q", Some("slow"), true)
+        .await
+        .unwrap();
     let orders: Vec<delayq::NewOrder> = (0..50)
         .map(|i| delayq::NewOrder::new(format!("o{i}"), Duration::ZERO, json!({})))
         .collect();
@@ -148,7 +152,7 @@ async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_
         .unwrap();
     let d = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
     assert_eq!(d.drain().await.unwrap().moved, 50);
-    match client.delete_queue("q", false).await {
+    match client.admin().delete_queue("q", false).await {
         Err(Error::QueueNotEmpty {
             unread,
             lag,
@@ -168,7 +172,11 @@ async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_
         .unwrap();
     let stop = CancellationToken::new();
     let worker = tokio::spawn(w.run(stop.clone()));
-    client.set_paused("q", Some("slow"), false).await.unwrap();
+    client
+        .admin()
+        .set_paused("q", Some("slow"), false)
+        .await
+        .unwrap();
     rec.wait_len(50, WITHIN).await;
     stop.cancel();
     worker.await.unwrap().unwrap();
@@ -179,7 +187,7 @@ async fn a_delete_is_refused_while_a_paused_group_has_unread_entries_and_resume_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_producer_writing_in_a_loop_cannot_revive_a_force_deleted_queue() {
     let (s, client) = start().await;
-    client.create_queue("loop", 4).await.unwrap();
+    client.admin().create_queue("loop", 4).await.unwrap();
     let producer = delayq::Client::connect(&s.url()).await.unwrap();
     let deleted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (p, d) = (producer.clone(), deleted.clone());
@@ -207,10 +215,15 @@ async fn a_producer_writing_in_a_loop_cannot_revive_a_force_deleted_queue() {
     // Let the producer get going, then delete under it.
     wait_for("the producer writing", WITHIN, || {
         let c = client.clone();
-        async move { c.stats("loop").await.is_ok_and(|s| s.scheduled >= 100) }
+        async move {
+            c.admin()
+                .stats("loop")
+                .await
+                .is_ok_and(|s| s.scheduled >= 100)
+        }
     })
     .await;
-    client.delete_queue("loop", true).await.unwrap();
+    client.admin().delete_queue("loop", true).await.unwrap();
     deleted.store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(writer.await.unwrap(), 50);
     let keys: Vec<String> = raw(&client, &["KEYS", "{dq:loop:*"]).await;
@@ -226,7 +239,7 @@ async fn a_producer_with_a_stale_view_cannot_write_into_a_deleted_queue() {
         .schedule("q", "first", Duration::from_secs(60), json!({}))
         .await
         .unwrap();
-    client.delete_queue("q", true).await.unwrap();
+    client.admin().delete_queue("q", true).await.unwrap();
     let err = producer
         .schedule("q", "second", Duration::from_secs(60), json!({}))
         .await
@@ -238,7 +251,7 @@ async fn a_producer_with_a_stale_view_cannot_write_into_a_deleted_queue() {
     let keys: Vec<String> = raw(&client, &["KEYS", "{dq:q:*"]).await;
     assert!(keys.is_empty(), "keys of the deleted queue: {keys:?}");
     // Created again (another epoch): the same stale producer writes into the new queue.
-    client.create_queue("q", 1).await.unwrap();
+    client.admin().create_queue("q", 1).await.unwrap();
     producer
         .schedule("q", "third", Duration::from_secs(60), json!({}))
         .await
@@ -267,7 +280,7 @@ async fn a_forced_group_delete_stops_its_worker_instead_of_redelivering() {
         async move { support::pending(&c, "{dq:q:0}:stream", "g").await == 0 }
     })
     .await;
-    client.delete_group("q", "g", true).await.unwrap();
+    client.admin().delete_group("q", "g", true).await.unwrap();
     // The next read finds no group: the worker stops on its own (stop is never cancelled).
     tokio::time::timeout(WITHIN, worker)
         .await
@@ -282,12 +295,12 @@ async fn a_forced_group_delete_stops_its_worker_instead_of_redelivering() {
 #[tokio::test]
 async fn caps_bound_queues_and_groups() {
     let (_s, client) = start_with(ClientOptions::default().max_queues(4).max_groups(1)).await;
-    client.create_queue("fourth", 1).await.unwrap();
-    let err = client.create_queue("fifth", 1).await.unwrap_err();
+    client.admin().create_queue("fourth", 1).await.unwrap();
+    let err = client.admin().create_queue("fifth", 1).await.unwrap_err();
     assert!(matches!(err, Error::TooManyQueues { max: 4 }), "{err:?}");
     // An existing queue is still "created" idempotently at the cap.
-    client.create_queue("fourth", 1).await.unwrap();
-    let list = client.list_queues().await.unwrap();
+    client.admin().create_queue("fourth", 1).await.unwrap();
+    let list = client.admin().list_queues().await.unwrap();
     assert_eq!(list.len(), 4);
 
     let one = Worker::new(
@@ -321,7 +334,7 @@ async fn a_pause_holds_from_the_moment_it_answers_and_a_resume_releases_at_once(
     let d = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
     // The dispatcher has looked at the flags (and cached them) before the pause.
     assert_eq!(d.pass().await.unwrap().moved, 0);
-    client.set_paused("q", None, true).await.unwrap();
+    client.admin().set_paused("q", None, true).await.unwrap();
     client
         .schedule("q", "now", Duration::ZERO, json!({}))
         .await
@@ -337,7 +350,7 @@ async fn a_pause_holds_from_the_moment_it_answers_and_a_resume_releases_at_once(
     let other = delayq::Client::connect(&_s.url()).await.unwrap();
     let d2 = Dispatcher::new(&other, "q", DispatcherOptions::default()).unwrap();
     assert_eq!(d2.pass().await.unwrap().moved, 0);
-    client.set_paused("q", None, false).await.unwrap();
+    client.admin().set_paused("q", None, false).await.unwrap();
     assert_eq!(d.pass().await.unwrap().moved, 1);
 }
 
@@ -345,11 +358,11 @@ async fn a_pause_holds_from_the_moment_it_answers_and_a_resume_releases_at_once(
 async fn an_empty_registry_lists_nothing() {
     let (_s, client) = start().await;
     for q in support::QUEUES {
-        client.delete_queue(q, false).await.unwrap();
+        client.admin().delete_queue(q, false).await.unwrap();
     }
-    assert!(client.list_queues().await.unwrap().is_empty());
-    assert!(client.stats_all().await.unwrap().is_empty());
+    assert!(client.admin().list_queues().await.unwrap().is_empty());
+    assert!(client.admin().stats_all().await.unwrap().is_empty());
     let fresh = delayq::LocalRedis::start().unwrap();
     let c = delayq::Client::connect(&fresh.url()).await.unwrap();
-    assert!(c.list_queues().await.unwrap().is_empty());
+    assert!(c.admin().list_queues().await.unwrap().is_empty());
 }

@@ -318,7 +318,7 @@ async fn serve_closes_orders_in_the_database_and_reconciles_lost_events() {
     let t = support::db::TestDb::sqlite();
     let orders = delayq::Orders::new(t.migrated().await);
     let client = delayq::Client::connect(&redis.url()).await.unwrap();
-    client.create_queue("order-close", 1).await.unwrap();
+    client.admin().create_queue("order-close", 1).await.unwrap();
     let now = client.now_ms();
     // due: an unpaid order whose close event is scheduled; paid: paid, but its cancel was
     // lost; orphan: committed, expired, and its event never scheduled.
@@ -479,7 +479,7 @@ async fn sigterm_under_a_backlog_exits_within_the_grace_and_a_restart_delivers_e
 
     // 50,000 overdue orders before the service starts.
     let client = delayq::Client::connect(&redis.url()).await.unwrap();
-    client.create_queue("order-close", 1).await.unwrap();
+    client.admin().create_queue("order-close", 1).await.unwrap();
     let n = 50_000;
     for chunk in 0..(n / 5000) {
         let orders: Vec<delayq::NewOrder> = (0..5000)
@@ -673,7 +673,7 @@ async fn a_pause_is_obeyed_by_every_serve_process() {
         assert_eq!(r.status(), 201);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let s = client.stats("order-close").await.unwrap();
+    let s = client.admin().stats("order-close").await.unwrap();
     assert_eq!(
         (s.scheduled, s.stream_length),
         (20, 0),
@@ -692,7 +692,7 @@ async fn a_pause_is_obeyed_by_every_serve_process() {
         Duration::from_secs(30),
         move || {
             let c = c.clone();
-            async move { c.stats("order-close").await.unwrap().stream_length == 20 }
+            async move { c.admin().stats("order-close").await.unwrap().stream_length == 20 }
         },
     )
     .await;

@@ -34,7 +34,7 @@ async fn the_registry_holds_the_shard_count_and_unknown_queues_are_refused() {
         .await
         .unwrap();
     assert!(eight.get(Q, "o1").await.unwrap().is_some());
-    assert_eq!(eight.stats(Q).await.unwrap().scheduled, 2);
+    assert_eq!(eight.admin().stats(Q).await.unwrap().scheduled, 2);
     let mut sum = 0;
     for i in 0..4 {
         let c: i64 = raw(&four, &["ZCARD", &format!("{{dq:order-close:{i}}}:due")]).await;
@@ -43,9 +43,9 @@ async fn the_registry_holds_the_shard_count_and_unknown_queues_are_refused() {
     assert_eq!(sum, 2, "both orders live in the 4 registered shards");
 
     // Creating it again: idempotent with the same count, refused with another.
-    let again = eight.create_queue(Q, 4).await.unwrap();
+    let again = eight.admin().create_queue(Q, 4).await.unwrap();
     assert!(!again.created);
-    let e = eight.create_queue(Q, 8).await.unwrap_err();
+    let e = eight.admin().create_queue(Q, 8).await.unwrap_err();
     assert!(
         matches!(
             e,
@@ -88,8 +88,9 @@ async fn the_registry_holds_the_shard_count_and_unknown_queues_are_refused() {
         .unwrap_err()));
     assert!(nf(four.get("typo-queue", "x").await.unwrap_err()));
     assert!(nf(four.cancel("typo-queue", "x").await.unwrap_err()));
-    assert!(nf(four.stats("typo-queue").await.unwrap_err()));
+    assert!(nf(four.admin().stats("typo-queue").await.unwrap_err()));
     assert!(nf(four
+        .admin()
         .dead_list("typo-queue", None, 10)
         .await
         .unwrap_err()));

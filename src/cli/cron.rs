@@ -6,12 +6,12 @@
 
 use super::{CronAction, Failure, Global, VerbResult, print_json};
 use crate::engine::client::ClientOptions;
+use crate::engine::error::{Error, InvalidInput};
 use crate::engine::keys::QueueName;
 use crate::engine::message::Payload;
 use crate::engine::schedules::{
     Missed, ScheduleInfo, ScheduleSpec, Schedules, validate_schedule_id,
 };
-use crate::error::{Error, InvalidInput};
 use crate::service::admin::Admin;
 use chrono::{DateTime, SecondsFormat, Utc};
 

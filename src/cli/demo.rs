@@ -93,7 +93,7 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
     let ns = format!("dq-demo-{}", std::process::id());
     let client = Client::connect_with(&url, ClientOptions::default().namespace(&ns)).await?;
     // A deployment's first step: the queue exists before anything is scheduled into it.
-    client.create_queue(QUEUE, 1).await?;
+    client.admin().create_queue(QUEUE, 1).await?;
     let result = demo(&client, Orders::new(db.clone()), &ns, opts).await;
     db.close().await;
     let result = result.map(|s| DemoSummary {

@@ -32,7 +32,7 @@ mod telemetry;
 
 pub use args::{Cli, Command, CronAction, DeadAction, GroupAction, QueueAction, ScriptsAction};
 
-use crate::error::{Error, InvalidInput};
+use crate::engine::error::{Error, InvalidInput};
 use serde::Serialize;
 use std::process::ExitCode;
 
@@ -52,6 +52,30 @@ impl Failure {
     /// Exit 1 with `answer` printed as one JSON line.
     pub(crate) fn not_found(answer: &impl Serialize) -> Self {
         Failure::NotFound(json_line(answer))
+    }
+}
+
+impl From<crate::orders::error::Error> for Failure {
+    fn from(e: crate::orders::error::Error) -> Self {
+        match e {
+            crate::orders::error::Error::Engine(e) => Failure::from(e),
+            other => Failure::Runtime(other.to_string()),
+        }
+    }
+}
+
+impl From<crate::service::serve::ServeError> for Failure {
+    fn from(e: crate::service::serve::ServeError) -> Self {
+        match e {
+            crate::service::serve::ServeError::Engine(e) => Failure::from(e),
+            crate::service::serve::ServeError::Orders(e) => Failure::from(e),
+        }
+    }
+}
+
+impl From<crate::testing::local_redis::LocalRedisError> for Failure {
+    fn from(e: crate::testing::local_redis::LocalRedisError) -> Self {
+        Failure::Runtime(e.to_string())
     }
 }
 

@@ -25,7 +25,7 @@ pub(super) fn run(action: ScriptsAction) -> VerbResult {
                 })?;
                 print_json(&Exported {
                     script: name,
-                    sha1: redis::Script::new(text).get_hash().to_owned(),
+                    sha1: crate::engine::scripts::sha1_of(text),
                     bytes: text.len(),
                 });
             }

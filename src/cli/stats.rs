@@ -1,7 +1,7 @@
 //! `delayq stats [QUEUE] [--json] [--watch]`.
 
 use super::{Global, VerbResult, print_json};
-use crate::engine::stats::QueueStats;
+use crate::engine::admin::stats::QueueStats;
 use crate::service::admin::{self, Admin};
 
 /// Runs the verb.

@@ -1,7 +1,7 @@
 //! Backoff policies: how long a failed order waits before its next attempt.
 
 use crate::engine::duration::parse_duration;
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use std::time::Duration;
 
 /// The shortest delay a backoff policy may give.

@@ -5,7 +5,7 @@
 //! Every script that needs "now" gets it as an argument from a [`Clock`], which tests can
 //! replace with a [`ManualClock`].
 
-use crate::error::{RedisContext, Result};
+use crate::engine::error::{RedisContext, Result};
 use std::sync::Mutex;
 use std::time::Instant;
 

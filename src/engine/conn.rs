@@ -26,7 +26,7 @@
 //! server whose certificate the CA does not vouch for fails the connect with a clear,
 //! non-transient error; nothing ever falls back to plain TCP.
 
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,

@@ -12,13 +12,13 @@
 //! The script is atomic, so any number of dispatchers may run on one queue at once.
 
 use crate::engine::client::Client;
+use crate::engine::error::{Error, InvalidInput, Result};
 use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::retry::{Pacer, RetryPolicy};
 use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
-use crate::error::{Error, InvalidInput, Result};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Human durations: `500ms`, `30s`, `15m`, `1h30m`, `2d`.
 
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use std::time::Duration;
 
 /// The longest duration accepted anywhere: 10 years (3,653 days), as for due times.
@@ -58,6 +58,12 @@ pub fn parse_duration(field: &'static str, text: &str) -> Result<Duration, Inval
         .filter(|d| *d <= MAX_DURATION)
         .ok_or_else(|| bad(format!("{t:?} is more than 10 years")))?;
     Ok(d)
+}
+
+/// A duration in whole milliseconds, as Redis takes them (saturating far beyond any
+/// setting delayq accepts).
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 /// A duration as this module parses it back: `1h30m`, `500ms`, `0s`.

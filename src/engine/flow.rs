@@ -16,9 +16,9 @@
 //! the stream, unread.
 
 use crate::engine::client::Client;
+use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::QueueName;
-use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -45,71 +45,6 @@ pub(crate) fn pause_field(group: Option<&str>) -> String {
     }
 }
 
-impl Client {
-    /// Pauses or resumes dispatch of `queue` (`group` = `None`) or consumption by one group.
-    /// [`Error::QueueNotFound`] / [`Error::GroupNotFound`] when they do not exist.
-    pub async fn set_paused(
-        &self,
-        queue: &str,
-        group: Option<&str>,
-        paused: bool,
-    ) -> Result<PauseState> {
-        let q = QueueName::new(queue)?;
-        self.shards_of(&q).await?;
-        if let Some(g) = group {
-            crate::engine::keys::validate_member_name("group", g)?;
-            let stats = self.stats(queue).await?;
-            if !stats.groups.iter().any(|s| s.group == g) {
-                return Err(Error::GroupNotFound {
-                    queue: queue.to_owned(),
-                    group: g.to_owned(),
-                });
-            }
-        }
-        // The shards' markers first: the scripts that dispatch and read check them, so the
-        // pause holds from the moment this call answers. The record's copy is what listings
-        // show.
-        let keys = self.registered_keys(&q).await?;
-        let field = pause_field(group);
-        self.set_marker(&keys, &field, paused.then_some("1"))
-            .await?;
-        let mut pipe = redis::pipe();
-        if paused {
-            pipe.cmd("HSET")
-                .arg(self.queue_meta_key(&q))
-                .arg(&field)
-                .arg("1");
-        } else {
-            pipe.cmd("HDEL").arg(self.queue_meta_key(&q)).arg(&field);
-        }
-        pipe.cmd("INCR").arg(self.keyspace().registry_version());
-        let _: (i64, i64) = pipe
-            .query_async(&mut self.connection())
-            .await
-            .ctx("setting the pause flag")?;
-        if !paused {
-            // Resumed: this process's dispatchers and readers look again at once.
-            self.wake().resumed(queue);
-        }
-        Ok(PauseState {
-            queue: queue.to_owned(),
-            group: group.map(str::to_owned),
-            paused,
-        })
-    }
-
-    /// Whether `queue` (`group` = `None`) or one of its groups is paused.
-    pub async fn is_paused(&self, queue: &QueueName, group: Option<&str>) -> Result<bool> {
-        let v: Option<String> = redis::cmd("HGET")
-            .arg(self.queue_meta_key(queue))
-            .arg(pause_field(group))
-            .query_async(&mut self.connection())
-            .await
-            .ctx("reading the pause flag")?;
-        Ok(v.is_some())
-    }
-}
-
 /// A queue's registry flags, as one process sees them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct QueueFlags {
@@ -119,26 +54,24 @@ pub(crate) struct QueueFlags {
     pub(crate) history: HistoryPolicy,
 }
 
-impl Client {
-    /// The pause flag of `queue` (or of `group`) and the queue's history retention, read
-    /// together.
-    pub(crate) async fn queue_flags(
-        &self,
-        queue: &QueueName,
-        group: Option<&str>,
-    ) -> Result<QueueFlags> {
-        let (paused, history): (Option<String>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.queue_meta_key(queue))
-            .arg(pause_field(group))
-            .arg(RETENTION_FIELD)
-            .query_async(&mut self.connection())
-            .await
-            .ctx("reading the queue's flags")?;
-        Ok(QueueFlags {
-            paused: paused.is_some(),
-            history: history.map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms),
-        })
-    }
+/// The pause flag of `queue` (or of `group`) and the queue's history retention, read
+/// together.
+pub(crate) async fn queue_flags(
+    client: &Client,
+    queue: &QueueName,
+    group: Option<&str>,
+) -> Result<QueueFlags> {
+    let (paused, history): (Option<String>, Option<i64>) = redis::cmd("HMGET")
+        .arg(client.queue_meta_key(queue))
+        .arg(pause_field(group))
+        .arg(RETENTION_FIELD)
+        .query_async(&mut client.connection())
+        .await
+        .ctx("reading the queue's flags")?;
+    Ok(QueueFlags {
+        paused: paused.is_some(),
+        history: history.map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms),
+    })
 }
 
 /// A process's cached view of a queue's flags (one pause flag and the history retention),
@@ -169,9 +102,7 @@ impl QueueWatch {
         {
             return Ok(f);
         }
-        let f = client
-            .queue_flags(&self.queue, self.group.as_deref())
-            .await?;
+        let f = queue_flags(client, &self.queue, self.group.as_deref()).await?;
         *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), f));
         Ok(f)
     }

@@ -20,10 +20,10 @@
 
 use crate::engine::client::Client;
 use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
+use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::keys::QueueName;
 use crate::engine::scripts;
 use crate::engine::telemetry;
-use crate::error::{InvalidInput, RedisContext, Result};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -171,6 +171,7 @@ impl Housekeeper {
         match &self.queues {
             None => self
                 .client
+                .admin()
                 .list_queues()
                 .await?
                 .into_iter()
@@ -269,7 +270,7 @@ impl Housekeeper {
             let _: i64 = redis::cmd("ZREMRANGEBYSCORE")
                 .arg(self.client.keyspace().alive(&q))
                 .arg("-inf")
-                .arg(self.client.now_ms() - crate::engine::registry::HEARTBEAT_KEPT_MS)
+                .arg(self.client.now_ms() - crate::engine::client::HEARTBEAT_KEPT_MS)
                 .query_async(&mut self.client.connection())
                 .await
                 .ctx("pruning heartbeats")?;
@@ -355,7 +356,12 @@ impl Housekeeper {
     }
 }
 
-type ChoreFn = dyn Fn() -> Pin<Box<dyn Future<Output = Result<ChoreReport>> + Send>> + Send + Sync;
+/// Why a chore's run failed (only displayed: the chore runs again on its next tick). Chores
+/// of other layers (the orders reconciler) bring their own error types.
+type ChoreError = Box<dyn std::error::Error + Send + Sync>;
+
+type ChoreFn =
+    dyn Fn() -> Pin<Box<dyn Future<Output = Result<ChoreReport, ChoreError>> + Send>> + Send + Sync;
 
 /// A named job on a cron schedule.
 pub(crate) struct Chore {
@@ -366,15 +372,20 @@ pub(crate) struct Chore {
 
 impl Chore {
     /// `run` on `cron` (six fields, seconds first).
-    pub(crate) fn new<F, Fut>(name: &'static str, cron: String, run: F) -> Chore
+    pub(crate) fn new<F, Fut, E>(name: &'static str, cron: String, run: F) -> Chore
     where
         F: Fn() -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<ChoreReport>> + Send + 'static,
+        Fut: Future<Output = Result<ChoreReport, E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
     {
+        let run = Arc::new(run);
         Chore {
             name,
             cron,
-            run: Arc::new(move || Box::pin(run())),
+            run: Arc::new(move || {
+                let run = run.clone();
+                Box::pin(async move { run().await.map_err(|e| Box::new(e) as ChoreError) })
+            }),
         }
     }
 }

@@ -3,8 +3,8 @@
 //! Every key of one shard of one queue shares the hash tag `{<ns>:<queue>:<shard>}`, so a
 //! script touching them runs on one Redis Cluster slot. See ARCHITECTURE.md for the layout.
 
+use crate::engine::error::InvalidInput;
 use crate::engine::priority::Priority;
-use crate::error::InvalidInput;
 use std::fmt;
 
 /// Longest queue name or namespace, in bytes.
@@ -169,6 +169,22 @@ impl Keyspace {
     /// STRING: the rate-limit state (GCRA) of `group` on `queue`, under shard 0's hash tag.
     pub fn rate(&self, queue: &QueueName, group: &str) -> String {
         format!("{}:rate:{group}", self.shard(queue, 0).tag)
+    }
+
+    /// `SCAN MATCH` patterns covering every key of the namespace: the queues' shard keys
+    /// (`{<ns>:<queue>:<shard>}:...`) and the namespace's own (`{<ns>}:...`).
+    pub fn namespace_patterns(&self) -> [String; 2] {
+        [format!("{{{}:*", self.ns), format!("{{{}}}:*", self.ns)]
+    }
+
+    /// `SCAN MATCH` pattern of every history bucket of every shard of `queue`.
+    pub fn history_pattern(&self, queue: &QueueName) -> String {
+        format!("{{{}:{}:*}}:history:*", self.ns, queue)
+    }
+
+    /// ZSET of `delayq bench`'s ceiling scenario (plain `ZADD` throughput, no queue).
+    pub fn bench_ceiling(&self) -> String {
+        format!("{{{}}}:ceiling", self.ns)
     }
 
     /// The keys of every shard of `queue`, shard 0 first.

@@ -1,9 +1,9 @@
 //! What producers send: an order id, when it is due, and a JSON payload; and what they get back.
 
+use crate::engine::error::InvalidInput;
 use crate::engine::keys::validate_id;
 use crate::engine::priority::Priority;
 use crate::engine::trace::{self, TraceContext};
-use crate::error::InvalidInput;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::{Deserialize, Serialize};
 
@@ -285,85 +285,9 @@ pub enum Mode {
     IfAbsent,
 }
 
-/// What scheduling one order did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ScheduleOutcome {
-    /// The id was not scheduled; now it is.
-    Created,
-    /// The id was scheduled; its due time and payload were replaced.
-    Updated,
-    /// The id was scheduled and `IfAbsent` left it as it was.
-    Unchanged,
-}
-
-/// The result of scheduling one order.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Scheduled {
-    /// The order id.
-    pub id: String,
-    /// The due time that was requested, unix ms. With `Unchanged`, the stored due time
-    /// may differ: see [`Client::get`](crate::Client::get).
-    pub due_at_ms: i64,
-    /// What happened.
-    pub outcome: ScheduleOutcome,
-}
-
-/// What happened to one order of a batch that failed part way
-/// ([`Error::PartialBatch`](crate::Error::PartialBatch)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ItemOutcome {
-    /// Written: it was not scheduled, now it is.
-    Created,
-    /// Written: its due time and payload were replaced.
-    Updated,
-    /// Left as it was (`IfAbsent`).
-    Unchanged,
-    /// Not written: Redis refused its call before writing anything (e.g. out of memory).
-    NotWritten,
-    /// May or may not have been written (its call timed out or lost its connection).
-    Unknown,
-}
-
-impl From<ScheduleOutcome> for ItemOutcome {
-    fn from(o: ScheduleOutcome) -> Self {
-        match o {
-            ScheduleOutcome::Created => ItemOutcome::Created,
-            ScheduleOutcome::Updated => ItemOutcome::Updated,
-            ScheduleOutcome::Unchanged => ItemOutcome::Unchanged,
-        }
-    }
-}
-
-/// One order of a batch that failed part way.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchItem {
-    /// The order id.
-    pub id: String,
-    /// What happened to it.
-    pub outcome: ItemOutcome,
-}
-
-/// The result of `cancel`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CancelOutcome {
-    /// It was scheduled and is now removed: it will not be delivered.
-    Cancelled,
-    /// It was never scheduled, was already cancelled, or was already dispatched.
-    NotFound,
-}
-
-/// The result of `reschedule`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RescheduleOutcome {
-    /// The order now has the new due time (payload kept).
-    Rescheduled,
-    /// It was not scheduled (never, cancelled, or already dispatched).
-    NotFound,
-}
+pub use crate::engine::outcome::{
+    BatchItem, CancelOutcome, ItemOutcome, RescheduleOutcome, ScheduleOutcome, Scheduled,
+};
 
 /// A scheduled order, as read back with `get`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

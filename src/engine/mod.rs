@@ -9,17 +9,18 @@
 //!   [`When`](message::When), [`Payload`](message::Payload)) and get back.
 //! - [`priority`]: order priority levels and how a reader picks among them.
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
-//! - [`client`]: the producer and admin API ([`Client`](client::Client)).
-//! - [`registry`]: queues as declared objects (create, list, delete; the shard count).
+//! - [`client`]: the producer API ([`Client`](client::Client): schedule, cancel,
+//!   reschedule, get) over the store's one connection, and its catalog of the queue registry.
+//! - [`admin`]: queue administration ([`Queues`](admin::Queues), from `Client::admin`):
+//!   queues and groups, pause, statistics, order history and redelivery, dead letters.
+//! - `reply` (crate-private): every parser of a Redis reply shape.
 //! - [`dispatcher`]: the poller moving due orders into the streams.
 //! - [`supervisor`]: one dispatcher for every queue of the registry, following it.
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
-//! - [`flow`]: flow control: pausing queues and groups, shared rate limits.
-//! - [`dead`]: dead letters: list, replay to the failing group, purge.
-//! - [`stats`]: queue statistics.
-//! - [`history`]: what happened to an order after dispatch (per group), and redelivery to
-//!   one group.
+//! - [`flow`]: flow control the loops follow: pause flags, shared rate limits.
+//! - [`history`]: the order-history records the dispatcher and workers write (retention,
+//!   buckets, markers); [`admin::history`] reads them.
 //! - [`redact`]: the one helper that masks URL credentials, query strings and tokens.
 //! - [`backoff`], [`duration`]: retry policies and human durations.
 //! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
@@ -28,25 +29,26 @@
 //! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 
+pub mod admin;
 pub mod backoff;
 pub mod client;
 pub mod clock;
 pub mod conn;
-pub mod dead;
 pub mod dispatcher;
 pub mod duration;
+pub mod error;
 pub mod flow;
 pub mod history;
 pub mod housekeeping;
 pub mod keys;
 pub mod message;
+pub mod outcome;
 pub mod priority;
 pub mod redact;
-pub mod registry;
+pub(crate) mod reply;
 pub mod retry;
 pub mod schedules;
 pub mod scripts;
-pub mod stats;
 pub mod supervisor;
 pub mod telemetry;
 pub mod trace;

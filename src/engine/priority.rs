@@ -9,7 +9,7 @@
 //! queue had before priorities existed, so queues and producers that never use them work as
 //! before and an order scheduled by an older producer is `normal`.
 
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -9,7 +9,7 @@
 //!
 //! Whether an error is worth retrying is [`Error::is_transient`](crate::Error::is_transient).
 
-use crate::error::Result;
+use crate::engine::error::Result;
 use std::future::Future;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -147,7 +147,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
+    use crate::engine::error::Error;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     fn transient() -> Error {

@@ -11,9 +11,9 @@
 
 use crate::engine::client::Client;
 use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
+use crate::engine::error::{InvalidInput, Result};
 use crate::engine::keys::QueueName;
 use crate::engine::telemetry;
-use crate::error::{InvalidInput, Result};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::task::JoinHandle;
@@ -158,7 +158,7 @@ impl Supervisor {
     /// Reads the registry once and starts or stops dispatchers to match it. The
     /// dispatchers run until `cancel` fires or their queue goes.
     pub async fn run_once(&mut self, cancel: &CancellationToken) -> Result<SupervisorReport> {
-        let queues = self.client.list_queues().await?;
+        let queues = self.client.admin().list_queues().await?;
         let mut report = SupervisorReport::default();
         let wanted: BTreeMap<String, u16> = queues
             .into_iter()
@@ -215,7 +215,7 @@ impl Supervisor {
                     "the registry is gone (did Redis lose its data?): declaring the configured queues again"
                 );
                 for (q, shards) in self.opts.declare.clone() {
-                    if let Err(e) = self.client.create_queue(&q, shards).await {
+                    if let Err(e) = self.client.admin().create_queue(&q, shards).await {
                         tracing::warn!(queue = %q, error = %e, "declaring the queue failed");
                     }
                 }

@@ -36,7 +36,6 @@
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
 
 use crate::engine::priority::Priority;
-use crate::engine::stats::QueueStats;
 use std::sync::{Arc, OnceLock};
 
 /// Ticks of recurring schedules fired and missed on `queue`.
@@ -325,31 +324,4 @@ pub fn maintenance_pass(service: &'static str, ok: bool, removed: &[(&'static st
 #[allow(clippy::cast_precision_loss)]
 pub fn supervised_queues(n: usize) {
     metrics::gauge!("delayq_supervised_queues").set(n as f64);
-}
-
-/// Sets the gauges of one queue from its statistics.
-#[allow(clippy::cast_precision_loss)]
-pub fn queue_gauges(s: &QueueStats) {
-    let q = s.queue.clone();
-    metrics::gauge!("delayq_scheduled", "queue" => q.clone()).set(s.scheduled as f64);
-    metrics::gauge!("delayq_overdue", "queue" => q.clone()).set(s.overdue as f64);
-    metrics::gauge!("delayq_oldest_overdue_seconds", "queue" => q.clone())
-        .set(s.oldest_overdue_ms as f64 / 1000.0);
-    metrics::gauge!("delayq_dead", "queue" => q.clone()).set(s.dead as f64);
-    metrics::gauge!("delayq_history", "queue" => q.clone()).set(s.history as f64);
-    metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => "")
-        .set(f64::from(u8::from(s.paused)));
-    for p in &s.priorities {
-        let level = p.priority.as_str();
-        metrics::gauge!("delayq_stream_length", "queue" => q.clone(), "priority" => level)
-            .set(p.stream_length as f64);
-        metrics::gauge!("delayq_unread", "queue" => q.clone(), "priority" => level)
-            .set(p.unread as f64);
-    }
-    for g in &s.groups {
-        metrics::gauge!("delayq_pending", "queue" => q.clone(), "group" => g.group.clone())
-            .set(g.pending as f64);
-        metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => g.group.clone())
-            .set(f64::from(u8::from(g.paused)));
-    }
 }

@@ -283,11 +283,16 @@ pub(crate) struct Producer {
 }
 
 impl Producer {
-    /// Starts the `send {queue}` span of a schedule call of `orders`, when any of them is
-    /// traced (its own context, or the caller's current one).
-    pub(crate) fn start(queue: &str, orders: &[crate::engine::message::NewOrder]) -> Producer {
+    /// Starts the `send {queue}` span of a schedule call of `count` orders (`single`: the id,
+    /// when it is one), when any of them is traced: `own` holds the orders' own contexts;
+    /// else the caller's current one.
+    pub(crate) fn start(
+        queue: &str,
+        count: usize,
+        single: Option<&str>,
+        own: Vec<&TraceContext>,
+    ) -> Producer {
         let ambient = current();
-        let own: Vec<&TraceContext> = orders.iter().filter_map(|o| o.trace.as_ref()).collect();
         if ambient.is_none() && own.is_empty() {
             return Producer {
                 span: tracing::Span::none(),
@@ -298,12 +303,7 @@ impl Producer {
         }
         #[cfg(feature = "otel")]
         {
-            let single = match orders {
-                [one] => Some(one.id.as_str()),
-                _ => None,
-            };
-            let (span, context) =
-                otel::send_span(queue, single, orders.len(), ambient.as_ref(), &own);
+            let (span, context) = otel::send_span(queue, single, count, ambient.as_ref(), &own);
             Producer {
                 span,
                 context,
@@ -313,7 +313,7 @@ impl Producer {
         }
         #[cfg(not(feature = "otel"))]
         {
-            let _ = queue;
+            let _ = (queue, count, single);
             Producer {
                 span: tracing::Span::none(),
                 context: None,

@@ -16,7 +16,7 @@
 //! - An answer without a readable version (a proxy that rewrites `INFO`) is refused with
 //!   [`Error::Reply`]: delayq does not run on a server it cannot identify.
 
-use crate::error::{Error, Result};
+use crate::engine::error::{Error, Result};
 use redis::aio::ConnectionLike;
 use redis::{ErrorKind, ServerErrorKind, Value};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -52,7 +52,7 @@ impl OrderClose {
         queue: &str,
         id: &str,
         payload: &serde_json::Value,
-    ) -> crate::Result<CloseOutcome> {
+    ) -> crate::orders::error::Result<CloseOutcome> {
         self.close_with_text(queue, id, &payload.to_string()).await
     }
 
@@ -63,7 +63,7 @@ impl OrderClose {
         queue: &str,
         id: &str,
         payload_text: &str,
-    ) -> crate::Result<CloseOutcome> {
+    ) -> crate::orders::error::Result<CloseOutcome> {
         let now = self.client.now_ms();
         let parsed: serde_json::Value =
             serde_json::from_str(payload_text).unwrap_or(serde_json::Value::Null);

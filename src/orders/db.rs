@@ -3,8 +3,9 @@
 //! set of queries serve both: timestamps are unix milliseconds in `BIGINT` columns and every
 //! query uses `$N` placeholders, which both drivers accept.
 
+use crate::engine::error::InvalidInput;
 use crate::engine::redact;
-use crate::error::{Error, InvalidInput, Result};
+use crate::orders::error::{Error, Result};
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::sqlite::{
@@ -190,10 +191,10 @@ mod tests {
     fn urls_are_checked_and_redacted() {
         assert!(matches!(
             Db::connect_lazy("mysql://x", 1),
-            Err(Error::Invalid(InvalidInput::Option {
+            Err(Error::Engine(crate::Error::Invalid(InvalidInput::Option {
                 name: "database_url",
                 ..
-            }))
+            })))
         ));
         let e = Db::connect_lazy("mysql://app:s3cret@db/x", 1).unwrap_err();
         assert!(!e.to_string().contains("s3cret"), "{e}");

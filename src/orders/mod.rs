@@ -8,5 +8,6 @@
 
 pub mod close;
 pub mod db;
+pub mod error;
 pub mod reconcile;
 pub mod repo;

@@ -12,12 +12,13 @@
 //! goes to the close group only, as a dead-letter replay does: the queue's other groups
 //! never see it.
 
+use crate::engine::admin::history::Redelivered;
 use crate::engine::client::Client;
-use crate::engine::history::Redelivered;
+use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::{Chore, ChoreReport, run_chores, validate_cron};
 use crate::engine::keys::{QueueName, validate_member_name};
 use crate::engine::message::{NewOrder, When};
-use crate::error::{InvalidInput, Result};
+use crate::orders::error::Result;
 use crate::orders::repo::Orders;
 use serde::Serialize;
 use std::time::Duration;
@@ -149,6 +150,7 @@ impl Reconciler {
                 .collect();
             let out = self
                 .client
+                .admin()
                 .redeliver(self.queue.as_str(), &self.group, &events)
                 .await?;
             report.overdue += page.len() as u64;
@@ -181,9 +183,9 @@ impl Reconciler {
             let this = this.clone();
             async move {
                 let r = this.run_once().await?;
-                Ok(ChoreReport { count: r.sent })
+                Ok::<_, crate::orders::error::Error>(ChoreReport { count: r.sent })
             }
         });
-        run_chores(vec![chore], cancel).await
+        Ok(run_chores(vec![chore], cancel).await?)
     }
 }

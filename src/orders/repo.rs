@@ -6,9 +6,10 @@
 //! final state: `pending → paid` only before `expires_at`, `pending → closed` only at or after
 //! it, and nothing leaves `paid` or `closed`.
 
+use crate::engine::error::InvalidInput;
 use crate::engine::keys::validate_id;
-use crate::error::{InvalidInput, Result};
 use crate::orders::db::{Db, db_err, with_pool};
+use crate::orders::error::Result;
 use serde::Serialize;
 
 /// An order's status.
@@ -29,7 +30,7 @@ impl OrderStatus {
             "pending" => Ok(OrderStatus::Pending),
             "paid" => Ok(OrderStatus::Paid),
             "closed" => Ok(OrderStatus::Closed),
-            other => Err(crate::Error::Data {
+            other => Err(crate::orders::error::Error::Data {
                 context: "reading an order",
                 detail: format!("unknown status {other:?}"),
             }),
@@ -232,7 +233,7 @@ impl Orders {
                 },
             }
         }
-        Err(crate::Error::Contention {
+        Err(crate::orders::error::Error::Contention {
             context: "closing an order",
             id: id.to_owned(),
         })

@@ -5,15 +5,17 @@
 //! answer; it never validates a queue name or an id, opens a client, or builds an answer of
 //! its own.
 
+use crate::engine::admin::Queues;
+use crate::engine::admin::dead::{DeadPage, Selection};
+use crate::engine::admin::history::OrderHistory;
+use crate::engine::admin::stats::QueueStats;
 use crate::engine::client::{Client, ClientOptions};
-use crate::engine::dead::{DeadPage, Selection};
+use crate::engine::error::{InvalidInput, Result};
 use crate::engine::flow::PauseState;
-use crate::engine::history::{HistoryPolicy, OrderHistory};
+use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::{QueueName, validate_id, validate_member_name};
 use crate::engine::message::{CancelOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled};
-use crate::engine::registry::{QueueCreated, QueueInfo};
-use crate::engine::stats::QueueStats;
-use crate::error::{InvalidInput, Result};
+use crate::engine::{admin::QueueInfo, client::QueueCreated};
 use serde::Serialize;
 use std::time::Duration;
 
@@ -259,12 +261,14 @@ pub fn check_batch_len(n: usize) -> Result<(), InvalidInput> {
 #[derive(Debug, Clone)]
 pub struct Admin {
     client: Client,
+    queues: Queues,
 }
 
 impl Admin {
     /// Admin operations through `client`.
     pub fn new(client: Client) -> Self {
-        Admin { client }
+        let queues = client.admin();
+        Admin { client, queues }
     }
 
     /// Connects to `redis_url` with the key `namespace`.
@@ -276,6 +280,11 @@ impl Admin {
     /// The client.
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The engine's queue administration it goes through.
+    pub fn engine_admin(&self) -> &Queues {
+        &self.queues
     }
 
     /// Schedules one order.
@@ -313,7 +322,7 @@ impl Admin {
         queue: &str,
         id: &str,
     ) -> Result<std::result::Result<OrderHistory, NotFoundAnswer>> {
-        Ok(match self.client.history(queue, id).await? {
+        Ok(match self.queues.history(queue, id).await? {
             Some(h) => Ok(h),
             None => Err(NotFoundAnswer {
                 queue: Some(queue.to_owned()),
@@ -357,26 +366,26 @@ impl Admin {
         let shards = match shards {
             Some(n) => n,
             None => self
-                .client
+                .queues
                 .queue_info(queue)
                 .await?
                 .map_or(1, |existing| existing.shards),
         };
-        let created = self.client.create_queue(queue, shards).await?;
+        let created = self.queues.create_queue(queue, shards).await?;
         if let Some(r) = history_retention {
-            self.client.set_history_retention(queue, r).await?;
+            self.queues.set_history_retention(queue, r).await?;
         }
         Ok(created)
     }
 
     /// Every registered queue.
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        self.client.list_queues().await
+        self.queues.list_queues().await
     }
 
     /// Deletes a queue and all it holds (refused while it holds work, unless `force`).
     pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueDeletedAnswer> {
-        let c = self.client.delete_queue(queue, force).await?;
+        let c = self.queues.delete_queue(queue, force).await?;
         Ok(QueueDeletedAnswer {
             queue: queue.to_owned(),
             deleted: true,
@@ -396,7 +405,7 @@ impl Admin {
         force: bool,
     ) -> Result<GroupDeletedAnswer> {
         check_queue_group(queue, Some(group))?;
-        let pending = self.client.delete_group(queue, group, force).await?;
+        let pending = self.queues.delete_group(queue, group, force).await?;
         Ok(GroupDeletedAnswer {
             queue: queue.to_owned(),
             group: group.to_owned(),
@@ -413,7 +422,7 @@ impl Admin {
         paused: bool,
     ) -> Result<PauseState> {
         check_queue_group(queue, group)?;
-        self.client.set_paused(queue, group, paused).await
+        self.queues.set_paused(queue, group, paused).await
     }
 
     /// The queues of the namespace.
@@ -426,8 +435,8 @@ impl Admin {
     /// Statistics of `queue`, or of every queue.
     pub async fn stats(&self, queue: Option<&str>) -> Result<StatsAnswer> {
         let queues = match queue {
-            Some(q) => vec![self.client.stats(q).await?],
-            None => self.client.stats_all().await?,
+            Some(q) => vec![self.queues.stats(q).await?],
+            None => self.queues.stats_all().await?,
         };
         Ok(StatsAnswer {
             queues,
@@ -446,7 +455,7 @@ impl Admin {
         limit: Option<usize>,
     ) -> Result<DeadPage> {
         check_queue_group(queue, group)?;
-        self.client
+        self.queues
             .dead_page(queue, group, after, dead_limit(limit)?)
             .await
     }
@@ -460,7 +469,7 @@ impl Admin {
     ) -> Result<ReplayedAnswer> {
         check_queue_group(queue, group)?;
         Ok(ReplayedAnswer {
-            replayed: self.client.dead_replay(queue, group, sel).await?,
+            replayed: self.queues.dead_replay(queue, group, sel).await?,
         })
     }
 
@@ -473,7 +482,7 @@ impl Admin {
     ) -> Result<PurgedAnswer> {
         check_queue_group(queue, group)?;
         Ok(PurgedAnswer {
-            purged: self.client.dead_purge(queue, group, sel).await?,
+            purged: self.queues.dead_purge(queue, group, sel).await?,
         })
     }
 }

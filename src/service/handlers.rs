@@ -3,9 +3,9 @@
 //! in the orders database: [`crate::orders::close`]).
 
 use crate::engine::clock::Clock;
+use crate::engine::error::{Error, Result};
 use crate::engine::redact;
 use crate::engine::worker::{Delivery, Handler, HandlerError, HandlerResult};
-use crate::error::{Error, Result};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use hmac::{Hmac, Mac};
@@ -136,12 +136,12 @@ impl Webhook {
         timeout: Duration,
         clock: Arc<dyn Clock>,
     ) -> Result<Self> {
-        check_webhook_url(url).map_err(|reason| crate::error::InvalidInput::Option {
+        check_webhook_url(url).map_err(|reason| crate::engine::error::InvalidInput::Option {
             name: "url",
             reason,
         })?;
         for s in secrets {
-            check_secret(s).map_err(|reason| crate::error::InvalidInput::Option {
+            check_secret(s).map_err(|reason| crate::engine::error::InvalidInput::Option {
                 name: "secret",
                 reason,
             })?;

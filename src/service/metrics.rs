@@ -43,8 +43,30 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
 }
 
 /// Refreshes the gauges of one queue from its statistics.
-pub fn record_stats(s: &crate::engine::stats::QueueStats) {
-    crate::engine::telemetry::queue_gauges(s);
+#[allow(clippy::cast_precision_loss)]
+pub fn record_stats(s: &crate::engine::admin::stats::QueueStats) {
+    let q = s.queue.clone();
+    metrics::gauge!("delayq_scheduled", "queue" => q.clone()).set(s.scheduled as f64);
+    metrics::gauge!("delayq_overdue", "queue" => q.clone()).set(s.overdue as f64);
+    metrics::gauge!("delayq_oldest_overdue_seconds", "queue" => q.clone())
+        .set(s.oldest_overdue_ms as f64 / 1000.0);
+    metrics::gauge!("delayq_dead", "queue" => q.clone()).set(s.dead as f64);
+    metrics::gauge!("delayq_history", "queue" => q.clone()).set(s.history as f64);
+    metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => "")
+        .set(f64::from(u8::from(s.paused)));
+    for p in &s.priorities {
+        let level = p.priority.as_str();
+        metrics::gauge!("delayq_stream_length", "queue" => q.clone(), "priority" => level)
+            .set(p.stream_length as f64);
+        metrics::gauge!("delayq_unread", "queue" => q.clone(), "priority" => level)
+            .set(p.unread as f64);
+    }
+    for g in &s.groups {
+        metrics::gauge!("delayq_pending", "queue" => q.clone(), "group" => g.group.clone())
+            .set(g.pending as f64);
+        metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => g.group.clone())
+            .set(f64::from(u8::from(g.paused)));
+    }
 }
 
 /// The queues and groups that exist, as one refresh of the gauges saw them.
@@ -56,7 +78,7 @@ pub struct Live {
 
 impl Live {
     /// From the statistics of every registered queue.
-    pub fn of(all: &[crate::engine::stats::QueueStats]) -> Self {
+    pub fn of(all: &[crate::engine::admin::stats::QueueStats]) -> Self {
         let mut live = Live::default();
         for s in all {
             live.queues.insert(s.queue.clone());

@@ -8,7 +8,32 @@ use crate::engine::housekeeping::Housekeeper;
 use crate::engine::retry::until_ok;
 use crate::engine::supervisor::{Supervisor, SupervisorOptions};
 use crate::engine::worker::{MultiWorker, Worker};
-use crate::error::Result;
+
+/// Why `serve` stopped: the engine's error or the orders layer's (its database).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// From the engine (Redis, a refused input, ...).
+    #[error(transparent)]
+    Engine(#[from] crate::engine::error::Error),
+    /// From the orders layer (its database, its migrations).
+    #[error(transparent)]
+    Orders(#[from] crate::orders::error::Error),
+}
+
+impl From<crate::engine::error::InvalidInput> for ServeError {
+    fn from(e: crate::engine::error::InvalidInput) -> Self {
+        ServeError::Engine(e.into())
+    }
+}
+
+type Result<T, E = ServeError> = std::result::Result<T, E>;
+
+/// A task of `serve`, its error made a [`ServeError`].
+async fn served<E: Into<ServeError>>(
+    task: impl std::future::Future<Output = std::result::Result<(), E>>,
+) -> Result<()> {
+    task.await.map_err(Into::into)
+}
 use crate::orders::close::OrderClose;
 use crate::orders::db::Db;
 use crate::orders::reconcile::Reconciler;
@@ -58,14 +83,14 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     let connected = match connected {
         Ok(c) => c?,
         Err(_) => {
-            return Err(crate::Error::Io {
+            return Err(ServeError::Engine(crate::Error::Io {
                 context: format!(
                     "redis at {} did not answer within startup_timeout ({})",
                     crate::engine::redact::url(&cfg.redis_url),
                     crate::engine::duration::format_duration(settings.startup_timeout)
                 ),
                 source: std::io::Error::from(std::io::ErrorKind::TimedOut),
-            });
+            }));
         }
     };
     let Some(client) = connected else {
@@ -78,9 +103,12 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     );
     // Every queue of the configuration exists from now on: orders into it are accepted.
     for q in &settings.queues {
-        client.create_queue(q, settings.client.shards).await?;
+        client
+            .admin()
+            .create_queue(q, settings.client.shards)
+            .await?;
         if let Some(r) = settings.history_retention {
-            client.set_history_retention(q, r).await?;
+            client.admin().set_history_retention(q, r).await?;
         }
     }
     // The configured recurring schedules (created, or replaced by what the file says).
@@ -169,9 +197,9 @@ async fn spawn_engine(
                     .collect(),
             ),
     )?;
-    tasks.spawn(supervisor.run(cancel.clone()));
+    tasks.spawn(served(supervisor.run(cancel.clone())));
     let housekeeper = Housekeeper::for_registry(client, settings.housekeeping.clone())?;
-    tasks.spawn(housekeeper.run(cancel.clone()));
+    tasks.spawn(served(housekeeper.run(cancel.clone())));
     Ok(())
 }
 
@@ -243,9 +271,9 @@ async fn spawn_handlers(
             .iter()
             .any(|h| h.queues.contains(&r.queue) && h.group == r.group);
         if !ours {
-            let stats = client.stats(&r.queue).await?;
+            let stats = client.admin().stats(&r.queue).await?;
             if !stats.groups.iter().any(|g| g.group == r.group) {
-                return Err(crate::error::InvalidInput::Option {
+                return Err(crate::engine::error::InvalidInput::Option {
                     name: "reconciliation.group",
                     reason: format!(
                         "queue {:?} has no consumer group {:?}: start its order-close handler first, or name an existing group",
@@ -269,12 +297,12 @@ async fn spawn_handlers(
     }
     for w in workers {
         match w {
-            Runner::One(w) => tasks.spawn(w.run(cancel.clone())),
-            Runner::Many(w) => tasks.spawn(w.run(cancel.clone())),
+            Runner::One(w) => tasks.spawn(served(w.run(cancel.clone()))),
+            Runner::Many(w) => tasks.spawn(served(w.run(cancel.clone()))),
         };
     }
     if let Some(r) = reconciler {
-        tasks.spawn(r.run(cancel.clone()));
+        tasks.spawn(served(r.run(cancel.clone())));
     }
     Ok(())
 }

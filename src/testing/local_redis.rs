@@ -7,11 +7,16 @@
 //! variable [`SERVER_ENV`] (`DELAYQ_TEST_REDIS_SERVER`, a path or a command name), so the
 //! same tests run on another Redis or on Valkey (`.ci/matrix.sh`, docs/server-versions.md).
 
-use crate::error::{Error, Result};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// A throwaway `redis-server` could not be started, signalled or given a port: the test
+/// utilities' own error (the engine's [`Error`](crate::Error) knows nothing of them).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("could not start a local redis-server: {0}")]
+pub struct LocalRedisError(pub String);
 
 /// The environment variable naming the server binary to start instead of `redis-server`.
 pub const SERVER_ENV: &str = "DELAYQ_TEST_REDIS_SERVER";
@@ -56,18 +61,18 @@ pub fn reachable(url: &str) -> bool {
 
 impl LocalRedis {
     /// Starts `redis-server` (or [`server_binary`]) with no persistence on a free port.
-    pub fn start() -> Result<Self> {
+    pub fn start() -> Result<Self, LocalRedisError> {
         Self::start_with(&[])
     }
 
     /// Starts `redis-server` (or [`server_binary`]) with extra arguments (e.g.
     /// `["--appendonly", "yes"]`).
-    pub fn start_with(extra_args: &[&str]) -> Result<Self> {
+    pub fn start_with(extra_args: &[&str]) -> Result<Self, LocalRedisError> {
         let binary = server_binary();
         let mut dir = tempfile::Builder::new()
             .prefix("delayq-redis-")
             .tempdir()
-            .map_err(|e| Error::LocalRedis(format!("cannot create a temp dir: {e}")))?;
+            .map_err(|e| LocalRedisError(format!("cannot create a temp dir: {e}")))?;
         let mut last_err = String::new();
         // A port found free can be taken before redis binds it: try a few.
         for _ in 0..5 {
@@ -86,15 +91,15 @@ impl LocalRedis {
                     r.kill();
                     dir = std::mem::replace(
                         &mut r.dir,
-                        tempfile::tempdir().map_err(|e| Error::LocalRedis(e.to_string()))?,
+                        tempfile::tempdir().map_err(|e| LocalRedisError(e.to_string()))?,
                     );
                 }
             }
         }
-        Err(Error::LocalRedis(last_err))
+        Err(LocalRedisError(last_err))
     }
 
-    fn spawn_and_wait(&mut self) -> Result<()> {
+    fn spawn_and_wait(&mut self) -> Result<(), LocalRedisError> {
         let mut cmd = Command::new(&self.binary);
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -115,11 +120,11 @@ impl LocalRedis {
         let child = cmd.spawn().map_err(|e| {
             let bin = &self.binary;
             if e.kind() != std::io::ErrorKind::NotFound {
-                Error::LocalRedis(format!("cannot run {bin}: {e}"))
+                LocalRedisError(format!("cannot run {bin}: {e}"))
             } else if std::env::var_os(SERVER_ENV).is_some_and(|v| !v.is_empty()) {
-                Error::LocalRedis(format!("{bin} (named by {SERVER_ENV}) was not found"))
+                LocalRedisError(format!("{bin} (named by {SERVER_ENV}) was not found"))
             } else {
-                Error::LocalRedis(format!(
+                LocalRedisError(format!(
                     "{bin} is not installed (e.g. `apt-get install redis-server`, or name another server binary in {SERVER_ENV})"
                 ))
             }
@@ -129,14 +134,14 @@ impl LocalRedis {
     }
 
     /// Waits until the server answers PING (after a start or restart).
-    fn wait_ready(&mut self, within: Duration) -> Result<()> {
+    fn wait_ready(&mut self, within: Duration) -> Result<(), LocalRedisError> {
         let deadline = Instant::now() + within;
         let url = self.url();
         loop {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                return Err(Error::LocalRedis(format!(
+                return Err(LocalRedisError(format!(
                     "{} exited with {status}; log:\n{}",
                     self.binary,
                     self.log()
@@ -150,7 +155,7 @@ impl LocalRedis {
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err(Error::LocalRedis(format!(
+                return Err(LocalRedisError(format!(
                     "{} did not answer within {within:?}; log:\n{}",
                     self.binary,
                     self.log()
@@ -199,35 +204,35 @@ impl LocalRedis {
 
     /// Freezes the server (SIGSTOP): it keeps its connections but answers nothing, as a
     /// machine that hangs. [`resume`](Self::resume) thaws it.
-    pub fn suspend(&self) -> Result<()> {
+    pub fn suspend(&self) -> Result<(), LocalRedisError> {
         self.signal("-STOP")
     }
 
     /// Thaws a server frozen by [`suspend`](Self::suspend) (SIGCONT).
-    pub fn resume(&self) -> Result<()> {
+    pub fn resume(&self) -> Result<(), LocalRedisError> {
         self.signal("-CONT")
     }
 
-    fn signal(&self, sig: &str) -> Result<()> {
+    fn signal(&self, sig: &str) -> Result<(), LocalRedisError> {
         let pid = self
             .child
             .as_ref()
             .map(Child::id)
-            .ok_or_else(|| Error::LocalRedis("the server is not running".into()))?;
+            .ok_or_else(|| LocalRedisError("the server is not running".into()))?;
         let status = Command::new("kill")
             .arg(sig)
             .arg(pid.to_string())
             .status()
-            .map_err(|e| Error::LocalRedis(format!("kill {sig}: {e}")))?;
+            .map_err(|e| LocalRedisError(format!("kill {sig}: {e}")))?;
         if status.success() {
             Ok(())
         } else {
-            Err(Error::LocalRedis(format!("kill {sig} {pid}: {status}")))
+            Err(LocalRedisError(format!("kill {sig} {pid}: {status}")))
         }
     }
 
     /// Starts the server again on the same port and directory (after [`kill`](Self::kill)).
-    pub fn restart(&mut self) -> Result<()> {
+    pub fn restart(&mut self) -> Result<(), LocalRedisError> {
         self.kill();
         self.spawn_and_wait()
     }
@@ -247,10 +252,10 @@ impl Drop for LocalRedis {
     }
 }
 
-fn free_port() -> Result<u16> {
+fn free_port() -> Result<u16, LocalRedisError> {
     let l = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| Error::LocalRedis(format!("no free port: {e}")))?;
+        .map_err(|e| LocalRedisError(format!("no free port: {e}")))?;
     l.local_addr()
         .map(|a| a.port())
-        .map_err(|e| Error::LocalRedis(format!("no free port: {e}")))
+        .map_err(|e| LocalRedisError(format!("no free port: {e}")))
 }

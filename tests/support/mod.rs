@@ -39,6 +39,7 @@ pub const QUEUES_SORTED: [&str; 3] = ["notify", "order-close", "q"];
 pub async fn declare_queues(client: &Client) {
     for q in QUEUES {
         client
+            .admin()
             .create_queue(q, client.options().shards)
             .await
             .expect("create queue");

@@ -26,6 +26,7 @@ pub(super) async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result
     use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
     for i in 0..opts.orders.saturating_sub(1) {
         client
+            .admin()
             .create_queue(&format!("idle-{i}"), opts.shards)
             .await?;
     }

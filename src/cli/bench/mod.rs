@@ -28,6 +28,7 @@
 //! Everything runs in a namespace of its own (`dq-bench-<pid>`), deleted at the end; nothing
 //! else in the Redis is touched (never FLUSHALL).
 
+use crate::engine::keys::QueueName;
 use crate::{
     Client, ClientOptions, Dispatcher, DispatcherOptions, Mode, NewOrder, Payload, When, Worker,
     WorkerOptions,
@@ -122,8 +123,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
     )
     .await?;
     client.delete_namespace().await?;
-    client.create_queue(QUEUE, opts.shards).await?;
+    client.admin().create_queue(QUEUE, opts.shards).await?;
     client
+        .admin()
         .set_history_retention(QUEUE, opts.history_retention)
         .await?;
     let result = match scenario {
@@ -208,7 +210,6 @@ async fn dispatch(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchR
 /// Bytes held by the bench queue's order-history buckets (`MEMORY USAGE ... SAMPLES 0`:
 /// every field counted).
 async fn history_bytes(client: &Client) -> anyhow::Result<u64> {
-    let ns = client.keyspace().namespace();
     let mut conn = client.connection();
     let mut total = 0;
     let mut cursor: u64 = 0;
@@ -216,7 +217,7 @@ async fn history_bytes(client: &Client) -> anyhow::Result<u64> {
         let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(cursor)
             .arg("MATCH")
-            .arg(format!("{{{ns}:{QUEUE}:*}}:history:*"))
+            .arg(client.keyspace().history_pattern(&QueueName::new(QUEUE)?))
             .arg("COUNT")
             .arg(1000)
             .query_async(&mut conn)
@@ -306,7 +307,7 @@ async fn depth(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRepo
 
 async fn ceiling(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     let n = opts.orders;
-    let key = format!("{{{}}}:ceiling", client.keyspace().namespace());
+    let key = client.keyspace().bench_ceiling();
     let mut conn = client.connection();
     // Pipelined ZADD, 1,000 per pipeline.
     let started = Instant::now();
@@ -319,7 +320,7 @@ async fn ceiling(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRe
     }
     let zadd_rate = n as f64 / started.elapsed().as_secs_f64();
     // A trivial script, 1,000 calls per pipeline.
-    let script = redis::Script::new("return 1");
+    let script = &*crate::engine::scripts::admin::NOOP;
     let _: String = script.prepare_invoke().load_async(&mut conn).await?;
     let started = Instant::now();
     for chunk in (0..n).collect::<Vec<_>>().chunks(1000) {

@@ -4,11 +4,11 @@
 
 use super::Client;
 use crate::engine::conn::Conn;
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
 use crate::engine::message::ScheduleOutcome;
 use crate::engine::redact;
 use crate::engine::scripts::{self, EnqueueArg};
-use crate::error::{Error, RedisContext, Result};
 use futures_util::future::join_all;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -362,7 +362,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(60);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::WriteOutcome;
+    use crate::engine::outcome::WriteOutcome;
 
     #[test]
     fn concurrent_durable_writes_take_separate_connections_and_give_them_back() {

@@ -4,10 +4,13 @@
 //! connection ([`Conn`]: one server or a cluster), the clock, and the wake-up signals of
 //! dispatchers running in this process.
 
+pub(crate) mod catalog;
 mod durable;
 mod options;
 mod schedule;
 
+pub(crate) use catalog::HEARTBEAT_KEPT_MS;
+pub use catalog::{HEARTBEAT_EVERY, QueueCreated};
 pub use options::{
     ClientOptions, DEFAULT_MAX_GROUPS, DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_QUEUES, Durability,
     MAX_SHARDS,
@@ -15,6 +18,7 @@ pub use options::{
 
 use crate::engine::clock::{Clock, RedisClock};
 use crate::engine::conn::{Conn, RedisTarget};
+use crate::engine::error::{RedisContext, Result};
 use crate::engine::keys::{Keyspace, QueueName, ShardKeys, shard_of, validate_id};
 use crate::engine::message::{
     CancelOutcome, RescheduleOutcome, ScheduledOrder, When, decode_stored,
@@ -23,7 +27,6 @@ use crate::engine::priority::Priority;
 use crate::engine::scripts::{self};
 use crate::engine::telemetry;
 use crate::engine::wake::WakeRegistry;
-use crate::error::{RedisContext, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -56,7 +59,7 @@ struct Inner {
     durable_conns: durable::DurableConns,
     /// Shard counts and epochs of queues this client found in the registry (or
     /// registered); an entry is dropped when a script says the queue changed.
-    pub(crate) known_queues: Mutex<HashMap<String, crate::engine::registry::QueueRef>>,
+    pub(crate) known_queues: Mutex<HashMap<String, catalog::QueueRef>>,
 }
 
 impl std::fmt::Debug for Client {
@@ -192,7 +195,7 @@ impl Client {
         };
         Ok(Some(ScheduledOrder {
             id: id.to_owned(),
-            due_at_ms: scripts::score_to_ms(score),
+            due_at_ms: crate::engine::reply::score_to_ms(score),
             enqueued_at_ms,
             payload,
             priority,
@@ -235,11 +238,10 @@ impl Client {
     /// bench, examples); returns how many keys were deleted. On a cluster it covers the node
     /// the SCAN reaches.
     pub async fn delete_namespace(&self) -> Result<u64> {
-        let ns = self.inner.keyspace.namespace();
         let mut conn = self.inner.conn.clone();
         let mut deleted = 0;
         self.inner_known().clear();
-        for pattern in [format!("{{{ns}:*"), format!("{{{ns}}}:*")] {
+        for pattern in self.inner.keyspace.namespace_patterns() {
             let mut cursor: u64 = 0;
             loop {
                 let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
@@ -324,7 +326,7 @@ impl Client {
     /// The shard counts this client knows (see `registry`).
     pub(crate) fn inner_known(
         &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<String, crate::engine::registry::QueueRef>> {
+    ) -> std::sync::MutexGuard<'_, HashMap<String, catalog::QueueRef>> {
         self.inner
             .known_queues
             .lock()

@@ -2,8 +2,8 @@
 //! place their ranges are checked.
 
 use crate::engine::conn::TlsFiles;
+use crate::engine::error::InvalidInput;
 use crate::engine::keys::Keyspace;
-use crate::error::InvalidInput;
 use std::time::Duration;
 
 /// Most shards a queue may have.

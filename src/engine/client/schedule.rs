@@ -4,13 +4,14 @@
 use super::Client;
 use super::durable::Wait;
 use super::options::{Durability, ENQUEUE_CHUNK_BYTES, ENQUEUE_CHUNK_ORDERS};
+use crate::engine::error::{Error, InvalidInput, Result};
 use crate::engine::keys::{QueueName, ShardKeys, shard_of};
 use crate::engine::message::{
     BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
 };
+use crate::engine::outcome::WriteOutcome;
 use crate::engine::scripts::{self, EnqueueArg, ScriptRefusal};
 use crate::engine::{redact, telemetry, trace};
-use crate::error::{Error, InvalidInput, Result, WriteOutcome};
 use futures_util::future::join_all;
 use tracing::Instrument;
 
@@ -83,7 +84,15 @@ impl Client {
         let if_absent = mode == Mode::IfAbsent;
         // Traced orders store their context in front of the payload (see `engine::trace`);
         // the others keep exactly the bytes they always had.
-        let producer = trace::Producer::start(queue.as_str(), orders);
+        let producer = trace::Producer::start(
+            queue.as_str(),
+            orders.len(),
+            match orders {
+                [one] => Some(one.id.as_str()),
+                _ => None,
+            },
+            orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
+        );
         let stored: Vec<Option<String>> = if producer.is_traced() {
             orders
                 .iter()

@@ -51,11 +51,11 @@ pub mod spec;
 pub use scheduler::Scheduler;
 
 use crate::engine::client::Client;
+use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
 use crate::engine::keys::{QueueName, shard_of};
 use crate::engine::message::{NewOrder, Payload, When};
 use crate::engine::scripts::ScriptRefusal;
 use crate::engine::scripts::schedules::{self as script, Advance, Fired, ScheduleKeys, Tick};
-use crate::error::{Error, InvalidInput, RedisContext, Result};
 use serde::{Deserialize, Serialize};
 use spec::Recurrence;
 use std::time::Duration;
@@ -821,7 +821,7 @@ impl Schedules {
             .ctx("reading the earliest schedule")?;
         Ok(first
             .first()
-            .map(|(_, s)| crate::engine::scripts::score_to_ms(*s)))
+            .map(|(_, s)| crate::engine::reply::score_to_ms(*s)))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::Schedules;
 use crate::engine::client::Client;
-use crate::error::Result;
+use crate::engine::error::Result;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

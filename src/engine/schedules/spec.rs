@@ -54,7 +54,7 @@
 //! tick is ever before `start` or after `end`.
 
 use crate::engine::duration::{MAX_DURATION, parse_duration};
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use chrono::{DateTime, Datelike, NaiveDate, NaiveDateTime, TimeDelta, TimeZone, Utc};
 use chrono_tz::{GapInfo, Tz};
 use croner::Cron;

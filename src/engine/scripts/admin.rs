@@ -29,3 +29,7 @@ pub(crate) static REDELIVER: LazyLock<redis::Script> =
 /// `ratelimit.lua`.
 pub(crate) static RATELIMIT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&RATELIMIT_LUA));
+
+/// `return 1`: the cheapest script there is, which `delayq bench`'s ceiling scenario runs to
+/// measure the `EVALSHA` round trip alone.
+pub static NOOP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new("return 1"));

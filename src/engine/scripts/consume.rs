@@ -1,9 +1,9 @@
 //! The consumer scripts: what a worker runs on a group's entries (`read.lua`, `extend.lua`,
 //! `reclaim.lua`, `retry.lua`, `dead.lua`) and the dead-letter replay (`replay.lua`).
 
+use crate::engine::error::{RedisContext, Result};
 use crate::engine::history::{HistoryPolicy, marker_field};
 use crate::engine::keys::ShardKeys;
-use crate::error::{RedisContext, Result};
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 

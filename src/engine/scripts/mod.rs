@@ -18,7 +18,7 @@ pub use consume::*;
 pub use orders::*;
 pub use registry::*;
 
-use crate::error::Error;
+use crate::engine::error::Error;
 
 /// Source of `lua/prelude.lua`: the helpers every script may use (`int()`), put into each
 /// script's text by [`source`].
@@ -65,6 +65,11 @@ pub fn all() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
+/// The SHA1 Redis knows `text` by (what `EVALSHA` takes).
+pub fn sha1_of(text: &str) -> String {
+    redis::Script::new(text).get_hash().to_owned()
+}
+
 /// What a script's error reply says about the queue, when it says something
 /// (`enqueue.lua`, `join_group.lua`, `create_queue.lua` answer these, writing nothing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,11 +107,4 @@ impl ScriptRefusal {
         .find(|(needle, _)| text.contains(needle))
         .map(|(_, r)| r)
     }
-}
-
-/// A ZSET score (a double holding whole milliseconds) as unix ms.
-#[allow(clippy::cast_possible_truncation)]
-pub(crate) fn score_to_ms(score: f64) -> i64 {
-    // Scores are written from i64 milliseconds below 2^53, so they are exact integers.
-    score.round() as i64
 }

@@ -1,12 +1,12 @@
 //! The order scripts: what producers run (`enqueue.lua`, `cancel.lua`, `reschedule.lua`,
 //! `get.lua`) and what the dispatcher runs (`dequeue.lua`).
 
-use super::score_to_ms;
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::ShardKeys;
 use crate::engine::message::ScheduleOutcome;
 use crate::engine::priority::Priority;
-use crate::error::{Error, RedisContext, Result};
+use crate::engine::reply::{score_to_ms, stored_level};
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
@@ -225,11 +225,4 @@ pub(crate) async fn get<C: ConnectionLike>(
         .await
         .ctx("reading an order (get.lua)")?;
     Ok((due, stored, stored_level(level.as_deref())))
-}
-
-/// A level as stored in the levels HASH or a stream entry's `priority` field (absent, or
-/// anything else a foreign writer left: normal).
-pub(crate) fn stored_level(text: Option<&str>) -> Priority {
-    text.and_then(|t| Priority::parse(t).ok())
-        .unwrap_or_default()
 }

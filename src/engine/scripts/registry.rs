@@ -2,8 +2,8 @@
 //! (`create_queue.lua`, `fence.lua`), joining groups and heartbeats (`join_group.lua`,
 //! `heartbeat.lua`), and the maintenance passes (`trim.lua`, `consumers.lua`).
 
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
-use crate::error::{Error, RedisContext, Result};
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 

@@ -1,8 +1,8 @@
 //! The recurring-schedule scripts: a schedule's record and index (`schedule.lua`) and its
 //! ticks, each enqueued at most once (`tick.lua`).
 
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
-use crate::error::{Error, RedisContext, Result};
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 

@@ -2,11 +2,9 @@
 
 use super::lease::Lease;
 use super::{Delivery, DeliveryFlag, Shared, lane_index};
+use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys};
-use crate::error::{Error, Result};
-use redis::Value;
 use std::hash::{BuildHasher, Hasher};
-use std::time::Duration;
 
 /// A stream entry taken for handling, with its owner's lease.
 pub(super) struct Taken {
@@ -18,10 +16,6 @@ pub(super) struct Taken {
     pub(super) bad: Option<String>,
     /// Ownership of the entry until it is settled.
     pub(super) lease: Lease,
-}
-
-pub(super) fn ms(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
 /// Creates `group` on every shard's stream when it is new (`join_group.lua`: from the start
@@ -68,16 +62,6 @@ pub(super) fn is_nogroup(e: &Error) -> bool {
     matches!(e, Error::Redis { source, .. } if source.code() == Some("NOGROUP"))
 }
 
-pub(crate) fn as_string(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(i) => Some(i.to_string()),
-        Value::VerbatimString { text, .. } => Some(text.clone()),
-        _ => None,
-    }
-}
-
 /// Builds a delivery from a stream entry's fields: the delivery, its `for_group`, and why it
 /// cannot be handled (no order id).
 pub(super) fn parse_delivery(
@@ -96,12 +80,7 @@ pub(super) fn parse_delivery(
     for (f, v) in fields {
         match f.as_str() {
             "id" => id = Some(v),
-            "due_ms" => {
-                due = v
-                    .parse::<f64>()
-                    .ok()
-                    .map(crate::engine::scripts::score_to_ms)
-            }
+            "due_ms" => due = v.parse::<f64>().ok().map(crate::engine::reply::score_to_ms),
             "data" => data = Some(v),
             "flag" if v == "payload_missing" => flag = Some(DeliveryFlag::PayloadMissing),
             "for_group" => for_group = Some(v),
@@ -163,93 +142,6 @@ pub(super) fn default_consumer_name() -> String {
         .build_hasher()
         .finish();
     format!("{host}-{}-{:06x}", std::process::id(), rand & 0xff_ffff)
-}
-
-/// A stream entry's fields, in order.
-pub(crate) type Fields = Vec<(String, String)>;
-/// A stream entry: its id and fields (`None` when the entry was deleted).
-pub(crate) type RawEntry = (String, Option<Fields>);
-
-/// Entries of one stream (`[[id, [f, v, ...] | nil], ...]`), as in `read.lua`'s reply.
-pub(crate) fn entries_of(v: Value) -> Result<Vec<RawEntry>> {
-    let Value::Array(items) = v else {
-        return Ok(Vec::new());
-    };
-    items
-        .into_iter()
-        .map(|e| {
-            let Value::Array(parts) = e else {
-                return Err(Error::Reply {
-                    context: "parsing stream entries",
-                    detail: format!("entry {e:?}"),
-                });
-            };
-            let mut parts = parts.into_iter();
-            let id = parts
-                .next()
-                .as_ref()
-                .and_then(as_string)
-                .ok_or(Error::Reply {
-                    context: "parsing stream entries",
-                    detail: "entry without id".into(),
-                })?;
-            Ok((id, parts.next().and_then(field_pairs)))
-        })
-        .collect()
-}
-
-/// `reclaim.lua`'s claimed entries: (entry id, fields, delivery count).
-pub(super) fn claimed_entries(v: Value) -> Result<Vec<(String, Fields, u32)>> {
-    let Value::Array(items) = v else {
-        return Ok(Vec::new());
-    };
-    let bad = || Error::Reply {
-        context: "parsing reclaimed entries",
-        detail: "unexpected shape".into(),
-    };
-    items
-        .into_iter()
-        .map(|e| {
-            let Value::Array(parts) = e else {
-                return Err(bad());
-            };
-            let mut parts = parts.into_iter();
-            let id = parts.next().as_ref().and_then(as_string).ok_or_else(bad)?;
-            let fields = parts.next().and_then(field_pairs).ok_or_else(bad)?;
-            let count = match parts.next() {
-                Some(Value::Int(n)) => u32::try_from(n).unwrap_or(u32::MAX),
-                _ => 1,
-            };
-            Ok((id, fields, count))
-        })
-        .collect()
-}
-
-pub(crate) fn field_pairs(v: Value) -> Option<Vec<(String, String)>> {
-    match v {
-        Value::Array(fv) => {
-            let mut pairs = Vec::with_capacity(fv.len() / 2);
-            let mut it = fv.iter();
-            while let (Some(f), Some(v)) = (it.next(), it.next()) {
-                pairs.push((
-                    as_string(f).unwrap_or_default(),
-                    as_string(v).unwrap_or_default(),
-                ));
-            }
-            Some(pairs)
-        }
-        Value::Map(fv) => Some(
-            fv.iter()
-                .map(|(f, v)| {
-                    (
-                        as_string(f).unwrap_or_default(),
-                        as_string(v).unwrap_or_default(),
-                    )
-                })
-                .collect(),
-        ),
-        _ => None,
-    }
 }
 
 /// Turns a raw entry, leased until `lease_until`, into a [`Taken`] owned by this worker. An

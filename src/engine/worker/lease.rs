@@ -14,7 +14,7 @@
 //! retry time or revive an acknowledged entry.
 
 use super::Shared;
-use super::entry::ms;
+use crate::engine::duration::ms;
 use crate::engine::scripts;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

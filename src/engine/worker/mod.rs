@@ -27,7 +27,7 @@ mod reader;
 mod reclaim;
 mod settle;
 
-pub(crate) use entry::{Fields, as_string, ensure_groups, entries_of, field_pairs};
+pub(crate) use entry::ensure_groups;
 pub use handler::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, NoHooks, WorkerStats,
 };
@@ -35,10 +35,10 @@ pub use multi::{MAX_QUEUES_PER_HANDLER, MultiWorker, check_queues};
 pub use options::WorkerOptions;
 
 use crate::engine::client::Client;
+use crate::engine::error::Result;
 use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::engine::priority::Priority;
 use crate::engine::retry::until_ok;
-use crate::error::Result;
 use entry::default_consumer_name;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
@@ -264,7 +264,7 @@ impl<H: Handler> Worker<H> {
     }
 }
 
-/// Says this consumer is alive every [`HEARTBEAT_EVERY`](crate::engine::registry::HEARTBEAT_EVERY)
+/// Says this consumer is alive every [`HEARTBEAT_EVERY`](crate::engine::client::HEARTBEAT_EVERY)
 /// until `stop`, then that it stopped (stats and `delete_group` tell a quiet group from an
 /// abandoned one by it).
 async fn heartbeat_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
@@ -277,7 +277,7 @@ async fn heartbeat_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
             tracing::debug!(error = %e, "heartbeat failed");
         }
         tokio::select! {
-            _ = tokio::time::sleep(crate::engine::registry::HEARTBEAT_EVERY) => {}
+            _ = tokio::time::sleep(crate::engine::client::HEARTBEAT_EVERY) => {}
             _ = stop.cancelled() => break,
         }
     }

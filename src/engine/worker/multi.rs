@@ -4,8 +4,8 @@
 
 use super::{Handler, Hooks, Worker, WorkerOptions, WorkerStats};
 use crate::engine::client::Client;
+use crate::engine::error::{InvalidInput, Result};
 use crate::engine::priority::PriorityMode;
-use crate::error::{InvalidInput, Result};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -253,7 +253,7 @@ impl<H: Handler + Clone> MultiWorker<H> {
         let mut first = Ok(());
         while let Some(r) = set.join_next().await {
             let r = r.unwrap_or_else(|e| {
-                Err(crate::error::Error::Reply {
+                Err(crate::engine::error::Error::Reply {
                     context: "running a worker",
                     detail: e.to_string(),
                 })

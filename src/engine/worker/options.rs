@@ -1,9 +1,9 @@
 //! [`WorkerOptions`]: defaults and the one place their ranges are checked.
 
 use crate::engine::backoff::Backoff;
+use crate::engine::error::InvalidInput;
 use crate::engine::flow::RateLimit;
 use crate::engine::priority::{Priority, PriorityMode};
-use crate::error::InvalidInput;
 use std::time::Duration;
 
 /// Options of a [`Worker`].

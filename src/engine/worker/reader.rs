@@ -1,17 +1,19 @@
 //! Readers: take new entries (`read.lua`, leased atomically) and wait for more with a
 //! blocking `XREAD` on a connection of their own.
 
-use super::entry::{Taken, as_string, ensure_groups, entries_of, is_nogroup, ms, to_taken};
+use super::entry::{Taken, ensure_groups, is_nogroup, to_taken};
 use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
+use crate::engine::duration::ms;
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::flow::{PAUSE_REFRESH, refund_permits, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
 use crate::engine::priority::{Priority, PriorityMode, Rotation};
+use crate::engine::reply::{as_string, entries_of};
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
 use crate::engine::telemetry;
-use crate::error::{Error, RedisContext, Result};
 use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;

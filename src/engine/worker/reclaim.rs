@@ -1,11 +1,13 @@
 //! The reclaim loop: claims the group's due timers (a dead consumer's entries, retries whose
 //! backoff elapsed) with `reclaim.lua`.
 
-use super::entry::{Fields, claimed_entries, ms, to_taken};
+use super::entry::to_taken;
 use super::reader::may_take;
 use super::settle::{self, AckSender, spawn_process};
 use super::{Handler, Shared, lane_index};
+use crate::engine::duration::ms;
 use crate::engine::keys::ShardKeys;
+use crate::engine::reply::{Fields, claimed_entries};
 use crate::engine::scripts;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -143,7 +145,7 @@ async fn due_shards<H>(s: &Shared<H>, now: i64, next_look: &mut i64) -> Vec<usiz
         match r {
             Ok(v) => {
                 if let Some((_, score)) = v.first() {
-                    let at = scripts::score_to_ms(*score);
+                    let at = crate::engine::reply::score_to_ms(*score);
                     if at <= now {
                         due.push(i);
                     } else {
@@ -228,7 +230,7 @@ async fn claim<H>(
         }
     };
     match claimed_entries(claimed) {
-        Ok(c) => Some((c, next.map(scripts::score_to_ms), missing)),
+        Ok(c) => Some((c, next.map(crate::engine::reply::score_to_ms), missing)),
         Err(e) => {
             tracing::error!(error = %e, "unexpected reclaim reply");
             None

@@ -1,8 +1,10 @@
 //! Running a handler and settling its entry: ack (batched), retry or dead letter.
 
-use super::entry::{Taken, ms};
+use super::entry::Taken;
 use super::lease::Lease;
 use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
+use crate::engine::duration::ms;
+use crate::engine::error::RedisContext;
 use crate::engine::history::{HistoryPolicy, marker_field};
 use crate::engine::keys::ShardKeys;
 use crate::engine::redact;
@@ -10,7 +12,6 @@ use crate::engine::retry::{RetryPolicy, with_retries};
 use crate::engine::scripts::{self, DeadArgs};
 use crate::engine::telemetry::Redelivery;
 use crate::engine::trace;
-use crate::error::RedisContext;
 use futures_util::FutureExt;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
@@ -239,7 +240,7 @@ async fn dead_letter<H>(
     owner: &str,
     attempts: u32,
     error: &str,
-) -> crate::error::Result<bool> {
+) -> crate::engine::error::Result<bool> {
     let args = DeadArgs {
         group: &s.group,
         consumer: owner,

@@ -2,7 +2,7 @@
 //! that blame a library or parse error on the config key it came from.
 
 use crate::engine::duration::parse_duration;
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use std::time::Duration;
 
 /// A configuration problem: the key and what is wrong with it.

@@ -107,7 +107,7 @@ fn check_one(prefix: &str, h: &HandlerConfig) -> Result<HandlerSpec, ConfigError
             };
             let names: Vec<&str> = list.iter().map(String::as_str).collect();
             check_queues(&names, &mode).map_err(|e| {
-                let key = if matches!(e, crate::error::InvalidInput::Priority { .. }) {
+                let key = if matches!(e, crate::engine::error::InvalidInput::Priority { .. }) {
                     k("queue_weights")
                 } else {
                     k("queues")

@@ -8,9 +8,9 @@ use super::{
 };
 use crate::engine::client::{ClientOptions, Durability};
 use crate::engine::dispatcher::DispatcherOptions;
+use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
-use crate::error::InvalidInput;
 use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
 use std::net::SocketAddr;
@@ -359,8 +359,8 @@ pub(super) fn schedules(
         }
         spec.validate(max_payload).map_err(|e| {
             let field = match &e {
-                crate::error::InvalidInput::Option { name, .. } => *name,
-                crate::error::InvalidInput::QueueName { .. } => "queue",
+                crate::engine::error::InvalidInput::Option { name, .. } => *name,
+                crate::engine::error::InvalidInput::QueueName { .. } => "queue",
                 _ => "payload",
             };
             ConfigError::at(at(field), e)

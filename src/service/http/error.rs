@@ -2,8 +2,9 @@
 //! library errors to status codes and codes. Internal details (Redis URLs, OS errors) are
 //! logged (redacted), never returned.
 
+use crate::engine::error::{Error, InvalidInput};
+use crate::engine::outcome::WriteOutcome;
 use crate::engine::redact;
-use crate::error::{Error, InvalidInput, WriteOutcome};
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

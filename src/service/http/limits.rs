@@ -1,7 +1,7 @@
 //! [`HttpLimits`]: what the HTTP edge allows a client, with the one place their defaults
 //! and ranges are written (the `[http]` config keys map onto it).
 
-use crate::error::InvalidInput;
+use crate::engine::error::InvalidInput;
 use std::time::Duration;
 
 /// The HTTP edge's limits.

@@ -3,11 +3,11 @@
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
-use crate::engine::history::OrderHistory;
+use crate::engine::admin::history::OrderHistory;
+use crate::engine::error::InvalidInput;
 use crate::engine::message::{Mode, NewOrder, Payload, ScheduleOutcome, When};
 use crate::engine::priority::Priority;
 use crate::engine::trace::TraceContext;
-use crate::error::InvalidInput;
 use crate::service::admin;
 use axum::Json;
 use axum::body::Bytes;

@@ -78,7 +78,7 @@ struct StatsRead {
     /// How long it took.
     took: Duration,
     /// The statistics, sorted by queue.
-    all: Arc<Vec<crate::engine::stats::QueueStats>>,
+    all: Arc<Vec<crate::engine::admin::stats::QueueStats>>,
 }
 
 /// Clears a "refreshing" flag however the refresh ends.
@@ -121,7 +121,7 @@ impl AppState {
     /// the others get the previous ones. No lock is held across the Redis calls.
     pub(crate) async fn all_stats(
         &self,
-    ) -> crate::Result<Arc<Vec<crate::engine::stats::QueueStats>>> {
+    ) -> crate::Result<Arc<Vec<crate::engine::admin::stats::QueueStats>>> {
         use std::sync::atomic::Ordering;
         let snap = &self.stats;
         let cached = snap.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -132,7 +132,7 @@ impl AppState {
         }
         let _clear = ClearOnDrop(&snap.refreshing);
         let started = std::time::Instant::now();
-        let mut all = self.admin.client().stats_all().await?;
+        let mut all = self.admin.engine_admin().stats_all().await?;
         all.sort_by(|a, b| a.queue.cmp(&b.queue));
         let all = Arc::new(all);
         *snap.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(StatsRead {

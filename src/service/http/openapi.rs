@@ -238,7 +238,7 @@ fn schedule_info() -> Value {
     )
 }
 
-/// The answer of `GET /v1/queues/{queue}/messages/{id}` (`engine::history::OrderHistory`).
+/// The answer of `GET /v1/queues/{queue}/messages/{id}` (`engine::admin::history::OrderHistory`).
 fn order_history() -> Value {
     let group = object(
         &[

@@ -4,7 +4,7 @@
 use super::AppState;
 use super::error::{ApiError, ApiResult};
 use super::messages::json_body;
-use crate::engine::dead::DeadPage;
+use crate::engine::admin::dead::DeadPage;
 use crate::engine::flow::PauseState;
 use crate::service::admin;
 use axum::Json;
@@ -158,7 +158,14 @@ pub(super) async fn timing(
     State(st): State<AppState>,
     Path(queue): Path<String>,
 ) -> ApiResult<Json<crate::service::ui::timing::TimingAnswer>> {
-    if st.admin.client().queue_info(&queue).await?.is_none() {
+    if st
+        .admin
+        .client()
+        .admin()
+        .queue_info(&queue)
+        .await?
+        .is_none()
+    {
         return Err(crate::Error::QueueNotFound { queue }.into());
     }
     Ok(Json(match &st.timing {

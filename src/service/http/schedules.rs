@@ -6,11 +6,11 @@
 use super::AppState;
 use super::error::{ApiError, ApiResult};
 use super::messages::json_body;
+use crate::engine::error::{Error, InvalidInput};
 use crate::engine::message::Payload;
 use crate::engine::schedules::{
     MAX_WINDOW_MS, Missed, ScheduleInfo, ScheduleSpec, ScheduleUpserted, Schedules,
 };
-use crate::error::{Error, InvalidInput};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;

@@ -2,11 +2,11 @@
 //! the attempts made, the last error and when. List, replay (to the failing group only) and
 //! purge.
 
-use crate::engine::client::Client;
+use super::Queues;
+use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::engine::message::decode_stored;
 use crate::engine::scripts;
-use crate::error::{InvalidInput, RedisContext, Result};
 use serde::Serialize;
 
 /// One dead letter.
@@ -77,7 +77,7 @@ impl Cursor {
 /// Dead letters read per XRANGE call.
 const DEAD_PAGE_READ: usize = 500;
 
-impl Client {
+impl Queues {
     /// Dead letters of `queue` (of one group, or all), oldest first, at most `limit`.
     pub async fn dead_list(
         &self,
@@ -106,7 +106,7 @@ impl Client {
             validate_member_name("group", g)?;
         }
         let cursor = after.map(Cursor::parse).transpose()?;
-        let shards = self.registered_keys(&q).await?;
+        let shards = self.client.registered_keys(&q).await?;
         let many = shards.len() > 1;
         let limit = limit.max(1);
         let mut all: Vec<(Cursor, DeadLetter)> = Vec::new();
@@ -154,10 +154,10 @@ impl Client {
                 .arg("+")
                 .arg("COUNT")
                 .arg(DEAD_PAGE_READ)
-                .query_async(&mut self.connection())
+                .query_async(&mut self.client.connection())
                 .await
                 .ctx("listing dead letters")?;
-            let entries = crate::engine::worker::entries_of(page)?;
+            let entries = crate::engine::reply::entries_of(page)?;
             let n = entries.len();
             for (sid, fields) in entries {
                 start = format!("({sid}");
@@ -189,12 +189,22 @@ impl Client {
         which: &Selection,
     ) -> Result<u64> {
         let q = QueueName::new(queue)?;
-        self.shards_of(&q).await?;
-        let history = self.queue_flags(&q, None).await?.history;
+        self.client.shards_of(&q).await?;
+        let history = crate::engine::flow::queue_flags(&self.client, &q, None)
+            .await?
+            .history;
         let history = &history;
         self.apply_dead(queue, group, which, 200, |keys, chunk| async move {
-            let now = self.now_ms();
-            scripts::replay(&mut self.connection(), &keys, group, &chunk, now, history).await
+            let now = self.client.now_ms();
+            scripts::replay(
+                &mut self.client.connection(),
+                &keys,
+                group,
+                &chunk,
+                now,
+                history,
+            )
+            .await
         })
         .await
     }
@@ -210,7 +220,7 @@ impl Client {
             redis::cmd("XDEL")
                 .arg(&keys.dead)
                 .arg(&chunk)
-                .query_async::<u64>(&mut self.connection())
+                .query_async::<u64>(&mut self.client.connection())
                 .await
                 .ctx("purging dead letters")
         })
@@ -274,7 +284,7 @@ impl Client {
         which: &Selection,
     ) -> Result<Vec<(ShardKeys, Vec<String>)>> {
         let q = QueueName::new(queue)?;
-        let shards = self.registered_keys(&q).await?;
+        let shards = self.client.registered_keys(&q).await?;
         match which {
             Selection::All => {
                 // Callers page through `All` themselves (see `apply_dead`).
@@ -300,11 +310,11 @@ impl Client {
                             .arg(&slot.0.dead)
                             .arg(sid)
                             .arg(sid)
-                            .query_async(&mut self.connection())
+                            .query_async(&mut self.client.connection())
                             .await
                             .ctx("reading a dead letter")?;
                         let keep =
-                            crate::engine::worker::entries_of(e)?
+                            crate::engine::reply::entries_of(e)?
                                 .into_iter()
                                 .any(|(_, f)| {
                                     f.is_some_and(|f| {
@@ -372,9 +382,9 @@ fn to_dead(
         dead_at_ms: get("dead_ms").and_then(|v| v.parse().ok()).unwrap_or(0),
         due_at_ms: get("due_ms")
             .and_then(|v| v.parse::<f64>().ok())
-            .map(scripts::score_to_ms)
+            .map(crate::engine::reply::score_to_ms)
             .unwrap_or(0),
         payload,
-        priority: scripts::stored_level(get("priority")),
+        priority: crate::engine::reply::stored_level(get("priority")),
     }
 }

@@ -12,11 +12,13 @@
 //!
 //! A client caches the records it has seen; a refusal by the scripts drops the entry.
 
-use crate::engine::client::{Client, MAX_SHARDS};
+use super::Queues;
+use crate::engine::client::{Client, HEARTBEAT_KEPT_MS, QueueCreated};
+use crate::engine::error::{Error, RedisContext, Result};
+use crate::engine::flow::{PauseState, pause_field};
 use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::{QueueName, ShardKeys};
-use crate::engine::scripts::{self, ScriptRefusal};
-use crate::error::{Error, InvalidInput, RedisContext, Result};
+use crate::engine::scripts;
 use serde::Serialize;
 
 /// A registered queue.
@@ -30,26 +32,6 @@ pub struct QueueInfo {
     pub paused: bool,
     /// How long the history of its dispatched orders is kept, ms (0: none).
     pub history_retention_ms: i64,
-}
-
-/// What [`Client::create_queue`] did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct QueueCreated {
-    /// The name.
-    pub queue: String,
-    /// Its shard count.
-    pub shards: u16,
-    /// False when it already existed with that shard count.
-    pub created: bool,
-}
-
-/// What a producer needs to know of a registered queue: its shard count and its epoch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct QueueRef {
-    /// The shard count, fixed at creation.
-    pub(crate) shards: u16,
-    /// The epoch, checked by `enqueue.lua` against each shard's marker.
-    pub(crate) epoch: String,
 }
 
 /// What is still in a queue: why a delete without `force` was refused.
@@ -71,12 +53,6 @@ pub struct QueueContents {
 /// A consumer that read or sent a heartbeat within this window counts as alive: its group
 /// is not deleted without `force`.
 pub const GROUP_ALIVE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
-/// How often a running worker says it is alive (well within [`GROUP_ALIVE_WITHIN`]).
-pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
-/// Heartbeats older than this are dropped (the key stays bounded by the consumers of the
-/// last hour).
-pub(crate) const HEARTBEAT_KEPT_MS: i64 = 3_600_000;
-
 impl QueueContents {
     fn add(&mut self, f: &scripts::Fence) {
         self.scheduled += f.scheduled;
@@ -92,72 +68,88 @@ impl QueueContents {
     }
 }
 
-impl Client {
+impl Queues {
+    /// Pauses or resumes dispatch of `queue` (`group` = `None`) or consumption by one group.
+    /// [`Error::QueueNotFound`] / [`Error::GroupNotFound`] when they do not exist.
+    pub async fn set_paused(
+        &self,
+        queue: &str,
+        group: Option<&str>,
+        paused: bool,
+    ) -> Result<PauseState> {
+        let q = QueueName::new(queue)?;
+        self.client.shards_of(&q).await?;
+        if let Some(g) = group {
+            crate::engine::keys::validate_member_name("group", g)?;
+            let stats = self.stats(queue).await?;
+            if !stats.groups.iter().any(|s| s.group == g) {
+                return Err(Error::GroupNotFound {
+                    queue: queue.to_owned(),
+                    group: g.to_owned(),
+                });
+            }
+        }
+        // The shards' markers first: the scripts that dispatch and read check them, so the
+        // pause holds from the moment this call answers. The record's copy is what listings
+        // show.
+        let keys = self.client.registered_keys(&q).await?;
+        let field = pause_field(group);
+        self.client
+            .set_marker(&keys, &field, paused.then_some("1"))
+            .await?;
+        let mut pipe = redis::pipe();
+        if paused {
+            pipe.cmd("HSET")
+                .arg(self.client.queue_meta_key(&q))
+                .arg(&field)
+                .arg("1");
+        } else {
+            pipe.cmd("HDEL")
+                .arg(self.client.queue_meta_key(&q))
+                .arg(&field);
+        }
+        pipe.cmd("INCR")
+            .arg(self.client.keyspace().registry_version());
+        let _: (i64, i64) = pipe
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("setting the pause flag")?;
+        if !paused {
+            // Resumed: this process's dispatchers and readers look again at once.
+            self.client.wake().resumed(queue);
+        }
+        Ok(PauseState {
+            queue: queue.to_owned(),
+            group: group.map(str::to_owned),
+            paused,
+        })
+    }
+
+    /// Whether `queue` (`group` = `None`) or one of its groups is paused.
+    pub async fn is_paused(&self, queue: &QueueName, group: Option<&str>) -> Result<bool> {
+        let v: Option<String> = redis::cmd("HGET")
+            .arg(self.client.queue_meta_key(queue))
+            .arg(pause_field(group))
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading the pause flag")?;
+        Ok(v.is_some())
+    }
+
     /// Registers `queue` with `shards` shards. Idempotent: an existing queue with that count
     /// answers `created: false`; one with another count is refused
     /// ([`Error::ShardMismatch`]) and left as it is. Refused with [`Error::TooManyQueues`]
     /// when the namespace already has `max_queues` queues.
     pub async fn create_queue(&self, queue: &str, shards: u16) -> Result<QueueCreated> {
-        let q = QueueName::new(queue)?;
-        if !(1..=MAX_SHARDS).contains(&shards) {
-            return Err(InvalidInput::Option {
-                name: "shards",
-                reason: format!("must be 1..={MAX_SHARDS}, got {shards}"),
-            }
-            .into());
-        }
-        let (created, stored) = self.register_record(&q, shards).await?;
-        if stored.shards != shards {
-            return Err(Error::ShardMismatch {
-                queue: queue.to_owned(),
-                existing: stored.shards,
-                wanted: shards,
-            });
-        }
-        Ok(QueueCreated {
-            queue: queue.to_owned(),
-            shards,
-            created,
-        })
-    }
-
-    /// Runs `create_queue.lua` (the record, its epoch, the cap) and writes the epoch into
-    /// every shard's marker, so producers may write into it; remembers the record.
-    async fn register_record(&self, q: &QueueName, shards: u16) -> Result<(bool, QueueRef)> {
-        let new_epoch = format!("{:x}-{:016x}", self.now_ms(), fastrand::u64(..));
-        let reply = scripts::create_queue(
-            &mut self.connection(),
-            self.keyspace(),
-            q,
-            shards,
-            &new_epoch,
-            self.options().max_queues,
-        )
-        .await;
-        let (created, stored, epoch) = match reply {
-            Err(e) if ScriptRefusal::of(&e) == Some(ScriptRefusal::TooManyQueues) => {
-                return Err(Error::TooManyQueues {
-                    max: self.options().max_queues,
-                });
-            }
-            other => other?,
-        };
-        let r = QueueRef {
-            shards: stored,
-            epoch,
-        };
-        self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&r.epoch))
-            .await?;
-        self.remember(q, r.clone());
-        Ok((created, r))
+        self.client.declare_queue(queue, shards).await
     }
 
     /// A registered queue, or `None`.
     pub async fn queue_info(&self, queue: &str) -> Result<Option<QueueInfo>> {
         let q = QueueName::new(queue)?;
-        match self.lookup(&q).await? {
+        match self.client.lookup(&q).await? {
             Some(r) => {
-                let flags = self.queue_flags(&q, None).await?;
+                let flags = crate::engine::flow::queue_flags(&self.client, &q, None).await?;
                 Ok(Some(QueueInfo {
                     queue: queue.to_owned(),
                     shards: r.shards,
@@ -171,7 +163,7 @@ impl Client {
 
     /// Every registered queue, sorted by name (empty on a fresh Redis).
     pub async fn list_queues(&self) -> Result<Vec<QueueInfo>> {
-        let names = self.queues().await?;
+        let names = self.client.queues().await?;
         if names.is_empty() {
             return Ok(Vec::new());
         }
@@ -179,13 +171,13 @@ impl Client {
         for n in &names {
             let q = QueueName::new(n)?;
             pipe.cmd("HMGET")
-                .arg(self.keyspace().queue_record(&q))
+                .arg(self.client.keyspace().queue_record(&q))
                 .arg("shards")
                 .arg(crate::engine::flow::pause_field(None))
                 .arg(RETENTION_FIELD);
         }
         let records: Vec<(Option<u16>, Option<String>, Option<i64>)> = pipe
-            .query_async(&mut self.connection())
+            .query_async(&mut self.client.connection())
             .await
             .ctx("reading the queue registry")?;
         Ok(names
@@ -204,27 +196,6 @@ impl Client {
             .collect())
     }
 
-    /// The registry's version: it changes whenever a queue is created, deleted or changed
-    /// (one `GET`; what a supervisor polls).
-    pub async fn registry_version(&self) -> Result<i64> {
-        let v: Option<i64> = redis::cmd("GET")
-            .arg(self.keyspace().registry_version())
-            .query_async(&mut self.connection())
-            .await
-            .ctx("reading the registry version")?;
-        Ok(v.unwrap_or(0))
-    }
-
-    /// Records a change of a queue's settings (supervisors re-read the registry).
-    pub(crate) async fn bump_registry(&self) -> Result<()> {
-        let _: i64 = redis::cmd("INCR")
-            .arg(self.keyspace().registry_version())
-            .query_async(&mut self.connection())
-            .await
-            .ctx("bumping the registry version")?;
-        Ok(())
-    }
-
     /// Deletes `queue` and every key of it (schedule, payloads, streams, groups, timers, dead
     /// letters, its record). Without `force` it is refused ([`Error::QueueNotEmpty`]) while
     /// anything is scheduled, not yet read by a group, pending in a group or dead. Returns
@@ -237,14 +208,14 @@ impl Client {
     pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueContents> {
         let q = QueueName::new(queue)?;
         // Read the record afresh: a cached epoch may be stale.
-        self.forget(&q);
-        let r = self.queue_ref(&q).await?;
-        let keys = self.keyspace().shards(&q, r.shards);
+        self.client.forget(&q);
+        let r = self.client.queue_ref(&q).await?;
+        let keys = self.client.keyspace().shards(&q, r.shards);
         let mut contents = QueueContents::default();
         let mut fenced = Vec::new();
         let mut refused = false;
         for k in &keys {
-            let f = scripts::fence(&mut self.connection(), k, &r.epoch, force).await;
+            let f = scripts::fence(&mut self.client.connection(), k, &r.epoch, force).await;
             let f = match f {
                 Ok(f) => f,
                 Err(e) => {
@@ -271,57 +242,32 @@ impl Client {
             });
         }
         let groups: Vec<String> = contents.lag.iter().map(|(g, _)| g.clone()).collect();
-        let history = self.queue_flags(&q, None).await?.history;
+        let history = crate::engine::flow::queue_flags(&self.client, &q, None)
+            .await?
+            .history;
         let _: (i64, i64, i64) = redis::pipe()
             .cmd("DEL")
-            .arg(self.keyspace().queue_record(&q))
+            .arg(self.client.keyspace().queue_record(&q))
             .cmd("SREM")
-            .arg(self.keyspace().queues())
+            .arg(self.client.keyspace().queues())
             .arg(q.as_str())
             .cmd("INCR")
-            .arg(self.keyspace().registry_version())
-            .query_async(&mut self.connection())
+            .arg(self.client.keyspace().registry_version())
+            .query_async(&mut self.client.connection())
             .await
             .ctx("deleting the queue record")?;
-        self.forget(&q);
+        self.client.forget(&q);
         for k in &fenced {
-            delete_shard(self, &q, k, &groups, &history).await?;
+            delete_shard(&self.client, &q, k, &groups, &history).await?;
         }
         Ok(contents)
     }
 
     /// Gives fenced shards their epoch back (a delete that was refused part way).
     async fn unfence(&self, shards: &[ShardKeys], epoch: &str) {
-        if let Err(e) = self.set_marker(shards, "epoch", Some(epoch)).await {
+        if let Err(e) = self.client.set_marker(shards, "epoch", Some(epoch)).await {
             tracing::error!(queue_shards = shards.len(), error = %e, "restoring the shards' epoch after a refused delete failed; create the queue again to repair it");
         }
-    }
-
-    /// Sets (`Some`) or removes (`None`) `field` of every shard's marker, the calls in
-    /// flight together: the epoch, and the pause flags the scripts check.
-    pub(crate) async fn set_marker(
-        &self,
-        shards: &[ShardKeys],
-        field: &str,
-        value: Option<&str>,
-    ) -> Result<()> {
-        futures_util::future::try_join_all(shards.iter().map(|k| {
-            let mut conn = self.connection();
-            let mut c = redis::cmd(if value.is_some() { "HSET" } else { "HDEL" });
-            c.arg(&k.meta).arg(field);
-            if let Some(v) = value {
-                c.arg(v);
-            }
-            async move {
-                let _: i64 = c
-                    .query_async(&mut conn)
-                    .await
-                    .ctx("writing the shards' markers")?;
-                Ok::<(), Error>(())
-            }
-        }))
-        .await?;
-        Ok(())
     }
 
     /// Deletes consumer group `group` on every shard of `queue`, with its timers, so stream
@@ -331,7 +277,7 @@ impl Client {
     pub async fn delete_group(&self, queue: &str, group: &str, force: bool) -> Result<u64> {
         let q = QueueName::new(queue)?;
         crate::engine::keys::validate_member_name("group", group)?;
-        let keys = self.registered_keys(&q).await?;
+        let keys = self.client.registered_keys(&q).await?;
         let stats = self.stats(queue).await?;
         let Some(g) = stats.groups.iter().find(|g| g.group == group) else {
             return Err(Error::GroupNotFound {
@@ -348,7 +294,7 @@ impl Client {
             });
         }
         for k in keys.iter().flat_map(ShardKeys::lanes) {
-            let mut conn = self.connection();
+            let mut conn = self.client.connection();
             let exists: bool = redis::cmd("EXISTS")
                 .arg(&k.stream)
                 .query_async(&mut conn)
@@ -378,30 +324,7 @@ impl Client {
     /// ms of its last heartbeat. (Redis 7.0 neither creates a consumer nor refreshes its idle
     /// time on a read that finds nothing, so a quiet group would look abandoned without it.)
     pub(crate) fn alive_key(&self, queue: &QueueName) -> String {
-        self.keyspace().alive(queue)
-    }
-
-    /// Records that `consumer` of `group` is alive now (`alive = false`: it stopped), and
-    /// drops heartbeats older than an hour. False when the queue no longer exists (nothing
-    /// is written).
-    pub(crate) async fn heartbeat(
-        &self,
-        queue: &QueueName,
-        group: &str,
-        consumer: &str,
-        alive: bool,
-    ) -> Result<bool> {
-        let now = self.now_ms();
-        scripts::heartbeat(
-            &mut self.connection(),
-            &self.alive_key(queue),
-            &self.keyspace().shard(queue, 0),
-            &format!("{group}\u{1}{consumer}"),
-            now,
-            alive,
-            now - HEARTBEAT_KEPT_MS,
-        )
-        .await
+        self.client.keyspace().alive(queue)
     }
 
     /// Per group: live consumers (a heartbeat within [`GROUP_ALIVE_WITHIN`]) and the unix
@@ -410,14 +333,14 @@ impl Client {
         &self,
         queue: &QueueName,
     ) -> Result<std::collections::HashMap<String, (u64, i64)>> {
-        let now = self.now_ms();
+        let now = self.client.now_ms();
         let beats: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(self.alive_key(queue))
             .arg(now - HEARTBEAT_KEPT_MS)
             .arg("+inf")
             .arg("BYSCORE")
             .arg("WITHSCORES")
-            .query_async(&mut self.connection())
+            .query_async(&mut self.client.connection())
             .await
             .ctx("reading heartbeats")?;
         let alive_ms = i64::try_from(GROUP_ALIVE_WITHIN.as_millis()).unwrap_or(60_000);
@@ -426,7 +349,7 @@ impl Client {
             let Some((group, _)) = member.split_once('\u{1}') else {
                 continue;
             };
-            let at = crate::engine::scripts::score_to_ms(score);
+            let at = crate::engine::reply::score_to_ms(score);
             let e = out.entry(group.to_owned()).or_insert((0, at));
             if at >= now - alive_ms {
                 e.0 += 1;
@@ -434,78 +357,6 @@ impl Client {
             e.1 = e.1.max(at);
         }
         Ok(out)
-    }
-
-    /// The shard count of a registered queue; [`Error::QueueNotFound`] when it is not.
-    pub(crate) async fn shards_of(&self, queue: &QueueName) -> Result<u16> {
-        Ok(self.queue_ref(queue).await?.shards)
-    }
-
-    /// The shard count and epoch of a registered queue; [`Error::QueueNotFound`] when it
-    /// is not.
-    pub(crate) async fn queue_ref(&self, queue: &QueueName) -> Result<QueueRef> {
-        self.lookup(queue)
-            .await?
-            .ok_or_else(|| Error::QueueNotFound {
-                queue: queue.as_str().to_owned(),
-            })
-    }
-
-    /// The keys of every shard of a registered queue.
-    pub(crate) async fn registered_keys(&self, queue: &QueueName) -> Result<Vec<ShardKeys>> {
-        let shards = self.shards_of(queue).await?;
-        Ok(self.keyspace().shards(queue, shards))
-    }
-
-    /// Registers `queue` with this client's shard count (dispatchers and workers, at start).
-    pub(crate) async fn register(&self, queue: &QueueName) -> Result<()> {
-        let wanted = self.options().shards;
-        let known = self.inner_known().get(queue.as_str()).map(|r| r.shards);
-        match known {
-            Some(existing) if existing == wanted => return Ok(()),
-            Some(existing) => {
-                return Err(Error::ShardMismatch {
-                    queue: queue.as_str().to_owned(),
-                    existing,
-                    wanted,
-                });
-            }
-            None => {}
-        }
-        self.create_queue(queue.as_str(), wanted).await.map(drop)
-    }
-
-    /// The record of `queue` (cached once seen). A record written by an earlier version,
-    /// without an epoch, gets one here (and its shards their markers).
-    async fn lookup(&self, queue: &QueueName) -> Result<Option<QueueRef>> {
-        if let Some(r) = self.inner_known().get(queue.as_str()) {
-            return Ok(Some(r.clone()));
-        }
-        let (shards, epoch): (Option<u16>, Option<String>) = redis::cmd("HMGET")
-            .arg(self.keyspace().queue_record(queue))
-            .arg("shards")
-            .arg("epoch")
-            .query_async(&mut self.connection())
-            .await
-            .ctx("reading the queue registry")?;
-        match (shards, epoch) {
-            (Some(shards), Some(epoch)) => {
-                let r = QueueRef { shards, epoch };
-                self.remember(queue, r.clone());
-                Ok(Some(r))
-            }
-            (Some(shards), None) => Ok(Some(self.register_record(queue, shards).await?.1)),
-            (None, _) => Ok(None),
-        }
-    }
-
-    fn remember(&self, queue: &QueueName, r: QueueRef) {
-        self.inner_known().insert(queue.as_str().to_owned(), r);
-    }
-
-    /// Drops what this client knows of `queue` (a script said it changed).
-    pub(crate) fn forget(&self, queue: &QueueName) {
-        self.inner_known().remove(queue.as_str());
     }
 }
 

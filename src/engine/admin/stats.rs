@@ -1,10 +1,10 @@
 //! Queue statistics: what is scheduled, overdue, in the streams, pending per group, dead.
 
-use crate::engine::client::Client;
+use super::Queues;
+use crate::engine::error::{RedisContext, Result};
 use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::QueueName;
 use crate::engine::priority::Priority;
-use crate::error::{RedisContext, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -86,11 +86,11 @@ type Raw = (
     Vec<(u64, u64, u64)>,
 );
 
-impl Client {
+impl Queues {
     /// Statistics of `queue`.
     pub async fn stats(&self, queue: &str) -> Result<QueueStats> {
         let q = QueueName::new(queue)?;
-        let now = self.now_ms();
+        let now = self.client.now_ms();
         let mut s = QueueStats {
             queue: q.as_str().to_owned(),
             scheduled: 0,
@@ -113,8 +113,8 @@ impl Client {
                 .collect(),
         };
         let flags: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(self.queue_meta_key(&q))
-            .query_async(&mut self.connection())
+            .arg(self.client.queue_meta_key(&q))
+            .query_async(&mut self.client.connection())
             .await
             .ctx("reading the queue's flags")?;
         s.paused = flags.contains_key(&crate::engine::flow::pause_field(None));
@@ -123,13 +123,13 @@ impl Client {
             .and_then(|v| v.parse().ok())
             .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms);
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
-        for keys in self.registered_keys(&q).await? {
+        for keys in self.client.registered_keys(&q).await? {
             let mut hlen = redis::pipe();
             for bucket in history.buckets(&keys, now) {
                 hlen.cmd("HLEN").arg(bucket);
             }
             let counts: Vec<u64> = hlen
-                .query_async(&mut self.connection())
+                .query_async(&mut self.client.connection())
                 .await
                 .ctx("counting the order history (HLEN)")?;
             s.history += counts.iter().sum::<u64>();
@@ -141,7 +141,7 @@ impl Client {
                 .key(&high.stream)
                 .key(&low.stream)
                 .arg(now)
-                .invoke_async(&mut self.connection())
+                .invoke_async(&mut self.client.connection())
                 .await
                 .ctx("reading queue statistics (stats.lua)")?;
             let (scheduled, overdue, head, stream_len, dead, gs, lanes) = raw;
@@ -160,7 +160,7 @@ impl Client {
             s.overdue += overdue;
             s.stream_length += stream_len;
             s.dead += dead;
-            if let Some(h) = head.map(crate::engine::scripts::score_to_ms) {
+            if let Some(h) = head.map(crate::engine::reply::score_to_ms) {
                 s.next_due_at_ms = Some(s.next_due_at_ms.map_or(h, |n| n.min(h)));
                 if overdue > 0 {
                     s.oldest_overdue_ms = s.oldest_overdue_ms.max(now - h);
@@ -204,7 +204,7 @@ impl Client {
     /// flight at a time).
     pub async fn stats_all(&self) -> Result<Vec<QueueStats>> {
         use futures_util::StreamExt;
-        let names = self.queues().await?;
+        let names = self.client.queues().await?;
         futures_util::stream::iter(names.into_iter().map(|q| {
             let c = self.clone();
             async move { c.stats(&q).await }

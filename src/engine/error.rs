@@ -1,13 +1,16 @@
-//! Errors: one enum for the library, one for rejected input.
+//! The engine's errors: one enum for the engine, one for rejected input. The layers above
+//! have their own and wrap this one (`orders::Error`, `ConfigError`).
 //!
 //! Input errors ([`InvalidInput`]) are raised before anything is sent to Redis, so a
 //! rejected call never changes anything. Each variant names the field that is wrong and
 //! has a stable machine-readable [`code`](InvalidInput::code) for APIs.
 
-/// The result type of this crate.
+use crate::engine::outcome::WriteOutcome;
+
+/// The result type of the engine (and of the crate's API built on it).
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong in delayq.
+/// Everything that can go wrong in the engine.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -171,54 +174,16 @@ pub enum Error {
     /// batch is safe (scheduling by id is idempotent).
     #[error(
         "the batch was partly written ({} of {} orders written); repeating it is safe: {source}",
-        results.iter().filter(|r| matches!(r.outcome, crate::engine::message::ItemOutcome::Created | crate::engine::message::ItemOutcome::Updated | crate::engine::message::ItemOutcome::Unchanged)).count(),
+        results.iter().filter(|r| matches!(r.outcome, crate::engine::outcome::ItemOutcome::Created | crate::engine::outcome::ItemOutcome::Updated | crate::engine::outcome::ItemOutcome::Unchanged)).count(),
         results.len()
     )]
     PartialBatch {
         /// One result per order, in batch order.
-        results: Vec<crate::engine::message::BatchItem>,
+        results: Vec<crate::engine::outcome::BatchItem>,
         /// Why the rest failed.
         #[source]
         source: Box<Error>,
     },
-    /// The orders database failed or could not be reached while doing `context`.
-    #[cfg(feature = "orders")]
-    #[error("database error while {context}: {source}")]
-    Database {
-        /// What delayq was doing.
-        context: &'static str,
-        /// The error from sqlx.
-        #[source]
-        source: sqlx::Error,
-    },
-    /// Applying the orders schema failed, or the database holds an applied migration that
-    /// differs from the embedded one.
-    #[cfg(feature = "orders")]
-    #[error("migrating the orders database: {0}")]
-    Migrate(#[source] Box<sqlx::migrate::MigrateError>),
-    /// An order's row kept changing while delayq tried to change it (concurrent writers);
-    /// retrying the call is safe.
-    #[cfg(feature = "orders")]
-    #[error("{context}: order {id:?} kept changing under concurrent updates")]
-    Contention {
-        /// What delayq was doing.
-        context: &'static str,
-        /// The order id.
-        id: String,
-    },
-    /// The orders database holds a value delayq does not know (e.g. an unknown status).
-    #[cfg(feature = "orders")]
-    #[error("unexpected value in the orders database while {context}: {detail}")]
-    Data {
-        /// What delayq was doing.
-        context: &'static str,
-        /// What was unexpected.
-        detail: String,
-    },
-    /// A throwaway local `redis-server` could not be started.
-    #[cfg(feature = "test-util")]
-    #[error("could not start a local redis-server: {0}")]
-    LocalRedis(String),
 }
 
 impl Error {
@@ -312,16 +277,6 @@ fn lag_text(lag: &[(String, u64)]) -> String {
     } else {
         format!(" (lag: {})", lagging.join(", "))
     }
-}
-
-/// Whether a failed write may have been applied ([`Error::write_outcome`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WriteOutcome {
-    /// Nothing was written.
-    NotApplied,
-    /// It may or may not have been written.
-    Unknown,
 }
 
 /// Whether a redis error is worth retrying (the connection or the server's role may recover).

@@ -1,0 +1,365 @@
+//! Reading an order's history (where it is, group by group) and redelivering orders to one
+//! group: the admin side of [`crate::engine::history`], whose records the dispatcher and the
+//! workers write.
+
+use super::Queues;
+use crate::engine::client::Client;
+use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
+use crate::engine::history::{HistoryPolicy, RETENTION_FIELD, entry_ms};
+use crate::engine::keys::{QueueName, ShardKeys, shard_of, validate_id, validate_member_name};
+use crate::engine::message::{NewOrder, decode_stored, raw_json};
+use crate::engine::priority::Priority;
+use crate::engine::reply::Fields;
+use crate::engine::reply::stored_level;
+use crate::engine::scripts::admin::{HISTORY, REDELIVER};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use std::time::Duration;
+
+/// Where an order is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OrderState {
+    /// Waiting for its due time.
+    Scheduled,
+    /// Moved into the stream: see each group's state.
+    Dispatched,
+}
+
+/// Where a dispatched order is in one consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupState {
+    /// Not yet read by the group.
+    Waiting,
+    /// Taken by a consumer (leased), being handled.
+    Running,
+    /// An attempt failed; the next one is at `next_attempt_at_ms`.
+    Retrying,
+    /// Handled and acknowledged.
+    Done,
+    /// Given up on: dead-lettered.
+    Dead,
+}
+
+/// One group's part in a dispatched order's history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupHistory {
+    /// The consumer group.
+    pub group: String,
+    /// Where the order is in it.
+    pub state: GroupState,
+    /// Deliveries so far (0 while waiting).
+    pub attempts: u32,
+    /// The last failure, when one is known.
+    pub last_error: Option<String>,
+    /// When the next attempt is due (retrying only), unix ms.
+    pub next_attempt_at_ms: Option<i64>,
+}
+
+/// What happened to an order: the answer of `GET /v1/queues/{q}/messages/{id}` and `delayq
+/// get`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OrderHistory {
+    /// The queue.
+    pub queue: String,
+    /// The order id.
+    pub id: String,
+    /// Scheduled or dispatched.
+    pub state: OrderState,
+    /// When it is (or was) due, unix ms.
+    pub due_at_ms: i64,
+    /// The payload, byte for byte as it was scheduled, while the order is scheduled or its
+    /// stream entry exists; `null` after.
+    pub payload: Option<Box<RawValue>>,
+    /// When it was dispatched, unix ms.
+    pub dispatched_at_ms: Option<i64>,
+    /// Its stream entry id.
+    pub entry_id: Option<String>,
+    /// Each consumer group's state (dispatched orders; empty while scheduled).
+    pub groups: Vec<GroupHistory>,
+    /// The order's priority level (of its first delivery once dispatched).
+    pub priority: Priority,
+}
+
+/// What [`Client::redeliver`] did with one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Redelivered {
+    /// Appended to the stream for the group alone.
+    Sent,
+    /// Left alone: it is scheduled.
+    Scheduled,
+    /// Left alone: its latest entry is pending in the group or not yet read by it.
+    InFlight,
+}
+
+impl Queues {
+    /// Sets how long `queue` keeps the history of its dispatched orders (zero: none). Every
+    /// dispatcher and worker of the queue follows it within a second.
+    pub async fn set_history_retention(&self, queue: &str, retention: Duration) -> Result<()> {
+        let q = QueueName::new(queue)?;
+        let policy = HistoryPolicy::new(retention)?;
+        self.client.shards_of(&q).await?;
+        let _: i64 = redis::cmd("HSET")
+            .arg(self.client.queue_meta_key(&q))
+            .arg(RETENTION_FIELD)
+            .arg(policy.retention_ms())
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("setting the history retention")?;
+        self.client.bump_registry().await
+    }
+
+    /// What happened to order `id` of `queue`: scheduled, or dispatched with each group's
+    /// state. `None` when it was never seen, was cancelled, or is past the retention.
+    pub async fn history(&self, queue: &str, id: &str) -> Result<Option<OrderHistory>> {
+        let q = QueueName::new(queue)?;
+        validate_id(id)?;
+        let shards = self.client.shards_of(&q).await?;
+        let keys = self.client.shard_keys(&q, shard_of(id, shards));
+        let policy = crate::engine::flow::queue_flags(&self.client, &q, None)
+            .await?
+            .history;
+        let groups = group_names(&self.client, &keys).await?;
+        let buckets = policy.lookup(self.client.now_ms());
+        let mut inv = HISTORY.prepare_invoke();
+        let [high, normal, low] = keys.lanes();
+        inv.key(&keys.due)
+            .key(&keys.payload)
+            .key(&normal.stream)
+            .key(&keys.dead)
+            .key(&high.stream)
+            .key(&low.stream)
+            .key(&keys.levels);
+        for &b in &buckets {
+            inv.key(keys.history(policy.bucket_ms(), b));
+        }
+        for g in &groups {
+            for lane in [&normal, &high, &low] {
+                inv.key(lane.timers(g)).key(lane.errors(g));
+            }
+        }
+        inv.arg(id).arg(buckets.len()).arg(policy.bucket_ms());
+        for &b in &buckets {
+            inv.arg(b);
+        }
+        inv.arg(policy.cutoff(self.client.now_ms()));
+        for g in &groups {
+            inv.arg(g);
+        }
+        let reply: redis::Value = inv
+            .invoke_async(&mut self.client.connection())
+            .await
+            .ctx("reading an order's history (history.lua)")?;
+        parse_history(q.as_str(), id, reply)
+    }
+
+    /// Sends `orders` straight to consumer group `group` of `queue` (due now; no other
+    /// group sees them, as with a dead-letter replay), except those still on their way: an
+    /// order that is scheduled, or whose latest entry is pending in the group or not yet
+    /// read by it, is left alone. The check and the send are one script per call, so
+    /// concurrent runs never send an order twice. Used by reconciliation.
+    pub async fn redeliver(
+        &self,
+        queue: &str,
+        group: &str,
+        orders: &[NewOrder],
+    ) -> Result<Vec<Redelivered>> {
+        let q = QueueName::new(queue)?;
+        validate_member_name("group", group)?;
+        let now = self.client.now_ms();
+        for (index, o) in orders.iter().enumerate() {
+            o.validate(now, self.client.options().max_payload_bytes)
+                .map_err(|e| InvalidInput::InBatch {
+                    index,
+                    source: Box::new(e),
+                })?;
+        }
+        let shards = self.client.shards_of(&q).await?;
+        let policy = crate::engine::flow::queue_flags(&self.client, &q, None)
+            .await?
+            .history;
+        let buckets = policy.lookup(now);
+        let mut out = vec![Redelivered::Scheduled; orders.len()];
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); usize::from(shards)];
+        for (i, o) in orders.iter().enumerate() {
+            by_shard[usize::from(shard_of(&o.id, shards))].push(i);
+        }
+        for (shard, idxs) in by_shard.iter().enumerate() {
+            let keys = self
+                .client
+                .shard_keys(&q, u16::try_from(shard).unwrap_or(0));
+            for chunk in idxs.chunks(REDELIVER_CHUNK) {
+                let mut inv = REDELIVER.prepare_invoke();
+                let [high, _, low] = keys.lanes();
+                inv.key(&keys.due)
+                    .key(&keys.stream)
+                    .key(&high.stream)
+                    .key(&low.stream);
+                for &b in &buckets {
+                    inv.key(keys.history(policy.bucket_ms(), b));
+                }
+                inv.arg(group).arg(buckets.len()).arg(policy.bucket_ms());
+                for &b in &buckets {
+                    inv.arg(b);
+                }
+                inv.arg(now).arg(policy.write_target(&keys, now).1);
+                for &i in chunk {
+                    inv.arg(&orders[i].id).arg(orders[i].payload.as_str());
+                }
+                let codes: Vec<i64> = inv
+                    .invoke_async(&mut self.client.connection())
+                    .await
+                    .ctx("redelivering orders (redeliver.lua)")?;
+                for (&i, c) in chunk.iter().zip(codes) {
+                    out[i] = match c {
+                        1 => Redelivered::Sent,
+                        2 => Redelivered::InFlight,
+                        _ => Redelivered::Scheduled,
+                    };
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Orders per `redeliver.lua` call.
+const REDELIVER_CHUNK: usize = 500;
+
+/// The consumer groups of a shard's stream (none when it does not exist).
+async fn group_names(client: &Client, keys: &ShardKeys) -> Result<Vec<String>> {
+    let r: redis::RedisResult<redis::Value> = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg(&keys.stream)
+        .query_async(&mut client.connection())
+        .await;
+    let v = match r {
+        Ok(v) => v,
+        Err(e) if e.code() == Some("ERR") && e.to_string().contains("no such key") => {
+            return Ok(Vec::new());
+        }
+        Err(e) => return Err(e).ctx("listing consumer groups (XINFO GROUPS)"),
+    };
+    let redis::Value::Array(groups) = v else {
+        return Ok(Vec::new());
+    };
+    Ok(groups
+        .into_iter()
+        .filter_map(|g| {
+            crate::engine::reply::field_pairs(g)?
+                .into_iter()
+                .find(|(k, _)| k == "name")
+                .map(|(_, v)| v)
+        })
+        .collect())
+}
+
+fn reply_err(detail: impl Into<String>) -> Error {
+    Error::Reply {
+        context: "reading an order's history (history.lua)",
+        detail: detail.into(),
+    }
+}
+
+fn text(v: &redis::Value) -> Option<String> {
+    crate::engine::reply::as_string(v)
+}
+
+fn int(v: &redis::Value) -> Option<i64> {
+    match v {
+        redis::Value::Int(i) => Some(*i),
+        other => text(other)
+            .and_then(|s| s.parse::<f64>().ok())
+            .map(crate::engine::reply::score_to_ms),
+    }
+}
+
+/// The payload of a stored value (`"<enqueued_ms>:<json>"`), byte for byte; a traced
+/// order's context (`"<enqueued_ms>:~<traceparent>...~<json>"`) is left out.
+fn stored_payload(raw: &str) -> Box<RawValue> {
+    raw_json(decode_stored(raw).1)
+}
+
+fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<OrderHistory>> {
+    let redis::Value::Array(parts) = reply else {
+        return Ok(None);
+    };
+    let mut parts = parts.into_iter();
+    let state = parts
+        .next()
+        .as_ref()
+        .and_then(text)
+        .ok_or_else(|| reply_err("no state"))?;
+    let base = |state, due_at_ms| OrderHistory {
+        queue: queue.to_owned(),
+        id: id.to_owned(),
+        state,
+        due_at_ms,
+        payload: None,
+        dispatched_at_ms: None,
+        entry_id: None,
+        groups: Vec::new(),
+        priority: Priority::Normal,
+    };
+    if state == "scheduled" {
+        let due = parts
+            .next()
+            .as_ref()
+            .and_then(int)
+            .ok_or_else(|| reply_err("no due time"))?;
+        let mut h = base(OrderState::Scheduled, due);
+        h.payload = parts
+            .next()
+            .as_ref()
+            .and_then(text)
+            .map(|s| stored_payload(&s));
+        h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
+        return Ok(Some(h));
+    }
+    let entry = parts
+        .next()
+        .as_ref()
+        .and_then(text)
+        .ok_or_else(|| reply_err("no entry id"))?;
+    let due = parts
+        .next()
+        .as_ref()
+        .and_then(int)
+        .ok_or_else(|| reply_err("no due time"))?;
+    let mut h = base(OrderState::Dispatched, due);
+    let fields: Option<Fields> = parts.next().and_then(crate::engine::reply::field_pairs);
+    h.payload = fields.as_ref().and_then(|f| {
+        f.iter()
+            .find(|(k, _)| k == "data")
+            .map(|(_, v)| stored_payload(v))
+    });
+    h.dispatched_at_ms = entry_ms(&entry);
+    h.entry_id = Some(entry);
+    if let Some(redis::Value::Array(groups)) = parts.next() {
+        for g in groups {
+            let redis::Value::Array(g) = g else { continue };
+            let get = |i: usize| g.get(i);
+            let state = match get(1).and_then(text).as_deref() {
+                Some("waiting") => GroupState::Waiting,
+                Some("running") => GroupState::Running,
+                Some("retrying") => GroupState::Retrying,
+                Some("dead") => GroupState::Dead,
+                _ => GroupState::Done,
+            };
+            h.groups.push(GroupHistory {
+                group: get(0).and_then(text).unwrap_or_default(),
+                state,
+                attempts: get(2)
+                    .and_then(int)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .unwrap_or(0),
+                last_error: get(3).and_then(text),
+                next_attempt_at_ms: get(4).and_then(int),
+            });
+        }
+    }
+    h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
+    Ok(Some(h))
+}

@@ -1,0 +1,96 @@
+//! What a write did: one order's scheduling, a batch's items, a cancel or a reschedule, and
+//! whether a failed write may have been applied. Plain data, shared by the producer API, the
+//! errors that report a partly written batch, and every surface that prints them; it imports
+//! nothing of the engine.
+
+use serde::{Deserialize, Serialize};
+
+/// What scheduling one order did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ScheduleOutcome {
+    /// The id was not scheduled; now it is.
+    Created,
+    /// The id was scheduled; its due time and payload were replaced.
+    Updated,
+    /// The id was scheduled and `IfAbsent` left it as it was.
+    Unchanged,
+}
+
+/// The result of scheduling one order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scheduled {
+    /// The order id.
+    pub id: String,
+    /// The due time that was requested, unix ms. With `Unchanged`, the stored due time
+    /// may differ: see [`Client::get`](crate::Client::get).
+    pub due_at_ms: i64,
+    /// What happened.
+    pub outcome: ScheduleOutcome,
+}
+
+/// What happened to one order of a batch that failed part way
+/// ([`Error::PartialBatch`](crate::Error::PartialBatch)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemOutcome {
+    /// Written: it was not scheduled, now it is.
+    Created,
+    /// Written: its due time and payload were replaced.
+    Updated,
+    /// Left as it was (`IfAbsent`).
+    Unchanged,
+    /// Not written: Redis refused its call before writing anything (e.g. out of memory).
+    NotWritten,
+    /// May or may not have been written (its call timed out or lost its connection).
+    Unknown,
+}
+
+impl From<ScheduleOutcome> for ItemOutcome {
+    fn from(o: ScheduleOutcome) -> Self {
+        match o {
+            ScheduleOutcome::Created => ItemOutcome::Created,
+            ScheduleOutcome::Updated => ItemOutcome::Updated,
+            ScheduleOutcome::Unchanged => ItemOutcome::Unchanged,
+        }
+    }
+}
+
+/// One order of a batch that failed part way.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchItem {
+    /// The order id.
+    pub id: String,
+    /// What happened to it.
+    pub outcome: ItemOutcome,
+}
+
+/// The result of `cancel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CancelOutcome {
+    /// It was scheduled and is now removed: it will not be delivered.
+    Cancelled,
+    /// It was never scheduled, was already cancelled, or was already dispatched.
+    NotFound,
+}
+
+/// The result of `reschedule`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RescheduleOutcome {
+    /// The order now has the new due time (payload kept).
+    Rescheduled,
+    /// It was not scheduled (never, cancelled, or already dispatched).
+    NotFound,
+}
+
+/// Whether a failed write may have been applied ([`Error::write_outcome`](crate::Error::write_outcome)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteOutcome {
+    /// Nothing was written.
+    NotApplied,
+    /// It may or may not have been written.
+    Unknown,
+}
