@@ -13,18 +13,11 @@ if not min_idle or min_idle < 0 then
   return redis.error_reply('ERR delayq consumers: minimum idle time must be a non-negative integer')
 end
 local n = 0
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
-  local group
-  for i = 1, #g, 2 do if g[i] == 'name' then group = g[i + 1] end end
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], group)) do
-    local name, pending, idle
-    for i = 1, #c, 2 do
-      if c[i] == 'name' then name = c[i + 1]
-      elseif c[i] == 'pending' then pending = c[i + 1]
-      elseif c[i] == 'idle' then idle = c[i + 1] end
-    end
-    if pending == 0 and idle >= min_idle then
-      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], group, name)
+for _, g in ipairs(groups_of(KEYS[1])) do
+  local group = g['name']
+  for _, c in ipairs(consumers_of(KEYS[1], group)) do
+    if c['pending'] == 0 and c['idle'] >= min_idle then
+      redis.call('XGROUP', 'DELCONSUMER', KEYS[1], group, c['name'])
       n = n + 1
     end
   end

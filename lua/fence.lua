@@ -37,24 +37,20 @@ local out = { 0, scheduled, dead }
 local busy = scheduled > 0 or dead > 0
 local names, per = {}, {}
 for _, stream in ipairs({ KEYS[2], KEYS[5], KEYS[6] }) do
-  if redis.call('EXISTS', stream) == 1 then
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      local info = {}
-      for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
-      local lag = info['lag']
-      if type(lag) ~= 'number' then
-        -- Unknown (entries deleted from the middle of the stream): count what follows the
-        -- group's last-delivered id, up to 100,000 (enough to say "not empty").
-        lag = #redis.call('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 100000)
-      end
-      local name = info['name']
-      if not per[name] then
-        per[name] = { 0, 0 }
-        names[#names + 1] = name
-      end
-      per[name][1] = per[name][1] + (info['pending'] or 0)
-      per[name][2] = per[name][2] + lag
+  for _, info in ipairs(groups_of(stream)) do
+    local lag = info['lag']
+    if type(lag) ~= 'number' then
+      -- Unknown (entries deleted from the middle of the stream): count what follows the
+      -- group's last-delivered id, up to 100,000 (enough to say "not empty").
+      lag = #redis.call('XRANGE', stream, '(' .. info['last-delivered-id'], '+', 'COUNT', 100000)
     end
+    local name = info['name']
+    if not per[name] then
+      per[name] = { 0, 0 }
+      names[#names + 1] = name
+    end
+    per[name][1] = per[name][1] + (info['pending'] or 0)
+    per[name][2] = per[name][2] + lag
   end
 end
 for _, name in ipairs(names) do

@@ -1,4 +1,8 @@
+#!lua flags=no-writes
 -- get.lua: read one scheduled order (due time, stored payload, level) consistently.
+--
+-- Flags: no-writes (the first line): Redis 7.0+ runs it on read-only replicas and under
+-- maxmemory, and refuses any write in it; older servers get the text without that line.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH

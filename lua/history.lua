@@ -1,4 +1,8 @@
+#!lua flags=no-writes
 -- history.lua: what happened to one order: scheduled, or dispatched with each group's state.
+--
+-- Flags: no-writes (the first line): Redis 7.0+ runs it on read-only replicas and under
+-- maxmemory, and refuses any write in it; older servers get the text without that line.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
@@ -33,15 +37,6 @@
 -- Each group is reported on its own delivery: the order's record, or the redirect
 -- "\2<group>\2<order id>" a replay or a redelivery to that group wrote (see replay.lua).
 -- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  return am < bm or (am == bm and as < bs)
-end
 local id = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if not k or k < 0 or not len or len < 1 then
@@ -116,15 +111,7 @@ local lasts = {}
 local function last_of(lane)
   if lasts[lane] then return lasts[lane] end
   local last = {}
-  if redis.call('EXISTS', streams[lane]) == 1 then
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', streams[lane])) do
-      local name, ld
-      for i = 1, #g, 2 do
-        if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
-      end
-      last[name] = ld
-    end
-  end
+  for _, g in ipairs(groups_of(streams[lane])) do last[g['name']] = g['last-delivered-id'] end
   lasts[lane] = last
   return last
 end
@@ -149,7 +136,7 @@ for i = 1, ng do
       else
         groups[#groups + 1] = { g, 'running', count, text or false, false }
       end
-    elseif less(last[g], e) then
+    elseif id_less(last[g], e) then
       groups[#groups + 1] = { g, 'waiting', 0, false, false }
     else
       local mkey = marker_bucket(e)

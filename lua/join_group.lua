@@ -41,11 +41,9 @@ if ARGV[2] == 'lane' then
   return 1
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+  local groups = groups_of(KEYS[1])
   for _, g in ipairs(groups) do
-    for i = 1, #g, 2 do
-      if g[i] == 'name' and g[i + 1] == ARGV[1] then return 0 end
-    end
+    if g['name'] == ARGV[1] then return 0 end
   end
   if ARGV[2] == 'rejoin' then
     return redis.error_reply('ERR delayq group_deleted: the group was deleted')

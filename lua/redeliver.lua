@@ -28,15 +28,6 @@
 -- Why one script: the check and the append are one step, so two runs (or a run racing a
 -- schedule) never send an order twice. Every argument is checked before the first write.
 -- Redis >= 6.2.
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function less(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  return am < bm or (am == bm and as < bs)
-end
 local group = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if type(group) ~= 'string' or group == '' or not k or k < 0 or not len or len < 1 then
@@ -61,13 +52,8 @@ for j = 1, k do
 end
 -- The group's last-delivered id in a stream (nil without the stream or the group).
 local function last_in(stream)
-  if redis.call('EXISTS', stream) == 0 then return nil end
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-    local name, ld
-    for i = 1, #g, 2 do
-      if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then ld = g[i + 1] end
-    end
-    if name == group then return ld end
+  for _, g in ipairs(groups_of(stream)) do
+    if g['name'] == group then return g['last-delivered-id'] end
   end
   return nil
 end
@@ -109,7 +95,7 @@ for i = 6 + k, #ARGV, 2 do
       end
       if glast then
         local p = redis.call('XPENDING', stream, group, eid, eid, 1)
-        if p[1] or less(glast, eid) then code = 2 end
+        if p[1] or id_less(glast, eid) then code = 2 end
       end
     end
   end

@@ -1,4 +1,8 @@
+#!lua flags=no-writes
 -- stats.lua: one consistent snapshot of a shard's numbers.
+--
+-- Flags: no-writes (the first line): Redis 7.0+ runs it on read-only replicas and under
+-- maxmemory, and refuses any write in it; older servers get the text without that line.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's STREAM
@@ -26,20 +30,12 @@ for li, stream in ipairs({ KEYS[2], KEYS[4] or false, KEYS[5] or false }) do
   local len, pend, unread = 0, 0, 0
   if stream and redis.call('EXISTS', stream) == 1 then
     len = redis.call('XLEN', stream)
-    for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
-      local name, consumers, pending, lag = nil, 0, 0, -1
-      for i = 1, #g, 2 do
-        local k, v = g[i], g[i + 1]
-        if k == 'name' then name = v
-        elseif k == 'consumers' then consumers = v
-        elseif k == 'pending' then pending = v
-        elseif k == 'lag' and v then lag = v end
-      end
+    for _, g in ipairs(groups_of(stream)) do
+      local name, consumers, pending = g['name'], g['consumers'] or 0, g['pending'] or 0
+      local lag = g['lag'] or -1
       local idle = -1
-      for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, name)) do
-        for i = 1, #c, 2 do
-          if c[i] == 'idle' and (idle < 0 or c[i + 1] < idle) then idle = c[i + 1] end
-        end
+      for _, c in ipairs(consumers_of(stream, name)) do
+        if c['idle'] and (idle < 0 or c['idle'] < idle) then idle = c['idle'] end
       end
       local e = per[name]
       if not e then

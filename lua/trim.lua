@@ -7,25 +7,15 @@
 -- at or after it are kept (XTRIM MINID removes ids strictly below). A stream without groups
 -- is not trimmed (a group created later reads from the start).
 -- Returns: { removed, trim_point or false }
-local function less(a, b)
-  local am, as = string.match(a, '^(%d+)-(%d+)$')
-  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
-  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
-  return am < bm or (am == bm and as < bs)
-end
-if redis.call('EXISTS', KEYS[1]) == 0 then return { 0, false } end
-local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+local groups = groups_of(KEYS[1])
 if #groups == 0 then return { 0, false } end
 local min = nil
 for _, g in ipairs(groups) do
-  local name, last
-  for i = 1, #g, 2 do
-    if g[i] == 'name' then name = g[i + 1] elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
-  end
+  local name, last = g['name'], g['last-delivered-id']
   local cand = last
   local p = redis.call('XPENDING', KEYS[1], name)
-  if p[1] > 0 and less(p[2], cand) then cand = p[2] end
-  if not min or less(cand, min) then min = cand end
+  if p[1] > 0 and id_less(p[2], cand) then cand = p[2] end
+  if not min or id_less(cand, min) then min = cand end
 end
 local removed = redis.call('XTRIM', KEYS[1], 'MINID', min)
 return { removed, min }

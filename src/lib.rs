@@ -18,14 +18,21 @@
 //!
 //! The folders are the layers; each depends only on those above it.
 //!
-//! - [`error`]: the error enums ([`Error`], [`InvalidInput`]).
-//! - [`engine`]: keys, connections, the clock, the Lua scripts, the producer
-//!   [`Client`], the queue registry, the [`Dispatcher`] and the [`Supervisor`] that runs one
-//!   per registered queue, the [`Worker`] (and [`MultiWorker`] over several queues), order
-//!   [`Priority`] levels, recurring [`Schedules`] and their [`Scheduler`],
-//!   the maintenance services, dead letters, statistics. Always built.
+//! - [`engine`]: always built, in four tiers, each importing only those above it:
+//!   - the vocabulary: the errors ([`Error`], [`InvalidInput`]; also at [`error`]), write
+//!     outcomes, key names, what producers send, [`Priority`] levels, metric names;
+//!   - the store: connections, the clock, the Lua scripts and the parsers of their replies,
+//!     and the producer [`Client`] (schedule, cancel, reschedule, get) with its catalog of
+//!     the queue registry;
+//!   - administration: [`Queues`] (from [`Client::admin`]): queues and groups, pause,
+//!     statistics, order history and redelivery, dead letters;
+//!   - the loops: the [`Dispatcher`] and the [`Supervisor`] that runs one per registered
+//!     queue, the [`Worker`] (and [`MultiWorker`] over several queues), recurring
+//!     [`Schedules`] and their [`Scheduler`], the maintenance services. No loop imports
+//!     another.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
-//!   handler and the reconciliation job.
+//!   handler and the reconciliation job; its own error ([`orders::error::Error`]) wraps the
+//!   engine's.
 //! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
 //!   HTTP, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
 //! - [`cli`] (feature `cli`): the `delayq` command line, one file per verb (`main.rs` only
@@ -68,6 +75,7 @@ pub mod cli;
 #[cfg(feature = "test-util")]
 pub mod testing;
 
+pub use engine::admin::Queues;
 pub use engine::admin::dead::{DeadLetter, Selection};
 pub use engine::admin::history::{GroupHistory, GroupState, OrderHistory, OrderState};
 pub use engine::admin::stats::{GroupStats, PriorityStats, QueueStats};

@@ -1,4 +1,5 @@
-//! `delayq scripts export DIR`: the Lua scripts exactly as the engine runs them, so the SDKs
+//! `delayq scripts export DIR`: the Lua scripts as every supported server runs them (see
+//! [`crate::engine::scripts::all`]), so the SDKs
 //! of other languages can vendor them and check that their copies have not drifted.
 
 use super::{Failure, ScriptsAction, VerbResult, print_json};

@@ -53,7 +53,7 @@ pub enum Error {
         /// The scheduler's message.
         detail: String,
     },
-    /// The queue is not registered (create it first: `Client::create_queue`, `delayq queue
+    /// The queue is not registered (create it first: `Queues::create_queue`, `delayq queue
     /// create`, `PUT /v1/queues/{q}`, or a `delayq serve` that dispatches it). Nothing was
     /// written.
     #[error("queue {queue:?} does not exist (create it first: delayq queue create {queue})")]

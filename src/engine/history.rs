@@ -15,7 +15,7 @@
 //!   leaves the marker `a<n>` in the bucket of its entry id's time);
 //! - `dead`: `dead.lua` left the marker `d<n>:<dead-letter id>` there.
 //!
-//! [`Client::history`] answers one order; [`Client::redeliver`] sends orders straight to
+//! [`Queues::history`](crate::engine::admin::Queues::history) answers one order; [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) sends orders straight to
 //! one group unless they are still on their way (reconciliation).
 
 use crate::engine::error::InvalidInput;

@@ -41,6 +41,11 @@ impl std::fmt::Display for ServerInfo {
 }
 
 impl ServerInfo {
+    /// Whether the server knows script flags (`#!lua flags=...`: Redis 7.0, every Valkey).
+    pub fn has_script_flags(&self) -> bool {
+        self.name == "valkey" || self.at_least((7, 0, 0))
+    }
+
     /// Whether the server has `HGETDEL` (Redis 8.0, Valkey 9.0): the dispatcher then reads
     /// and deletes the payloads of a batch in one command instead of `HMGET` + `HDEL`.
     pub fn has_hgetdel(&self) -> bool {

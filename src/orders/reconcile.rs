@@ -6,7 +6,7 @@
 //! It covers what no Redis setting can: the checkout service crashing between its database
 //! commit and its schedule call, and Redis losing data (a restart without persistence, a
 //! failover before replication, a `FLUSHALL`). It never multiplies events: through the
-//! order history ([`Client::redeliver`]), an order whose event is still scheduled, or
+//! order history ([`Queues::redeliver`](crate::engine::admin::Queues::redeliver)), an order whose event is still scheduled, or
 //! dispatched and not yet `done` or `dead` in the close group (backlogged, retrying), is
 //! left alone. The event it sends (due now, payload `{"expires_at", "reconciled": true}`)
 //! goes to the close group only, as a dead-letter replay does: the queue's other groups

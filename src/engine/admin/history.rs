@@ -82,7 +82,7 @@ pub struct OrderHistory {
     pub priority: Priority,
 }
 
-/// What [`Client::redeliver`] did with one order.
+/// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Redelivered {
@@ -123,7 +123,7 @@ impl Queues {
             .history;
         let groups = group_names(&self.client, &keys).await?;
         let buckets = policy.lookup(self.client.now_ms());
-        let mut inv = HISTORY.prepare_invoke();
+        let mut inv = HISTORY.for_server(self.client.server()).prepare_invoke();
         let [high, normal, low] = keys.lanes();
         inv.key(&keys.due)
             .key(&keys.payload)

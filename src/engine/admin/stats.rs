@@ -135,6 +135,7 @@ impl Queues {
             s.history += counts.iter().sum::<u64>();
             let [high, _, low] = keys.lanes();
             let raw: Raw = STATS
+                .for_server(self.client.server())
                 .key(&keys.due)
                 .key(&keys.stream)
                 .key(&keys.dead)

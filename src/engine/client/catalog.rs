@@ -21,7 +21,7 @@ use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::scripts::{self, ScriptRefusal};
 use serde::Serialize;
 
-/// What [`Client::create_queue`] did.
+/// What [`Queues::create_queue`](crate::engine::admin::Queues::create_queue) did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct QueueCreated {
     /// The name.
@@ -41,7 +41,7 @@ pub(crate) struct QueueRef {
     pub(crate) epoch: String,
 }
 
-/// How often a running worker says it is alive (well within [`GROUP_ALIVE_WITHIN`]).
+/// How often a running worker says it is alive (well within [`GROUP_ALIVE_WITHIN`](crate::engine::admin::GROUP_ALIVE_WITHIN)).
 pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 /// Heartbeats older than this are dropped (the key stays bounded by the consumers of the
 /// last hour).

@@ -19,10 +19,11 @@ pub static RATELIMIT_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/ratelimit.lua")));
 
 /// `stats.lua`, run by SHA (loaded again on `NOSCRIPT`).
-pub(crate) static STATS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&STATS_LUA));
+pub(crate) static STATS: LazyLock<super::ReadOnly> =
+    LazyLock::new(|| super::ReadOnly::new(&STATS_LUA));
 /// `history.lua`.
-pub(crate) static HISTORY: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(&HISTORY_LUA));
+pub(crate) static HISTORY: LazyLock<super::ReadOnly> =
+    LazyLock::new(|| super::ReadOnly::new(&HISTORY_LUA));
 /// `redeliver.lua`.
 pub(crate) static REDELIVER: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&REDELIVER_LUA));

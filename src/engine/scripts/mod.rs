@@ -24,20 +24,79 @@ use crate::engine::error::Error;
 /// script's text by [`source`].
 pub const PRELUDE_LUA: &str = include_str!("../../../lua/prelude.lua");
 
-/// A script's text as Redis runs it: its file's header (the leading `--` lines), then the
-/// prelude, then the rest of the file. The SHA1 covers the whole text.
+/// The first line of a read-only script: Redis 7.0+ then runs it on read-only replicas and
+/// under `maxmemory`, and refuses any write command in it.
+pub const NO_WRITES: &str = "#!lua flags=no-writes\n";
+
+/// A script's text as Redis runs it: its file's flags line (`#!lua ...`, when it has one),
+/// its header (the leading `--` lines), then the prelude, then the rest of the file. The
+/// SHA1 covers the whole text.
 pub fn source(file: &str) -> String {
+    let (flags, file) = split_flags(file);
     let header: usize = file
         .split_inclusive('\n')
         .take_while(|l| l.starts_with("--"))
         .map(str::len)
         .sum();
-    format!("{}\n{PRELUDE_LUA}\n{}", &file[..header], &file[header..])
+    format!(
+        "{flags}{}\n{PRELUDE_LUA}\n{}",
+        &file[..header],
+        &file[header..]
+    )
 }
 
-/// Every script, by name (the file name without `.lua`), as the engine runs it: what
-/// `delayq scripts export` writes for the SDKs, whose copies must match byte for byte.
+/// A script's flags line (`#!lua ...\n`, or nothing) and the rest of its text.
+fn split_flags(text: &str) -> (&str, &str) {
+    match text.strip_prefix("#!") {
+        Some(_) => text.split_at(text.find('\n').map_or(text.len(), |i| i + 1)),
+        None => ("", text),
+    }
+}
+
+/// A script's text without its flags line: what servers before Redis 7.0, which know no
+/// script flags, run (and what `delayq scripts export` writes, which runs everywhere).
+pub fn legacy(text: &str) -> &str {
+    split_flags(text).1
+}
+
+/// A read-only script (its file starts with [`NO_WRITES`]), in both forms: flagged for the
+/// servers that know script flags, and without the flags line for the others.
+pub(crate) struct ReadOnly {
+    flagged: redis::Script,
+    legacy: redis::Script,
+}
+
+impl ReadOnly {
+    /// Both forms of `text` (a [`source`] starting with [`NO_WRITES`]).
+    pub(crate) fn new(text: &str) -> ReadOnly {
+        ReadOnly {
+            flagged: redis::Script::new(text),
+            legacy: redis::Script::new(legacy(text)),
+        }
+    }
+
+    /// The form `server` runs: flagged on Redis 7.0+ and Valkey, plain on older servers
+    /// and when the server is not known.
+    pub(crate) fn for_server(
+        &self,
+        server: Option<crate::engine::version::ServerInfo>,
+    ) -> &redis::Script {
+        match server {
+            Some(s) if s.has_script_flags() => &self.flagged,
+            _ => &self.legacy,
+        }
+    }
+}
+
+/// Every script, by name (the file name without `.lua`), as every supported server runs it
+/// (a read-only script without its flags line, see [`legacy`]): what `delayq scripts export`
+/// writes for the SDKs, whose copies must match byte for byte.
 pub fn all() -> Vec<(&'static str, &'static str)> {
+    flagged().into_iter().map(|(n, t)| (n, legacy(t))).collect()
+}
+
+/// Every script, by name, as the engine runs it on a server that knows script flags.
+pub fn flagged() -> Vec<(&'static str, &'static str)> {
     vec![
         ("enqueue", ENQUEUE_LUA.as_str()),
         ("dequeue", DEQUEUE_LUA.as_str()),
@@ -106,5 +165,94 @@ impl ScriptRefusal {
         .into_iter()
         .find(|(needle, _)| text.contains(needle))
         .map(|(_, r)| r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Commands that never write: a script calling only these is flagged `no-writes`.
+    const READS: &[&str] = &[
+        "EXISTS",
+        "GET",
+        "HGET",
+        "HMGET",
+        "HGETALL",
+        "HLEN",
+        "HEXISTS",
+        "ZSCORE",
+        "ZCARD",
+        "ZCOUNT",
+        "ZRANGE",
+        "XLEN",
+        "XRANGE",
+        "XREVRANGE",
+        "XINFO",
+        "XPENDING",
+        "TIME",
+        "SMEMBERS",
+        "SCARD",
+        "PTTL",
+    ];
+
+    /// The commands a script's own text calls (`redis.call('X'` / `redis.pcall('X'`), upper
+    /// case; a call whose command is not a literal reads as `?` (it may write).
+    fn commands(text: &str) -> Vec<String> {
+        let own = text.replacen(PRELUDE_LUA, "", 1);
+        let mut out = Vec::new();
+        for pat in ["redis.call(", "redis.pcall("] {
+            for (i, _) in own.match_indices(pat) {
+                let rest = own[i + pat.len()..].trim_start();
+                let cmd = rest
+                    .strip_prefix('\'')
+                    .and_then(|r| r.split('\'').next())
+                    .unwrap_or("?");
+                out.push(cmd.to_ascii_uppercase());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn every_read_only_script_is_flagged_no_writes_and_only_those() {
+        let mut read_only = Vec::new();
+        for (name, text) in flagged() {
+            let cmds = commands(text);
+            assert!(!cmds.is_empty(), "{name}.lua calls nothing?");
+            let reads_only = cmds.iter().all(|c| READS.contains(&c.as_str()));
+            assert_eq!(
+                text.starts_with(NO_WRITES),
+                reads_only,
+                "{name}.lua: flagged {} but calls {cmds:?}",
+                text.starts_with(NO_WRITES)
+            );
+            if reads_only {
+                read_only.push(name);
+            }
+        }
+        read_only.sort_unstable();
+        assert_eq!(read_only, ["get", "history", "stats"]);
+    }
+
+    #[test]
+    fn the_flags_line_stays_first_and_the_legacy_form_drops_only_it() {
+        let text = source("#!lua flags=no-writes\n-- a.lua: a header\n-- more\nreturn 1\n");
+        assert!(text.starts_with("#!lua flags=no-writes\n-- a.lua: a header\n-- more\n"));
+        assert!(text.contains(PRELUDE_LUA));
+        assert!(text.ends_with("return 1\n"));
+        let plain = legacy(&text);
+        assert!(plain.starts_with("-- a.lua: a header\n"));
+        assert_eq!(&text[NO_WRITES.len()..], plain);
+        // A script without a flags line is its own legacy form.
+        let unflagged = source("-- b.lua\nreturn 2\n");
+        assert!(unflagged.starts_with("-- b.lua\n"));
+        assert_eq!(legacy(&unflagged), unflagged);
+        for (name, t) in all() {
+            assert!(
+                !t.starts_with("#!"),
+                "{name}: the export must run on Redis 6.2"
+            );
+        }
     }
 }

@@ -208,15 +208,18 @@ pub(crate) async fn reschedule<C: ConnectionLike>(
 /// Source of `lua/get.lua`.
 pub static GET_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/get.lua")));
-static GET: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&GET_LUA));
+static GET: LazyLock<super::ReadOnly> = LazyLock::new(|| super::ReadOnly::new(&GET_LUA));
 
-/// Runs `get.lua`: the order's score, stored value and level, read together.
+/// Runs `get.lua` (flagged read-only where `server` knows flags): the order's score, stored
+/// value and level, read together.
 pub(crate) async fn get<C: ConnectionLike>(
     conn: &mut C,
+    server: Option<crate::engine::version::ServerInfo>,
     keys: &ShardKeys,
     id: &str,
 ) -> Result<(Option<f64>, Option<String>, Priority)> {
     let (due, stored, level): (Option<f64>, Option<String>, Option<String>) = GET
+        .for_server(server)
         .key(&keys.due)
         .key(&keys.payload)
         .key(&keys.levels)
