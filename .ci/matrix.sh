@@ -125,7 +125,7 @@ for bin in "${SERVERS[@]}"; do
   # recovery suites and priorities; --no-fail-fast: a failing suite does not hide the others.
   if DELAYQ_TEST_REDIS_SERVER="$bin" cargo test --locked --lib engine::version::tests::live_server &&
     DELAYQ_TEST_REDIS_SERVER="$bin" cargo test --locked --no-fail-fast \
-      --test engine --test failure --test history --test crash --test priorities -- --test-threads 2; then
+      --test engine -- --test-threads 2 engine:: failure:: history:: crash:: priorities::; then
     result=pass
   else
     result=FAIL

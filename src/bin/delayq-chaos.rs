@@ -6,7 +6,7 @@
 //!   duplicate, never as a loss).
 //! - `delayq-chaos dispatcher URL QUEUE`: runs a dispatcher.
 //!
-//! Both run until killed. The crash tests in `tests/crash.rs` kill them with SIGKILL.
+//! Both run until killed. The crash tests in `tests/engine/crash.rs` kill them with SIGKILL.
 
 use delayq::{Client, Delivery, Dispatcher, DispatcherOptions, Worker, WorkerOptions};
 use std::io::Write;

@@ -184,3 +184,28 @@ pub async fn pending(client: &Client, stream: &str, group: &str) -> i64 {
         other => panic!("XPENDING reply {other:?}"),
     }
 }
+
+/// Appends a dead letter with stream id `id` to shard `shard`'s dead-letter stream of queue
+/// `order-close` (namespace `dq`), as `dead.lua` writes one.
+pub fn xadd_dead(pipe: &mut redis::Pipeline, shard: u16, id: &str, order: &str, data: &str) {
+    pipe.cmd("XADD")
+        .arg(format!("{{dq:order-close:{shard}}}:dead"))
+        .arg(id)
+        .arg("id")
+        .arg(order)
+        .arg("due_ms")
+        .arg("1000")
+        .arg("data")
+        .arg(data)
+        .arg("group")
+        .arg("close")
+        .arg("attempts")
+        .arg("3")
+        .arg("error")
+        .arg("boom")
+        .arg("dead_ms")
+        .arg("1000")
+        .arg("entry")
+        .arg("1-0")
+        .ignore();
+}

@@ -39,6 +39,10 @@ def test_vendored_copy_matches_the_repo(name):
     # vendored copy without the prelude is the repo's file, byte for byte.
     vendored = _core.SCRIPTS[name].text
     repo = (REPO / "lua" / f"{name}.lua").read_bytes()
+    # A read-only script's flags line (``#!lua flags=no-writes``, unknown to Redis 6.2) is
+    # not in the export, which runs on every supported server.
+    if repo.startswith(b"#!"):
+        repo = repo.split(b"\n", 1)[1]
     prelude = (REPO / "lua" / "prelude.lua").read_bytes()
     assert vendored.count(prelude) == 1, f"{name}.lua: the prelude is not in the vendored copy"
     assert vendored.replace(b"\n" + prelude + b"\n", b"", 1) == repo, (

@@ -21,7 +21,9 @@ test("drift: every vendored script is the repository's lua/<name>.lua with lua/p
   );
   const prelude = readFileSync(path.join(REPO, "lua", "prelude.lua"), "utf8");
   for (const name of SCRIPT_NAMES) {
-    const repo = readFileSync(path.join(REPO, "lua", `${name}.lua`), "utf8");
+    // A read-only script's flags line (`#!lua flags=no-writes`, unknown to Redis 6.2) is
+    // not in the export, which runs on every supported server.
+    const repo = readFileSync(path.join(REPO, "lua", `${name}.lua`), "utf8").replace(/^#![^\n]*\n/, "");
     const copy = readFileSync(vendored(name), "utf8");
     assert.equal(copy.split(prelude).length, 2, `sdk/typescript/lua/${name}.lua: the prelude is not in it once`);
     assert.equal(copy.replace(`\n${prelude}\n`, ""), repo,

@@ -382,7 +382,7 @@ fn redis_tls_files_are_checked_naming_their_key_and_travel_in_the_url() {
         p.to_str().unwrap().to_owned()
     };
     // Not real certificates: enough for the checks that need no parsing (the PEM markers);
-    // tests/production.rs uses real ones.
+    // tests/service/production.rs uses real ones.
     let junk_cert = pem("junk.crt", "not pem");
     let missing = dir.path().join("missing.pem").to_str().unwrap().to_owned();
     let cert = pem(

@@ -3,7 +3,7 @@
 //! (strict), weighted shares, one handler over several queues, and the level kept through
 //! reschedule, get, history, dead letters and replay.
 
-mod support;
+use crate::support;
 
 use delayq::{
     Client, Delivery, Dispatcher, DispatcherOptions, HandlerError, HandlerResult, Mode, NewOrder,

@@ -3,7 +3,7 @@
 //! ticks; updates and removals. Real redis-server processes and real `serve` processes.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use chrono::TimeZone;
 use delayq::{Client, ManualClock, Missed, ScheduleSpec, Schedules, Worker, WorkerOptions};

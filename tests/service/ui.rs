@@ -6,7 +6,7 @@
 //! saves a screenshot (see `support::browser`).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::StatusCode;

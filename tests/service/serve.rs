@@ -3,7 +3,7 @@
 //! cleanly; config errors exit 2 naming the key.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

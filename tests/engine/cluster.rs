@@ -3,7 +3,7 @@
 //! every acknowledged schedule is delivered.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     Backoff, CancelOutcome, Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions,

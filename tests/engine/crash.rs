@@ -3,7 +3,7 @@
 //! lost; duplicates are bounded by what was in flight at each kill.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     Client, Dispatcher, DispatcherOptions, LocalRedis, Mode, NewOrder, When, Worker, WorkerOptions,

@@ -2,7 +2,7 @@
 //! limits are shared by every process of a group.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::engine::flow::RateLimit;
 use delayq::{

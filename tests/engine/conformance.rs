@@ -6,7 +6,7 @@
 //! One run reports every case that disagrees (the test fails once, at the end, listing them).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN, QueueName, shard_of};
 use delayq::engine::message::{MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
@@ -19,7 +19,7 @@ use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-const INPUTS: &str = include_str!("conformance/inputs.json");
+const INPUTS: &str = include_str!("../conformance/inputs.json");
 
 const OPS: [&str; 6] = [
     "schedule",

@@ -2,7 +2,7 @@
 //! unacknowledged entry, idle-consumer cleanup, the scheduled safety sweep.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     Backoff, Delivery, Dispatcher, DispatcherOptions, HandlerError, Housekeeper,

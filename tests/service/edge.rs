@@ -4,7 +4,7 @@
 //! in URLs, and the error envelope for whatever the framework refuses.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::extract::State;

@@ -4,7 +4,7 @@
 //! at once.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     Backoff, Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, HandlerError, Hooks,

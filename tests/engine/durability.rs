@@ -2,7 +2,7 @@
 //! only once the replica has it; without a replica it fails clearly (and may still fire).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{Client, ClientOptions, Durability, Error, LocalRedis, Mode, NewOrder, When};
 use serde_json::json;

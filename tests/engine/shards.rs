@@ -2,7 +2,7 @@
 //! mismatched client is refused; dispatch is fair across shards.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::engine::keys::shard_of;
 use delayq::{

@@ -2,7 +2,7 @@
 //! The core engine against real redis-server processes: scheduling, cancelling,
 //! dispatching into streams, consumer groups, shutdown and bad input.
 
-mod support;
+use crate::support;
 
 use delayq::{
     CancelOutcome, Client, ClientOptions, Clock, Delivery, DeliveryFlag, Dispatcher,

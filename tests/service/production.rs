@@ -5,7 +5,7 @@
 //! kill of a master, with no restart of the client.
 #![allow(clippy::unwrap_used, missing_docs)]
 
-mod support;
+use crate::support;
 
 use delayq::engine::conn::{TlsFiles, url_with_tls_files};
 use delayq::{

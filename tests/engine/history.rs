@@ -3,7 +3,7 @@
 //! until its history expires.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

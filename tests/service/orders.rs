@@ -3,7 +3,7 @@
 //! after Redis loses its data.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::orders::db::Db;
 use delayq::{

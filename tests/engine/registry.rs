@@ -3,7 +3,7 @@
 //! moment they answer, caps bound what grows.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     ClientOptions, DispatchSelection, Dispatcher, DispatcherOptions, Error, Housekeeper,

@@ -5,7 +5,7 @@
 //! code and content type.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::LocalRedis;
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! unreachable Redis (exit 3).
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{Delivery, Dispatcher, DispatcherOptions, HandlerError, When, Worker, WorkerOptions};
 use serde_json::{Value, json};

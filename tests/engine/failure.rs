@@ -3,7 +3,7 @@
 //! letters, replay and purge, hooks.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use delayq::{
     Backoff, Client, Delivery, Dispatcher, DispatcherOptions, HandlerError, Hooks, Selection, When,

@@ -2,7 +2,7 @@
 //! code, the error envelope, bearer tokens, body limits, Redis down.
 #![allow(clippy::unwrap_used)]
 
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

@@ -1,0 +1,18 @@
+//! The service and its surfaces, each against its own redis-server (and PostgreSQL, browser, sentinel, TLS server): the command line, HTTP API and its edge, flow control, the orders domain, production Redis, the OpenAPI fuzzing, `serve` and the dashboard.
+//!
+//! One test binary per area (this one, `tests/service/`, `tests/otel.rs`), so the suite
+//! links a few times instead of once per file; each module is one former test file, its
+//! tests named `<module>::<test>` (`cargo test --test service -- cli::`).
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cli;
+mod edge;
+mod flow;
+mod http;
+mod orders;
+mod production;
+mod schema;
+mod serve;
+mod ui;
