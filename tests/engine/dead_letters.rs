@@ -1,6 +1,6 @@
 //! Dead letters stay bounded: retention and a per-queue cap, pages ordered oldest first
-//! across shards (replay and purge of everything in bounded memory: tests/memory.rs); abandoned groups can be
-//! deleted so trimming resumes.
+//! across shards (replay and purge of everything in bounded memory: tests/memory.rs);
+//! abandoned groups can be deleted so trimming resumes.
 #![allow(clippy::unwrap_used)]
 
 use crate::support;

@@ -1,7 +1,8 @@
 //! The scripts of queue administration: statistics (`stats.lua`), an order's history and
 //! redelivery to one group (`history.lua`, `redeliver.lua`), and the shared rate limiter
-//! (`ratelimit.lua`). Their callers (`engine::stats`, `engine::history`, `engine::flow`)
-//! build the invocations; the sources and the `Script`s live here, with the others.
+//! (`ratelimit.lua`). Their callers (`engine::admin::stats`, `engine::admin::history`,
+//! `engine::flow`) build the invocations; the sources and the `Script`s live here, with the
+//! others.
 
 use std::sync::LazyLock;
 

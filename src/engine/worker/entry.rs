@@ -1,10 +1,30 @@
-//! Stream entries: parsing replies into [`Taken`] deliveries, consumer names, group creation.
+//! A taken stream entry: parsing replies into [`Taken`] deliveries, consumer names, group
+//! creation, and the entry's lease.
+//!
+//! # Leases: who owns a taken entry, and the loop that keeps owned entries' timers ahead
+//!
+//! Every entry a worker takes (a read, or a reclaim) gets one [`Lease`]: a guard value owned
+//! by the task that handles and settles the entry. While it exists, the entry is in the
+//! worker's [`LeaseSet`] and [`lease_loop`] extends its timer, whether the entry is running
+//! or waiting for a handler slot. Settling releases it ([`Lease::release`]) before the
+//! settling call is sent; dropping it unsettled (a panic, an aborted task) removes it too, so
+//! the entry's lease simply runs out and another consumer reclaims it. Nothing is ever
+//! extended forever.
+//!
+//! The set is behind a `std` mutex held only for map operations, never across a Redis call.
+//! An extension is a compare-and-set (`extend.lua`: only where the timer still holds the
+//! lease this worker last set), so an extension that races a settlement cannot overwrite a
+//! retry time or revive an acknowledged entry.
 
-use super::lease::Lease;
 use super::{Delivery, DeliveryFlag, Shared, lane_index};
+use crate::engine::duration::ms;
 use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::scripts;
+use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio_util::sync::CancellationToken;
 
 /// A stream entry taken for handling, with its owner's lease.
 pub(super) struct Taken {
@@ -177,5 +197,204 @@ pub(super) fn to_taken<H>(
         for_group,
         bad,
         lease,
+    }
+}
+
+/// (shard, stream entry id).
+pub(super) type EntryKey = (u16, String);
+
+/// One held entry: the lease end last set (unix ms) and the generation of the [`Lease`]
+/// that owns it.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    until_ms: i64,
+    generation: u64,
+}
+
+/// The entries this worker holds, with the lease end it last set for each (unix ms).
+#[derive(Debug, Default)]
+pub(super) struct LeaseSet {
+    held: Mutex<HashMap<EntryKey, Held>>,
+    /// Generations handed out: a lease removes its entry only while it is the owner, so two
+    /// leases of one entry (which the reclaim path avoids) could never unhold each other.
+    next_generation: std::sync::atomic::AtomicU64,
+}
+
+impl LeaseSet {
+    fn lock(&self) -> MutexGuard<'_, HashMap<EntryKey, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes ownership of an entry leased until `until_ms`.
+    pub(super) fn hold(self: &Arc<Self>, shard: u16, entry_id: &str, until_ms: i64) -> Lease {
+        let key = (shard, entry_id.to_owned());
+        let generation = self
+            .next_generation
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(
+            key.clone(),
+            Held {
+                until_ms,
+                generation,
+            },
+        );
+        Lease {
+            set: self.clone(),
+            key: Some((key, generation)),
+        }
+    }
+
+    /// When the entry is held (its copy still runs or waits here), records the lease end a
+    /// reclaim just set and answers true: the reclaimed copy is not handled.
+    pub(super) fn renew_if_held(&self, shard: u16, entry_id: &str, until_ms: i64) -> bool {
+        match self.lock().get_mut(&(shard, entry_id.to_owned())) {
+            Some(h) => {
+                h.until_ms = until_ms;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes `key` if `generation` still owns it.
+    fn unhold(&self, key: &EntryKey, generation: u64) {
+        let mut held = self.lock();
+        if held.get(key).is_some_and(|h| h.generation == generation) {
+            held.remove(key);
+        }
+    }
+
+    /// How many entries are held.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The held entries of each shard, with their last lease end.
+    fn snapshot(&self) -> HashMap<u16, Vec<(String, i64)>> {
+        let mut by_shard: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
+        for ((shard, id), h) in self.lock().iter() {
+            by_shard
+                .entry(*shard)
+                .or_default()
+                .push((id.clone(), h.until_ms));
+        }
+        by_shard
+    }
+
+    /// Records the new lease end of the entries `extend.lua` extended that are still held.
+    fn extended(&self, shard: u16, ids: Vec<String>, until_ms: i64) {
+        let mut held = self.lock();
+        for id in ids {
+            if let Some(h) = held.get_mut(&(shard, id)) {
+                h.until_ms = until_ms;
+            }
+        }
+    }
+}
+
+/// Ownership of one taken entry. See the module docs.
+#[derive(Debug)]
+pub(super) struct Lease {
+    set: Arc<LeaseSet>,
+    key: Option<(EntryKey, u64)>,
+}
+
+impl Lease {
+    /// The entry: (shard, stream entry id).
+    pub(super) fn key(&self) -> (u16, &str) {
+        match &self.key {
+            Some(((shard, id), _)) => (*shard, id),
+            None => (0, ""),
+        }
+    }
+
+    /// Stops extending the entry: its owner is about to settle it.
+    pub(super) fn release(mut self) {
+        if let Some((k, g)) = self.key.take() {
+            self.set.unhold(&k, g);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some((k, g)) = self.key.take() {
+            self.set.unhold(&k, g);
+        }
+    }
+}
+
+/// Extends the leases of every held entry every third of the visibility timeout, one
+/// `extend.lua` call per shard.
+pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
+    let every = s.opts.visibility_timeout / 3;
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.cancelled() => return,
+        }
+        let snapshot = s.leases.snapshot();
+        if snapshot.is_empty() {
+            continue;
+        }
+        let until = s.client.now_ms() + ms(s.opts.visibility_timeout);
+        let calls = snapshot.into_iter().map(|(shard, held)| {
+            let mut conn = s.client.connection();
+            let key = s.lanes[usize::from(shard)].timers(&s.group);
+            async move {
+                let r = scripts::extend(&mut conn, &key, until, &held).await;
+                (shard, r)
+            }
+        });
+        for (shard, r) in futures_util::future::join_all(calls).await {
+            match r {
+                Ok(ids) => s.leases.extended(shard, ids, until),
+                Err(e) => {
+                    tracing::warn!(error = %e, "extending leases failed; retrying next round")
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod lease_tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_leaves_the_set_when_released_or_dropped() {
+        let set = Arc::new(LeaseSet::default());
+        let a = set.hold(0, "1-0", 10);
+        let b = set.hold(1, "2-0", 10);
+        assert_eq!(set.len(), 2);
+        a.release();
+        assert_eq!(set.len(), 1);
+        drop(b); // e.g. a task that panicked
+        assert_eq!(set.len(), 0);
+    }
+
+    #[test]
+    fn a_second_lease_of_one_entry_is_never_undone_by_the_first() {
+        let set = Arc::new(LeaseSet::default());
+        let old = set.hold(0, "1-0", 10);
+        let new = set.hold(0, "1-0", 20);
+        old.release(); // the older copy settles first
+        assert_eq!(set.len(), 1, "the newer owner still holds it");
+        assert!(set.renew_if_held(0, "1-0", 30));
+        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 30)]);
+        drop(new);
+        assert!(!set.renew_if_held(0, "1-0", 40));
+    }
+
+    #[test]
+    fn only_held_entries_record_an_extension() {
+        let set = Arc::new(LeaseSet::default());
+        let a = set.hold(0, "1-0", 10);
+        set.extended(0, vec!["1-0".into(), "9-0".into()], 20);
+        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 20)]);
+        a.release();
+        set.extended(0, vec!["1-0".into()], 30);
+        assert!(set.snapshot().is_empty());
     }
 }

@@ -20,7 +20,6 @@
 
 mod entry;
 mod handler;
-mod lease;
 mod multi;
 mod options;
 mod reader;
@@ -69,8 +68,8 @@ struct Shared<H> {
     opts: WorkerOptions,
     stats: Arc<WorkerStats>,
     /// The entries this worker holds (running or waiting for a slot): their leases are
-    /// extended. Each is owned by one [`lease::Lease`], held by the task that settles it.
-    leases: Arc<lease::LeaseSet>,
+    /// extended. Each is owned by one [`entry::Lease`], held by the task that settles it.
+    leases: Arc<entry::LeaseSet>,
     /// Cancelled when the worker stops taking entries: prefetched entries still waiting for
     /// a slot are then left to their lease instead of being started.
     stopping: CancellationToken,
@@ -228,7 +227,7 @@ impl<H: Handler> Worker<H> {
         // future is dropped (the guard cancels it).
         let bg = CancellationToken::new();
         let _bg_guard = bg.clone().drop_guard();
-        let leases = tokio::spawn(lease::lease_loop(s.clone(), bg.clone()));
+        let leases = tokio::spawn(entry::lease_loop(s.clone(), bg.clone()));
         let beats = tokio::spawn(heartbeat_loop(s.clone(), bg.clone()));
         // Readers and the reclaimer stop with `cancel`, or when this future is dropped.
         let reading = cancel.child_token();

@@ -1,7 +1,7 @@
 //! Running a handler and settling its entry: ack (batched), retry or dead letter.
 
+use super::entry::Lease;
 use super::entry::Taken;
-use super::lease::Lease;
 use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
 use crate::engine::duration::ms;
 use crate::engine::error::RedisContext;
