@@ -16,7 +16,7 @@ pub const MAX_SCHEDULES: usize = 100_000;
 pub const MAX_SCHEDULE_ID_LEN: usize = 128;
 /// The latest `start` or `end` accepted: 9999-12-31T23:59:59.999Z, unix ms.
 pub const MAX_WINDOW_MS: i64 = 253_402_300_799_999;
-/// How many upcoming fire times [`Schedules::get`] shows.
+/// How many upcoming fire times [`Schedules::get`](super::Schedules::get) shows.
 pub const UPCOMING: usize = 5;
 /// Schedules advanced per index read.
 pub(super) const PASS_BATCH: isize = 500;

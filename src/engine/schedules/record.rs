@@ -62,7 +62,7 @@ pub struct ScheduleInfo {
     pub ticks: u64,
     /// Ticks missed (no scheduler ran in time, policy `skip`, or passed over by `fire_once`).
     pub missed_ticks: u64,
-    /// The next [`UPCOMING`] fire times from now (unix ms).
+    /// The next [`UPCOMING`](super::UPCOMING) fire times from now (unix ms).
     pub upcoming_ms: Vec<i64>,
     /// When it was first declared (unix ms).
     pub created_ms: i64,
@@ -70,7 +70,7 @@ pub struct ScheduleInfo {
     pub updated_ms: i64,
 }
 
-/// What [`Schedules::upsert`] did.
+/// What [`Schedules::upsert`](super::Schedules::upsert) did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ScheduleUpserted {
     /// The queue.
