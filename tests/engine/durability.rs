@@ -162,3 +162,55 @@ async fn a_durable_write_whose_connection_dies_before_wait_answers_is_not_replic
     assert!(admin.get("q", "o-killed").await.unwrap().is_some());
     replica.resume().unwrap();
 }
+
+/// The read-only scripts (`get.lua`, `history.lua`, `stats.lua`, flagged `no-writes`) answer
+/// from a read-only replica: an operator may point lookups and statistics at a replica.
+#[tokio::test]
+async fn lookups_and_statistics_run_on_a_read_only_replica() {
+    let master = LocalRedis::start().unwrap();
+    let port = master.port().to_string();
+    let replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let on_replica = Client::connect(&replica.url()).await.unwrap();
+    wait_for("the replica to sync", Duration::from_secs(60), || {
+        let c = on_replica.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut c.connection())
+                .await
+                .unwrap();
+            info.contains("master_link_status:up")
+        }
+    })
+    .await;
+    let durable = Durability::Replicated {
+        replicas: 1,
+        timeout: Duration::from_secs(5),
+    };
+    let client = Client::connect_with(&master.url(), ClientOptions::default().durability(durable))
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    client
+        .schedule("q", "o1", When::in_ms(600_000), json!({"n": 1}))
+        .await
+        .unwrap();
+
+    let got = on_replica.get("q", "o1").await.unwrap().unwrap();
+    assert_eq!(got.payload, json!({"n": 1}));
+    let stats = on_replica.admin().stats("q").await.unwrap();
+    assert_eq!(stats.scheduled, 1);
+    let history = on_replica
+        .admin()
+        .history("q", "o1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(history.id, "o1");
+    // The replica is read-only indeed: a write through it is refused.
+    let e = on_replica
+        .schedule("q", "o2", When::in_ms(600_000), json!(2))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("read only replica"), "{e}");
+}
