@@ -252,10 +252,26 @@ impl Drop for LocalRedis {
     }
 }
 
-fn free_port() -> Result<u16, LocalRedisError> {
-    let l = TcpListener::bind("127.0.0.1:0")
-        .map_err(|e| LocalRedisError(format!("no free port: {e}")))?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|e| LocalRedisError(format!("no free port: {e}")))
+/// A port that was free a moment ago, and that this process has not been given before: two
+/// servers started together (a master and its sentinels, say) never get the same one. (The
+/// operating system may hand a released port out again at once; another process may still
+/// take it, which [`LocalRedis::start`] survives by trying again.)
+pub fn free_port() -> Result<u16, LocalRedisError> {
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let l = TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| LocalRedisError(format!("no free port: {e}")))?;
+        let port = l
+            .local_addr()
+            .map(|a| a.port())
+            .map_err(|e| LocalRedisError(format!("no free port: {e}")))?;
+        let fresh = GIVEN
+            .lock()
+            .map_err(|_| LocalRedisError("the port registry is poisoned".into()))?
+            .insert(port);
+        if fresh {
+            return Ok(port);
+        }
+    }
 }

@@ -43,13 +43,7 @@ async fn receive(
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use support::serve::free_port;
 
 #[tokio::test]
 async fn serve_end_to_end_with_webhooks() {

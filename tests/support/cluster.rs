@@ -3,7 +3,6 @@
 
 use delayq::LocalRedis;
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -12,11 +11,7 @@ pub struct LocalCluster {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    delayq::testing::local_redis::free_port().unwrap()
 }
 
 impl LocalCluster {

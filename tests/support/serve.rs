@@ -9,12 +9,10 @@ use std::time::Duration;
 pub const BIN: &str = env!("CARGO_BIN_EXE_delayq");
 
 /// A free TCP port on 127.0.0.1.
+/// A free port this test process has not been given before (`LocalRedis`'s, so no two
+/// servers of one run share one).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    delayq::testing::local_redis::free_port().unwrap()
 }
 
 /// A running `delayq serve`.
