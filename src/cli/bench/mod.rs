@@ -160,8 +160,11 @@ async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRe
         .collect();
     with_traces(&mut orders, opts.traced);
     let before = info_field::<i64>(client, "memory", "used_memory").await?;
+    let (cpu0, stats0) = (redis_cpu_s(client).await?, command_stats(client).await?);
     let took = enqueue_all(client, &orders).await?;
+    let (cpu1, stats1) = (redis_cpu_s(client).await?, command_stats(client).await?);
     let after = info_field::<i64>(client, "memory", "used_memory").await?;
+    let (script_us, interp_us, calls_per_order) = script_split(&stats0, &stats1, opts.orders);
     let n = opts.orders as f64;
     Ok(BenchReport {
         scenario: "enqueue".into(),
@@ -171,6 +174,10 @@ async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchRe
         mem_before: Some(before),
         mem_after: Some(after),
         mem_per_order_bytes: Some((after - before) as f64 / n),
+        redis_cpu_us_per_order: Some((cpu1 - cpu0) * 1e6 / n),
+        script_us_per_order: Some(script_us),
+        interpreter_us_per_order: Some(interp_us),
+        script_calls_per_order: Some(calls_per_order),
         notes: format!(
             "schedule_many, 1,000 orders per call, 4 calls in flight, {} shard(s)",
             opts.shards
