@@ -260,15 +260,15 @@ pub fn check_batch_len(n: usize) -> Result<(), InvalidInput> {
 /// The admin operations on one client.
 #[derive(Debug, Clone)]
 pub struct Admin {
-    client: Client,
     queues: Queues,
 }
 
 impl Admin {
     /// Admin operations through `client`.
     pub fn new(client: Client) -> Self {
-        let queues = client.admin();
-        Admin { client, queues }
+        Admin {
+            queues: client.admin(),
+        }
     }
 
     /// Connects to `redis_url` with the key `namespace`.
@@ -279,7 +279,7 @@ impl Admin {
 
     /// The client.
     pub fn client(&self) -> &Client {
-        &self.client
+        self.queues.client()
     }
 
     /// The engine's queue administration it goes through.
@@ -294,7 +294,11 @@ impl Admin {
         order: NewOrder,
         mode: Mode,
     ) -> Result<ScheduledAnswer> {
-        let s = self.client.schedule_with(queue, order, mode).await?;
+        let s = self
+            .queues
+            .client()
+            .schedule_with(queue, order, mode)
+            .await?;
         Ok(ScheduledAnswer::new(queue, s))
     }
 
@@ -306,7 +310,11 @@ impl Admin {
         mode: Mode,
     ) -> Result<BatchAnswer> {
         check_batch_len(orders.len())?;
-        let results = self.client.schedule_many(queue, orders, mode).await?;
+        let results = self
+            .queues
+            .client()
+            .schedule_many(queue, orders, mode)
+            .await?;
         Ok(BatchAnswer {
             results: results
                 .into_iter()
@@ -338,7 +346,7 @@ impl Admin {
         queue: &str,
         id: &str,
     ) -> Result<std::result::Result<CancelledAnswer, NotFoundAnswer>> {
-        Ok(match self.client.cancel(queue, id).await? {
+        Ok(match self.queues.client().cancel(queue, id).await? {
             CancelOutcome::Cancelled => Ok(CancelledAnswer {
                 outcome: "cancelled",
             }),
@@ -428,7 +436,7 @@ impl Admin {
     /// The queues of the namespace.
     pub async fn queues(&self) -> Result<QueuesAnswer> {
         Ok(QueuesAnswer {
-            queues: self.client.queues().await?,
+            queues: self.queues.client().queues().await?,
         })
     }
 

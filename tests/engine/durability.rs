@@ -9,14 +9,13 @@ use serde_json::json;
 use std::time::Duration;
 use support::wait_for;
 
-#[tokio::test]
-async fn replicated_schedules_wait_for_a_replica() {
-    let master = LocalRedis::start().unwrap();
+/// A replica of `master` and a client on it, once the replica is in sync.
+async fn synced_replica(master: &LocalRedis) -> (LocalRedis, Client) {
     let port = master.port().to_string();
-    let mut replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
-    let replica_client = Client::connect(&replica.url()).await.unwrap();
+    let replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
+    let client = Client::connect(&replica.url()).await.unwrap();
     wait_for("the replica to sync", Duration::from_secs(60), || {
-        let c = replica_client.clone();
+        let c = client.clone();
         async move {
             let info: String = redis::cmd("INFO")
                 .arg("replication")
@@ -27,6 +26,13 @@ async fn replicated_schedules_wait_for_a_replica() {
         }
     })
     .await;
+    (replica, client)
+}
+
+#[tokio::test]
+async fn replicated_schedules_wait_for_a_replica() {
+    let master = LocalRedis::start().unwrap();
+    let (mut replica, replica_client) = synced_replica(&master).await;
 
     let durable = Durability::Replicated {
         replicas: 1,
@@ -168,21 +174,7 @@ async fn a_durable_write_whose_connection_dies_before_wait_answers_is_not_replic
 #[tokio::test]
 async fn lookups_and_statistics_run_on_a_read_only_replica() {
     let master = LocalRedis::start().unwrap();
-    let port = master.port().to_string();
-    let replica = LocalRedis::start_with(&["--replicaof", "127.0.0.1", &port]).unwrap();
-    let on_replica = Client::connect(&replica.url()).await.unwrap();
-    wait_for("the replica to sync", Duration::from_secs(60), || {
-        let c = on_replica.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut c.connection())
-                .await
-                .unwrap();
-            info.contains("master_link_status:up")
-        }
-    })
-    .await;
+    let (_replica, on_replica) = synced_replica(&master).await;
     let durable = Durability::Replicated {
         replicas: 1,
         timeout: Duration::from_secs(5),
