@@ -157,7 +157,8 @@ pub enum Command {
     Bench {
         /// Scenarios, comma separated: spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle
         /// (idle: `--orders` declared queues, nothing due, for `--window`), schedules
-        /// (`--orders` recurring schedules ticking every minute, for `--window`).
+        /// (`--orders` recurring schedules ticking every minute, for `--window`), scripts
+        /// (each hot-path script's Redis time per call at 1, 10, 100 and 1,000 orders).
         #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.

@@ -217,11 +217,7 @@ async fn an_id_twice_in_one_call_acts_as_two_calls_in_order() {
 /// Dispatch script calls so far, from `INFO commandstats` (only the dispatcher calls scripts
 /// while no worker runs).
 async fn script_calls(client: &Client) -> u64 {
-    let info: String = raw(client, &["INFO", "commandstats"]).await;
-    info.lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|r| r.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
+    command_calls(client, "evalsha").await
 }
 
 #[tokio::test]
@@ -1046,6 +1042,66 @@ async fn scheduling_an_earlier_order_wakes_a_sleeping_dispatcher() {
     assert_eq!(ids, vec!["first", "now"]);
     cancel.cancel();
     dh.await.unwrap();
+    wh.await.unwrap();
+}
+
+/// Calls of `command` Redis ran so far (inside scripts too), from `INFO commandstats`.
+async fn command_calls(client: &Client, command: &str) -> u64 {
+    let info: String = raw(client, &["INFO", "commandstats"]).await;
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|r| r.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn a_resume_wakes_a_sleeping_dispatcher_and_shutdown_stops_it_at_once() {
+    let (_s, client) = start().await;
+    let rec = Recorder::default();
+    let cancel = CancellationToken::new();
+    client.admin().set_paused(Q, None, true).await.unwrap();
+    // Idle up to an hour: only a wake-up can move an order within the test's wait.
+    let d = Dispatcher::new(
+        &client,
+        Q,
+        DispatcherOptions::default().max_idle(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    // Nothing else runs yet, and of the scripts only dequeue.lua's paused path runs ZRANGE:
+    // each count below is one pass of the dispatcher that found the queue paused.
+    let dh = tokio::spawn(d.run(cancel.clone()));
+    wait_for("the dispatcher's first pass", WAIT, || async {
+        command_calls(&client, "zrange").await >= 1
+    })
+    .await;
+    let before = command_calls(&client, "zrange").await;
+    // An order due now wakes it; it finds the queue paused and sleeps again (an hour).
+    client
+        .schedule(Q, "held", When::in_ms(0), json!(null))
+        .await
+        .unwrap();
+    wait_for("a pass that found the queue paused", WAIT, || async {
+        command_calls(&client, "zrange").await > before
+    })
+    .await;
+    assert!(
+        client.get(Q, "held").await.unwrap().is_some(),
+        "still scheduled"
+    );
+    let w = Worker::new(&client, Q, "close", rec.handler(), fast_worker()).unwrap();
+    w.ensure_groups().await.unwrap();
+    let wc = cancel.clone();
+    let wh = tokio::spawn(async move { w.run(wc).await.unwrap() });
+    client.admin().set_paused(Q, None, false).await.unwrap();
+    rec.wait_len(1, WAIT).await;
+    assert_eq!(rec.deliveries()[0].id, "held");
+    // Nothing left: the dispatcher sleeps up to its hour; shutdown ends the sleep.
+    cancel.cancel();
+    tokio::time::timeout(WAIT, dh)
+        .await
+        .expect("the dispatcher stopped on shutdown, not after its idle hour")
+        .unwrap();
     wh.await.unwrap();
 }
 

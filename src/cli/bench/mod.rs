@@ -25,6 +25,10 @@
 //!   `window`: what `serve`'s supervisor (a dispatcher per queue) and maintenance services
 //!   cost Redis at rest, in commands per second and Redis CPU per second.
 //!
+//! - `scripts`: each hot-path script (`dequeue.lua`, `read.lua`) called one at a time on
+//!   one shard with 1, 10, 100 and 1,000 orders per call and with nothing to do: Redis time
+//!   per call and per order, and the interpreter's part (see `scripts.rs`).
+//!
 //! Everything runs in a namespace of its own (`dq-bench-<pid>`), deleted at the end; nothing
 //! else in the Redis is touched (never FLUSHALL).
 
@@ -38,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 mod at_rest;
 mod measure;
+mod scripts;
 
 pub use measure::BenchReport;
 use measure::{
@@ -138,8 +143,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "depth" => depth(&client, opts).await,
         "idle" => at_rest::idle(&client, opts).await,
         "schedules" => at_rest::schedules(&client, opts).await,
+        "scripts" => scripts::scripts(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle, schedules)"
+            "unknown scenario {other:?} (spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle, schedules, scripts)"
         )),
     };
     client.delete_namespace().await?;

@@ -331,7 +331,7 @@ pub(super) async fn run_handler<H: Handler>(
 /// Most entries acknowledged in one call per shard.
 const ACK_BATCH: usize = 1024;
 /// How long a small batch of acknowledgements waits for more.
-const ACK_LINGER: std::time::Duration = std::time::Duration::from_millis(2);
+const ACK_LINGER: Duration = Duration::from_millis(2);
 
 /// An entry handled successfully, on its way to be acknowledged, with its lease.
 pub(super) struct Acked {
@@ -372,24 +372,31 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
         } else {
             HistoryPolicy::from_ms(0)
         };
-        for (lane, entries) in by_shard {
+        // Every shard's pipeline in flight together (one round trip, not one per shard).
+        let calls = by_shard.into_iter().map(|(lane, entries)| {
             let keys = &s.lanes[usize::from(lane)];
             let pipe = ack_pipeline(keys, &s.group, &entries, &history);
-            let (client, pipe) = (&s.client, &pipe);
-            let r = with_retries("XACK", RetryPolicy::CALL, None, || {
-                let mut conn = client.connection();
-                async move {
-                    let replies: Vec<redis::Value> = pipe
-                        .query_async(&mut conn)
-                        .await
-                        .ctx("acknowledging entries (XACK + ZREM)")?;
-                    Ok(match replies.first() {
-                        Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
-                        _ => 0,
-                    })
-                }
-            })
-            .await;
+            let client = &s.client;
+            async move {
+                let pipe = &pipe;
+                let r = with_retries("XACK", RetryPolicy::CALL, None, || {
+                    let mut conn = client.connection();
+                    async move {
+                        let replies: Vec<redis::Value> = pipe
+                            .query_async(&mut conn)
+                            .await
+                            .ctx("acknowledging entries (XACK + ZREM)")?;
+                        Ok(match replies.first() {
+                            Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                            _ => 0,
+                        })
+                    }
+                })
+                .await;
+                (entries, r)
+            }
+        });
+        for (entries, r) in futures_util::future::join_all(calls).await {
             match r {
                 Ok(n) => {
                     s.stats.acked.fetch_add(n, Ordering::Relaxed);
