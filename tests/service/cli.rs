@@ -392,6 +392,44 @@ async fn migrate_applies_the_schema_idempotently_on_both_backends() {
 }
 
 #[tokio::test]
+async fn bench_scripts_measures_each_script_at_each_batch_size_and_moves_every_order() {
+    let (s, client) = start().await;
+    let o = run(
+        &s.url(),
+        &[
+            "bench",
+            "--scenario",
+            "scripts",
+            "--orders",
+            "200",
+            "--json",
+        ],
+    );
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let report: Value = serde_json::from_str(o.stdout.trim()).unwrap();
+    assert_eq!(report["scenario"], json!("scripts"));
+    let notes = report["notes"].as_str().unwrap();
+    for script in ["dequeue.lua", "read.lua"] {
+        for batch in [0, 1, 10, 100, 1000] {
+            let line = notes
+                .lines()
+                .find(|l| {
+                    l.trim_start()
+                        .starts_with(&format!("{script} batch {batch}:"))
+                })
+                .unwrap_or_else(|| panic!("no {script} batch {batch} in {notes}"));
+            assert!(line.contains("µs per call"), "{line}");
+        }
+    }
+    // Each size moves max(200, batch) orders through dequeue.lua and reads them back with
+    // read.lua: 200 + 200 + 200 + 1,000, twice.
+    assert_eq!(report["n"], json!(3200));
+    // It cleaned up after itself.
+    let left: Vec<String> = support::raw(&client, &["KEYS", "*"]).await;
+    assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
+}
+
+#[tokio::test]
 async fn bench_reports_every_field_and_loses_nothing() {
     let (s, client) = start().await;
     let o = run(
