@@ -158,6 +158,17 @@ const OUTSIDE_SCRIPTS: &[&str] = &[
     "smembers", "select", "config",
 ];
 
+/// What `command` did between two `commandstats` readings: (calls, µs).
+pub(super) fn stat_delta(
+    before: &HashMap<String, (f64, f64)>,
+    after: &HashMap<String, (f64, f64)>,
+    command: &str,
+) -> (f64, f64) {
+    let a = after.get(command).copied().unwrap_or_default();
+    let b = before.get(command).copied().unwrap_or_default();
+    (a.0 - b.0, a.1 - b.1)
+}
+
 /// The split of Redis time between two `commandstats` readings over `n` orders: (script
 /// µs per order, interpreter µs per order, script calls per order). The ack pipeline's
 /// `ZREM` and `HDEL` (one each per `XACK`) are taken out of the commands the scripts ran.
@@ -166,11 +177,7 @@ pub(super) fn script_split(
     after: &HashMap<String, (f64, f64)>,
     n: usize,
 ) -> (f64, f64, f64) {
-    let diff = |k: &str| {
-        let a = after.get(k).copied().unwrap_or_default();
-        let b = before.get(k).copied().unwrap_or_default();
-        (a.0 - b.0, a.1 - b.1)
-    };
+    let diff = |k: &str| stat_delta(before, after, k);
     let (calls, script) = diff("evalsha");
     let (xacks, _) = diff("xack");
     let mut inner = 0.0;

@@ -7,7 +7,7 @@
 //! (the script's time less the commands it ran). The fixed cost per call is what a sharded
 //! queue pays once per shard and pass, so this is where the 8-shard figures come from.
 
-use super::measure::command_stats;
+use super::measure::{command_stats, stat_delta};
 use super::{BenchOptions, BenchReport, QUEUE, enqueue_all, payload};
 use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, shard_of};
@@ -83,23 +83,15 @@ pub(super) async fn scripts(client: &Client, opts: &BenchOptions) -> anyhow::Res
     let (deq, read) = (
         measure(client, 0, || async {
             for _ in 0..EMPTY_CALLS {
-                scripts::orders::dequeue(
-                    &mut client.connection(),
-                    &keys,
-                    now,
-                    1,
-                    &history,
-                    hgetdel,
-                )
-                .await?;
+                scripts::orders::dequeue(&mut conn.clone(), &keys, now, 1, &history, hgetdel)
+                    .await?;
             }
             Ok((EMPTY_CALLS, 0))
         })
         .await?,
         measure(client, 0, || async {
             for _ in 0..EMPTY_CALLS {
-                scripts::consume::read(&mut client.connection(), &keys, "bench", "c", 1, now)
-                    .await?;
+                scripts::consume::read(&mut conn.clone(), &keys, "bench", "c", 1, now).await?;
             }
             Ok((EMPTY_CALLS, 0))
         })
@@ -203,10 +195,7 @@ where
     let before = command_stats(client).await?;
     let (calls, orders) = calls().await?;
     let after = command_stats(client).await?;
-    let diff = |k: &str| {
-        let a = after.get(k).copied().unwrap_or_default().1;
-        a - before.get(k).copied().unwrap_or_default().1
-    };
+    let diff = |k: &str| stat_delta(&before, &after, k).1;
     let script_us = diff("evalsha") + diff("evalsha_ro");
     let inner: f64 = after
         .keys()
