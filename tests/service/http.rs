@@ -1023,3 +1023,75 @@ async fn priorities_over_http_are_stored_shown_and_checked() {
     )
     .await;
 }
+
+/// Issue 39 item 5: `history_retention = "0s"` on one queue keeps every overview working:
+/// `/v1/stats` (the dashboard's overview), the queue's own stats, `delayq stats`, and the
+/// gauges of every queue in `/metrics`.
+#[tokio::test]
+async fn a_queue_without_history_keeps_every_overview_and_every_gauge() {
+    assert!(delayq::service::metrics::handle().is_some());
+    let (s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let t = Some(TOKEN);
+    for (q, body) in [
+        ("zero-history", json!({"history_retention": "0s"})),
+        ("kept-history", json!({})),
+    ] {
+        let (st, v) = call(&r, "PUT", &format!("/v1/queues/{q}"), Some(body), t).await;
+        assert!(st.is_success(), "{v}");
+        let (st, v) = call(
+            &r,
+            "PUT",
+            &format!("/v1/queues/{q}/messages/o1"),
+            Some(json!({"delay_ms": 600000, "payload": 1})),
+            t,
+        )
+        .await;
+        assert_eq!(st, StatusCode::CREATED, "{v}");
+    }
+    // A third queue that cannot be read at all (its schedule is not a ZSET) is left out of
+    // the overviews; it hides no other queue.
+    let (st, v) = call(&r, "PUT", "/v1/queues/broken", Some(json!({})), t).await;
+    assert!(st.is_success(), "{v}");
+    let _: () = raw(&client, &["SET", "{dq:broken:0}:due", "not-a-zset"]).await;
+    let (st, v) = call(&r, "GET", "/v1/stats", None, t).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let names: Vec<&str> = v["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["queue"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"kept-history")
+            && names.contains(&"zero-history")
+            && !names.contains(&"broken"),
+        "{v}"
+    );
+    for q in ["zero-history", "kept-history"] {
+        let (st, v) = call(&r, "GET", &format!("/v1/queues/{q}/stats"), None, t).await;
+        assert_eq!(st, StatusCode::OK, "{v}");
+        assert_eq!(v["queues"][0]["scheduled"], json!(1), "{v}");
+    }
+    let (st, v) = call(&r, "GET", "/metrics", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    for q in ["zero-history", "kept-history"] {
+        assert!(
+            text.contains(&format!("delayq_scheduled{{queue=\"{q}\"}} 1")),
+            "{q}: {text}"
+        );
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_delayq"))
+        .args(["--redis-url", &s.url(), "stats", "--json"])
+        .env_remove("DELAYQ_REDIS_URL")
+        .env_remove("DELAYQ_NAMESPACE")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -124,15 +124,19 @@ impl Queues {
             .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms);
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
         for keys in self.client.registered_keys(&q).await? {
-            let mut hlen = redis::pipe();
-            for bucket in history.buckets(&keys, now) {
-                hlen.cmd("HLEN").arg(bucket);
+            let buckets = history.buckets(&keys, now);
+            // History off (retention 0): no bucket, and an empty pipeline is no command.
+            if !buckets.is_empty() {
+                let mut hlen = redis::pipe();
+                for bucket in buckets {
+                    hlen.cmd("HLEN").arg(bucket);
+                }
+                let counts: Vec<u64> = hlen
+                    .query_async(&mut self.client.connection())
+                    .await
+                    .ctx("counting the order history (HLEN)")?;
+                s.history += counts.iter().sum::<u64>();
             }
-            let counts: Vec<u64> = hlen
-                .query_async(&mut self.client.connection())
-                .await
-                .ctx("counting the order history (HLEN)")?;
-            s.history += counts.iter().sum::<u64>();
             let [high, _, low] = keys.lanes();
             let raw: Raw = STATS
                 .for_server(self.client.server())
@@ -202,18 +206,39 @@ impl Queues {
     }
 
     /// Statistics of every queue in the namespace, sorted by name (eight queues' calls in
-    /// flight at a time).
+    /// flight at a time). One queue that cannot be read (deleted meanwhile, or an error of
+    /// its own, logged) is left out, so it never hides the others; the call fails only
+    /// when no queue could be read.
     pub async fn stats_all(&self) -> Result<Vec<QueueStats>> {
         use futures_util::StreamExt;
         let names = self.client.queues().await?;
-        futures_util::stream::iter(names.into_iter().map(|q| {
-            let c = self.clone();
-            async move { c.stats(&q).await }
-        }))
-        .buffered(8)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect()
+        let results: Vec<(String, Result<QueueStats>)> =
+            futures_util::stream::iter(names.into_iter().map(|q| {
+                let c = self.clone();
+                async move {
+                    let r = c.stats(&q).await;
+                    (q, r)
+                }
+            }))
+            .buffered(8)
+            .collect()
+            .await;
+        let mut out = Vec::with_capacity(results.len());
+        let mut first_err = None;
+        for (queue, r) in results {
+            match r {
+                Ok(s) => out.push(s),
+                // Deleted between the listing and its read: not a queue any more.
+                Err(crate::engine::error::Error::QueueNotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(queue = %queue, error = %e, "reading a queue's statistics failed; left out of this overview");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) if out.is_empty() => Err(e),
+            _ => Ok(out),
+        }
     }
 }
