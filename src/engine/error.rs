@@ -299,6 +299,9 @@ pub(crate) fn is_transient_redis(e: &redis::RedisError) -> bool {
                 | "MASTERDOWN"
                 | "UNBLOCKED"
                 | "READONLY"
+                // The master refuses writes while fewer replicas than `min-replicas-to-write`
+                // follow it (during a failover): nothing was done, a retry may succeed.
+                | "NOREPLICAS"
         )
     )
 }

@@ -143,6 +143,13 @@ impl Keyspace {
         format!("{{{}}}:registry:version", self.ns)
     }
 
+    /// Never written: `/readyz` deletes it, a write that changes nothing (and is not
+    /// replicated) but that Redis refuses exactly when it refuses writes (a replica, a
+    /// master short of `min-replicas-to-write` replicas).
+    pub fn readiness_probe(&self) -> String {
+        format!("{{{}}}:readyz", self.ns)
+    }
+
     /// HASH: one recurring schedule's record (`spec` JSON, `gen`, `next`, `last`, `ticks`,
     /// `missed`, `created_ms`, `updated_ms`; see `lua/schedule.lua`).
     pub fn schedule_record(&self, queue: &QueueName, id: &str) -> String {

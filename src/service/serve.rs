@@ -101,6 +101,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         namespace = client.keyspace().namespace(),
         "connected to redis"
     );
+    warn_if_acknowledged_writes_unprotected(&client).await;
     // Every queue of the configuration exists from now on: orders into it are accepted.
     for q in &settings.queues {
         client
@@ -388,4 +389,92 @@ pub fn shutdown_on_signals() -> CancellationToken {
         t.cancel();
     });
     token
+}
+
+/// Warns when serve runs on a replicated set-up (a Sentinel URL, or a master that reports
+/// connected replicas) with nothing that keeps a failover from discarding acknowledged
+/// orders: neither `min-replicas-to-write` on the master (`INFO replication` shows
+/// `min_slaves_good_slaves` only when it is set) nor `durability = "replicated"`. See
+/// docs/production-redis.md, "What a failover loses". A cluster is not checked (its nodes
+/// answer `INFO` one by one); a refused `INFO` skips the check.
+async fn warn_if_acknowledged_writes_unprotected(client: &Client) {
+    use crate::engine::client::Durability;
+    use crate::engine::conn::Conn;
+    let mut conn = client.connection();
+    let sentinel = match conn {
+        Conn::Cluster(_) => return,
+        Conn::Sentinel(_) => true,
+        Conn::Single(_) => false,
+    };
+    let info = tokio::time::timeout(
+        Duration::from_secs(2),
+        redis::cmd("INFO")
+            .arg("replication")
+            .query_async::<String>(&mut conn),
+    )
+    .await;
+    let Ok(Ok(info)) = info else { return };
+    let replicated = matches!(client.options().durability, Durability::Replicated { .. });
+    if let Some(why) = unprotected_replication(sentinel, &info, replicated) {
+        tracing::warn!(
+            "{why} but nothing protects acknowledged writes from a failover: a forced failover \
+             or the loss of the master can discard orders already acknowledged. Set \
+             min-replicas-to-write 1 (and min-replicas-max-lag) on the master and its \
+             replicas, and/or durability = \"replicated\" (docs/production-redis.md, \"What \
+             a failover loses\")"
+        );
+    }
+}
+
+/// Why the set-up is replicated without protection for acknowledged writes (`None`: not
+/// replicated, or protected), from the URL's kind, the master's `INFO replication` and the
+/// client's durability.
+fn unprotected_replication(sentinel: bool, info: &str, replicated: bool) -> Option<String> {
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
+            .map(str::to_owned)
+    };
+    let replicas: u64 = field("connected_slaves")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if replicated || field("min_slaves_good_slaves").is_some() {
+        return None;
+    }
+    if sentinel {
+        Some("redis is reached through sentinels (a replicated set-up)".to_owned())
+    } else if replicas > 0 {
+        Some(format!(
+            "the redis master reports {replicas} connected replica(s)"
+        ))
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod replication_warning_tests {
+    use super::unprotected_replication;
+
+    #[test]
+    fn a_replicated_set_up_without_protection_is_named() {
+        let bare = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n";
+        let one = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nslave0:ip=x\r\n";
+        let guarded =
+            "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nmin_slaves_good_slaves:1\r\n";
+        assert_eq!(unprotected_replication(false, bare, false), None);
+        assert!(
+            unprotected_replication(false, one, false)
+                .unwrap()
+                .contains("1 connected")
+        );
+        assert!(
+            unprotected_replication(true, bare, false)
+                .unwrap()
+                .contains("sentinels")
+        );
+        assert_eq!(unprotected_replication(true, guarded, false), None);
+        assert_eq!(unprotected_replication(false, one, true), None);
+        assert_eq!(unprotected_replication(true, bare, true), None);
+    }
 }

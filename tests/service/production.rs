@@ -83,6 +83,11 @@ impl Proc {
 
     /// A data server without persistence (and a replica of `master`, if given).
     fn data(name: &str, master: Option<u16>) -> Proc {
+        Proc::data_with(name, master, &[])
+    }
+
+    /// [`Proc::data`] with more config lines (e.g. `min-replicas-to-write 1`).
+    fn data_with(name: &str, master: Option<u16>, extra: &[String]) -> Proc {
         let mut lines = vec![
             "save \"\"".to_owned(),
             "appendonly no".to_owned(),
@@ -91,6 +96,7 @@ impl Proc {
         if let Some(m) = master {
             lines.push(format!("replicaof 127.0.0.1 {m}"));
         }
+        lines.extend(extra.iter().cloned());
         Proc::start(name, free_port(), &lines, false)
     }
 
@@ -1270,8 +1276,13 @@ async fn sentinel_failover_and_master_kill_are_followed_without_a_restart() {
 
 /// A master, its replica in sync, and three sentinels that all see both; the sentinel URL.
 async fn sentinel_group() -> (Proc, Proc, Vec<Proc>, String) {
-    let master = Proc::data("master", None);
-    let replica = Proc::data("replica", Some(master.port));
+    sentinel_group_with(&[]).await
+}
+
+/// [`sentinel_group`] with more config lines for both data servers.
+async fn sentinel_group_with(extra: &[String]) -> (Proc, Proc, Vec<Proc>, String) {
+    let master = Proc::data_with("master", None, extra);
+    let replica = Proc::data_with("replica", Some(master.port), extra);
     let r_url = replica.url();
     wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
     let sentinels: Vec<Proc> = (0..3).map(|_| sentinel(master.port)).collect();
@@ -1332,6 +1343,8 @@ struct Answer {
     code: Option<String>,
     /// The client's error when no answer came.
     failure: Option<String>,
+    /// The `Retry-After` header of the answer, if any.
+    retry_after: Option<String>,
     sent: Instant,
     answered: Instant,
 }
@@ -1353,7 +1366,7 @@ async fn put_timed(
     within: Duration,
 ) -> Answer {
     let sent = Instant::now();
-    let (status, code, failure) = match http
+    let (status, code, failure, retry_after) = match http
         .put(format!("{base}/v1/queues/{Q}/messages/{id}"))
         .header("content-type", "application/json")
         .body(json!({"delay_ms": delay_ms, "payload": {"order": id}}).to_string())
@@ -1363,6 +1376,11 @@ async fn put_timed(
     {
         Ok(r) => {
             let status = r.status();
+            let retry_after = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             let code = if status.is_success() {
                 None
             } else {
@@ -1372,15 +1390,16 @@ async fn put_timed(
                     .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
                     .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
             };
-            (status.as_u16(), code, None)
+            (status.as_u16(), code, None, retry_after)
         }
-        Err(e) => (0, None, Some(e.to_string())),
+        Err(e) => (0, None, Some(e.to_string()), None),
     };
     Answer {
         id,
         status,
         code,
         failure,
+        retry_after,
         sent,
         answered: Instant::now(),
     }
@@ -1850,4 +1869,380 @@ async fn a_replicated_serve_on_sentinel_answers_every_order_across_a_master_kill
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
     drop(sentinels);
+}
+
+// ---------------------------------------------------------------------------------------
+// What a forced failover and a master kill lose, by setting (docs/production-redis.md,
+// "What a failover loses")
+
+/// The settings a failover run is made with.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Guard {
+    /// Redis's defaults and `durability = "leader"` (delayq's default).
+    Defaults,
+    /// `min-replicas-to-write 1` and `min-replicas-max-lag 10` on every data server,
+    /// `durability = "leader"`.
+    MinReplicas,
+    /// The same and `durability = "replicated"`.
+    MinReplicasReplicated,
+}
+
+impl Guard {
+    fn redis_lines(self) -> Vec<String> {
+        match self {
+            Guard::Defaults => Vec::new(),
+            _ => vec![
+                "min-replicas-to-write 1".to_owned(),
+                "min-replicas-max-lag 10".to_owned(),
+            ],
+        }
+    }
+
+    fn durability(self) -> &'static str {
+        match self {
+            Guard::MinReplicasReplicated => "replicated",
+            _ => "leader",
+        }
+    }
+}
+
+/// The warning serve logs at start on a replicated set-up without protection.
+const UNPROTECTED_WARNING: &str = "nothing protects acknowledged writes";
+
+/// `writers` concurrent writers PUT orders (due 1 to 3 s later) through serve's API at
+/// `base`, one request every `pace` at most each, until `stop`.
+fn spawn_steady_writers(
+    http: &reqwest::Client,
+    base: &str,
+    writers: usize,
+    pace: Duration,
+    stop: &CancellationToken,
+    answers: &Arc<Mutex<Vec<Answer>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..writers)
+        .map(|w| {
+            let (http, base, answers, stop) =
+                (http.clone(), base.to_owned(), answers.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut pace = tokio::time::interval(pace);
+                pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                let mut i: u64 = 0;
+                while !stop.is_cancelled() {
+                    pace.tick().await;
+                    let id = format!("w{w}-{i}");
+                    let delay = 1000 + (i * 397) % 2000;
+                    let a = put_timed(&http, &base, id, delay, ANSWER_WITHIN).await;
+                    answers.lock().unwrap().push(a);
+                    i += 1;
+                }
+            })
+        })
+        .collect()
+}
+
+/// Waits until a write sent after `t` was acknowledged.
+async fn acked_after(answers: &Arc<Mutex<Vec<Answer>>>, t: Instant, what: &str) {
+    let a = answers.clone();
+    wait_for(what, Duration::from_secs(60), move || {
+        let ok = a.lock().unwrap().iter().any(|x| x.sent > t && x.acked());
+        async move { ok }
+    })
+    .await;
+}
+
+/// True when every sentinel lists the server on `port` as a replica that is not down.
+async fn sentinels_see_replica(sentinels: &[String], port: u16) -> bool {
+    for s in sentinels {
+        let replicas: Vec<std::collections::HashMap<String, String>> =
+            match raw(s, &["SENTINEL", "replicas", MASTER]).await {
+                Ok(r) => r,
+                Err(_) => return false,
+            };
+        let seen = replicas.iter().any(|r| {
+            r.get("port").map(String::as_str) == Some(port.to_string().as_str())
+                && r.get("flags").map(String::as_str) == Some("slave")
+                && r.get("master-link-status").map(String::as_str) == Some("ok")
+        });
+        if !seen {
+            return false;
+        }
+    }
+    true
+}
+
+/// True when the queue on the master at `url` holds nothing scheduled and its webhook
+/// group has read and acknowledged every entry of its stream.
+async fn drained(url: &str) -> bool {
+    let tag = format!("{{dq:{Q}:0}}");
+    let due: i64 = raw(url, &["ZCARD", &format!("{tag}:due")])
+        .await
+        .unwrap_or(-1);
+    let stream = format!("{tag}:stream");
+    let info: std::collections::HashMap<String, redis::Value> =
+        match raw(url, &["XINFO", "STREAM", &stream]).await {
+            Ok(i) => i,
+            Err(_) => return false,
+        };
+    let groups: Vec<std::collections::HashMap<String, redis::Value>> =
+        match raw(url, &["XINFO", "GROUPS", &stream]).await {
+            Ok(g) => g,
+            Err(_) => return false,
+        };
+    let text = |v: Option<&redis::Value>| -> Option<String> {
+        v.and_then(|v| redis::from_redis_value::<String>(v.clone()).ok())
+    };
+    let int = |v: Option<&redis::Value>| -> Option<i64> {
+        v.and_then(|v| redis::from_redis_value::<i64>(v.clone()).ok())
+    };
+    let last = text(info.get("last-generated-id"));
+    due == 0
+        && groups
+            .iter()
+            .all(|g| int(g.get("pending")) == Some(0) && text(g.get("last-delivered-id")) == last)
+}
+
+/// One run: a master and a replica made with `guard`'s settings, three sentinels, and a
+/// serve with a webhook handler on the sentinel URL; 40 concurrent writers PUT orders
+/// throughout. `SENTINEL FAILOVER`; once the old master follows the new one and writes are
+/// acknowledged again, the new master is SIGKILLed; once the sentinels name the old one
+/// again, a replacement replica is started (without it a master with
+/// `min-replicas-to-write 1` refuses every write). Then the writers stop and the queue
+/// drains. Every request must be answered (201/200, or 503 with a `Retry-After`: never a
+/// 500); returns what was acknowledged and lost, per event, for the assertions and the
+/// docs' table.
+async fn failover_and_kill_under_writers(guard: Guard) {
+    const WRITERS: usize = 40;
+    let lines = guard.redis_lines();
+    let (mut master, mut replica, sentinels, url) = sentinel_group_with(&lines).await;
+    let s_urls: Vec<String> = sentinels.iter().map(Proc::url).collect();
+    let (hook, received) = receiver().await;
+    let config = webhook_config(
+        &format!(
+            "redis_url = \"{url}\"\ndurability = \"{}\"",
+            guard.durability()
+        ),
+        hook,
+    );
+    let mut serve = Serve::start(&config, None);
+    serve.wait_ready(WAIT).await;
+    let http = http();
+    let base = serve.base();
+
+    // The start-up warning: on this sentinel set-up, only without protection.
+    let warned = serve.log().contains(UNPROTECTED_WARNING);
+    assert_eq!(
+        warned,
+        guard == Guard::Defaults,
+        "start-up warning with {guard:?}:\n{}",
+        serve.log()
+    );
+
+    let watch_stop = CancellationToken::new();
+    let (readyz, watcher) = watch_readyz(&http, &base, &watch_stop);
+    let stop = CancellationToken::new();
+    let answers: Arc<Mutex<Vec<Answer>>> = Arc::default();
+    let writers = spawn_steady_writers(
+        &http,
+        &base,
+        WRITERS,
+        Duration::from_millis(50),
+        &stop,
+        &answers,
+    );
+    let (a, r) = (answers.clone(), received.clone());
+    wait_for(
+        "400 orders answered and deliveries under way",
+        WAIT,
+        move || {
+            let n = a.lock().unwrap().len();
+            let delivering = !r.bodies.lock().unwrap().is_empty();
+            async move { n >= 400 && delivering }
+        },
+    )
+    .await;
+
+    // 1. SENTINEL FAILOVER: the replica is promoted, the old master (still up) is
+    //    reconfigured as its replica about ten seconds later.
+    let polls_before_failover = readyz.lock().unwrap().len();
+    let failover_at = Instant::now();
+    let ok: String = raw(&s_urls[0], &["SENTINEL", "FAILOVER", MASTER])
+        .await
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let (s0, new_port) = (s_urls[0].clone(), replica.port);
+    wait_for("the sentinels name the replica", WAIT, move || {
+        let s0 = s0.clone();
+        async move { master_port(&s0).await == Some(new_port) }
+    })
+    .await;
+    let named1 = failover_at.elapsed();
+    let (old_url, old_port) = (master.url(), master.port);
+    wait_for(
+        "the old master follows the new one, and every sentinel sees it so",
+        Duration::from_secs(60),
+        || {
+            let (u, ss) = (old_url.clone(), s_urls.clone());
+            async move { replica_in_sync(&u).await && sentinels_see_replica(&ss, old_port).await }
+        },
+    )
+    .await;
+    let followed1 = failover_at.elapsed();
+    let t = Instant::now();
+    acked_after(&answers, t, "a write acknowledged after the failover").await;
+    let polls_after_failover = readyz.lock().unwrap().len();
+    master.assert_running();
+
+    // 2. SIGKILL of the new master: the sentinels promote the old one; its replacement
+    //    replica is started once they name it.
+    let kill_at = Instant::now();
+    replica.kill();
+    let s0 = s_urls[0].clone();
+    wait_for("the sentinels name the old master again", WAIT, move || {
+        let s0 = s0.clone();
+        async move { master_port(&s0).await == Some(old_port) }
+    })
+    .await;
+    let named2 = kill_at.elapsed();
+    let spare = Proc::data_with("spare replica", Some(old_port), &lines);
+    let spare_url = spare.url();
+    wait_for("the replacement replica in sync", WAIT, move || {
+        let u = spare_url.clone();
+        async move { replica_in_sync(&u).await }
+    })
+    .await;
+    let followed2 = kill_at.elapsed();
+    let t = Instant::now();
+    acked_after(&answers, t, "a write acknowledged after the kill").await;
+    stop.cancel();
+    for w in writers {
+        w.await.unwrap();
+    }
+
+    // The queue drains on the last master: whatever is not delivered by then is lost.
+    let last_master = master.url();
+    wait_for("the queue drained", Duration::from_secs(90), move || {
+        let u = last_master.clone();
+        async move { drained(&u).await }
+    })
+    .await;
+    let (r, n) = (received.clone(), received.bodies.lock().unwrap().len());
+    // Deliveries in flight when the stream was read to its end.
+    wait_for("the last webhook deliveries arrive", WAIT, move || {
+        let settled = r.bodies.lock().unwrap().len() >= n;
+        async move { settled }
+    })
+    .await;
+    ready_again(&readyz, "/readyz 200 at the end").await;
+    watch_stop.cancel();
+    watcher.await.unwrap();
+    assert!(
+        serve.child.try_wait().unwrap().is_none(),
+        "serve exited:\n{}",
+        serve.log()
+    );
+
+    let all = answers.lock().unwrap().clone();
+    let delivered = delivered_ids(&received);
+    let unanswered: Vec<&Answer> = all.iter().filter(|a| a.status == 0).collect();
+    let errors: Vec<&Answer> = all
+        .iter()
+        .filter(|a| !a.acked() && a.status != 503 && a.status != 0)
+        .collect();
+    let no_hint: Vec<&Answer> = all
+        .iter()
+        .filter(|a| a.status == 503 && a.retry_after.is_none())
+        .collect();
+    let mut codes: std::collections::BTreeMap<String, usize> = Default::default();
+    for a in all.iter().filter(|a| a.status == 503) {
+        *codes
+            .entry(a.code.clone().unwrap_or_else(|| "(none)".into()))
+            .or_default() += 1;
+    }
+    let acked: Vec<&Answer> = all.iter().filter(|a| a.acked()).collect();
+    let lost: Vec<&&Answer> = acked
+        .iter()
+        .filter(|a| !delivered.contains(&a.id))
+        .collect();
+    let lost_failover = lost.iter().filter(|a| a.answered < kill_at).count();
+    let lost_kill = lost.len() - lost_failover;
+    let not_ready_failover = readyz.lock().unwrap()[polls_before_failover..polls_after_failover]
+        .iter()
+        .filter(|p| p.1 != 200)
+        .count();
+    let not_ready_kill = readyz.lock().unwrap()[polls_after_failover..]
+        .iter()
+        .filter(|p| p.1 != 200)
+        .count();
+    println!(
+        "failover and kill under {WRITERS} writers, {guard:?} (durability {}): SENTINEL \
+         FAILOVER: new master named after {named1:?}, old master following after \
+         {followed1:?}; SIGKILL: named after {named2:?}, replacement replica in sync after \
+         {followed2:?}",
+        guard.durability()
+    );
+    println!(
+        "  {} requests: {} acknowledged, {} answered 503 {codes:?}, {} other errors, {} \
+         unanswered; lost (acknowledged, never delivered): {} at the failover, {} at the \
+         kill; /readyz not 200 in {not_ready_failover} polls around the failover, \
+         {not_ready_kill} around the kill",
+        all.len(),
+        acked.len(),
+        codes.values().sum::<usize>(),
+        errors.len(),
+        unanswered.len(),
+        lost_failover,
+        lost_kill,
+    );
+
+    assert!(unanswered.is_empty(), "unanswered: {unanswered:?}");
+    assert!(
+        errors.is_empty(),
+        "{} answers other than 200/201/503, e.g. {:?}",
+        errors.len(),
+        errors.iter().take(5).collect::<Vec<_>>()
+    );
+    assert!(
+        no_hint.is_empty(),
+        "{} 503s without Retry-After, e.g. {:?}",
+        no_hint.len(),
+        no_hint.iter().take(5).collect::<Vec<_>>()
+    );
+    if guard != Guard::Defaults {
+        assert!(
+            lost.is_empty(),
+            "{guard:?}: {} acknowledged orders lost ({lost_failover} at the failover, \
+             {lost_kill} at the kill), e.g. {:?}",
+            lost.len(),
+            lost.iter().take(5).collect::<Vec<_>>()
+        );
+        // Writes were refused for a while after each event (no replica followed the
+        // master): /readyz said so.
+        assert!(codes.contains_key("redis_unavailable") || codes.contains_key("not_replicated"));
+        assert!(
+            not_ready_failover > 0,
+            "/readyz stayed 200 through the failover"
+        );
+        assert!(not_ready_kill > 0, "/readyz stayed 200 through the kill");
+    }
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+    drop(spare);
+    drop(sentinels);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_kill_with_min_replicas_lose_nothing_acknowledged_and_answer_no_500() {
+    failover_and_kill_under_writers(Guard::MinReplicas).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_kill_with_min_replicas_and_replicated_durability_lose_nothing() {
+    failover_and_kill_under_writers(Guard::MinReplicasReplicated).await;
+}
+
+/// The measurement behind the docs' table for the defaults: what is lost is printed (it
+/// varies run to run); every request is still answered, and never with a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_and_kill_with_the_defaults_measure_what_is_lost() {
+    failover_and_kill_under_writers(Guard::Defaults).await;
 }

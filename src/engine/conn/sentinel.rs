@@ -315,6 +315,17 @@ pub(super) fn is_permanent(e: &RedisError) -> bool {
     )
 }
 
+/// The error codes of a call a server refused for its role or state (see
+/// [`Reply::is_from_replica`]): nothing was done; the master is resolved again and the call
+/// retried.
+pub(super) const REFUSED_FOR_ROLE: [&str; 5] = [
+    "READONLY",
+    "UNBLOCKED",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "LOADING",
+];
+
 /// A connection being opened (shared by every caller that waits for it).
 pub(super) type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
 
@@ -331,9 +342,10 @@ pub(super) const SENTINEL_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 ///
 /// Clones share one multiplexed connection. When it breaks or times out, when the server
 /// answers as a replica (`READONLY`, or `UNBLOCKED` for a blocked read on a demoted
-/// master), or when the target's watcher hears the sentinels name another master (it asks
+/// master) or refuses writes for want of replicas (`NOREPLICAS`, see
+/// [`REFUSED_FOR_ROLE`]), or when the target's watcher hears the sentinels name another master (it asks
 /// every 500 ms), the master is resolved through the sentinels again and a new connection
-/// opened, once for all clones. A call that the server refused as a replica did nothing and is
+/// opened, once for all clones. A call that the server refused so did nothing and is
 /// retried on the new master (bounded attempts with doubling delays, within the response
 /// plus the connect timeout); a call whose connection broke may have run, so its error is
 /// returned (the caller retries what is idempotent) and the next call reconnects. No lock is
@@ -372,9 +384,15 @@ pub(super) enum Reply {
 }
 
 impl Reply {
-    /// True when a reply says the server is (now) a replica: nothing was done.
+    /// True when a reply says the server refused the call for its role or state during a
+    /// failover, so that nothing was done and another master (or the same one a moment
+    /// later) may take it: a replica (`READONLY`, `UNBLOCKED`, `MASTERDOWN`), a master that
+    /// fewer replicas than its `min-replicas-to-write` follow (`NOREPLICAS`: the old master
+    /// of a failover, or a new one before a replica follows it), a server loading its data
+    /// (`LOADING`).
     pub(super) fn is_from_replica(&self) -> bool {
-        let is = |v: &Value| matches!(v, Value::ServerError(e) if matches!(e.code(), "READONLY" | "UNBLOCKED"));
+        let is =
+            |v: &Value| matches!(v, Value::ServerError(e) if REFUSED_FOR_ROLE.contains(&e.code()));
         match self {
             Reply::One(v) => is(v),
             Reply::Many(vs) => vs.iter().any(is),
@@ -508,7 +526,8 @@ impl SentinelConn {
             };
             match sent {
                 Ok(reply) if reply.is_from_replica() => {
-                    // A replica refused it: nothing was done; find the new master.
+                    // A replica (or a master short of replicas) refused it: nothing was
+                    // done; find the master again.
                     self.invalidate(generation);
                     if attempt >= SENTINEL_ATTEMPTS || Instant::now() + delay >= deadline {
                         return Ok(reply);

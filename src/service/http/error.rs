@@ -89,10 +89,22 @@ impl ApiError {
     }
 }
 
+/// The `Retry-After` (seconds) of every 503: the condition is expected to pass (Redis
+/// reachable again, a failover finished, a replica following the master), and a client
+/// that honours it spreads its retries instead of hammering.
+pub(crate) const RETRY_AFTER_SECS: u64 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
-        (status, Json(self.body())).into_response()
+        let mut r = (status, Json(self.body())).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(RETRY_AFTER_SECS),
+            );
+        }
+        r
     }
 }
 

@@ -246,15 +246,31 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// Ready when Redis takes a write: a `DEL` of a key that never exists (it changes nothing
+/// and is not replicated), refused like every write by a replica or by a master that
+/// fewer replicas than its `min-replicas-to-write` follow (during a failover), so `/readyz`
+/// is 503 while writes would be refused, not only while Redis is unreachable.
 async fn readyz(State(st): State<AppState>) -> Response {
-    let ping = tokio::time::timeout(Duration::from_secs(2), async {
-        redis::cmd("PING")
-            .query_async::<String>(&mut st.admin.client().connection())
+    let client = st.admin.client();
+    let probe = client.keyspace().readiness_probe();
+    let del = tokio::time::timeout(Duration::from_secs(2), async {
+        redis::cmd("DEL")
+            .arg(&probe)
+            .query_async::<i64>(&mut client.connection())
             .await
     })
     .await;
-    match ping {
+    match del {
         Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),
+        Ok(Err(e)) if e.code().is_some() => {
+            tracing::debug!(error = %crate::engine::redact::text(&e.to_string()), "/readyz: redis refuses writes");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "redis_unavailable",
+                "redis refuses writes (a failover in progress, or too few replicas)",
+            )
+            .into_response()
+        }
         _ => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "redis_unavailable",

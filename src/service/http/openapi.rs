@@ -347,7 +347,7 @@ fn paths() -> Value {
                 json!({"200": ok("the schedule after", "ScheduleInfo")}))
         },
         "/healthz": {"get": open(op("Process up", vec![], None, json!({"200": ok("ok", "Status")})))},
-        "/readyz": {"get": open(op("Redis reachable", vec![], None, json!({"200": ok("ready", "Status")})))},
+        "/readyz": {"get": open(op("Redis takes writes", vec![], None, json!({"200": ok("ready", "Status")})))},
         "/metrics": {"get": open(op("Prometheus metrics", vec![], None,
             json!({"200": {"description": "text", "content": {"text/plain": {"schema": {"type": "string"}}}}})))},
         "/openapi.json": {"get": open(op("This document", vec![], None,
