@@ -47,6 +47,8 @@ struct Collector {
     spans: Arc<Mutex<Vec<ProtoSpan>>>,
     /// The `service.name` of every request's resource.
     services: Arc<Mutex<HashSet<String>>>,
+    /// Every request's `authorization` header (`None`: none was sent).
+    auth: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl Collector {
@@ -54,8 +56,14 @@ impl Collector {
     async fn start(&self) -> String {
         async fn traces(
             State(c): State<Collector>,
+            headers: HeaderMap,
             body: axum::body::Bytes,
         ) -> impl axum::response::IntoResponse {
+            c.auth.lock().unwrap().push(
+                headers
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            );
             let req = ExportTraceServiceRequest::decode(body).unwrap();
             let mut spans = c.spans.lock().unwrap();
             for rs in req.resource_spans {
@@ -599,6 +607,75 @@ async fn a_collector_that_is_down_drops_spans_counted_and_never_delivery() {
     .await;
     serve.sigterm();
     assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// Credentials in the endpoint URL (the configuration's, or `OTEL_EXPORTER_OTLP_ENDPOINT`)
+/// reach the collector as an `Authorization: Basic` header (the URL stripped of them), and
+/// never the logs, even at `RUST_LOG=trace`.
+#[tokio::test]
+async fn endpoint_credentials_reach_the_collector_as_basic_auth_and_never_the_logs() {
+    for from_env in [false, true] {
+        endpoint_credentials(from_env).await;
+    }
+}
+
+async fn endpoint_credentials(from_env: bool) {
+    use base64::Engine as _;
+    const PASSWORD: &str = "s3cr3t+Pw";
+    let redis = delayq::LocalRedis::start().unwrap();
+    let collector = Collector::default();
+    let hooks = Hooks::default();
+    let otlp = collector.start().await;
+    let hook = hooks.start().await;
+    // `%40` is an `@` in the user name: sent decoded (and `+` as itself).
+    let with_creds = otlp.replacen("http://", &format!("http://ops%40shop:{PASSWORD}@"), 1);
+    let mut vars = vec![("RUST_LOG", Some("trace"))];
+    let cfg = if from_env {
+        vars.push(("OTEL_EXPORTER_OTLP_ENDPOINT", Some(&with_creds)));
+        config(&redis.url(), "", &hook, "").replace("otlp_endpoint = \"\"", "")
+    } else {
+        config(&redis.url(), &with_creds, &hook, "")
+    };
+    let mut serve = Serve::start_with_vars(&cfg, &vars);
+    serve.wait_ready(WAIT).await;
+    let http = http().await;
+    let tp = traceparent();
+    let body = r#"{"delay_ms": 0, "payload": {}}"#;
+    assert_eq!(
+        put(&http, &serve, "authed", body, &[("traceparent", &tp)]).await,
+        201
+    );
+    let c = collector.clone();
+    wait_for("the process span of `authed`", WAIT, || {
+        let n = c.about(&format!("process {QUEUE}"), "authed").len();
+        async move { n >= 1 }
+    })
+    .await;
+    let expected = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("ops@shop:{PASSWORD}"))
+    );
+    let auth = collector.auth.lock().unwrap().clone();
+    assert!(!auth.is_empty());
+    for a in &auth {
+        assert_eq!(
+            a.as_deref(),
+            Some(expected.as_str()),
+            "from_env: {from_env}"
+        );
+    }
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+    let log = serve.log();
+    // Trace level was on (the dependencies' lines are there), and the secret is not.
+    assert!(log.contains("\"TRACE\""), "{}", &log[..log.len().min(4000)]);
+    assert!(log.contains("exporting traces over OTLP/HTTP"), "{log}");
+    for secret in ["s3cr3t", expected.trim_start_matches("Basic ")] {
+        assert!(
+            !log.contains(secret),
+            "{secret} logged (from_env: {from_env})"
+        );
+    }
 }
 
 /// The global subscriber of this test process: an OpenTelemetry layer exporting to memory.

@@ -16,7 +16,9 @@
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (when the configuration names no endpoint),
 //! `OTEL_EXPORTER_OTLP_HEADERS`, `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`,
 //! `OTEL_TRACES_SAMPLER` (and `_ARG`); `OTEL_SDK_DISABLED=true` or
-//! `OTEL_TRACES_EXPORTER=none` turn export off.
+//! `OTEL_TRACES_EXPORTER=none` turn export off. A user name and password in the endpoint
+//! URL go to the collector as an `Authorization: Basic` header; the URL the HTTP stack
+//! holds (and logs at debug and trace level) has none.
 
 use crate::engine::trace::SPAN_TARGET;
 use crate::service::config::{LogFormat, TelemetrySettings};
@@ -83,7 +85,8 @@ impl Telemetry {
 enum Destination {
     /// The configured `<otlp_endpoint>/v1/traces`.
     Configured(String),
-    /// What `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` says (the exporter reads it).
+    /// The traces URL `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` names, by the standard's rule:
+    /// the traces variable as it is, else the general one with `/v1/traces` appended.
     Environment(String),
 }
 
@@ -101,8 +104,51 @@ fn destination(t: &TelemetrySettings) -> Option<Destination> {
         return Some(Destination::Configured(url.clone()));
     }
     env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .or_else(|| env_set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .or_else(|| {
+            env_set("OTEL_EXPORTER_OTLP_ENDPOINT").map(|base| {
+                let base = base.trim();
+                format!("{}/v1/traces", base.strip_suffix('/').unwrap_or(base))
+            })
+        })
         .map(Destination::Environment)
+}
+
+/// `url` without its user name and password, and the `Authorization` header value they
+/// make (`Basic`, base64 of `user:password`, both percent-decoded). A collector behind basic
+/// authentication gets them in the header, where HTTP sends them; the URL the HTTP stack
+/// holds (and logs at debug and trace level) has none. A URL that does not parse is
+/// returned as it is (the exporter refuses it).
+fn split_credentials(url: &str) -> Result<(String, Option<String>), String> {
+    use base64::Engine as _;
+    let Ok(mut u) = reqwest::Url::parse(url.trim()) else {
+        return Ok((url.to_owned(), None));
+    };
+    if u.username().is_empty() && u.password().is_none() {
+        return Ok((url.to_owned(), None));
+    }
+    let user = userinfo_decode(u.username())?;
+    let password = userinfo_decode(u.password().unwrap_or(""))?;
+    let _ = u.set_username("");
+    let _ = u.set_password(None);
+    let basic = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    Ok((u.as_str().to_owned(), Some(format!("Basic {basic}"))))
+}
+
+/// Decodes the `%XX` escapes of a URL's user name or password (`+` is itself there).
+fn userinfo_decode(s: &str) -> Result<String, String> {
+    let bad = || "the OTLP endpoint's user name or password has a bad %-escape".to_owned();
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next().ok_or_else(bad)?, bytes.next().ok_or_else(bad)?];
+            let hex = std::str::from_utf8(&hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
 }
 
 /// Sets up `serve`'s logs and traces. Export only when an endpoint is configured; the
@@ -239,13 +285,15 @@ fn exporter(
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
         .with_timeout(t.export_timeout)
         .with_http_client(http);
-    let shown = match dest {
-        Destination::Configured(url) => {
-            b = b.with_endpoint(url.clone());
-            crate::engine::redact::url(url)
-        }
-        Destination::Environment(url) => crate::engine::redact::url(url),
-    };
+    let (Destination::Configured(url) | Destination::Environment(url)) = dest;
+    let shown = crate::engine::redact::url(url);
+    // The URL the exporter is given has no credentials; they travel as a header (one set
+    // by OTEL_EXPORTER_OTLP_HEADERS wins).
+    let (endpoint, auth) = split_credentials(url).map_err(|e| format!("telemetry: {e}"))?;
+    b = b.with_endpoint(endpoint);
+    if let Some(auth) = auth {
+        b = b.with_headers([("authorization".to_owned(), auth)].into());
+    }
     let exporter = b.build().map_err(|e| {
         format!(
             "telemetry: the OTLP exporter for {shown} could not be built: {}",
@@ -437,6 +485,22 @@ impl tracing::field::Visit for JsonFields {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn endpoint_credentials_become_a_basic_header_and_leave_the_url() {
+        let (url, auth) =
+            split_credentials("https://a%40b:p%2Bw+x%25@c.example:4318/v1/traces").unwrap();
+        assert_eq!(url, "https://c.example:4318/v1/traces");
+        // base64("a@b:p+w+x%")
+        assert_eq!(auth.as_deref(), Some("Basic YUBiOnArdyt4JQ=="));
+        let (url, auth) = split_credentials("http://token@c:4318/v1/traces").unwrap();
+        assert_eq!(url, "http://c:4318/v1/traces");
+        assert_eq!(auth.as_deref(), Some("Basic dG9rZW46"));
+        let plain = "http://c:4318/v1/traces";
+        assert_eq!(split_credentials(plain).unwrap(), (plain.to_owned(), None));
+        let e = split_credentials("http://u:%zz@c:4318/v1/traces").unwrap_err();
+        assert!(e.contains("%-escape") && !e.contains("zz"), "{e}");
+    }
 
     #[test]
     fn json_lines_carry_the_fields_as_json() {

@@ -68,6 +68,29 @@ impl Serve {
         Serve { child, dir, port }
     }
 
+    /// [`start`](Self::start) with environment variables set (`Some`) or removed (`None`)
+    /// after the defaults, so `("RUST_LOG", None)` runs at the default log level.
+    pub fn start_with_vars(config: &str, vars: &[(&str, Option<&str>)]) -> Serve {
+        let port = free_port();
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("delayq.toml");
+        std::fs::write(&cfg, config.replace("{port}", &port.to_string())).unwrap();
+        let log = std::fs::File::create(dir.path().join("serve.log")).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--config", cfg.to_str().unwrap()])
+            .env_remove("DELAYQ_REDIS_URL")
+            .env_remove("DELAYQ_NAMESPACE")
+            .env("RUST_LOG", "info");
+        for (k, v) in vars {
+            match v {
+                Some(v) => cmd.env(k, v),
+                None => cmd.env_remove(k),
+            };
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        Serve { child, dir, port }
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)

@@ -79,7 +79,8 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// The collector's OTLP/HTTP base URL (`http://collector:4318`; `/v1/traces` is
-    /// appended, as for `OTEL_EXPORTER_OTLP_ENDPOINT`, which it overrides).
+    /// appended, as for `OTEL_EXPORTER_OTLP_ENDPOINT`, which it overrides). A user name and
+    /// password in it are sent as an `Authorization: Basic` header, never in the URL.
     pub otlp_endpoint: Option<String>,
     /// `service.name` of the spans (default: `OTEL_SERVICE_NAME`, else `delayq`).
     pub service_name: Option<String>,
