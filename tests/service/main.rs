@@ -11,6 +11,7 @@ mod cli;
 mod edge;
 mod flow;
 mod http;
+mod observability;
 mod orders;
 mod production;
 mod schema;
