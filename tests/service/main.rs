@@ -14,6 +14,7 @@ mod http;
 mod observability;
 mod orders;
 mod production;
+mod reference;
 mod schema;
 mod serve;
 mod ui;
