@@ -36,9 +36,6 @@ RUN apt-get update \
 # the defaults. Mount your own over it, and/or set DELAYQ_* variables (DELAYQ_REDIS_URL,
 # DELAYQ_HTTP__TOKENS='["..."]', DELAYQ_HANDLERS=..., see docs/container.md).
 COPY --chmod=0644 deploy/docker/delayq.toml /etc/delayq/delayq.toml
-# The health probe: GET /healthz with bash's /dev/tcp (bash is already in the base image;
-# no HTTP client is added for it). Port: HEALTHCHECK_PORT, default 7070.
-COPY --chmod=0755 deploy/docker/healthcheck.sh /usr/local/bin/delayq-healthcheck
 
 ENV RUST_LOG=info \
     NO_COLOR=1
@@ -50,8 +47,11 @@ EXPOSE 7070
 # delayq handles SIGTERM itself (it is PID 1 here): no new work, running handlers finish
 # within shutdown_grace (default 10s), exit 0. Give `docker stop -t` more than that.
 STOPSIGNAL SIGTERM
-HEALTHCHECK --interval=10s --timeout=3s --start-period=15s --retries=3 \
-  CMD ["/usr/local/bin/delayq-healthcheck"]
+# The health probe: `delayq healthcheck` asks serve's /healthz at the address serve reads
+# from the same file and DELAYQ_* variables (DELAYQ_HTTP__LISTEN); exit 0 or 1, one line.
+# No HTTP client is added to the image for it. `--format docker` keeps it under podman.
+HEALTHCHECK --interval=10s --timeout=5s --start-period=15s --retries=3 \
+  CMD ["/usr/local/bin/delayq", "healthcheck", "--config", "/etc/delayq/delayq.toml", "--timeout", "3s"]
 ENTRYPOINT ["/usr/local/bin/delayq"]
 CMD ["serve", "--config", "/etc/delayq/delayq.toml"]
 

@@ -204,7 +204,7 @@ user = cfg.get("User", "")
 if not user or user.split(":")[0] in ("", "0", "root"):
     problems.append(f"runs as {user or 'root'}")
 hc = img.get("Healthcheck") or {}
-if "/usr/local/bin/delayq-healthcheck" not in (hc.get("Test") or []):
+if (hc.get("Test") or [])[1:3] != ["/usr/local/bin/delayq", "healthcheck"]:
     problems.append(f"health check {hc}")
 if cfg.get("StopSignal") != "SIGTERM":
     problems.append(f"stop signal {cfg.get('StopSignal')}")
@@ -259,7 +259,6 @@ print(f"""services:
     environment:
       DELAYQ_REDIS_URL: "redis://127.0.0.1:{redis_port}"
       DELAYQ_HTTP__LISTEN: "127.0.0.1:{api_port}"
-      HEALTHCHECK_PORT: "{api_port}"
       DELAYQ_HANDLERS: {q(handlers)}
   webhook:
     network_mode: host

@@ -199,6 +199,20 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Ask the local `delayq serve` for /healthz (or /readyz with --ready): exit 0 on 200,
+    /// else 1, with one line. The address is serve's http.listen, read from the same file
+    /// and DELAYQ_* environment (DELAYQ_HTTP__LISTEN); 0.0.0.0 is asked on 127.0.0.1.
+    Healthcheck {
+        /// serve's TOML configuration file (default: serve's defaults and the environment).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+        /// Ask /readyz (serve reaches Redis) instead of /healthz (the process answers).
+        #[arg(long)]
+        ready: bool,
+        /// Longest wait for the answer.
+        #[arg(long, default_value = "3s")]
+        timeout: String,
+    },
     /// The Lua scripts the engine runs, for producers in other languages.
     Scripts {
         /// What to do with them.

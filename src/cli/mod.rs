@@ -22,6 +22,7 @@ mod cron;
 mod dead;
 pub mod demo;
 mod get;
+mod healthcheck;
 mod migrate;
 mod queue;
 mod schedule;
@@ -172,7 +173,10 @@ async fn dispatch(cli: Cli) -> VerbResult {
     // gets them. `serve` reads its own configuration (redis_tls_* keys); `migrate` and
     // `scripts` do not talk to Redis.
     let redis_url = match &cli.command {
-        Command::Serve { .. } | Command::Migrate { .. } | Command::Scripts { .. } => cli.redis_url,
+        Command::Serve { .. }
+        | Command::Migrate { .. }
+        | Command::Scripts { .. }
+        | Command::Healthcheck { .. } => cli.redis_url,
         _ => {
             let mut tls = crate::engine::conn::TlsFiles::new();
             tls.ca = cli.redis_tls_ca;
@@ -215,5 +219,10 @@ async fn dispatch(cli: Cli) -> VerbResult {
         Command::Serve { config } => serve::run(&config).await,
         c @ Command::Bench { .. } => bench::verb(&g, c).await,
         Command::Scripts { action } => scripts::run(action),
+        Command::Healthcheck {
+            config,
+            ready,
+            timeout,
+        } => healthcheck::run(config.as_deref(), ready, &timeout).await,
     }
 }

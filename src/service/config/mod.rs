@@ -184,12 +184,27 @@ pub fn env() -> Env {
 
 /// Like [`load`], from TOML text and an environment provider (tests pass their own).
 pub fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
-    let config: Config = Figment::from(Serialized::defaults(Config::default()))
+    check(read_raw(text, env)?)
+}
+
+/// The file as written (defaults, then the TOML text, then the environment), unchecked.
+fn read_raw(text: &str, env: Env) -> Result<Config, ConfigError> {
+    Figment::from(Serialized::defaults(Config::default()))
         .merge(Toml::string(text))
         .merge(env)
         .extract()
-        .map_err(figment_error)?;
-    check(config)
+        .map_err(figment_error)
+}
+
+/// `http.listen` as `serve` reads it from `path` (no file: the defaults and the environment
+/// alone), checked with the rest of `[http]` only: the address `delayq healthcheck` asks.
+pub fn listen_of(path: Option<&Path>) -> Result<SocketAddr, ConfigError> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p)
+            .map_err(|e| ConfigError::whole(format!("cannot read {}: {e}", p.display())))?,
+        None => String::new(),
+    };
+    Ok(check_http(&read_raw(&text, env())?.http)?.0)
 }
 
 /// Checks every value of `config`.
