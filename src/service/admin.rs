@@ -116,14 +116,16 @@ pub const DEFAULT_STATS_LIMIT: usize = 200;
 /// The most queues one page of `GET /v1/stats` holds.
 pub const MAX_STATS_LIMIT: usize = 1000;
 
-/// A statistics page limit: the default when absent, capped; zero is refused.
+/// A statistics page limit: the default when absent; outside 1..=[`MAX_STATS_LIMIT`]
+/// refused, naming `limit`.
 pub fn stats_limit(limit: Option<usize>) -> Result<usize, InvalidInput> {
     match limit {
-        Some(0) => Err(InvalidInput::Option {
+        None => Ok(DEFAULT_STATS_LIMIT),
+        Some(n) if (1..=MAX_STATS_LIMIT).contains(&n) => Ok(n),
+        Some(_) => Err(InvalidInput::Option {
             name: "limit",
             reason: format!("must be 1..={MAX_STATS_LIMIT}"),
         }),
-        other => Ok(other.unwrap_or(DEFAULT_STATS_LIMIT).min(MAX_STATS_LIMIT)),
     }
 }
 

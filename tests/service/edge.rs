@@ -1417,3 +1417,331 @@ async fn an_open_api_issues_and_trusts_no_session_cookie() {
     assert_eq!(body["signed_in"], false, "{body}");
     assert_eq!(body["csrf"], Value::Null, "{body}");
 }
+
+/// A client whose connections come from `source` (any 127.x.y.z is loopback).
+fn client_from(source: std::net::IpAddr) -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .local_address(source)
+        .build()
+        .unwrap()
+}
+
+/// One failed authentication of each kind in turn (a bearer token on `/v1`, a sign-in, the
+/// metrics token), from `http`; the status.
+async fn fail_once(http: &reqwest::Client, base: &str, i: usize) -> u16 {
+    let r = match i % 3 {
+        0 => http
+            .get(format!("{base}/v1/queues"))
+            .bearer_auth("a-wrong-token")
+            .send(),
+        1 => http
+            .post(format!("{base}/ui/login"))
+            .header("content-type", "application/json")
+            .body(json!({"token": "a-wrong-token"}).to_string())
+            .send(),
+        _ => http
+            .get(format!("{base}/metrics"))
+            .bearer_auth("a-wrong-token")
+            .send(),
+    };
+    r.await.unwrap().status().as_u16()
+}
+
+/// The worst case of strangers: 100 source addresses with 20 wrong tokens each (2,000
+/// failures in well under a minute, the whole global ceiling) never keep the right token from
+/// a fresh address out of `/v1`, the sign-in or `/metrics`; the offenders themselves stay
+/// refused, and the rule is exact: a client's 20th failure is its first 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_failing_from_100_addresses_never_lock_out_a_valid_token() {
+    let redis = LocalRedis::start().unwrap();
+    let (token, metrics_token) = ("the-right-token-0123456789", "the-metrics-token-0123456789");
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\ntokens = [\"{token}\"]\nmetrics_token = \"{metrics_token}\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let base = serve.base();
+    let mut tasks = tokio::task::JoinSet::new();
+    for a in 2..102u8 {
+        let base = base.clone();
+        tasks.spawn(async move {
+            let http = client_from(std::net::IpAddr::from([127, 0, 0, a]));
+            let mut statuses = Vec::new();
+            for i in 0..20 {
+                statuses.push(fail_once(&http, &base, i + usize::from(a)).await);
+            }
+            statuses
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(s) = tasks.join_next().await {
+        all.push(s.unwrap());
+    }
+    assert_eq!(all.len(), 100);
+    for statuses in &all {
+        // The rule of the docs: 19 answered 401, the 20th is 429 (or 429 earlier, once the
+        // 2,000 failures of everyone together are reached).
+        assert_eq!(statuses[19], 429, "{statuses:?}");
+        let first = statuses.iter().position(|s| *s == 429).unwrap();
+        assert!(
+            statuses[..first].iter().all(|s| *s == 401)
+                && statuses[first..].iter().all(|s| *s == 429),
+            "{statuses:?}"
+        );
+    }
+    // The right token from a fresh address works everywhere.
+    let fresh = client_from(std::net::IpAddr::from([127, 0, 0, 200]));
+    let r = fresh
+        .get(format!("{base}/v1/queues"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let r = fresh
+        .post(format!("{base}/ui/login"))
+        .header("content-type", "application/json")
+        .body(json!({ "token": token }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "{}", r.text().await.unwrap());
+    let r = fresh
+        .get(format!("{base}/metrics"))
+        .bearer_auth(metrics_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    // An offender stays refused, even with the right token.
+    let offender = client_from(std::net::IpAddr::from([127, 0, 0, 2]));
+    let r = offender
+        .get(format!("{base}/v1/queues"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// SIGTERM with a stalled sign-in (its head and part of its body sent, then nothing) and a
+/// stalled upload on `/v1`: both are closed at once, and serve exits long before its
+/// shutdown_grace (ten minutes here) would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_stalled_bodies_exits_at_once_not_at_the_grace() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\nshutdown_grace = \"10m\"\nqueues = [\"q\"]\n[http]\nlisten = \"127.0.0.1:{{port}}\"\ntokens = [\"the-right-token-0123456789\"]\nbody_timeout = \"1h\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let login = stalled_body(
+        serve.port,
+        "POST /ui/login HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: 40\r\n",
+        "{\"tok",
+    )
+    .await;
+    let upload = stalled_body(
+        serve.port,
+        "PUT /v1/queues/q/messages/x HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer the-right-token-0123456789\r\ncontent-type: application/json\r\ncontent-length: 100\r\n",
+        "{\"de",
+    )
+    .await;
+    serve.sigterm();
+    // Well within the grace: WAIT is 30 s, the grace 10 minutes.
+    assert_eq!(
+        serve.wait_exit(WAIT).await,
+        Some(0),
+        "serve did not exit: it waits for the stalled bodies"
+    );
+    drop((login, upload));
+}
+
+/// A request whose handler is reading its body, which stalls: its head (asking for `100
+/// Continue`) is sent, the `100 Continue` the server sends once the handler reads the body
+/// is awaited, then `part` of the body is sent and nothing more.
+async fn stalled_body(port: u16, head: &str, part: &str) -> tokio::net::TcpStream {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(format!("{head}expect: 100-continue\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    while !got.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+            .await
+            .expect("100 Continue")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(
+        got.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&got)
+    );
+    s.write_all(part.as_bytes()).await.unwrap();
+    s
+}
+
+/// A client asks for a response that fits in the kernel's buffers (1 MB: the server's
+/// writes all succeed at once) and never reads: it is cut at write_timeout, not at
+/// idle_timeout (an hour here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffered_response_the_client_never_reads_is_cut_at_the_write_deadline() {
+    let redis = LocalRedis::start().unwrap();
+    let mut serve = Serve::start(
+        &format!(
+            "redis_url = \"{}\"\nmax_payload_bytes = 2000000\nqueues = [\"big\"]\n[http]\nlisten = \"127.0.0.1:{{port}}\"\nmax_body_bytes = 3000000\nwrite_timeout = \"1s\"\nidle_timeout = \"1h\"\n",
+            redis.url()
+        ),
+        None,
+    );
+    serve.wait_ready(WAIT).await;
+    let http = http_client();
+    let payload = serde_json::to_string(&json!({"blob": "x".repeat(1_000_000)})).unwrap();
+    let r = http
+        .put(format!("{}/v1/queues/big/messages/o1", serve.base()))
+        .header("content-type", "application/json")
+        .body(format!(r#"{{"delay_ms": 3600000, "payload": {payload}}}"#))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    // A plain connection (default buffers) that asks and never reads.
+    let mut never = tokio::net::TcpStream::connect(("127.0.0.1", serve.port))
+        .await
+        .unwrap();
+    never
+        .write_all(b"GET /v1/queues/big/messages/o1 HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let cut = r#"delayq_http_connections_cut_total{deadline="write"}"#;
+    wait_for("the write deadline to cut the connection", WAIT, || {
+        let http = http.clone();
+        let url = format!("{}/metrics", serve.base());
+        async move { metric_value(&get_text(&http, url).await, cut) >= 1.0 }
+    })
+    .await;
+    // The client finds its connection ended (reset or closed) before the whole response.
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match tokio::time::timeout(WAIT, never.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => panic!("the connection was not closed"),
+        }
+    }
+    assert!(
+        got.len() < payload.len(),
+        "the whole response arrived ({} bytes): the connection was not cut",
+        got.len()
+    );
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
+/// With Redis frozen (SIGSTOP), a signed-out cookie is never taken for a session: the
+/// dashboard's session answer is 503 (no CSRF token), and `/v1` refuses it with 503 (not
+/// counted as a failed authentication). Once Redis answers again it is signed out.
+#[tokio::test]
+async fn a_frozen_redis_never_turns_a_revoked_cookie_into_a_session() {
+    let server = LocalRedis::start().unwrap();
+    let mut opts = ClientOptions::default();
+    opts.response_timeout = Duration::from_millis(500);
+    let client = Client::connect_with(&server.url(), opts).await.unwrap();
+    let router = app(AppState::new(client, vec!["the-right-token".into()]));
+    let send = |req: Request<Body>| {
+        let r = router.clone();
+        async move {
+            let resp = r.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let body = resp.into_body().collect().await.unwrap().to_bytes();
+            (
+                status,
+                serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let resp = router
+        .clone()
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/ui/login")
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"token": "the-right-token"}).to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 204);
+    let set = resp.headers()["set-cookie"].to_str().unwrap().to_owned();
+    let cookie = set.split(';').next().unwrap().to_owned();
+    let session = |c: &str| {
+        Request::builder()
+            .uri("/ui/session")
+            .header("cookie", c)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let read = |c: &str| {
+        Request::builder()
+            .uri("/v1/queues")
+            .header("cookie", c)
+            .body(Body::empty())
+            .unwrap()
+    };
+    let (st, v) = send(session(&cookie)).await;
+    assert_eq!((st, v["signed_in"].as_bool()), (StatusCode::OK, Some(true)));
+    let (st, _) = send(
+        Request::builder()
+            .method("POST")
+            .uri("/ui/logout")
+            .header("cookie", &cookie)
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(st, 204);
+    server.suspend().unwrap();
+    let frozen_session = send(session(&cookie)).await;
+    let frozen_read = send(read(&cookie)).await;
+    server.resume().unwrap();
+    let (st, v) = frozen_session;
+    assert_ne!(v["signed_in"], json!(true), "{v}");
+    assert!(v["csrf"].is_null(), "no CSRF token for it: {v}");
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("redis_unavailable")),
+        "{v}"
+    );
+    let (st, v) = frozen_read;
+    assert_eq!(
+        (st, v["error"]["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("redis_unavailable")),
+        "{v}"
+    );
+    // Redis back: signed out, as it was.
+    wait_for("redis to answer again", WAIT, || {
+        let req = session(&cookie);
+        async move {
+            let (st, v) = send(req).await;
+            st == StatusCode::OK && v["signed_in"] == json!(false) && v["csrf"].is_null()
+        }
+    })
+    .await;
+    assert_eq!(send(read(&cookie)).await.0, 401);
+}

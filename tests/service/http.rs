@@ -692,6 +692,39 @@ async fn every_queues_statistics_come_in_pages_with_totals_over_all_of_them() {
 }
 
 #[tokio::test]
+async fn a_stats_page_over_the_documented_bound_is_refused_naming_limit() {
+    let (_s, client) = start().await;
+    let router = app(AppState::new(client.clone(), Vec::new()));
+    let max = delayq::service::admin::MAX_STATS_LIMIT;
+    assert_eq!(max, 1000, "the README documents at most 1,000");
+    let (status, _) = call(
+        &router,
+        "GET",
+        &format!("/v1/stats?limit={max}"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    for over in [max + 1, 1_000_000] {
+        let (status, body) = call(
+            &router,
+            "GET",
+            &format!("/v1/stats?limit={over}"),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{over}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("limit") && message.contains(&max.to_string()),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn schedules_are_declared_replaced_shown_listed_and_removed() {
     let (_s, client) = start().await;
     let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));

@@ -120,8 +120,9 @@ pub(super) async fn host_check(State(st): State<AppState>, req: Request, next: N
     .into_response()
 }
 
-/// A refused authentication: counted for its client; 401, or 429 once the client is past
-/// its allowance (logged once, with the client's address, never the token).
+/// A refused authentication: counted for its client; 401, or 429 once the client used up
+/// its allowance (logged once, with the client's address, never the token). The rule is in
+/// [`super::clients`].
 pub(crate) fn auth_failed(st: &AppState, client: Option<std::net::IpAddr>, what: &str) -> Response {
     use super::clients::Verdict;
     match st.auth_failures.failed(client) {
@@ -135,6 +136,15 @@ pub(crate) fn auth_failed(st: &AppState, client: Option<std::net::IpAddr>, what:
             tracing::warn!(
                 client = %client.map_or_else(|| "unknown".to_owned(), |c| c.to_string()),
                 "too many failed authentications from this client; refusing it for up to a minute"
+            );
+            too_many()
+        }
+        Verdict::CeilingReached => {
+            tracing::warn!(
+                ceiling = super::clients::GLOBAL,
+                "failed authentications from all clients reached the ceiling for this minute: \
+                 every client that fails from now on is refused until the minute ends (clients \
+                 that have not failed are not)"
             );
             too_many()
         }
@@ -201,8 +211,16 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
     }
     let now = st.admin.client().now_ms();
     let cookie = session::from_headers(req.headers());
+    let session = match &cookie {
+        Some(c) => st.session_ok(c, now).await,
+        None => super::Session::None,
+    };
+    if session == super::Session::Unknown {
+        // Not a failure of the client's: not counted, and never let through.
+        return super::session_unknown();
+    }
     if let Some(cookie) = cookie
-        && st.session_ok(&cookie, now).await
+        && session == super::Session::Live
     {
         let csrf = req
             .headers()

@@ -60,6 +60,27 @@ pub struct AppState {
     metrics_cache: Arc<MetricsCache>,
 }
 
+/// What a dashboard session cookie is worth now (see [`AppState::session_ok`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Session {
+    /// A live session.
+    Live,
+    /// No session: none, forged, expired or signed out.
+    None,
+    /// Redis could not say whether it was signed out: refused (503), never trusted.
+    Unknown,
+}
+
+/// 503 `redis_unavailable`: a session cannot be checked while Redis does not answer.
+pub(crate) fn session_unknown() -> Response {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "redis_unavailable",
+        "redis is unavailable: the session cannot be checked; try again",
+    )
+    .into_response()
+}
+
 /// Every queue's statistics as one read saw them, shared by `/v1/stats` (every page of it)
 /// and the `/metrics` gauges.
 #[derive(Default)]
@@ -151,23 +172,37 @@ impl AppState {
 
     /// Whether `cookie` is a live dashboard session: signed by this key, not expired at
     /// `now_ms`, and not signed out (checked in Redis on every request, so a sign-out
-    /// through any process ends it everywhere). When Redis cannot answer, the signature
-    /// and expiry decide: every call the session could make needs Redis anyway, and the
-    /// page must be able to say that Redis is unreachable rather than ask to sign in.
-    pub(crate) async fn session_ok(&self, cookie: &str, now_ms: i64) -> bool {
+    /// through any process ends it everywhere). When Redis cannot say (unreachable, frozen:
+    /// no answer within the client's response timeout), the answer is
+    /// [`Session::Unknown`]: never a session, since the cookie may have been revoked.
+    pub(crate) async fn session_ok(&self, cookie: &str, now_ms: i64) -> Session {
         if !self.sessions.valid(cookie, now_ms) {
-            return false;
+            return Session::None;
         }
         let Some((nonce, _)) = crate::service::ui::session::Sessions::nonce_and_expiry(cookie)
         else {
-            return false;
+            return Session::None;
         };
         let client = self.admin.client();
-        let revoked: redis::RedisResult<bool> = redis::cmd("EXISTS")
-            .arg(client.keyspace().ui_revoked(nonce))
-            .query_async(&mut client.connection())
-            .await;
-        !matches!(revoked, Ok(true))
+        let revoked = tokio::time::timeout(
+            client.options().response_timeout,
+            redis::cmd("EXISTS")
+                .arg(client.keyspace().ui_revoked(nonce))
+                .query_async::<bool>(&mut client.connection()),
+        )
+        .await;
+        match revoked {
+            Ok(Ok(false)) => Session::Live,
+            Ok(Ok(true)) => Session::None,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "checking a dashboard session failed");
+                Session::Unknown
+            }
+            Err(_) => {
+                tracing::warn!("checking a dashboard session timed out");
+                Session::Unknown
+            }
+        }
     }
 
     /// The same state with `limits`.

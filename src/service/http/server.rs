@@ -9,11 +9,14 @@
 //!   no byte of the next one) for at most `idle_timeout`; from the first byte of a request to
 //!   its complete head at most `header_timeout`; the body and the handler are bounded by the
 //!   router's own deadlines (`read_body`); a response the client does not drain (the socket
-//!   takes no byte for `write_timeout`) is cut off too, whatever the phase. A slowloris,
-//!   slow or never-reading, is cut off, never kept.
-//! - **Shutdown is bounded.** Once cancelled the loop stops accepting; idle and half-sent
-//!   connections are closed at once, running requests finish (then their connections close),
-//!   and whatever is left after the grace period is cut off.
+//!   takes no byte for `write_timeout`) is cut off too, whatever the phase, and so is one the
+//!   process has already handed to the kernel's buffers (`TCP_USER_TIMEOUT` set to
+//!   `write_timeout`: the kernel closes a connection whose client takes no byte for that
+//!   long). A slowloris, slow or never-reading, is cut off, never kept.
+//! - **Shutdown is bounded.** Once cancelled the loop stops accepting; idle connections and
+//!   half-sent requests (a head, or a body, not arrived whole) are closed at once, running
+//!   requests finish (then their connections close), and whatever is left after the grace
+//!   period is cut off.
 
 use super::HttpLimits;
 use axum::Router;
@@ -23,7 +26,7 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -101,6 +104,11 @@ pub async fn serve(
         match accepted {
             Ok((stream, peer)) => {
                 let _ = stream.set_nodelay(true);
+                // What the process has handed to the kernel counts too: a response that fits
+                // in the socket's buffers, which the client never takes, times the
+                // connection out after write_timeout (the kernel closes it).
+                let _ = socket2::SockRef::from(&stream)
+                    .set_tcp_user_timeout(Some(limits.write_timeout));
                 conns.spawn(connection(
                     stream,
                     peer,
@@ -150,6 +158,12 @@ struct Activity {
     /// 1 + ms since `epoch` when a write first found the socket full and nothing has been
     /// written since (0: writes are going through).
     blocked_ms: AtomicU64,
+    /// The running request's body has not arrived whole yet (a half-sent request: closed
+    /// at once on shutdown).
+    body_pending: AtomicBool,
+    /// The kernel timed the connection out (`TCP_USER_TIMEOUT`: its client took no byte of
+    /// what it was sent for `write_timeout`).
+    timed_out: AtomicBool,
     /// Woken on every phase change, so the watchdog sleeps until the right deadline.
     changed: Notify,
 }
@@ -161,6 +175,8 @@ impl Activity {
             phase: AtomicU8::new(IDLE),
             since_ms: AtomicU64::new(0),
             blocked_ms: AtomicU64::new(0),
+            body_pending: AtomicBool::new(false),
+            timed_out: AtomicBool::new(false),
             changed: Notify::new(),
         }
     }
@@ -188,6 +204,13 @@ impl Activity {
             .is_ok()
         {
             self.changed.notify_one();
+        }
+    }
+
+    /// Notes an I/O error that means the kernel timed the connection out.
+    fn io_error(&self, e: &std::io::Error) {
+        if e.kind() == std::io::ErrorKind::TimedOut {
+            self.timed_out.store(true, Ordering::SeqCst);
         }
     }
 
@@ -305,6 +328,9 @@ impl AsyncRead for Tracked {
         }
         let before = buf.filled().len();
         let r = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if let Poll::Ready(Err(e)) = &r {
+            this.act.io_error(e);
+        }
         if buf.filled().len() > before {
             let phase = this.act.phase();
             if phase == IDLE {
@@ -333,6 +359,7 @@ impl AsyncWrite for Tracked {
         match &r {
             Poll::Pending => self.act.write_blocked(),
             Poll::Ready(Ok(n)) if *n > 0 => self.act.wrote(),
+            Poll::Ready(Err(e)) => self.act.io_error(e),
             Poll::Ready(_) => {}
         }
         r
@@ -347,6 +374,7 @@ impl AsyncWrite for Tracked {
         match &r {
             Poll::Pending => self.act.write_blocked(),
             Poll::Ready(Ok(n)) if *n > 0 => self.act.wrote(),
+            Poll::Ready(Err(e)) => self.act.io_error(e),
             Poll::Ready(_) => {}
         }
         r
@@ -362,6 +390,50 @@ impl AsyncWrite for Tracked {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A request body that notes when it has arrived whole (its end, or an error), so that a
+/// shutdown closes a half-sent request at once instead of waiting for its body.
+struct TrackedBody {
+    inner: Incoming,
+    act: Arc<Activity>,
+}
+
+impl TrackedBody {
+    fn new(inner: Incoming, act: Arc<Activity>) -> Self {
+        act.body_pending
+            .store(!hyper::body::Body::is_end_stream(&inner), Ordering::SeqCst);
+        TrackedBody { inner, act }
+    }
+}
+
+impl hyper::body::Body for TrackedBody {
+    type Data = hyper::body::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        let ended = match &r {
+            Poll::Ready(None | Some(Err(_))) => true,
+            Poll::Ready(Some(Ok(_))) => hyper::body::Body::is_end_stream(&self.inner),
+            Poll::Pending => false,
+        };
+        if ended {
+            self.act.body_pending.store(false, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -404,7 +476,8 @@ async fn connection(
     });
     let tower = TowerToHyperService::new(router);
     let svc_act = act.clone();
-    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+        let mut req = req.map(|b| TrackedBody::new(b, svc_act.clone()));
         svc_act.set(REQUEST);
         // The peer address, for the per-client limits of authentication failures.
         req.extensions_mut()
@@ -429,7 +502,12 @@ async fn connection(
         let deadline = act.deadline(&limits);
         tokio::select! {
             r = conn.as_mut() => {
-                if let Err(e) = r {
+                if act.timed_out.load(Ordering::SeqCst) {
+                    // The kernel gave up on a client that took no byte for write_timeout
+                    // (hyper, idle, takes the error for the end of the connection).
+                    tracing::debug!(deadline = "write", "closing an HTTP connection past its deadline");
+                    crate::engine::telemetry::http_connection_cut("write");
+                } else if let Err(e) = r {
                     tracing::debug!(error = %e, "HTTP connection ended with an error");
                 }
                 return;
@@ -444,8 +522,8 @@ async fn connection(
             }
             _ = cancel.cancelled(), if !stopping => {
                 stopping = true;
-                if act.phase() != REQUEST {
-                    return; // idle or half-sent: closed at once
+                if act.phase() != REQUEST || act.body_pending.load(Ordering::SeqCst) {
+                    return; // idle, or a head or body half-sent: closed at once
                 }
                 conn.as_mut().graceful_shutdown();
             }

@@ -15,7 +15,7 @@ pub mod session;
 pub mod timing;
 
 use crate::service::http::edge::{cross_origin, token_ok};
-use crate::service::http::{ApiError, AppState};
+use crate::service::http::{ApiError, AppState, Session, session_unknown};
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -109,10 +109,14 @@ async fn session_info(State(st): State<AppState>, headers: HeaderMap) -> Respons
     } else {
         session::from_headers(&headers)
     };
-    if let Some(c) = &cookie
-        && !st.session_ok(c, now).await
-    {
-        cookie = None;
+    if let Some(c) = &cookie {
+        match st.session_ok(c, now).await {
+            Session::Live => {}
+            Session::None => cookie = None,
+            // Redis cannot say whether it was signed out: never a session (the page says
+            // that Redis is unreachable).
+            Session::Unknown => return session_unknown(),
+        }
     }
     let csrf = cookie.as_deref().map(|c| st.sessions.csrf(c));
     axum::Json(SessionInfo {
