@@ -40,8 +40,8 @@ COPY --chmod=0644 deploy/docker/delayq.toml /etc/delayq/delayq.toml
 # no HTTP client is added for it). Port: HEALTHCHECK_PORT, default 7070.
 COPY --chmod=0755 deploy/docker/healthcheck.sh /usr/local/bin/delayq-healthcheck
 
-ENV RUST_LOG=info \
-    NO_COLOR=1
+# No RUST_LOG: serve's default is delayq's own lines from info, the dependencies' warnings.
+ENV NO_COLOR=1
 
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
