@@ -618,10 +618,9 @@ async fn rediss_at_a_plain_text_port_says_the_tls_handshake_failed() {
             && text.contains("plain text")
             && !text.contains("timed out")
     };
-    let e = Client::connect(&url)
-        .await
-        .err()
-        .expect("connected over TLS to a plain port");
+    let Err(e) = Client::connect(&url).await else {
+        panic!("connected over TLS to a plain port");
+    };
     assert!(tls_named(&e.to_string()), "{e}");
 
     let (code, out, err) = cli(&["get", Q, "o1", "--redis-url", &url], &[]).await;
