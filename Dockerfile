@@ -37,8 +37,8 @@ RUN apt-get update \
 # DELAYQ_HTTP__TOKENS='["..."]', DELAYQ_HANDLERS=..., see docs/container.md).
 COPY --chmod=0644 deploy/docker/delayq.toml /etc/delayq/delayq.toml
 
-ENV RUST_LOG=info \
-    NO_COLOR=1
+# No RUST_LOG: serve's default is delayq's own lines from info, the dependencies' warnings.
+ENV NO_COLOR=1
 
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001

@@ -678,6 +678,99 @@ async fn endpoint_credentials(from_env: bool) {
     }
 }
 
+/// `delayq schedule` carries the caller's trace context from `TRACEPARENT` / `TRACESTATE`
+/// (the OpenTelemetry convention for command-line tools) to the webhook; an invalid
+/// `TRACEPARENT` is ignored with a warning naming it, as HTTP ignores an invalid header: the
+/// order is scheduled with exactly the bytes it would have had without one.
+#[tokio::test]
+async fn delayq_schedule_takes_traceparent_from_the_environment_to_the_webhook() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let hooks = Hooks::default();
+    let hook = hooks.start().await;
+    // No exporter, text logs: the webhook gets the order's own context as it was stored.
+    let cfg = format!(
+        "redis_url = \"{}\"\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n\
+         [[handlers]]\nqueue = \"{QUEUE}\"\ngroup = \"close-order\"\nkind = \"webhook\"\n\
+         url = \"{hook}\"\n",
+        redis.url()
+    );
+    let mut serve = Serve::start(&cfg, None);
+    serve.wait_ready(WAIT).await;
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    let cli = |id: &str, delay: &str, vars: &[(&str, &str)]| {
+        let o = std::process::Command::new(support::serve::BIN)
+            .args([
+                "--redis-url",
+                &redis.url(),
+                "schedule",
+                QUEUE,
+                id,
+                "--in",
+                delay,
+            ])
+            .args(["--payload", r#"{"n":1}"#])
+            .env_remove("DELAYQ_REDIS_URL")
+            .env_remove("DELAYQ_NAMESPACE")
+            .env_remove("TRACEPARENT")
+            .env_remove("TRACESTATE")
+            .env_remove("RUST_LOG")
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+
+    let tp = traceparent();
+    let (code, err) = cli(
+        "cli-traced",
+        "0s",
+        &[("TRACEPARENT", &tp), ("TRACESTATE", "shop=checkout")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.is_empty(), "{err}");
+    let h = hooks.clone();
+    wait_for("the webhook of `cli-traced`", WAIT, || {
+        let n = h.calls_for("cli-traced").len();
+        async move { n >= 1 }
+    })
+    .await;
+    let (headers, body) = hooks.calls_for("cli-traced").remove(0);
+    assert_eq!(body["payload"], json!({"n": 1}));
+    let got = headers.get("traceparent").unwrap().to_str().unwrap();
+    assert_eq!(ids_of(got).0, TRACE, "{got}");
+    assert_eq!(got, tp);
+    assert_eq!(headers.get("tracestate").unwrap(), "shop=checkout");
+
+    // Invalid: ignored with a warning that names the variable; stored as without context.
+    for bad in [
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "garbage",
+    ] {
+        let (code, err) = cli("cli-bad", "1h", &[("TRACEPARENT", bad)]);
+        assert_eq!(code, Some(0), "{err}");
+        assert!(
+            err.contains("TRACEPARENT") && err.contains("ignored"),
+            "{err}"
+        );
+        assert_plain(&stored(&client, "cli-bad").await, r#"{"n":1}"#);
+    }
+    // An invalid TRACESTATE alone is dropped, with a warning; the traceparent kept.
+    let (code, err) = cli(
+        "cli-state",
+        "1h",
+        &[("TRACEPARENT", &tp), ("TRACESTATE", "no members here")],
+    );
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("TRACESTATE"), "{err}");
+    let raw = stored(&client, "cli-state").await;
+    assert!(raw.ends_with(&format!("~{tp}~{{\"n\":1}}")), "{raw}");
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(WAIT).await, Some(0));
+}
+
 /// The global subscriber of this test process: an OpenTelemetry layer exporting to memory.
 fn memory_exporter() -> &'static opentelemetry_sdk::trace::InMemorySpanExporter {
     use opentelemetry::trace::TracerProvider as _;

@@ -68,7 +68,7 @@ pub enum Command {
         #[arg(long)]
         if_absent: bool,
         /// Priority level: high, normal (the default) or low.
-        #[arg(long, value_parser = parse_priority)]
+        #[arg(long, value_parser = parse_priority, allow_hyphen_values = true)]
         priority: Option<Priority>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
@@ -420,7 +420,8 @@ pub enum CronAction {
     },
 }
 
-/// `--priority`: the engine's one rule ([`Priority::parse`]); clap names the flag and exits 2.
+/// `--priority`: the engine's one rule ([`Priority::parse`]); clap names the flag and exits 2
+/// (a value that looks like a flag, `-1`, is given to it too).
 fn parse_priority(text: &str) -> Result<Priority, String> {
     Priority::parse(text).map_err(|e| e.to_string())
 }

@@ -133,7 +133,8 @@ pub(crate) fn write_out(text: &str, newline: bool) {
 }
 
 /// Runs the parsed command line; returns the process exit code. Sets up logging (on stderr,
-/// filtered by `RUST_LOG`, warnings by default): plain text for every verb; `serve` sets up
+/// filtered by `RUST_LOG`, warnings by default, delayq's own `info` lines too for `serve`):
+/// plain text for every verb; `serve` sets up
 /// its own from its configuration (`log_format`, `[telemetry]`).
 pub async fn run(cli: Cli) -> ExitCode {
     if !matches!(cli.command, Command::Serve { .. }) {

@@ -1,8 +1,12 @@
 //! `delayq schedule QUEUE ID (--in D | --at T) [--payload JSON] [--if-absent] [--priority P]`.
+//!
+//! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
+//! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
 
 use super::{Command, Failure, Global, VerbResult, print_json};
 use crate::engine::duration::parse_duration;
 use crate::engine::message::{Mode, NewOrder, Payload, When};
+use crate::engine::trace::TraceContext;
 use crate::service::admin::{self, Admin};
 
 /// Runs the verb (`c` is a [`Command::Schedule`]).
@@ -32,14 +36,41 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     } else {
         Mode::Upsert
     };
+    let mut order = NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default());
+    if let Some(t) = trace_from_env() {
+        order = order.with_trace(t);
+    }
     let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    let answer = a
-        .schedule(
-            &queue,
-            NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default()),
-            mode,
-        )
-        .await?;
+    let answer = a.schedule(&queue, order, mode).await?;
     print_json(&answer);
     Ok(())
+}
+
+/// The caller's trace context: `TRACEPARENT` (and `TRACESTATE`) from the environment, by
+/// the rule the HTTP API applies to the headers of the same names ([`TraceContext::parse`]).
+/// As there, an invalid value is never an error: an invalid `TRACEPARENT` is ignored (the
+/// order is scheduled without context) and an invalid `TRACESTATE` dropped, each with a
+/// warning on stderr naming the variable (not its value).
+fn trace_from_env() -> Option<TraceContext> {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .map(|v| v.into_string().unwrap_or_default())
+            .filter(|v| !v.trim().is_empty())
+    };
+    let parent = var("TRACEPARENT")?;
+    let state = var("TRACESTATE");
+    let Some(t) = TraceContext::parse(&parent, state.as_deref()) else {
+        tracing::warn!(
+            "TRACEPARENT is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>, ids not all \
+             zeros): ignored, the order is scheduled without trace context"
+        );
+        return None;
+    };
+    if state.is_some() && t.tracestate().is_none() {
+        tracing::warn!(
+            "TRACESTATE is not a W3C tracestate (key=value members, at most {} bytes): ignored",
+            crate::engine::trace::MAX_TRACESTATE_BYTES
+        );
+    }
+    Some(t)
 }

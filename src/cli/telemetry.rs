@@ -34,10 +34,19 @@ use tracing_subscriber::filter::{FilterExt, Targets, filter_fn};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-/// The log filter: `RUST_LOG`, else warnings and errors only.
-fn env_filter() -> tracing_subscriber::EnvFilter {
+/// What a verb logs when `RUST_LOG` is not set: warnings and errors only (a verb's output
+/// is on stdout).
+const VERB_LEVEL: &str = "warn";
+
+/// What `serve` logs when `RUST_LOG` is not set: delayq's own lines from `info` (where it
+/// listens, its Redis target masked, the queues it serves, dispatchers and workers starting
+/// and stopping), the dependencies' warnings and errors only.
+const SERVE_LEVEL: &str = "warn,delayq=info";
+
+/// The log filter: `RUST_LOG`, else `default`.
+fn env_filter(default: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default))
 }
 
 /// Colours only on a terminal: a log file or collector gets plain text.
@@ -49,7 +58,7 @@ fn ansi() -> bool {
 /// configuration is read).
 pub(crate) fn init_plain() {
     let _ = tracing_subscriber::fmt()
-        .with_env_filter(env_filter())
+        .with_env_filter(env_filter(VERB_LEVEL))
         .with_writer(std::io::stderr)
         .with_ansi(ansi())
         .try_init();
@@ -163,12 +172,12 @@ pub(crate) fn init_serve(format: LogFormat, t: &TelemetrySettings) -> Result<Tel
         LogFormat::Text => tracing_subscriber::fmt::layer()
             .with_writer(std::io::stderr)
             .with_ansi(ansi())
-            .with_filter(env_filter().and(not_ours))
+            .with_filter(env_filter(SERVE_LEVEL).and(not_ours))
             .boxed(),
         LogFormat::Json => tracing_subscriber::fmt::layer()
             .event_format(JsonLines)
             .with_writer(std::io::stderr)
-            .with_filter(env_filter().and(not_ours))
+            .with_filter(env_filter(SERVE_LEVEL).and(not_ours))
             .boxed(),
     });
     let mut telemetry = Telemetry {

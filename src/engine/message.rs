@@ -9,9 +9,24 @@ use serde::{Deserialize, Serialize};
 
 /// The furthest ahead an order may be scheduled: 10 years (3,653 days).
 pub const MAX_AHEAD_MS: i64 = 3653 * 24 * 3600 * 1000;
-/// Unix ms of 2000-01-01T00:00:00Z. A millisecond timestamp given as text that is smaller
-/// than this is almost surely seconds by mistake, and is refused.
+/// Unix ms of 2000-01-01T00:00:00Z. A due time given as a number of milliseconds (text, or
+/// [`When::AtMs`]) that is smaller than this is almost surely seconds by mistake, and is
+/// refused on every surface ([`check_not_seconds`]); a date-time is not a number and may be
+/// earlier (from 1970).
 pub const YEAR_2000_MS: i64 = 946_684_800_000;
+
+/// The one rule for a due time given as unix milliseconds: from [`YEAR_2000_MS`] (a smaller
+/// number is seconds by mistake; a negative one is before 1970).
+fn check_not_seconds(ms: i64) -> Result<(), InvalidInput> {
+    let reason = if ms < 0 {
+        format!("{ms} is before 1970")
+    } else if ms < YEAR_2000_MS {
+        format!("{ms} is before the year 2000: it looks like seconds, not milliseconds")
+    } else {
+        return Ok(());
+    };
+    Err(InvalidInput::DueTime { reason })
+}
 
 /// When an order is due: an absolute time, or a delay from "now" (the Redis server's clock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +49,8 @@ impl When {
         When::DelayMs(ms)
     }
 
-    /// Due at unix time `ms`.
+    /// Due at unix time `ms` (from the year 2000: a smaller number is refused by
+    /// [`When::resolve`] as seconds by mistake; give an earlier time as a date-time).
     pub fn at_ms(ms: i64) -> Self {
         When::AtMs(ms)
     }
@@ -51,11 +67,7 @@ impl When {
             let ms: i64 = t
                 .parse()
                 .map_err(|_| bad(format!("{t:?} is not a valid unix millisecond timestamp")))?;
-            if ms < YEAR_2000_MS {
-                return Err(bad(format!(
-                    "{ms} is before the year 2000: it looks like seconds, not milliseconds"
-                )));
-            }
+            check_not_seconds(ms)?;
             return Ok(When::AtMs(ms));
         }
         match DateTime::parse_from_rfc3339(t) {
@@ -72,14 +84,17 @@ impl When {
     }
 
     /// The due time in unix ms, given the current time; refuses negative delays, times
-    /// before 1970 and times more than 10 years after `now_ms`. A past time is allowed
-    /// (it fires at once).
+    /// before 1970 (a number of milliseconds: before 2000, as seconds by mistake) and times
+    /// more than 10 years after `now_ms`. A past time is allowed (it fires at once).
     pub fn resolve(&self, now_ms: i64) -> Result<i64, InvalidInput> {
         let due = match *self {
             When::Delay(d) => delay_due(now_ms, d.num_milliseconds())?,
             When::DelayMs(ms) => delay_due(now_ms, ms)?,
             When::At(t) => t.timestamp_millis(),
-            When::AtMs(ms) => ms,
+            When::AtMs(ms) => {
+                check_not_seconds(ms)?;
+                ms
+            }
         };
         if due < 0 {
             return Err(InvalidInput::DueTime {
@@ -397,6 +412,14 @@ mod tests {
         assert!(When::at_ms(-5).resolve(now).is_err());
         assert!(When::at_ms(now + MAX_AHEAD_MS + 1).resolve(now).is_err());
         assert!(When::at_ms(now + MAX_AHEAD_MS).resolve(now).is_ok());
+        // A number of milliseconds before 2000 is seconds by mistake; a date-time is not.
+        let e = When::at_ms(1_795_000_000).resolve(now).unwrap_err();
+        assert!(e.to_string().contains("seconds"), "{e}");
+        assert!(When::at_ms(0).resolve(now).is_err());
+        assert!(When::at_ms(YEAR_2000_MS - 1).resolve(now).is_err());
+        assert_eq!(When::at_ms(YEAR_2000_MS).resolve(now), Ok(YEAR_2000_MS));
+        let t1990 = DateTime::from_timestamp_millis(631_152_000_000).unwrap();
+        assert_eq!(When::from(t1990).resolve(now), Ok(631_152_000_000));
     }
 
     #[test]

@@ -61,6 +61,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             source,
         })?;
     let listener = Arc::new(listener);
+    let bound = listener.local_addr().unwrap_or(settings.listen);
+    tracing::info!(listen = %bound, "listening");
+    tracing::info!(redis = %crate::engine::redact::url(&cfg.redis_url), "connecting to redis");
     // While Redis is awaited, the port answers: /healthz 200 (alive), /readyz 503.
     let warmup = cancel.child_token();
     let warm = tokio::spawn(server::serve(
@@ -155,7 +158,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         Ok(())
     });
     tracing::info!(
-        listen = %settings.listen, queues = ?settings.queues, dispatch = ?settings.dispatch,
+        listen = %bound, queues = ?settings.queues, dispatch = ?settings.dispatch,
         handlers = settings.handlers.len(),
         "delayq serving"
     );

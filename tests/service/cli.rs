@@ -147,6 +147,15 @@ async fn invalid_input_exits_2_names_the_problem_and_writes_nothing() {
             &["schedule", "q", "o", "--in", "1s", "--priority", "bogus"],
             "--priority",
         ),
+        // A value that looks like a flag still reaches the one rule: named, with the levels.
+        (
+            &["schedule", "q", "o", "--in", "1s", "--priority", "-1"],
+            "--priority",
+        ),
+        (
+            &["schedule", "q", "o", "--in", "1s", "--priority", "-1"],
+            "\"-1\" is not high, normal or low",
+        ),
     ];
     for (args, needle) in cases {
         let o = run(&url, args);

@@ -613,6 +613,33 @@ async fn mutual_tls_serve_delivers_to_a_webhook_and_the_cli_reads() {
     assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
 }
 
+/// A `rediss://` URL at a plain-text port: the TLS handshake is named as what failed (not a
+/// timeout after every retry), by the library, the CLI (exit 3) and serve (exit 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_at_a_plain_text_port_says_the_tls_handshake_failed() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let url = format!("rediss://127.0.0.1:{}", redis.port());
+    let tls_named = |text: &str| {
+        text.contains("TLS handshake failed")
+            && text.contains("plain text")
+            && !text.contains("timed out")
+    };
+    let Err(e) = Client::connect(&url).await else {
+        panic!("connected over TLS to a plain port");
+    };
+    assert!(tls_named(&e.to_string()), "{e}");
+
+    let (code, out, err) = cli(&["get", Q, "o1", "--redis-url", &url], &[]).await;
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(tls_named(&err), "{err}");
+
+    let (hook_port, _received) = receiver().await;
+    let lines = format!("redis_url = \"{url}\"");
+    let mut serve = Serve::start(&webhook_config(&lines, hook_port), None);
+    assert_eq!(serve.wait_exit(WAIT).await, Some(3), "{}", serve.log());
+    assert!(tls_named(&serve.log()), "{}", serve.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_ca_fails_clearly_and_nothing_goes_in_clear() {
     let pki = Pki::new();

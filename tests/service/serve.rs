@@ -899,3 +899,48 @@ async fn get_text(http: &reqwest::Client, port: u16, path: &str) -> String {
         .await
         .unwrap()
 }
+
+/// At the default log level (no `RUST_LOG`), serve's first lines name the listen address, the
+/// Redis target (its password masked) and the queues served; dependency noise stays quiet.
+#[tokio::test]
+async fn at_the_default_level_serve_says_where_it_listens_its_redis_and_its_queues() {
+    const PASSWORD: &str = "Pw-never-shown";
+    let redis = delayq::LocalRedis::start().unwrap();
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    let _: String = support::raw(&client, &["CONFIG", "SET", "requirepass", PASSWORD]).await;
+    let url = format!("redis://:{PASSWORD}@127.0.0.1:{}", redis.port());
+    let cfg = format!(
+        "redis_url = \"{url}\"\nqueues = [\"alpha-q\", \"beta-q\"]\n\
+         [http]\nlisten = \"127.0.0.1:{{port}}\"\ntokens = [\"{TOKEN}\"]\n"
+    );
+    let mut serve = support::serve::Serve::start_with_vars(&cfg, &[("RUST_LOG", None)]);
+    serve.wait_ready(Duration::from_secs(30)).await;
+    let s = &serve;
+    wait_for("the serving line", Duration::from_secs(30), || {
+        let done = s.log().contains("delayq serving");
+        async move { done }
+    })
+    .await;
+    let log = serve.log();
+    let first: Vec<&str> = log.lines().take(6).collect();
+    let first = first.join("\n");
+    let listen = format!("127.0.0.1:{}", serve.port);
+    let target = format!("redis://***@127.0.0.1:{}", redis.port());
+    assert!(first.contains(&listen), "{log}");
+    assert!(first.contains(&target), "{log}");
+    assert!(
+        first.contains("alpha-q") && first.contains("beta-q"),
+        "{log}"
+    );
+    assert!(!log.contains(PASSWORD), "{log}");
+    // Info for delayq's own lines only: nothing below, nothing from the dependencies.
+    for l in log.lines() {
+        assert!(
+            l.contains(" INFO delayq") || l.contains(" WARN ") || l.contains(" ERROR "),
+            "{l}\n{log}"
+        );
+    }
+    assert!(!log.contains("Job creator created"), "{log}");
+    serve.sigterm();
+    assert_eq!(serve.wait_exit(Duration::from_secs(30)).await, Some(0));
+}

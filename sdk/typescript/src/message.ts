@@ -7,7 +7,7 @@ import { checkId, hasLoneSurrogate } from "./keys.js";
 
 /** The furthest ahead an order may be scheduled: 10 years (3,653 days), ms. */
 export const MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000;
-/** Unix ms of 2000-01-01T00:00:00Z: a smaller timestamp given as text looks like seconds. */
+/** Unix ms of 2000-01-01T00:00:00Z: a smaller timestamp (a number, or text) looks like seconds; a Date may be earlier. */
 export const YEAR_2000_MS = 946_684_800_000;
 /** Deepest nesting of arrays and objects a payload may have. */
 export const MAX_PAYLOAD_DEPTH = 64;
@@ -204,6 +204,9 @@ export function resolveWhen(w: When, nowMs: number): number {
     } else if (typeof at === "number" || typeof at === "bigint") {
       const ms = integer(at);
       if (ms === null) throw dueErr("must be an integer number of unix milliseconds");
+      if (ms >= 0 && ms < YEAR_2000_MS) {
+        throw dueErr(`${ms} is before the year 2000: it looks like seconds, not milliseconds`);
+      }
       due = ms;
     } else {
       throw dueErr("at must be a Date, unix milliseconds or RFC 3339 text");

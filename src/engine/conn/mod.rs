@@ -199,8 +199,18 @@ impl RedisTarget {
                     .set_max_delay(Duration::from_secs(2));
                 let addr = client.get_connection_info().addr();
                 let tls = matches!(addr, ConnectionAddr::TcpTls { .. });
-                ConnectionManager::new_with_config((**client).clone(), config)
-                    .await
+                let manager = ConnectionManager::new_with_config((**client).clone(), config);
+                let connected = match addr {
+                    // A plain-text port is named at once, not after every retry timed out.
+                    ConnectionAddr::TcpTls { host, port, .. } => tokio::select! {
+                        r = manager => r,
+                        () = tls::answers_plain_text(host, *port, connect_timeout) => {
+                            Err(tls::plain_text_port(&addr.to_string()))
+                        }
+                    },
+                    _ => manager.await,
+                };
+                connected
                     .map(Conn::Single)
                     .map_err(|e| explain_tls(e, tls, &addr.to_string()))
             }

@@ -273,3 +273,38 @@ pub fn is_tls_url(url: &str) -> bool {
 
 // ---------------------------------------------------------------------------------------
 // URL parsing
+
+/// Resolves when `host:port` answers a plain-text `PING` in RESP (`+PONG`, `-NOAUTH ...`)
+/// within `within`: a plain-text Redis port given a `rediss://` URL. Such a server stays
+/// silent to a TLS handshake (it waits for the end of a command line), which would
+/// otherwise end only in a timeout after every retry. Never resolves otherwise: a TLS port
+/// refuses the plain bytes (at its `verbose` log level only), and no answer or an error is
+/// left to the TLS connection's own outcome. Run beside the TLS connect, it costs that
+/// connect nothing.
+pub(super) async fn answers_plain_text(host: &str, port: u16, within: std::time::Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let probe = async {
+        let mut s = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+        s.write_all(b"PING\r\n").await.ok()?;
+        let mut first = [0u8; 1];
+        let n = s.read(&mut first).await.ok()?;
+        (n == 1 && matches!(first[0], b'+' | b'-')).then_some(())
+    };
+    if let Ok(Some(())) = tokio::time::timeout(within, probe).await {
+        return;
+    }
+    std::future::pending::<()>().await
+}
+
+/// The error of a `rediss://` URL at a plain-text port (see [`answers_plain_text`]): not
+/// retried, as a certificate error is not.
+pub(super) fn plain_text_port(what: &str) -> redis::RedisError {
+    redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "TLS handshake failed",
+        format!(
+            "{what} answers in plain text, not TLS: use a redis:// URL for this port, or the \
+             server's tls-port with rediss://"
+        ),
+    ))
+}

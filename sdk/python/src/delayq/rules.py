@@ -21,6 +21,9 @@ MAX_NAME_LEN = 64
 MAX_ID_LEN = 256
 #: The furthest ahead an order may be due: 3,653 days, in ms.
 MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000
+#: Unix ms of 2000-01-01T00:00:00Z: a ``due_ms`` below it is seconds by mistake (refused,
+#: as the Rust ``When`` rules, HTTP and the CLI refuse it); a ``datetime`` may be earlier.
+YEAR_2000_MS = 946_684_800_000
 #: Deepest nesting of arrays and objects in a payload.
 MAX_PAYLOAD_DEPTH = 64
 #: Default payload limit: 64 KiB of JSON text.
@@ -361,7 +364,8 @@ def resolve_due(
 ) -> int:
     """The due time in unix ms from exactly one of ``delay_ms``, ``due_ms``, ``delay``
     (a ``timedelta``) or ``at`` (an aware ``datetime``), as ``When::resolve`` does:
-    delays 0..=3,653 days; due times from 1970 to now + 3,653 days (the past is allowed)."""
+    delays 0..=3,653 days; due times from 1970 to now + 3,653 days (the past is allowed),
+    ``due_ms`` from the year 2000 (a smaller number is seconds by mistake)."""
     given = [x is not None for x in (delay_ms, due_ms, delay, at)]
     if sum(given) != 1:
         raise InvalidInput("invalid_due_time", "invalid due time: give exactly one of delay_ms, due_ms, delay or at")
@@ -386,6 +390,11 @@ def resolve_due(
         due = (at - _EPOCH) // _MS
     else:
         due = _int(due_ms, "invalid_due_time", "invalid due time")
+        if 0 <= due < YEAR_2000_MS:
+            raise InvalidInput(
+                "invalid_due_time",
+                f"invalid due time: {due} is before the year 2000: it looks like seconds, not milliseconds",
+            )
     if due < 0:
         raise InvalidInput("invalid_due_time", f"invalid due time: {due} is before 1970")
     if due > now_ms + MAX_AHEAD_MS:
