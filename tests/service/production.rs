@@ -2173,10 +2173,24 @@ async fn failover_and_kill_under_writers(guard: Guard) {
         .iter()
         .filter(|p| p.1 != 200)
         .count();
+    // How long after each event no write sent after it was acknowledged yet, and the
+    // slowest answer.
+    let first_ack = |from: Instant| {
+        all.iter()
+            .filter(|a| a.acked() && a.sent > from)
+            .map(|a| a.answered - from)
+            .min()
+            .unwrap_or_default()
+    };
+    let slowest = all
+        .iter()
+        .map(|a| a.answered - a.sent)
+        .max()
+        .unwrap_or_default();
     println!(
         "failover and kill under {WRITERS} writers, {guard:?} (durability {}): SENTINEL \
-         FAILOVER: new master named after {named1:?}, old master following after \
-         {followed1:?}; SIGKILL: named after {named2:?}, replacement replica in sync after \
+         FAILOVER: new master named after {named1:?}, old master following it (as every \
+         sentinel sees) after {followed1:?}; SIGKILL: named after {named2:?}, replacement replica in sync after \
          {followed2:?}",
         guard.durability()
     );
@@ -2192,6 +2206,12 @@ async fn failover_and_kill_under_writers(guard: Guard) {
         unanswered.len(),
         lost_failover,
         lost_kill,
+    );
+    println!(
+        "  first acknowledgement of a write sent after the failover: +{:?}, after the kill: \
+         +{:?}; slowest answer {slowest:?}",
+        first_ack(failover_at),
+        first_ack(kill_at)
     );
 
     assert!(unanswered.is_empty(), "unanswered: {unanswered:?}");
