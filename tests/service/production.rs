@@ -2266,3 +2266,37 @@ async fn failover_and_kill_with_min_replicas_and_replicated_durability_lose_noth
 async fn failover_and_kill_with_the_defaults_measure_what_is_lost() {
     failover_and_kill_under_writers(Guard::Defaults).await;
 }
+
+/// On a plain `redis://` URL, serve warns at start when the master reports a connected
+/// replica and nothing protects acknowledged writes, and not once the master has
+/// `min-replicas-to-write`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_warns_on_a_master_with_replicas_without_min_replicas_to_write() {
+    let master = Proc::data("master", None);
+    let replica = Proc::data("replica", Some(master.port));
+    let r_url = replica.url();
+    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
+    let (hook, _received) = receiver().await;
+    let config = webhook_config(&format!("redis_url = \"{}\"", master.url()), hook);
+    for (min_replicas, warns) in [("0", true), ("1", false)] {
+        let _: String = raw(
+            &master.url(),
+            &["CONFIG", "SET", "min-replicas-to-write", min_replicas],
+        )
+        .await
+        .unwrap();
+        let mut serve = Serve::start(&config, None);
+        serve.wait_ready(WAIT).await;
+        let log = serve.log();
+        assert_eq!(
+            log.contains(UNPROTECTED_WARNING),
+            warns,
+            "min-replicas-to-write {min_replicas}:\n{log}"
+        );
+        if warns {
+            assert!(log.contains("1 connected replica"), "{log}");
+        }
+        serve.sigterm();
+        assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+    }
+}
