@@ -206,3 +206,142 @@ async fn lookups_and_statistics_run_on_a_read_only_replica() {
         .unwrap_err();
     assert!(e.to_string().contains("read only replica"), "{e}");
 }
+
+/// How many commands the server at `client` refused with `NOREPLICAS` so far.
+async fn noreplicas_refusals(client: &Client) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(&mut client.connection())
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.trim().strip_prefix("errorstat_NOREPLICAS:count="))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A master that refuses writes for want of replicas (`min-replicas-to-write`, as the old
+/// and the new master do during a failover): a schedule fails as transient and not written;
+/// the dispatcher and the worker (reads, acknowledgements, a retry) keep running through the
+/// refusals and deliver everything once writes are taken again.
+#[tokio::test]
+async fn loops_ride_through_a_master_refusing_writes_for_want_of_replicas() {
+    use delayq::{
+        Backoff, Delivery, Dispatcher, DispatcherOptions, HandlerError, Worker, WorkerOptions,
+    };
+    use std::sync::{Arc, Mutex};
+    use tokio_util::sync::CancellationToken;
+
+    let master = LocalRedis::start().unwrap();
+    let client = Client::connect(&master.url()).await.unwrap();
+    support::declare_queues(&client).await;
+    let admin = Client::connect(&master.url()).await.unwrap();
+    // Every delivery (id, attempt); the first attempt of each order asks for a retry.
+    let seen: Arc<Mutex<Vec<(String, u32)>>> = Arc::default();
+    let s = seen.clone();
+    let handler = move |d: Delivery| {
+        s.lock().unwrap().push((d.id.clone(), d.attempt));
+        std::future::ready(if d.attempt == 1 {
+            Err(HandlerError::retry("first attempt"))
+        } else {
+            Ok(())
+        })
+    };
+    let worker = Worker::new(
+        &client,
+        "q",
+        "g",
+        handler,
+        WorkerOptions::default()
+            .block(Duration::from_millis(100))
+            .reclaim_every(Duration::from_millis(50))
+            .backoff(Backoff::Fixed(Duration::from_millis(300))),
+    )
+    .unwrap();
+    worker.ensure_groups().await.unwrap();
+    let cancel = CancellationToken::new();
+    let w = {
+        let c = cancel.clone();
+        tokio::spawn(async move { worker.run(c).await })
+    };
+    let dispatcher = Dispatcher::new(&client, "q", DispatcherOptions::default()).unwrap();
+    let d = {
+        let c = cancel.clone();
+        tokio::spawn(async move { dispatcher.run(c).await })
+    };
+
+    // "a" is delivered once (attempt 1 asks for a retry), "b" comes due during the refusal.
+    client
+        .schedule("q", "a", When::in_ms(0), json!(1))
+        .await
+        .unwrap();
+    client
+        .schedule("q", "b", When::in_ms(1500), json!(2))
+        .await
+        .unwrap();
+    let s = seen.clone();
+    wait_for(
+        "the first attempt of a",
+        Duration::from_secs(30),
+        move || {
+            let n = s.lock().unwrap().len();
+            async move { n >= 1 }
+        },
+    )
+    .await;
+    let before = noreplicas_refusals(&admin).await;
+    let _: String = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("1")
+        .query_async(&mut admin.connection())
+        .await
+        .unwrap();
+    let e = client
+        .schedule("q", "refused", When::in_ms(0), json!(3))
+        .await
+        .unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert_eq!(e.write_outcome(), delayq::WriteOutcome::NotApplied, "{e}");
+    // The loops' own writes (dispatching "b" once due, reading, the retry of "a") are
+    // refused for a while, and nothing stops.
+    let t0 = tokio::time::Instant::now();
+    let a = admin.clone();
+    wait_for(
+        "the loops refused several times, past b's due time",
+        Duration::from_secs(30),
+        move || {
+            let a = a.clone();
+            async move {
+                noreplicas_refusals(&a).await >= before + 10
+                    && t0.elapsed() > Duration::from_millis(1600)
+            }
+        },
+    )
+    .await;
+    assert!(!w.is_finished() && !d.is_finished(), "a loop stopped");
+    let _: String = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("min-replicas-to-write")
+        .arg("0")
+        .query_async(&mut admin.connection())
+        .await
+        .unwrap();
+    let s = seen.clone();
+    wait_for(
+        "a and b delivered at attempt 2",
+        Duration::from_secs(60),
+        move || {
+            let got = s.lock().unwrap().clone();
+            let done = ["a", "b"]
+                .iter()
+                .all(|id| got.iter().any(|(i, n)| i == id && *n == 2));
+            async move { done }
+        },
+    )
+    .await;
+    assert_eq!(client.get("q", "refused").await.unwrap().map(|_| ()), None);
+    cancel.cancel();
+    w.await.unwrap().unwrap();
+    d.await.unwrap();
+}

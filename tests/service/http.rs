@@ -1128,3 +1128,51 @@ async fn a_queue_without_history_keeps_every_overview_and_every_gauge() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A master that refuses writes for want of replicas (`min-replicas-to-write`, as during a
+/// failover) answers a write 503 `redis_unavailable` with `Retry-After`, never 500
+/// `internal`, and `/readyz` is 503 meanwhile (a `PING` would still answer); both recover
+/// once writes are taken again.
+#[tokio::test]
+async fn a_master_refusing_writes_answers_503_with_retry_after_and_is_not_ready() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let put = |id: &str| {
+        Request::builder()
+            .method("PUT")
+            .uri(format!("/v1/queues/q/messages/{id}"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/json")
+            .body(Body::from(
+                json!({"delay_ms": 60000, "payload": 1}).to_string(),
+            ))
+            .unwrap()
+    };
+    let _: String = raw(&client, &["CONFIG", "SET", "min-replicas-to-write", "1"]).await;
+    let resp = r.clone().oneshot(put("refused")).await.unwrap();
+    let status = resp.status();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let v: Value =
+        serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(
+        (status, code(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable"),
+        "{v}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(client.get("q", "refused").await.unwrap(), None);
+    let (st, v) = call(&r, "GET", "/readyz", None, None).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::SERVICE_UNAVAILABLE, "redis_unavailable")
+    );
+    // Writes taken again: ready, and the same write is acknowledged.
+    let _: String = raw(&client, &["CONFIG", "SET", "min-replicas-to-write", "0"]).await;
+    let (st, _) = call(&r, "GET", "/readyz", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let resp = r.clone().oneshot(put("refused")).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::CREATED);
+}

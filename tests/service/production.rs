@@ -2200,10 +2200,24 @@ async fn failover_and_kill_under_writers(guard: Guard) {
         .iter()
         .filter(|p| p.1 != 200)
         .count();
+    // How long after each event no write sent after it was acknowledged yet, and the
+    // slowest answer.
+    let first_ack = |from: Instant| {
+        all.iter()
+            .filter(|a| a.acked() && a.sent > from)
+            .map(|a| a.answered - from)
+            .min()
+            .unwrap_or_default()
+    };
+    let slowest = all
+        .iter()
+        .map(|a| a.answered - a.sent)
+        .max()
+        .unwrap_or_default();
     println!(
         "failover and kill under {WRITERS} writers, {guard:?} (durability {}): SENTINEL \
-         FAILOVER: new master named after {named1:?}, old master following after \
-         {followed1:?}; SIGKILL: named after {named2:?}, replacement replica in sync after \
+         FAILOVER: new master named after {named1:?}, old master following it (as every \
+         sentinel sees) after {followed1:?}; SIGKILL: named after {named2:?}, replacement replica in sync after \
          {followed2:?}",
         guard.durability()
     );
@@ -2219,6 +2233,12 @@ async fn failover_and_kill_under_writers(guard: Guard) {
         unanswered.len(),
         lost_failover,
         lost_kill,
+    );
+    println!(
+        "  first acknowledgement of a write sent after the failover: +{:?}, after the kill: \
+         +{:?}; slowest answer {slowest:?}",
+        first_ack(failover_at),
+        first_ack(kill_at)
     );
 
     assert!(unanswered.is_empty(), "unanswered: {unanswered:?}");
@@ -2272,4 +2292,38 @@ async fn failover_and_kill_with_min_replicas_and_replicated_durability_lose_noth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_and_kill_with_the_defaults_measure_what_is_lost() {
     failover_and_kill_under_writers(Guard::Defaults).await;
+}
+
+/// On a plain `redis://` URL, serve warns at start when the master reports a connected
+/// replica and nothing protects acknowledged writes, and not once the master has
+/// `min-replicas-to-write`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_warns_on_a_master_with_replicas_without_min_replicas_to_write() {
+    let master = Proc::data("master", None);
+    let replica = Proc::data("replica", Some(master.port));
+    let r_url = replica.url();
+    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
+    let (hook, _received) = receiver().await;
+    let config = webhook_config(&format!("redis_url = \"{}\"", master.url()), hook);
+    for (min_replicas, warns) in [("0", true), ("1", false)] {
+        let _: String = raw(
+            &master.url(),
+            &["CONFIG", "SET", "min-replicas-to-write", min_replicas],
+        )
+        .await
+        .unwrap();
+        let mut serve = Serve::start(&config, None);
+        serve.wait_ready(WAIT).await;
+        let log = serve.log();
+        assert_eq!(
+            log.contains(UNPROTECTED_WARNING),
+            warns,
+            "min-replicas-to-write {min_replicas}:\n{log}"
+        );
+        if warns {
+            assert!(log.contains("1 connected replica"), "{log}");
+        }
+        serve.sigterm();
+        assert_eq!(serve.wait_exit(WAIT).await, Some(0), "{}", serve.log());
+    }
 }

@@ -15,7 +15,9 @@
 //!   master's credentials; the sentinels' own are the query parameters
 //!   `sentinel_username` / `sentinel_password`. The connection ([`SentinelConn`]) resolves
 //!   the master again and reconnects when its connection breaks or times out, when the
-//!   server answers as a replica (`READONLY`, `UNBLOCKED`), or when a watcher task that asks
+//!   server answers as a replica (`READONLY`, `UNBLOCKED`, `MASTERDOWN`) or refuses writes
+//!   for want of replicas (`NOREPLICAS`) or while loading (`LOADING`), retrying the refused
+//!   call (it did nothing), or when a watcher task that asks
 //!   a sentinel every 500 ms hears of another master: a failover needs no restart.
 //!
 //! TLS files: a `rediss` URL takes the query parameters `tls_ca=<path>` (a PEM file of the
