@@ -92,10 +92,16 @@ impl FaultClass {
             .collect()
     }
 
-    /// What `cargo test` runs: every class (docs/fault-campaign.md lists any left out
-    /// while a fix is pending).
+    /// What `cargo test` runs: every class but those whose known defects are being fixed
+    /// (docs/fault-campaign.md, "Known defects"): `schedules` (a tick after an
+    /// acknowledged removal, issue 39 item 8) and `queue-delete` (a serve starting while
+    /// its handler's queue is deleted exits; issue 39 items 4 and 7). Put them back when
+    /// the fixes are merged.
     pub fn ci_default() -> Vec<FaultClass> {
-        Self::ALL.to_vec()
+        Self::ALL
+            .into_iter()
+            .filter(|f| !matches!(f, FaultClass::Schedules | FaultClass::QueueDelete))
+            .collect()
     }
 }
 
@@ -356,6 +362,14 @@ impl World {
                 let code = old.wait_exit(Duration::from_secs(30)).await;
                 self.hist
                     .fault(format!("serve {i} SIGTERM: exited {code:?}"));
+                if code != Some(0) {
+                    let log = old.log();
+                    let tail: Vec<&str> = log.lines().rev().take(6).collect();
+                    self.finding(format!(
+                        "[serve-exit] serve {i} exited {code:?} on SIGTERM (0 expected); its last log lines, newest first: {}",
+                        tail.join(" | ")
+                    ));
+                }
             } else {
                 let _ = old.child.kill();
                 let _ = old.child.wait();
@@ -469,7 +483,10 @@ pub async fn run(cfg: Campaign) -> Report {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let started = now_ms();
     let mut rng = fastrand::Rng::with_seed(mix(cfg.seed, &[b"world"]));
-    let redis = LocalRedis::start_with(&["--appendonly", "yes"]).expect("start redis-server");
+    // `always`: the setting under which a Redis crash loses nothing acknowledged
+    // (ARCHITECTURE.md, "Durability"; `everysec` may lose up to ~2 s while fsync is slow).
+    let redis = LocalRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("start redis-server");
     let redis_url = redis.url();
     let client = Client::connect(&redis_url).await.expect("connect");
     check_clock(&client).await.unwrap();
@@ -508,7 +525,7 @@ pub async fn run(cfg: Campaign) -> Report {
     });
     let _ = slot.set(w.clone());
     eprintln!(
-        "  redis {redis_url} (AOF), serves {:?}, receiver 127.0.0.1:{hook_port}, fail {}‰ hang {}‰, faults {:?}",
+        "  redis {redis_url} (AOF always), serves {:?}, receiver 127.0.0.1:{hook_port}, fail {}‰ hang {}‰, faults {:?}",
         w.bases.read().unwrap(),
         rates.0,
         rates.1,
