@@ -4,7 +4,7 @@
 //! and every rule allows both.
 
 use crate::drive::Healed;
-use crate::history::{Answer, Delivery, Kind, Op, Res, Via};
+use crate::history::{Answer, Delivery, Fault, Kind, Op, Res, Via};
 use crate::world::{EPH, HELD_PER_CONSUMER, HOOK, LIB, QUEUE, World};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write;
@@ -52,15 +52,12 @@ fn found_scheduled(op: &Op) -> bool {
     )
 }
 
-pub async fn check(w: &World, healed: &Healed) -> Checked {
-    let ops = w.hist.ops.lock().unwrap().clone();
-    let dels = w.hist.deliveries.lock().unwrap().clone();
-    let faults = w.hist.faults.lock().unwrap().clone();
+pub fn judge(ops: &[Op], dels: &[Delivery], faults: &[Fault], drained: bool) -> Judged {
     let mut v = Vec::new();
 
     // Deliveries by (queue, id).
     let mut by_key: HashMap<(String, String), Vec<&Delivery>> = HashMap::new();
-    for d in &dels {
+    for d in dels {
         by_key
             .entry((d.queue.clone(), d.id.clone()))
             .or_default()
@@ -79,7 +76,7 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
 
     // 1. Nothing before its due time: the receiver's clock is Redis TIME's (checked at
     //    start); a library delivery also carries the dispatch time Redis wrote.
-    for d in &dels {
+    for d in dels {
         if d.received_ms < d.due_ms {
             v.push(format!(
                 "[early] {}/{} received before its due time: group {} attempt {} due {} received {} dispatched {:?}",
@@ -104,7 +101,7 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
     // Order operations per (queue, id), in the order sent (one lifecycle sends them one
     // after the other).
     let mut orders: BTreeMap<(String, String), Vec<&Op>> = BTreeMap::new();
-    for op in &ops {
+    for op in ops {
         if matches!(
             op.kind,
             Kind::Schedule { .. } | Kind::Reschedule { .. } | Kind::Cancel
@@ -222,7 +219,7 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
     // 5. Recurring schedules: no tick after an acknowledged removal (until the schedule
     //    is declared again).
     let mut crons: BTreeMap<String, Vec<&Op>> = BTreeMap::new();
-    for op in &ops {
+    for op in ops {
         if matches!(op.kind, Kind::CronUpsert { .. } | Kind::CronRemove) {
             crons.entry(op.id.clone()).or_default().push(op);
         }
@@ -268,7 +265,7 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
             ticks += 1;
         }
     }
-    if healed.drained {
+    if drained {
         for ((id, due), groups) in &seen {
             if groups.len() != groups_of(QUEUE).len() {
                 v.push(format!(
@@ -301,6 +298,83 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
             "[duplicates] {dups} duplicate acknowledged deliveries, more than the {bound} the faults' held work allows"
         ));
     }
+
+    // 9. Answers the campaign never provokes: a 4xx other than a deleted queue's 404,
+    //    a 5xx other than 503 (bad input is never sent; failures must say what happened).
+    for op in ops {
+        let reason = match &op.res {
+            Res::Refused(r) | Res::Unknown(r) => r,
+            Res::Ok(_) => continue,
+        };
+        let eph_gone = op.queue == EPH && reason.starts_with("404 queue_not_found");
+        let client_error = reason.starts_with('4') && !eph_gone;
+        let server_error = reason.starts_with('5') && !reason.starts_with("503");
+        if client_error || server_error {
+            v.push(format!(
+                "[unexpected-answer] {}/{}: unexpected answer: {}",
+                op.queue,
+                op.id,
+                describe(op)
+            ));
+        }
+    }
+
+    let mut s = String::new();
+    let class = |f: fn(&Res) -> bool| ops.iter().filter(|o| f(&o.res)).count();
+    let _ = writeln!(
+        s,
+        "  operations: {} ({} acknowledged, {} refused, {} unknown); order versions: {required_n} required, {forbidden_n} forbidden, {optional_n} either way",
+        ops.len(),
+        class(Res::is_ok),
+        class(Res::is_refused),
+        class(Res::is_unknown)
+    );
+    let _ = writeln!(
+        s,
+        "  deliveries: {} ({} acknowledged, {} schedule ticks); duplicates {dups} (bound {bound})",
+        dels.len(),
+        dels.iter().filter(|d| d.answer == Answer::Ok).count(),
+        ticks
+    );
+    let _ = writeln!(
+        s,
+        "  faults: serve SIGKILL {serve_kills}, serve SIGTERM {serve_terms}, redis SIGKILL {redis_kills}, redis SIGSTOP {redis_stops}, queue deletes {}",
+        deletes.len(),
+    );
+    if !v.is_empty() {
+        let timeline: Vec<String> = faults
+            .iter()
+            .map(|f| format!("{} {}", f.at_ms, f.what))
+            .collect();
+        let _ = writeln!(s, "  fault timeline: {}", timeline.join("; "));
+    }
+    Judged {
+        violations: v,
+        last_required,
+        never_dispatched,
+        summary: s,
+    }
+}
+
+/// What the history alone says (every rule but the history records').
+pub struct Judged {
+    pub violations: Vec<String>,
+    /// The last version of each `chaos` order that had to be delivered: (queue, id, due).
+    pub last_required: Vec<(String, String, i64)>,
+    /// `chaos` orders whose every version was cancelled, replaced or moved.
+    pub never_dispatched: Vec<(String, String)>,
+    /// Summary lines.
+    pub summary: String,
+}
+
+/// Checks the history in the campaign's world: [`judge`], then the order history records.
+pub async fn check(w: &World, healed: &Healed) -> Checked {
+    let ops = w.hist.ops.lock().unwrap().clone();
+    let dels = w.hist.deliveries.lock().unwrap().clone();
+    let faults = w.hist.faults.lock().unwrap().clone();
+    let judged = judge(&ops, &dels, &faults, healed.drained);
+    let mut v = judged.violations;
+    let (last_required, never_dispatched) = (judged.last_required, judged.never_dispatched);
 
     // 8. The order history agrees with the deliveries: the last version of each order
     //    delivered to every group is "dispatched", at that due time, done in every group;
@@ -354,59 +428,209 @@ pub async fn check(w: &World, healed: &Healed) -> Checked {
         }
     }
 
-    // 9. Answers the campaign never provokes: a 4xx other than a deleted queue's 404,
-    //    a 5xx other than 503 (bad input is never sent; failures must say what happened).
-    for op in &ops {
-        let reason = match &op.res {
-            Res::Refused(r) | Res::Unknown(r) => r,
-            Res::Ok(_) => continue,
-        };
-        let eph_gone = op.queue == EPH && reason.starts_with("404 queue_not_found");
-        let client_error = reason.starts_with('4') && !eph_gone;
-        let server_error = reason.starts_with('5') && !reason.starts_with("503");
-        if client_error || server_error {
-            v.push(format!(
-                "[unexpected-answer] {}/{}: unexpected answer: {}",
-                op.queue,
-                op.id,
-                describe(op)
-            ));
-        }
-    }
-
-    let mut s = String::new();
-    let class = |f: fn(&Res) -> bool| ops.iter().filter(|o| f(&o.res)).count();
+    let mut s = judged.summary;
     let _ = writeln!(
         s,
-        "  operations: {} ({} acknowledged, {} refused, {} unknown); order versions: {required_n} required, {forbidden_n} forbidden, {optional_n} either way",
-        ops.len(),
-        class(Res::is_ok),
-        class(Res::is_refused),
-        class(Res::is_unknown)
-    );
-    let _ = writeln!(
-        s,
-        "  deliveries: {} ({} acknowledged, {} schedule ticks); duplicates {dups} (bound {bound}); history records checked {history_checked}, attempts differing from the receiver's last {attempts_differ}",
-        dels.len(),
-        dels.iter().filter(|d| d.answer == Answer::Ok).count(),
-        ticks
-    );
-    let _ = writeln!(
-        s,
-        "  faults: serve SIGKILL {serve_kills}, serve SIGTERM {serve_terms}, redis SIGKILL {redis_kills}, redis SIGSTOP {redis_stops}, queue deletes {}; healing took {} replay round(s)",
-        deletes.len(),
+        "  history records checked {history_checked}, attempts differing from the receiver's last {attempts_differ}; healing took {} replay round(s)",
         healed.rounds
     );
-    if !v.is_empty() {
-        let timeline: Vec<String> = faults
-            .iter()
-            .map(|f| format!("{} {}", f.at_ms, f.what))
-            .collect();
-        let _ = writeln!(s, "  fault timeline: {}", timeline.join("; "));
-    }
     let _ = write!(s, "  violations: {}", v.len());
     Checked {
         summary: s,
         violations: v,
+    }
+}
+
+/// The checker bites: hand-made histories with one defect each.
+mod self_test {
+    use super::judge;
+    use crate::history::{Answer, Delivery, Fault, Kind, Op, Res, Via};
+    use crate::world::{EPH, HOOK, LIB, QUEUE};
+
+    fn op(queue: &str, id: &str, kind: Kind, at: i64, res: Res) -> Op {
+        Op {
+            queue: queue.into(),
+            id: id.into(),
+            kind,
+            via: Via::Lib,
+            sent_ms: at,
+            answered_ms: at + 5,
+            res,
+        }
+    }
+
+    fn ok(o: &str) -> Res {
+        Res::Ok(o.into())
+    }
+
+    fn del(queue: &str, id: &str, group: &str, due: i64, at: i64) -> Delivery {
+        Delivery {
+            queue: queue.into(),
+            id: id.into(),
+            group: group.into(),
+            due_ms: due,
+            attempt: 1,
+            received_ms: at,
+            dispatched_ms: None,
+            answer: Answer::Ok,
+        }
+    }
+
+    /// Both groups of `chaos` got version `due` of `id` at `at`.
+    fn both(id: &str, due: i64, at: i64) -> Vec<Delivery> {
+        vec![del(QUEUE, id, HOOK, due, at), del(QUEUE, id, LIB, due, at)]
+    }
+
+    fn classes(ops: &[Op], dels: &[Delivery], faults: &[Fault]) -> Vec<String> {
+        let mut c: Vec<String> = judge(ops, dels, faults, true)
+            .violations
+            .iter()
+            .map(|v| crate::class_of(v).to_owned())
+            .collect();
+        c.dedup();
+        c
+    }
+
+    #[test]
+    fn a_clean_history_passes() {
+        let ops = [
+            op(QUEUE, "a", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(QUEUE, "a", Kind::Cancel, 1200, ok("not_found")),
+            op(QUEUE, "b", Kind::Schedule { due: 900 }, 0, ok("created")),
+            op(
+                QUEUE,
+                "b",
+                Kind::Reschedule { due: 1100 },
+                100,
+                ok("rescheduled"),
+            ),
+        ];
+        let mut dels = both("a", 1000, 1000);
+        dels.extend(both("b", 1100, 1101));
+        assert_eq!(classes(&ops, &dels, &[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_acknowledged_order_never_delivered_is_lost() {
+        let ops = [op(
+            QUEUE,
+            "a",
+            Kind::Schedule { due: 1000 },
+            0,
+            ok("created"),
+        )];
+        let dels = vec![del(QUEUE, "a", HOOK, 1000, 1000)];
+        assert_eq!(classes(&ops, &dels, &[]), ["lost", "partial"]);
+    }
+
+    #[test]
+    fn an_order_delivered_after_its_acknowledged_cancel_or_move_is_caught() {
+        let ops = [
+            op(QUEUE, "a", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(QUEUE, "a", Kind::Cancel, 100, ok("cancelled")),
+            op(QUEUE, "b", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(
+                QUEUE,
+                "b",
+                Kind::Reschedule { due: 2000 },
+                100,
+                ok("rescheduled"),
+            ),
+        ];
+        let mut dels = both("a", 1000, 1000);
+        dels.extend(both("b", 1000, 1000));
+        dels.extend(both("b", 2000, 2000));
+        assert_eq!(classes(&ops, &dels, &[]), ["cancelled-delivered"]);
+    }
+
+    #[test]
+    fn an_operation_of_unknown_outcome_allows_both() {
+        let ops = [
+            op(QUEUE, "a", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(
+                QUEUE,
+                "a",
+                Kind::Cancel,
+                100,
+                Res::Unknown("timeout".into()),
+            ),
+            op(QUEUE, "b", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(
+                QUEUE,
+                "b",
+                Kind::Cancel,
+                100,
+                Res::Unknown("timeout".into()),
+            ),
+            op(
+                QUEUE,
+                "c",
+                Kind::Schedule { due: 1000 },
+                0,
+                Res::Unknown("503".into()),
+            ),
+        ];
+        let dels = both("a", 1000, 1000);
+        assert_eq!(classes(&ops, &dels, &[]), Vec::<String>::new());
+    }
+
+    #[test]
+    fn an_early_delivery_is_caught_to_the_millisecond() {
+        let ops = [
+            op(QUEUE, "a", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(QUEUE, "b", Kind::Schedule { due: 1000 }, 0, ok("created")),
+        ];
+        let mut dels = both("a", 1000, 999);
+        let mut b = both("b", 1000, 1001);
+        b[1].dispatched_ms = Some(999);
+        dels.extend(b);
+        assert_eq!(classes(&ops, &dels, &[]), ["early", "early-dispatch"]);
+    }
+
+    #[test]
+    fn an_order_of_a_deleted_queue_that_fires_is_caught() {
+        let ops = [
+            op(EPH, "a", Kind::Schedule { due: 1000 }, 0, ok("created")),
+            op(EPH, "", Kind::QueueDelete, 100, ok("deleted")),
+            op(EPH, "", Kind::QueueCreate, 200, ok("created")),
+        ];
+        let dels = vec![del(EPH, "a", HOOK, 1000, 1000)];
+        assert_eq!(classes(&ops, &dels, &[]), ["cancelled-delivered"]);
+    }
+
+    #[test]
+    fn a_tick_after_an_acknowledged_removal_is_caught() {
+        let ops = [
+            op(
+                QUEUE,
+                "c0",
+                Kind::CronUpsert { every_s: 1 },
+                0,
+                ok("created"),
+            ),
+            op(QUEUE, "c0", Kind::CronRemove, 1500, ok("removed")),
+        ];
+        let mut dels = both("c0@1000", 1000, 1000);
+        dels.extend(both("c0@2000", 2000, 2000));
+        assert_eq!(classes(&ops, &dels, &[]), ["tick-after-removal"]);
+    }
+
+    #[test]
+    fn duplicates_beyond_what_faults_held_are_caught() {
+        let ops = [op(
+            QUEUE,
+            "a",
+            Kind::Schedule { due: 1000 },
+            0,
+            ok("created"),
+        )];
+        let mut dels = both("a", 1000, 1000);
+        dels.extend(both("a", 1000, 1500));
+        assert_eq!(classes(&ops, &dels, &[]), ["duplicates"]);
+        let kill = Fault {
+            at_ms: 1200,
+            what: "serve 0 SIGKILL".into(),
+        };
+        assert_eq!(classes(&ops, &dels, &[kill]), Vec::<String>::new());
     }
 }

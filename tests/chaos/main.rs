@@ -35,7 +35,7 @@ const CI_DURATION: Duration = Duration::from_secs(25);
 const KNOWN_DEFECTS: &[&str] = &["early-dispatch", "early"];
 
 /// The class of a violation: its leading `[class]`.
-fn class_of(v: &str) -> &str {
+pub(crate) fn class_of(v: &str) -> &str {
     v.strip_prefix('[')
         .and_then(|r| r.split_once(']'))
         .map_or("", |(c, _)| c)
