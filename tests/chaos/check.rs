@@ -83,8 +83,13 @@ pub fn judge(ops: &[Op], dels: &[Delivery], faults: &[Fault], drained: bool) -> 
                 d.queue, d.id, d.group, d.attempt, d.due_ms, d.received_ms, d.dispatched_ms
             ));
         } else if let Some(t) = d.dispatched_ms.filter(|t| *t < d.due_ms) {
+            // The latest fault before it: a clue to the cause.
+            let after = faults.iter().rev().find(|f| f.at_ms <= t).map_or_else(
+                || "no fault before it".to_owned(),
+                |f| format!("{} ms after \"{}\"", t - f.at_ms, f.what),
+            );
             v.push(format!(
-                "[early-dispatch] {}/{} dispatched {} ms before its due time by Redis TIME (the stream entry id): group {} attempt {} due {} dispatched {t} received {}",
+                "[early-dispatch] {}/{} dispatched {} ms before its due time by Redis TIME (the stream entry id): group {} attempt {} due {} dispatched {t} received {}; {after}",
                 d.queue, d.id, d.due_ms - t, d.group, d.attempt, d.due_ms, d.received_ms
             ));
         }
@@ -340,6 +345,18 @@ pub fn judge(ops: &[Op], dels: &[Delivery], faults: &[Fault], drained: bool) -> 
         s,
         "  faults: serve SIGKILL {serve_kills}, serve SIGTERM {serve_terms}, redis SIGKILL {redis_kills}, redis SIGSTOP {redis_stops}, queue deletes {}",
         deletes.len(),
+    );
+    let early: Vec<i64> = dels
+        .iter()
+        .filter_map(|d| d.dispatched_ms.map(|t| d.due_ms - t))
+        .filter(|e| *e > 0)
+        .collect();
+    let early_received = dels.iter().filter(|d| d.received_ms < d.due_ms).count();
+    let _ = writeln!(
+        s,
+        "  early: {} library deliveries dispatched before due (at most {} ms), {early_received} deliveries received before due",
+        early.len(),
+        early.iter().max().unwrap_or(&0)
     );
     if !v.is_empty() {
         let timeline: Vec<String> = faults

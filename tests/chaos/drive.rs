@@ -384,6 +384,17 @@ pub async fn heal(w: &Arc<World>) -> Healed {
                 Err(_) => quiet = false,
             }
         }
+        // And the history itself: every version that must be delivered was, to every
+        // group (stats alone can say "nothing unread" when a group's lag is unknown).
+        quiet = quiet && {
+            let ops = w.hist.ops.lock().unwrap().clone();
+            let dels = w.hist.deliveries.lock().unwrap().clone();
+            let faults = w.hist.faults.lock().unwrap().clone();
+            crate::check::judge(&ops, &dels, &faults, true)
+                .violations
+                .iter()
+                .all(|v| !matches!(crate::class_of(v), "lost" | "partial"))
+        };
         if quiet {
             return Healed {
                 rounds,
