@@ -34,6 +34,13 @@ const CI_DURATION: Duration = Duration::from_secs(25);
 /// `DELAYQ_CHAOS_STRICT=1` fails on them too.
 const KNOWN_DEFECTS: &[&str] = &["early-dispatch", "early"];
 
+/// Writes `line` to stderr past the test harness's capture: the seeds and the figures of
+/// every campaign show in CI's log, passing or not.
+fn shown(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 /// The class of a violation: its leading `[class]`.
 pub(crate) fn class_of(v: &str) -> &str {
     v.strip_prefix('[')
@@ -61,10 +68,10 @@ fn fault_campaign() {
             duration,
             faults: faults.clone(),
         };
-        eprintln!(
+        shown(&format!(
             "fault campaign: seed {seed}; reproduce with: {}",
             cfg.reproduce()
-        );
+        ));
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -72,12 +79,12 @@ fn fault_campaign() {
             .unwrap();
         let report = rt.block_on(world::run(cfg.clone()));
         rt.shutdown_timeout(Duration::from_secs(5));
-        eprintln!("{}", report.summary);
+        shown(&report.summary);
         let mut classes = std::collections::BTreeMap::<&str, usize>::new();
         for v in &report.violations {
             *classes.entry(class_of(v)).or_default() += 1;
         }
-        eprintln!("  violations by class: {classes:?}");
+        shown(&format!("  violations by class: {classes:?}"));
         let strict = std::env::var("DELAYQ_CHAOS_STRICT").is_ok_and(|v| v == "1");
         let (known, failing): (Vec<String>, Vec<String>) = report
             .violations

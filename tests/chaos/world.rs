@@ -94,9 +94,9 @@ impl FaultClass {
 
     /// What `cargo test` runs: every class but those whose known defects are being fixed
     /// (docs/fault-campaign.md, "Known defects"): `schedules` (a tick after an
-    /// acknowledged removal, issue 39 item 8) and `queue-delete` (a serve starting while
-    /// its handler's queue is deleted exits; issue 39 items 4 and 7). Put them back when
-    /// the fixes are merged.
+    /// acknowledged removal, issue 39 item 8) and `queue-delete` (deleting a queue a
+    /// serve's handler consumes makes that serve exit 1; issue 39 items 4 and 7). Put them
+    /// back when the fixes are merged.
     pub fn ci_default() -> Vec<FaultClass> {
         Self::ALL
             .into_iter()
@@ -357,7 +357,14 @@ impl World {
     pub async fn replace_serve(&self, i: usize, graceful: bool) {
         let mut slot = self.serves[i].lock().await;
         if let Some(mut old) = slot.take() {
-            if graceful {
+            if let Ok(Some(status)) = old.child.try_wait() {
+                let log = old.log();
+                let tail: Vec<&str> = log.lines().rev().take(6).collect();
+                self.finding(format!(
+                    "[serve-died] serve {i} had exited on its own ({status}) before its fault; its last log lines, newest first: {}",
+                    tail.join(" | ")
+                ));
+            } else if graceful {
                 old.sigterm();
                 let code = old.wait_exit(Duration::from_secs(30)).await;
                 self.hist
@@ -556,6 +563,16 @@ pub async fn run(cfg: Campaign) -> Report {
     // until every acknowledged order is delivered (or the bounded wait ends).
     w.healing.store(true, Ordering::SeqCst);
     w.redis.lock().unwrap().resume().unwrap();
+    for i in 0..w.serve_count() {
+        let exited = match w.serves[i].lock().await.as_mut() {
+            Some(s) => !matches!(s.child.try_wait(), Ok(None)),
+            None => true,
+        };
+        if exited {
+            // Reported by `replace_serve`, which starts a new one.
+            w.replace_serve(i, false).await;
+        }
+    }
     let healed = crate::drive::heal(&w).await;
     let healed_at = now_ms();
     worker_stop.cancel();
