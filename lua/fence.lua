@@ -11,9 +11,11 @@
 -- ARGV[2]  "1" = forced (fence even when not empty), "0" = refuse when not empty
 --
 -- Returns: { fenced, scheduled, dead, group, pending, lag, group, pending, lag, ... }
---   fenced    = 1 when the epoch was removed (the caller then deletes the shard's keys),
---               0 when it was refused (not empty, nothing written), -1 when the shard has
---               another epoch or none (deleted, or deleted and created again: left alone);
+--   fenced    = 1 when the epoch was removed or the shard had none (a delete cut off and
+--               resumed, or a create whose markers are not written yet: the caller then
+--               purges the shard's keys), 0 when it was refused (not empty, nothing
+--               written), -1 when the shard has another epoch (deleted and created again:
+--               left alone);
 --   scheduled = orders in the due ZSET; dead = dead letters;
 --   per group = its name, entries pending in it (taken, not settled) and its lag (stream
 --               entries it has not read yet: a paused group, a rate limit or a slow
@@ -21,14 +23,17 @@
 --
 -- Why one script: the emptiness check and the fence happen together, so no order can slip
 -- in between "found empty" and "fenced": once fenced, enqueue.lua refuses the shard.
--- Redis >= 7.0 (XINFO GROUPS reports entries-read and lag).
+-- Cost: O(groups), plus a walk of up to 100,000 entries per group when XINFO cannot tell
+-- a lag (entries deleted from the middle of a stream). Redis >= 7.0 (XINFO GROUPS reports
+-- entries-read and lag).
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq fence: the epoch is missing')
 end
 if ARGV[2] ~= '0' and ARGV[2] ~= '1' then
   return redis.error_reply('ERR delayq fence: force must be 0 or 1')
 end
-if redis.call('HGET', KEYS[4], 'epoch') ~= ARGV[1] then
+local held = redis.call('HGET', KEYS[4], 'epoch')
+if held and held ~= ARGV[1] then
   return { -1, 0, 0 }
 end
 local scheduled = redis.call('ZCARD', KEYS[1])
@@ -62,6 +67,6 @@ end
 if busy and ARGV[2] == '0' then
   return out
 end
-redis.call('HDEL', KEYS[4], 'epoch')
+if held then redis.call('HDEL', KEYS[4], 'epoch') end
 out[1] = 1
 return out

@@ -10,7 +10,10 @@
 -- KEYS[4]  the shard's dead-letter STREAM
 -- KEYS[5], KEYS[6]  the shard's high and low lane STREAMs
 -- KEYS[7]  the shard's levels HASH (see enqueue.lua)
--- KEYS[8 .. 7+k]  the shard's history buckets that may hold the order, newest first
+-- KEYS[8 .. 7+k]  the shard's history buckets that may hold the order, newest first: the
+--          caller passes the two newest and those it found holding the order's record or a
+--          redirect (and the buckets of their entries' markers), not every bucket of the
+--          retention
 -- KEYS[7+k+6(i-1)+1 .. +6]  group i's timers ZSET and errors HASH in the normal, high and
 --          low lanes, in that order (i = 1..g)
 -- ARGV[1]  the order id
@@ -36,7 +39,10 @@
 -- A done entry acknowledged after several attempts has the marker "a<n>".
 -- Each group is reported on its own delivery: the order's record, or the redirect
 -- "\2<group>\2<order id>" a replay or a redelivery to that group wrote (see replay.lua).
--- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
+-- Read-only; one script so the answer is one consistent snapshot.
+-- Cost: O(k * groups) HGETs plus one XPENDING per group: independent of the retention, since
+-- the caller locates the buckets (k is a handful, not the 2,162 of a 90-day retention).
+-- Redis >= 6.2.
 local id = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if not k or k < 0 or not len or len < 1 then

@@ -6,7 +6,9 @@
 -- KEYS[3], KEYS[4]  the shard's high and low lane STREAMs (an order's record names its lane;
 --          see dequeue.lua)
 -- KEYS[5 .. 4+k]  the shard's history buckets, newest first (see dequeue.lua); the one of
---          "now" among them records the new entries
+--          "now" among them records the new entries. The caller passes the two newest and
+--          those it found holding one of the orders' records or redirects, not every bucket
+--          of the retention
 -- ARGV[1]  the group
 -- ARGV[2]  k, the number of history buckets (0 = history off)
 -- ARGV[3]  the bucket length, ms
@@ -27,7 +29,8 @@
 -- on its way from a lost one, and every run would append every order again.
 -- Why one script: the check and the append are one step, so two runs (or a run racing a
 -- schedule) never send an order twice. Every argument is checked before the first write.
--- Redis >= 6.2.
+-- Cost: O(orders * k) HGETs plus one XPENDING and at most one XADD per order: independent
+-- of the retention, since the caller locates the buckets (k is a handful). Redis >= 6.2.
 local group = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if type(group) ~= 'string' or group == '' or not k or k < 0 or not len or len < 1 then

@@ -287,6 +287,7 @@ impl Housekeeper {
     /// [`sweep`](Housekeeper::sweep), stopping between dispatch passes once `cancel` fires.
     async fn sweep_until(&self, cancel: &CancellationToken) -> Result<ChoreReport> {
         let mut count = 0;
+        self.client.finish_deletions().await?; // deletes that were cut off (issue 39)
         for (q, keys) in self.queues().await? {
             if cancel.is_cancelled() {
                 break;

@@ -137,6 +137,12 @@ impl Keyspace {
         format!("{{{}}}:queue:{}", self.ns, queue)
     }
 
+    /// SET of the queues being deleted: their records are marked `deleting` and their keys
+    /// are still being removed (finished by the housekeeper when a delete was cut off).
+    pub fn deleting(&self) -> String {
+        format!("{{{}}}:deleting", self.ns)
+    }
+
     /// STRING: a counter bumped by every change of the registry (a queue created, deleted
     /// or changed), so a supervisor sees a change with one `GET`.
     pub fn registry_version(&self) -> String {

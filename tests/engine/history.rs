@@ -516,3 +516,98 @@ async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
     let len: i64 = support::raw(&client, &["XLEN", "{dq:order-close:0}:stream"]).await;
     assert_eq!(len, 10, "nothing appended");
 }
+
+/// Issue 39 item 6: at the longest retention (90 days: 2,162 history buckets per shard),
+/// with history present, neither a reconciliation page (`redeliver` of 500 orders, most
+/// of them never dispatched, so no bucket holds them) nor a message lookup puts a command
+/// in the slow log at 10 ms: the scripts read a handful of located buckets, not every
+/// bucket of the retention.
+#[tokio::test]
+async fn lookups_at_the_longest_retention_never_block_redis() {
+    let (_s, client) = start().await;
+    let admin = client.admin();
+    admin
+        .set_history_retention(Q, delayq::engine::history::MAX_HISTORY_RETENTION)
+        .await
+        .unwrap();
+    let groups = ["close", "notify", "audit", "billing", "search", "mail"];
+    for g in groups {
+        Worker::new(
+            &client,
+            Q,
+            g,
+            |_d: Delivery| async { Ok(()) },
+            WorkerOptions::default(),
+        )
+        .unwrap()
+        .ensure_groups()
+        .await
+        .unwrap();
+    }
+    for i in 0..50 {
+        client
+            .schedule(Q, &format!("d{i}"), Duration::ZERO, json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    let moved = Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap()
+        .moved;
+    assert_eq!(moved, 50);
+    // Markers in an old bucket: history present across the retention.
+    let _: () = support::raw(
+        &client,
+        &[
+            "HSET",
+            "{dq:order-close:0}:history:3600000:1",
+            "old",
+            "1-0:1",
+        ],
+    )
+    .await;
+
+    let _: () = support::raw(
+        &client,
+        &["CONFIG", "SET", "slowlog-log-slower-than", "10000"],
+    )
+    .await;
+    let _: () = support::raw(&client, &["SLOWLOG", "RESET"]).await;
+    let h = admin.history(Q, "d7").await.unwrap().unwrap();
+    assert_eq!(h.groups.len(), groups.len(), "{h:?}");
+    assert!(
+        h.groups
+            .iter()
+            .all(|g| g.state == delayq::GroupState::Waiting),
+        "{h:?}"
+    );
+    assert!(admin.history(Q, "never").await.unwrap().is_none());
+    let orders: Vec<delayq::NewOrder> = (0..500)
+        .map(|i| {
+            let id = if i < 50 {
+                format!("d{i}")
+            } else {
+                format!("lost{i}")
+            };
+            delayq::NewOrder::new(id, When::AtMs(client.now_ms()), json!({"reconciled": true}))
+        })
+        .collect();
+    let out = admin.redeliver(Q, "close", &orders).await.unwrap();
+    use delayq::engine::admin::history::Redelivered;
+    assert!(
+        out[..50].iter().all(|o| *o == Redelivered::InFlight),
+        "{out:?}"
+    );
+    assert!(out[50..].iter().all(|o| *o == Redelivered::Sent), "{out:?}");
+    // Sent again: each is now on its way, found in the bucket of now.
+    let again = admin.redeliver(Q, "close", &orders[50..]).await.unwrap();
+    assert!(
+        again.iter().all(|o| *o == Redelivered::InFlight),
+        "{again:?}"
+    );
+    let slow: redis::Value = support::raw(&client, &["SLOWLOG", "GET", "10"]).await;
+    let n: i64 = support::raw(&client, &["SLOWLOG", "LEN"]).await;
+    assert_eq!(n, 0, "slow commands: {slow:?}");
+}

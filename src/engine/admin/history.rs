@@ -122,7 +122,16 @@ impl Queues {
             .await?
             .history;
         let groups = group_names(&self.client, &keys).await?;
-        let buckets = policy.lookup(self.client.now_ms());
+        let mut fields = vec![id.to_owned()];
+        fields.extend(groups.iter().map(|g| redirect_field(g, id)));
+        let buckets = locate(
+            &self.client,
+            &keys,
+            &policy,
+            &policy.lookup(self.client.now_ms()),
+            &fields,
+        )
+        .await?;
         let mut inv = HISTORY.for_server(self.client.server()).prepare_invoke();
         let [high, normal, low] = keys.lanes();
         inv.key(&keys.due)
@@ -191,6 +200,11 @@ impl Queues {
                 .client
                 .shard_keys(&q, u16::try_from(shard).unwrap_or(0));
             for chunk in idxs.chunks(REDELIVER_CHUNK) {
+                let fields: Vec<String> = chunk
+                    .iter()
+                    .flat_map(|&i| [orders[i].id.clone(), redirect_field(group, &orders[i].id)])
+                    .collect();
+                let buckets = locate(&self.client, &keys, &policy, &buckets, &fields).await?;
                 let mut inv = REDELIVER.prepare_invoke();
                 let [high, _, low] = keys.lanes();
                 inv.key(&keys.due)
@@ -225,8 +239,87 @@ impl Queues {
     }
 }
 
-/// Orders per `redeliver.lua` call.
-const REDELIVER_CHUNK: usize = 500;
+/// Orders per `redeliver.lua` call: each may append a stream entry and a history record, so
+/// a call stays at a few milliseconds of Redis time even on a busy host.
+const REDELIVER_CHUNK: usize = 100;
+
+/// History buckets one locating pipeline checks (one `EXISTS` each; a quarter of that reads
+/// with one `HMGET` each).
+const LOCATE_BUCKETS: usize = 256;
+/// Fields one locating `HMGET` asks for.
+const LOCATE_FIELDS: usize = 200;
+
+/// The field of the redirect a replay or a redelivery to `group` writes for order `id`.
+fn redirect_field(group: &str, id: &str) -> String {
+    format!("\u{2}{group}\u{2}{id}")
+}
+
+/// Of `buckets` (newest first), those a script about `fields` needs: the two newest (where
+/// anything written from now on lands: a dispatch, a redirect), every bucket holding one of
+/// `fields`, and the bucket of each entry id those hold (its markers). Found with `EXISTS`
+/// and `HMGET` per bucket (at most 200 fields) outside any script, so a script's work no longer grows with the
+/// retention (90 days = 2,162 buckets): each command here is O(fields), and the script
+/// reads a handful of buckets. A record written or expiring between this and the script is
+/// in the newest buckets, or was past the retention anyway.
+async fn locate(
+    client: &Client,
+    keys: &ShardKeys,
+    policy: &HistoryPolicy,
+    buckets: &[i64],
+    fields: &[String],
+) -> Result<Vec<i64>> {
+    if buckets.is_empty() {
+        return Ok(Vec::new()); // history off
+    }
+    let mut wanted: std::collections::BTreeSet<i64> = buckets.iter().take(2).copied().collect();
+    // Which buckets exist (one EXISTS each, tiny replies): only those are read.
+    let mut live = Vec::new();
+    for group in buckets.chunks(LOCATE_BUCKETS) {
+        let mut pipe = redis::pipe();
+        for &b in group {
+            pipe.cmd("EXISTS").arg(keys.history(policy.bucket_ms(), b));
+        }
+        let exists: Vec<bool> = pipe
+            .query_async(&mut client.connection())
+            .await
+            .ctx("locating an order's history")?;
+        live.extend(
+            group
+                .iter()
+                .zip(exists)
+                .filter(|(_, e)| *e)
+                .map(|(&b, _)| b),
+        );
+    }
+    for fields in fields.chunks(LOCATE_FIELDS) {
+        for group in live.chunks(LOCATE_BUCKETS / 4) {
+            let mut pipe = redis::pipe();
+            for &b in group {
+                pipe.cmd("HMGET")
+                    .arg(keys.history(policy.bucket_ms(), b))
+                    .arg(fields);
+            }
+            let found: Vec<Vec<Option<String>>> = pipe
+                .query_async(&mut client.connection())
+                .await
+                .ctx("locating an order's history")?;
+            for (&b, values) in group.iter().zip(found) {
+                for v in values.into_iter().flatten() {
+                    wanted.insert(b);
+                    let entry = v.split_once(':').map_or("", |(e, _)| e);
+                    if let Some(ms) = entry_ms(entry) {
+                        wanted.insert(ms.div_euclid(policy.bucket_ms()));
+                    }
+                }
+            }
+        }
+    }
+    Ok(buckets
+        .iter()
+        .copied()
+        .filter(|b| wanted.contains(b))
+        .collect())
+}
 
 /// The consumer groups of a shard's stream (none when it does not exist).
 async fn group_names(client: &Client, keys: &ShardKeys) -> Result<Vec<String>> {

@@ -13,7 +13,7 @@
 //! A client caches the records it has seen; a refusal by the scripts drops the entry.
 
 use super::Queues;
-use crate::engine::client::{Client, HEARTBEAT_KEPT_MS, QueueCreated};
+use crate::engine::client::{HEARTBEAT_KEPT_MS, QueueCreated};
 use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::flow::{PauseState, pause_field};
 use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
@@ -197,68 +197,79 @@ impl Queues {
     }
 
     /// Deletes `queue` and every key of it (schedule, payloads, streams, groups, timers, dead
-    /// letters, its record). Without `force` it is refused ([`Error::QueueNotEmpty`]) while
-    /// anything is scheduled, not yet read by a group, pending in a group or dead. Returns
-    /// what it held.
+    /// letters, history, its record). Without `force` it is refused ([`Error::QueueNotEmpty`])
+    /// while anything is scheduled, not yet read by a group, pending in a group or dead.
+    /// Returns what it held.
     ///
-    /// One step producers cannot race: each shard is first *fenced* (`fence.lua` checks it
-    /// and removes its epoch in one script, so `enqueue.lua` refuses it from then on); a
-    /// refusal on any shard restores the epochs of those already fenced. Then the record
-    /// goes (supervisors stop the queue's dispatchers) and the shards' keys are deleted.
+    /// Final, and never a long Redis call: without `force`, each shard is first *fenced*
+    /// and checked (`fence.lua` removes its epoch in the same script, so `enqueue.lua`
+    /// refuses it from then on; a refusal on any shard restores the epochs of those already
+    /// fenced). Then the record is marked deleting (`retire.lua`: no longer listed, looked
+    /// up or dispatched; a create finishes the delete first and starts empty), each shard's
+    /// keys are unlinked (`purge.lua`) and the record goes. A delete cut off at any step
+    /// after the mark is resumed by the next delete (which answers what was left) or
+    /// finished by the housekeeper.
     pub async fn delete_queue(&self, queue: &str, force: bool) -> Result<QueueContents> {
         let q = QueueName::new(queue)?;
         // Read the record afresh: a cached epoch may be stale.
         self.client.forget(&q);
-        let r = self.client.queue_ref(&q).await?;
-        let keys = self.client.keyspace().shards(&q, r.shards);
         let mut contents = QueueContents::default();
-        let mut fenced = Vec::new();
-        let mut refused = false;
-        for k in &keys {
-            let f = scripts::fence(&mut self.client.connection(), k, &r.epoch, force).await;
-            let f = match f {
-                Ok(f) => f,
-                Err(e) => {
-                    self.unfence(&fenced, &r.epoch).await;
-                    return Err(e);
+        let checked = if force {
+            false
+        } else if let Some(r) = self.client.lookup(&q).await? {
+            // A record already marked deleting is resumed below whatever `force` says: the
+            // first delete decided.
+            let keys = self.client.keyspace().shards(&q, r.shards);
+            let mut fenced = Vec::new();
+            let mut refused = false;
+            for k in &keys {
+                let f = scripts::fence(&mut self.client.connection(), k, &r.epoch, false).await;
+                let f = match f {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.unfence(&fenced, &r.epoch).await;
+                        return Err(e);
+                    }
+                };
+                contents.add(&f);
+                match f.fenced {
+                    1 => fenced.push(k.clone()),
+                    0 => refused = true,
+                    _ => {}
                 }
-            };
-            contents.add(&f);
-            match f.fenced {
-                1 => fenced.push(k.clone()),
-                0 => refused = true,
-                _ => {}
             }
-        }
-        if refused {
-            self.unfence(&fenced, &r.epoch).await;
-            return Err(Error::QueueNotEmpty {
+            if refused {
+                self.unfence(&fenced, &r.epoch).await;
+                return Err(Error::QueueNotEmpty {
+                    queue: queue.to_owned(),
+                    scheduled: contents.scheduled,
+                    unread: contents.unread,
+                    lag: contents.lag,
+                    pending: contents.pending,
+                    dead: contents.dead,
+                });
+            }
+            true
+        } else {
+            false
+        };
+        let begun = scripts::retire_begin(
+            &mut self.client.connection(),
+            self.client.keyspace(),
+            &q,
+            self.client.now_ms(),
+        )
+        .await?;
+        let Some((shards, epoch)) = begun else {
+            return Err(Error::QueueNotFound {
                 queue: queue.to_owned(),
-                scheduled: contents.scheduled,
-                unread: contents.unread,
-                lag: contents.lag,
-                pending: contents.pending,
-                dead: contents.dead,
             });
-        }
-        let groups: Vec<String> = contents.lag.iter().map(|(g, _)| g.clone()).collect();
-        let history = crate::engine::flow::queue_flags(&self.client, &q, None)
-            .await?
-            .history;
-        let _: (i64, i64, i64) = redis::pipe()
-            .cmd("DEL")
-            .arg(self.client.keyspace().queue_record(&q))
-            .cmd("SREM")
-            .arg(self.client.keyspace().queues())
-            .arg(q.as_str())
-            .cmd("INCR")
-            .arg(self.client.keyspace().registry_version())
-            .query_async(&mut self.client.connection())
-            .await
-            .ctx("deleting the queue record")?;
-        self.client.forget(&q);
-        for k in &fenced {
-            delete_shard(&self.client, &q, k, &groups, &history).await?;
+        };
+        let fences = self.client.purge_queue(&q, shards, &epoch).await?;
+        if !checked {
+            for f in &fences {
+                contents.add(f);
+            }
         }
         Ok(contents)
     }
@@ -358,46 +369,4 @@ impl Queues {
         }
         Ok(out)
     }
-}
-
-/// Deletes one fenced shard's keys: due, payloads, stream (with its groups), dead letters,
-/// the marker, the timers and error records and rate-limit states of `groups`, the
-/// heartbeats (shard 0), and the history buckets `history` may have written (buckets of an
-/// earlier retention setting expire on their own).
-async fn delete_shard(
-    client: &Client,
-    queue: &QueueName,
-    k: &ShardKeys,
-    groups: &[String],
-    history: &HistoryPolicy,
-) -> Result<()> {
-    let mut cmd = redis::cmd("DEL");
-    cmd.arg(&k.due)
-        .arg(&k.payload)
-        .arg(&k.levels)
-        .arg(&k.dead)
-        .arg(&k.meta)
-        .arg(k.ticks());
-    for lane in k.lanes() {
-        cmd.arg(&lane.stream);
-        for g in groups {
-            cmd.arg(lane.timers(g)).arg(lane.errors(g));
-        }
-    }
-    for g in groups {
-        if k.shard == 0 {
-            cmd.arg(client.keyspace().rate(queue, g));
-        }
-    }
-    if k.shard == 0 {
-        cmd.arg(client.keyspace().alive(queue));
-    }
-    for bucket in history.buckets(k, client.now_ms()) {
-        cmd.arg(bucket);
-    }
-    let _: i64 = cmd
-        .query_async(&mut client.connection())
-        .await
-        .ctx("deleting the queue's keys")?;
-    Ok(())
 }

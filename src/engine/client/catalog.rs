@@ -47,6 +47,9 @@ pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(
 /// last hour).
 pub(crate) const HEARTBEAT_KEPT_MS: i64 = 3_600_000;
 
+/// How many times a create runs again when a delete of the same queue races it.
+const REGISTER_ATTEMPTS: usize = 3;
+
 impl Client {
     /// Registers `queue` with `shards` shards. Idempotent: an existing queue with that count
     /// answers `created: false`; one with another count is refused
@@ -76,35 +79,64 @@ impl Client {
         })
     }
 
-    /// Runs `create_queue.lua` (the record, its epoch, the cap) and writes the epoch into
-    /// every shard's marker, so producers may write into it; remembers the record.
+    /// Runs `create_queue.lua` (the record, its epoch, the cap), writes the epoch into every
+    /// shard's marker so producers may write into it, then checks the record again (write,
+    /// then check): when a delete began meanwhile, the markers are undone (with anything
+    /// written through them) and the create starts over, so no shard ever keeps an epoch
+    /// its record lost. A queue being deleted is first finished off: a re-created queue
+    /// starts empty. Remembers the record only once it is confirmed.
     async fn register_record(&self, q: &QueueName, shards: u16) -> Result<(bool, QueueRef)> {
-        let new_epoch = format!("{:x}-{:016x}", self.now_ms(), fastrand::u64(..));
-        let reply = scripts::create_queue(
-            &mut self.connection(),
-            self.keyspace(),
-            q,
-            shards,
-            &new_epoch,
-            self.options().max_queues,
-        )
-        .await;
-        let (created, stored, epoch) = match reply {
-            Err(e) if ScriptRefusal::of(&e) == Some(ScriptRefusal::TooManyQueues) => {
-                return Err(Error::TooManyQueues {
-                    max: self.options().max_queues,
-                });
+        for _ in 0..REGISTER_ATTEMPTS {
+            let new_epoch = format!("{:x}-{:016x}", self.now_ms(), fastrand::u64(..));
+            let reply = scripts::create_queue(
+                &mut self.connection(),
+                self.keyspace(),
+                q,
+                shards,
+                &new_epoch,
+                self.options().max_queues,
+            )
+            .await;
+            let (created, stored, epoch) = match reply {
+                Err(e) if ScriptRefusal::of(&e) == Some(ScriptRefusal::TooManyQueues) => {
+                    return Err(Error::TooManyQueues {
+                        max: self.options().max_queues,
+                    });
+                }
+                other => other?,
+            };
+            if created < 0 {
+                // Being deleted: finish that delete, then create the queue afresh.
+                self.purge_queue(q, stored, &epoch).await?;
+                continue;
             }
-            other => other?,
-        };
-        let r = QueueRef {
-            shards: stored,
-            epoch,
-        };
-        self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&r.epoch))
-            .await?;
-        self.remember(q, r.clone());
-        Ok((created, r))
+            self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&epoch))
+                .await?;
+            let (now_epoch, deleting): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                .arg(self.keyspace().queue_record(q))
+                .arg("epoch")
+                .arg("deleting")
+                .query_async(&mut self.connection())
+                .await
+                .ctx("checking the queue registry")?;
+            if now_epoch.as_deref() == Some(epoch.as_str()) && deleting.is_none() {
+                let r = QueueRef {
+                    shards: stored,
+                    epoch,
+                };
+                self.remember(q, r.clone());
+                return Ok((created == 1, r));
+            }
+            // Deleted (or being deleted) since the script: our markers may have landed on
+            // shards the delete had already purged. Undo them, and what came through them.
+            self.purge_queue(q, stored, &epoch).await?;
+        }
+        Err(Error::Reply {
+            context: "registering the queue",
+            detail: format!(
+                "it was deleted by another process during each of {REGISTER_ATTEMPTS} attempts; try again"
+            ),
+        })
     }
 
     /// The registry's version: it changes whenever a queue is created, deleted or changed
@@ -223,13 +255,19 @@ impl Client {
         if let Some(r) = self.inner_known().get(queue.as_str()) {
             return Ok(Some(r.clone()));
         }
-        let (shards, epoch): (Option<u16>, Option<String>) = redis::cmd("HMGET")
-            .arg(self.keyspace().queue_record(queue))
-            .arg("shards")
-            .arg("epoch")
-            .query_async(&mut self.connection())
-            .await
-            .ctx("reading the queue registry")?;
+        let (shards, epoch, deleting): (Option<u16>, Option<String>, Option<String>) =
+            redis::cmd("HMGET")
+                .arg(self.keyspace().queue_record(queue))
+                .arg("shards")
+                .arg("epoch")
+                .arg("deleting")
+                .query_async(&mut self.connection())
+                .await
+                .ctx("reading the queue registry")?;
+        if deleting.is_some() {
+            // Being deleted: it no longer exists for producers and administration.
+            return Ok(None);
+        }
         match (shards, epoch) {
             (Some(shards), Some(epoch)) => {
                 let r = QueueRef { shards, epoch };

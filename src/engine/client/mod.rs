@@ -5,6 +5,7 @@
 //! dispatchers running in this process.
 
 pub(crate) mod catalog;
+mod deletion;
 mod durable;
 mod options;
 mod schedule;

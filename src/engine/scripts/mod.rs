@@ -113,6 +113,8 @@ pub fn flagged() -> Vec<(&'static str, &'static str)> {
         ("consumers", CONSUMERS_LUA.as_str()),
         ("create_queue", CREATE_QUEUE_LUA.as_str()),
         ("fence", FENCE_LUA.as_str()),
+        ("retire", RETIRE_LUA.as_str()),
+        ("purge", PURGE_LUA.as_str()),
         ("join_group", JOIN_GROUP_LUA.as_str()),
         ("heartbeat", HEARTBEAT_LUA.as_str()),
         ("stats", admin::STATS_LUA.as_str()),

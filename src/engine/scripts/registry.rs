@@ -13,6 +13,12 @@ pub static CREATE_QUEUE_LUA: LazyLock<String> =
 /// Source of `lua/fence.lua`.
 pub static FENCE_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/fence.lua")));
+/// Source of `lua/retire.lua`.
+pub static RETIRE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/retire.lua")));
+/// Source of `lua/purge.lua`.
+pub static PURGE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/purge.lua")));
 /// Source of `lua/join_group.lua`.
 pub static JOIN_GROUP_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/join_group.lua")));
@@ -22,11 +28,13 @@ pub static HEARTBEAT_LUA: LazyLock<String> =
 static CREATE_QUEUE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&CREATE_QUEUE_LUA));
 static FENCE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&FENCE_LUA));
+static RETIRE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&RETIRE_LUA));
+static PURGE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&PURGE_LUA));
 static JOIN_GROUP: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&JOIN_GROUP_LUA));
 static HEARTBEAT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&HEARTBEAT_LUA));
 
-/// What `create_queue.lua` answered: whether it registered the queue, its shard count and
-/// its epoch.
+/// What `create_queue.lua` answered: 1 when it registered the queue, 0 when it existed, -1
+/// when it is being deleted; its shard count and its epoch.
 pub(crate) async fn create_queue<C: ConnectionLike>(
     conn: &mut C,
     keyspace: &crate::engine::keys::Keyspace,
@@ -34,7 +42,7 @@ pub(crate) async fn create_queue<C: ConnectionLike>(
     shards: u16,
     new_epoch: &str,
     max_queues: usize,
-) -> Result<(bool, u16, String)> {
+) -> Result<(i64, u16, String)> {
     let (created, stored, epoch): (i64, u16, String) = CREATE_QUEUE
         .key(keyspace.queues())
         .key(keyspace.queue_record(queue))
@@ -46,7 +54,90 @@ pub(crate) async fn create_queue<C: ConnectionLike>(
         .invoke_async(conn)
         .await
         .ctx("registering the queue (create_queue.lua)")?;
-    Ok((created == 1, stored, epoch))
+    Ok((created, stored, epoch))
+}
+
+/// Runs `retire.lua` in mode `begin`: marks the record of `queue` deleting (left as it is
+/// when it already is); its shard count and epoch, or `None` when it is not registered.
+pub(crate) async fn retire_begin<C: ConnectionLike>(
+    conn: &mut C,
+    keyspace: &crate::engine::keys::Keyspace,
+    queue: &crate::engine::keys::QueueName,
+    now_ms: i64,
+) -> Result<Option<(u16, String)>> {
+    let reply: Vec<redis::Value> = retire(keyspace, queue)
+        .arg("begin")
+        .arg(queue.as_str())
+        .arg(now_ms)
+        .invoke_async(conn)
+        .await
+        .ctx("marking the queue deleting (retire.lua)")?;
+    match reply.as_slice() {
+        [flag] if redis::from_redis_value_ref::<i64>(flag).ok() == Some(0) => Ok(None),
+        [_, shards, epoch] => Ok(Some((
+            redis::from_redis_value_ref(shards).map_err(|_| retire_reply())?,
+            redis::from_redis_value_ref(epoch).map_err(|_| retire_reply())?,
+        ))),
+        _ => Err(retire_reply()),
+    }
+}
+
+/// Runs `retire.lua` in mode `end`: removes the record of `queue` when it is marked
+/// deleting with `epoch`; true when it did.
+pub(crate) async fn retire_end<C: ConnectionLike>(
+    conn: &mut C,
+    keyspace: &crate::engine::keys::Keyspace,
+    queue: &crate::engine::keys::QueueName,
+    epoch: &str,
+) -> Result<bool> {
+    let n: i64 = retire(keyspace, queue)
+        .arg("end")
+        .arg(queue.as_str())
+        .arg(epoch)
+        .invoke_async(conn)
+        .await
+        .ctx("removing the deleted queue's record (retire.lua)")?;
+    Ok(n == 1)
+}
+
+fn retire(
+    keyspace: &crate::engine::keys::Keyspace,
+    queue: &crate::engine::keys::QueueName,
+) -> redis::ScriptInvocation<'static> {
+    let mut inv = RETIRE.prepare_invoke();
+    inv.key(keyspace.queues())
+        .key(keyspace.queue_record(queue))
+        .key(keyspace.registry_version())
+        .key(keyspace.deleting());
+    inv
+}
+
+fn retire_reply() -> Error {
+    Error::Reply {
+        context: "marking the queue deleting (retire.lua)",
+        detail: "malformed reply".into(),
+    }
+}
+
+/// Runs `purge.lua` on one shard: unlinks `keys` (the marker first) unless the shard holds
+/// another epoch than `epoch`; true when it did.
+pub(crate) async fn purge<C: ConnectionLike>(
+    conn: &mut C,
+    meta: &str,
+    keys: &[String],
+    epoch: &str,
+) -> Result<bool> {
+    let mut inv = PURGE.prepare_invoke();
+    inv.key(meta);
+    for k in keys {
+        inv.key(k);
+    }
+    let n: i64 = inv
+        .arg(epoch)
+        .invoke_async(conn)
+        .await
+        .ctx("removing a deleted shard's keys (purge.lua)")?;
+    Ok(n == 1)
 }
 
 /// What `fence.lua` found in one shard.

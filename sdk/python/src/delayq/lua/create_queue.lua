@@ -9,7 +9,10 @@
 -- ARGV[4]  the most queues the namespace may have
 --
 -- Returns: { created, shards, epoch }
---   created = 1 when this call registered the queue, 0 when it existed;
+--   created = 1 when this call registered the queue, 0 when it existed, -1 when it is being
+--             deleted (the record is marked "deleting" by retire.lua: nothing written; the
+--             caller finishes that delete with the shards and epoch returned, then creates
+--             the queue afresh, so a re-created queue starts empty);
 --   shards  = the registered shard count (the caller refuses another one);
 --   epoch   = the queue's epoch, which the caller writes into each shard's marker.
 -- Error "ERR delayq too_many_queues ..." when the cap is reached (nothing written).
@@ -17,7 +20,9 @@
 -- Why one script: the cap check, the record and the name set change together, so two
 -- processes creating queues at once cannot pass the cap, and a record never lacks its
 -- epoch. A record of an earlier version (no epoch) gets one here. Every change bumps the
--- version counter that supervisors watch. Redis >= 6.2.
+-- version counter that supervisors watch. The caller writes the epoch into the shards'
+-- markers, then checks the record again (write, then check): a delete that began meanwhile
+-- makes it undo those markers. Cost: O(1). Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -107,6 +112,9 @@ if not max or max < 1 then
 end
 
 local stored = redis.call('HGET', KEYS[2], 'shards')
+if stored and redis.call('HEXISTS', KEYS[2], 'deleting') == 1 then
+  return { -1, tonumber(stored), redis.call('HGET', KEYS[2], 'epoch') or '' }
+end
 if stored then
   local epoch = redis.call('HGET', KEYS[2], 'epoch')
   if not epoch then
