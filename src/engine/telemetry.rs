@@ -35,6 +35,8 @@
 //!
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
+//! The service's recorder also forgets a gauge not set for a minute (every refresh sets
+//! those of what exists), so a deleted queue's gauges do not stay in memory.
 
 use crate::engine::priority::Priority;
 use std::sync::{Arc, OnceLock};
