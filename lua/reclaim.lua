@@ -9,8 +9,10 @@
 -- ARGV[3]  now, unix ms
 -- ARGV[4]  lease end, unix ms (now + visibility timeout)
 -- ARGV[5]  limit, 1..1000
+-- ARGV[6..] the entry ids of this shard that this consumer still holds (its copy runs or
+--           waits for a slot in this process)
 --
--- Returns: { claimed, next_timer_ms, missing }
+-- Returns: { claimed, next_timer_ms, missing, kept }
 --   claimed = { {entry_id, [field, value, ...], delivery_count}, ... } (delivery_count after
 --             the claim: XCLAIM adds one, so it counts this delivery)
 --   next_timer_ms = the earliest remaining timer (nil when none)
@@ -19,6 +21,10 @@
 --             the pending list on Redis 7, and Redis 6.2 returns nil): they stay pending,
 --             leased, and the caller dead-letters them (dead.lua, as their owner) with the
 --             reason entry_missing. Nothing leaves the pending list unrecorded.
+--   kept = { entry_id, ... }: due entries this consumer still holds (its lease extension
+--          failed for a while). They are leased again but not claimed: XCLAIM would count a
+--          delivery that never happened, so their retry would arrive one attempt late and
+--          max_attempts would dead-letter them one attempt early.
 -- Cost: O(log n) per due entry (ZRANGE BYSCORE LIMIT, XPENDING and XRANGE by id, XCLAIM).
 -- Timers (and error records) of entries that are no longer pending (acknowledged) are
 -- dropped.
@@ -32,13 +38,19 @@ if not limit or limit < 1 or limit > 1000 then
   return redis.error_reply('ERR delayq reclaim: limit must be 1..1000')
 end
 local due = redis.call('ZRANGE', KEYS[2], '-inf', ARGV[3], 'BYSCORE', 'LIMIT', 0, limit)
-local out, missing = {}, {}
+local out, missing, kept = {}, {}, {}
 if #due > 0 then
+  local held = {}
+  for i = 6, #ARGV do held[ARGV[i]] = true end
   local claim, lease, gone = {}, {}, {}
   for _, id in ipairs(due) do
     local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
     if not p[1] then
       gone[#gone + 1] = id
+    elseif held[id] and p[1][2] == ARGV[2] then
+      kept[#kept + 1] = id
+      lease[#lease + 1] = ARGV[4]
+      lease[#lease + 1] = id
     elseif not redis.call('XRANGE', KEYS[1], id, id)[1] then
       missing[#missing + 1] = { id, p[1][2], p[1][4] }
       lease[#lease + 1] = ARGV[4]
@@ -67,4 +79,4 @@ if #due > 0 then
   end
 end
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-return { out, head[2] or false, missing }
+return { out, head[2] or false, missing, kept }

@@ -45,16 +45,19 @@ impl RedisClock {
     }
 }
 
-/// One `TIME` reading, attributed to the midpoint of the round trip.
+/// One `TIME` reading, attributed to the moment its reply was taken in: the server read its
+/// clock at some point of the round trip, never after that moment, so the clock derived from
+/// it is never ahead of the server's and nothing is dispatched before it is due. It can be
+/// behind by up to one round trip (tens of microseconds on a healthy link). Attributing it to
+/// the midpoint instead would run ahead by half of any delay on the way back: a reply held up
+/// behind a frozen server (`SIGSTOP`) or a busy process put orders out up to 14 ms early in
+/// the fault campaign (tests/chaos).
 async fn read_time<C: redis::aio::ConnectionLike>(conn: &mut C) -> Result<(Instant, i64)> {
-    let sent = Instant::now();
     let (secs, micros): (i64, i64) = redis::cmd("TIME")
         .query_async(conn)
         .await
         .ctx("reading the server clock (TIME)")?;
-    let received = Instant::now();
-    let mid = sent + (received - sent) / 2;
-    Ok((mid, secs * 1_000_000 + micros))
+    Ok((Instant::now(), secs * 1_000_000 + micros))
 }
 
 impl Clock for RedisClock {

@@ -364,6 +364,13 @@ impl Dispatcher {
             if cancel.is_cancelled() {
                 break;
             }
+            #[cfg(feature = "test-util")]
+            if self.wake.kill.swap(false, Ordering::SeqCst) {
+                panic!(
+                    "the dispatcher of {} was killed by the test hook",
+                    self.queue
+                );
+            }
             // Mark busy: schedules during the pass need no wake-up (the pass or the next
             // sleep computation sees them).
             self.wake.next_look_ms.store(i64::MAX, Ordering::SeqCst);

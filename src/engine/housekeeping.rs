@@ -10,7 +10,8 @@
 //! - **idle consumers** (`consumers.lua`): deletes consumers idle for long with nothing
 //!   pending, and heartbeats older than an hour;
 //! - **safety sweep**: runs the dispatch script every second in addition to the dispatchers'
-//!   own adaptive loops, so a missed wake-up can never stall dispatch.
+//!   own adaptive loops, so a missed wake-up can never stall dispatch; only over the queues
+//!   the process dispatches ([`Housekeeper::sweep_only`]).
 //!
 //! tokio-cron-scheduler has one-second resolution, spawns jobs without overlap protection and
 //! does not wait for running jobs on shutdown. So the fast dispatch path stays out of it,
@@ -23,6 +24,7 @@ use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::keys::QueueName;
 use crate::engine::scripts;
+use crate::engine::supervisor::DispatchSelection;
 use crate::engine::telemetry;
 use std::future::Future;
 use std::pin::Pin;
@@ -137,6 +139,8 @@ pub struct Housekeeper {
     /// `None`: every queue of the registry, read at each pass.
     queues: Option<Vec<QueueName>>,
     opts: HousekeepingOptions,
+    /// The queues the safety sweep dispatches (the process's dispatch selection).
+    sweep: DispatchSelection,
 }
 
 impl Housekeeper {
@@ -151,6 +155,7 @@ impl Housekeeper {
             client: client.clone(),
             queues: Some(queues),
             opts,
+            sweep: DispatchSelection::All,
         })
     }
 
@@ -162,7 +167,15 @@ impl Housekeeper {
             client: client.clone(),
             queues: None,
             opts,
+            sweep: DispatchSelection::All,
         })
+    }
+
+    /// Restricts the safety sweep to the queues of `selection` (a process told to dispatch
+    /// only some queues, or none, sweeps only those); the other chores tend every queue.
+    pub fn sweep_only(mut self, selection: DispatchSelection) -> Self {
+        self.sweep = selection;
+        self
     }
 
     /// The queues to tend now, each with the keys of every shard as registered (queues
@@ -278,7 +291,8 @@ impl Housekeeper {
         Ok(ChoreReport { count })
     }
 
-    /// Runs the dispatch script over every queue until nothing is due; returns the orders
+    /// Runs the dispatch script over every queue of the sweep's selection
+    /// ([`sweep_only`](Housekeeper::sweep_only)) until nothing is due; returns the orders
     /// moved.
     pub async fn sweep(&self) -> Result<ChoreReport> {
         self.sweep_until(&CancellationToken::new()).await
@@ -287,10 +301,17 @@ impl Housekeeper {
     /// [`sweep`](Housekeeper::sweep), stopping between dispatch passes once `cancel` fires.
     async fn sweep_until(&self, cancel: &CancellationToken) -> Result<ChoreReport> {
         let mut count = 0;
-        self.client.finish_deletions().await?; // deletes that were cut off (issue 39)
+        // Deletes that were cut off are finished by any process, whatever it dispatches.
+        self.client.finish_deletions().await?;
+        if self.sweep == DispatchSelection::None {
+            return Ok(ChoreReport { count });
+        }
         for (q, keys) in self.queues().await? {
             if cancel.is_cancelled() {
                 break;
+            }
+            if !self.sweep.includes(q.as_str()) {
+                continue;
             }
             let shards = u16::try_from(keys.len()).unwrap_or(1);
             let d = Dispatcher::for_registered(

@@ -8,11 +8,17 @@
 //! dispatched within `refresh` plus one read; a deleted one has its dispatcher stopped (it
 //! finishes its current pass, which finds nothing: the delete fenced every shard first).
 //! Dispatchers it starts never register their queue, so a deleted queue stays deleted.
+//!
+//! A dispatcher that stops on its own (a panic, or a refusal it does not retry) is started
+//! again, after [`RetryPolicy::LOOP`]'s backoff (reset once it has run for
+//! [`STABLE_AFTER`]), with a warning and `delayq_dispatcher_restarts_total{queue}`: its
+//! queue never silently falls back to the safety sweep.
 
 use crate::engine::client::Client;
 use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::error::{InvalidInput, Result};
 use crate::engine::keys::QueueName;
+use crate::engine::retry::RetryPolicy;
 use crate::engine::telemetry;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -121,11 +127,31 @@ pub struct SupervisorReport {
     pub running: usize,
 }
 
+/// A restarted dispatcher that has run this long without stopping starts its backoff over.
+pub const STABLE_AFTER: Duration = Duration::from_secs(60);
+
 /// One running dispatcher.
 struct Running {
     shards: u16,
     stop: CancellationToken,
-    task: JoinHandle<()>,
+    /// `None` once it stopped on its own and its end was read (until it is started again).
+    task: Option<JoinHandle<()>>,
+    /// When it was last started.
+    started: Instant,
+    /// Restarts since it last ran for [`STABLE_AFTER`].
+    restarts: u32,
+    /// When it is started again (it stopped on its own).
+    restart_at: Option<Instant>,
+}
+
+impl Running {
+    /// Stops it and waits for its current pass.
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Some(t) = self.task {
+            let _ = t.await;
+        }
+    }
 }
 
 /// Runs a dispatcher for every selected queue of the registry. See the module docs.
@@ -173,8 +199,7 @@ impl Supervisor {
             .collect();
         for q in gone {
             if let Some(r) = self.running.remove(&q) {
-                r.stop.cancel();
-                let _ = r.task.await;
+                r.stop().await;
                 tracing::info!(queue = %q, "queue gone from the registry: dispatcher stopped");
                 report.stopped.push(q);
             }
@@ -186,14 +211,76 @@ impl Supervisor {
             let d =
                 Dispatcher::for_registered(&self.client, &q, shards, self.opts.dispatcher.clone())?;
             let stop = cancel.child_token();
-            let task = tokio::spawn(d.run(stop.clone()));
-            self.running
-                .insert(q.clone(), Running { shards, stop, task });
+            let task = Some(tokio::spawn(d.run(stop.clone())));
+            self.running.insert(
+                q.clone(),
+                Running {
+                    shards,
+                    stop,
+                    task,
+                    started: Instant::now(),
+                    restarts: 0,
+                    restart_at: None,
+                },
+            );
             report.started.push(q);
         }
         report.running = self.running.len();
         telemetry::supervised_queues(report.running);
         Ok(report)
+    }
+
+    /// Starts again the dispatchers that stopped on their own (not by `cancel` or a
+    /// deletion), each after its backoff: the first time one is seen stopped it is logged
+    /// and its restart time set; once that time has come it is started and counted.
+    fn restart_stopped(&mut self, cancel: &CancellationToken) {
+        if cancel.is_cancelled() {
+            return;
+        }
+        for (q, r) in &mut self.running {
+            if r.stop.is_cancelled() {
+                continue;
+            }
+            if let Some(task) = r.task.take_if(|t| t.is_finished()) {
+                use futures_util::FutureExt;
+                let how = match task.now_or_never() {
+                    Some(Err(e)) if e.is_panic() => "panicked",
+                    _ => "stopped on its own",
+                };
+                if r.started.elapsed() >= STABLE_AFTER {
+                    r.restarts = 0;
+                }
+                let policy = RetryPolicy::LOOP;
+                let delay = policy
+                    .first
+                    .saturating_mul(1u32 << r.restarts.min(16))
+                    .min(policy.max);
+                tracing::warn!(queue = %q, restart_in = ?delay, restarts = r.restarts, "the queue's dispatcher {how}: starting it again");
+                r.restart_at = Some(Instant::now() + delay);
+            }
+            if r.task.is_some() || r.restart_at.is_some_and(|t| t > Instant::now()) {
+                continue;
+            }
+            match Dispatcher::for_registered(
+                &self.client,
+                q,
+                r.shards,
+                self.opts.dispatcher.clone(),
+            ) {
+                Ok(d) => {
+                    r.task = Some(tokio::spawn(d.run(r.stop.clone())));
+                    r.started = Instant::now();
+                    r.restarts = r.restarts.saturating_add(1);
+                    r.restart_at = None;
+                    telemetry::dispatcher_restarted(q);
+                    tracing::info!(queue = %q, restarts = r.restarts, "dispatcher started again");
+                }
+                Err(e) => {
+                    tracing::error!(queue = %q, error = %e, "starting the dispatcher again failed");
+                    r.restart_at = Some(Instant::now() + RetryPolicy::LOOP.max);
+                }
+            }
+        }
     }
 
     /// The queues dispatched now.
@@ -241,14 +328,14 @@ impl Supervisor {
                     Err(e) => tracing::warn!(error = %e, "reading the registry failed"),
                 }
             }
+            self.restart_stopped(&cancel);
             tokio::select! {
                 _ = tokio::time::sleep(self.opts.refresh) => {}
                 _ = cancel.cancelled() => {}
             }
         }
         for (_, r) in std::mem::take(&mut self.running) {
-            r.stop.cancel();
-            let _ = r.task.await;
+            r.stop().await;
         }
         telemetry::supervised_queues(0);
         tracing::info!("supervisor stopped");

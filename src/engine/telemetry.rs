@@ -18,7 +18,7 @@
 //! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
 //! | `delayq_lateness_seconds` | histogram | queue, group, priority (handler start − due time, first deliveries only) |
 //! | `delayq_redelivery_age_seconds` | histogram | queue, group, reason (retry, replay, reconcile): handler start − due time of a redelivery |
-//! | `delayq_late_acks_total` | counter | queue, group (acks of entries another consumer had acknowledged) |
+//! | `delayq_late_acks_total` | counter | queue, group (acks of entries this consumer no longer owned: another consumer had taken them over after its lease ran out, or acknowledged them) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
 //! | `delayq_stream_length`, `delayq_unread` | gauge | queue, priority (high, normal, low): entries in the level's streams; of them, not yet read, summed over the groups |
@@ -27,6 +27,7 @@
 //! | `delayq_maintenance_errors_total` | counter | service |
 //! | `delayq_maintenance_removed_total` | counter | service, what (entries, dead letters, consumers, heartbeats, ...) |
 //! | `delayq_supervised_queues` | gauge | (none): queues a supervisor dispatches in this process |
+//! | `delayq_dispatcher_restarts_total` | counter | queue: dispatchers a supervisor started again after they stopped on their own (a panic, a refusal) |
 //! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
 //! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
 //! | `delayq_http_connections_cut_total` | counter | deadline (idle, header, write): HTTP connections the server closed past a deadline |
@@ -34,6 +35,8 @@
 //!
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
+//! The service's recorder also forgets a gauge not set for a minute (every refresh sets
+//! those of what exists), so a deleted queue's gauges do not stay in memory.
 
 use crate::engine::priority::Priority;
 use std::sync::{Arc, OnceLock};
@@ -318,6 +321,11 @@ pub fn maintenance_pass(service: &'static str, ok: bool, removed: &[(&'static st
             .increment(*n);
         }
     }
+}
+
+/// A supervisor started `queue`'s dispatcher again after it stopped on its own.
+pub fn dispatcher_restarted(queue: &str) {
+    metrics::counter!("delayq_dispatcher_restarts_total", "queue" => queue.to_owned()).increment(1);
 }
 
 /// How many queues this process's supervisor dispatches.

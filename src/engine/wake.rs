@@ -1,10 +1,17 @@
 //! In-process wake-ups: a dispatcher sleeping until its next due time is woken early when
 //! this process schedules an earlier order.
+//!
+//! The registry holds each queue's signal weakly: an entry lives while a dispatcher or a
+//! reader of the queue holds its signal, and is removed when the last one drops it, so the
+//! registry never grows with queue names seen once (deleted queues, one-off producers).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::Notify;
+
+/// The signals by queue, held weakly.
+type Map = Mutex<HashMap<String, Weak<Wake>>>;
 
 /// One queue's wake-up signal.
 #[derive(Debug)]
@@ -19,59 +26,117 @@ pub(crate) struct Wake {
     /// Fired when this process resumes the queue or one of its groups: paused readers and
     /// dispatchers look again at once.
     pub(crate) resume: Notify,
+    /// Set by the test hook (`Client::kill_dispatchers_for_test`): the queue's running
+    /// dispatcher panics at its next turn.
+    #[cfg(feature = "test-util")]
+    pub(crate) kill: std::sync::atomic::AtomicBool,
+    /// Where it is registered, and under which queue (its entry goes when it drops).
+    registry: Weak<Map>,
+    queue: String,
+}
+
+impl Drop for Wake {
+    fn drop(&mut self) {
+        // The last holder dropped it: remove its entry, unless a new signal for the queue
+        // was registered meanwhile. (No `Arc<Wake>` is ever dropped under this lock.)
+        if let Some(map) = self.registry.upgrade() {
+            let mut m = lock(&map);
+            if m.get(&self.queue).is_some_and(|w| w.strong_count() == 0) {
+                m.remove(&self.queue);
+            }
+        }
+    }
+}
+
+fn lock(map: &Map) -> MutexGuard<'_, HashMap<String, Weak<Wake>>> {
+    map.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The wake-up signals of the dispatchers in this process, by queue.
 #[derive(Debug, Default)]
 pub(crate) struct WakeRegistry {
-    by_queue: Mutex<HashMap<String, Arc<Wake>>>,
+    by_queue: Arc<Map>,
 }
 
 impl WakeRegistry {
-    /// The signal for `queue` (created on first use).
+    /// The signal for `queue` (created when no one holds one).
     pub(crate) fn get(&self, queue: &str) -> Arc<Wake> {
-        self.by_queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(queue.to_owned())
-            .or_insert_with(|| {
-                Arc::new(Wake {
-                    next_look_ms: AtomicI64::new(0),
-                    early_ms: AtomicI64::new(i64::MAX),
-                    notify: Notify::new(),
-                    resume: Notify::new(),
-                })
-            })
-            .clone()
+        let mut m = lock(&self.by_queue);
+        if let Some(w) = m.get(queue).and_then(Weak::upgrade) {
+            return w;
+        }
+        let w = Arc::new(Wake {
+            next_look_ms: AtomicI64::new(0),
+            early_ms: AtomicI64::new(i64::MAX),
+            notify: Notify::new(),
+            resume: Notify::new(),
+            #[cfg(feature = "test-util")]
+            kill: std::sync::atomic::AtomicBool::new(false),
+            registry: Arc::downgrade(&self.by_queue),
+            queue: queue.to_owned(),
+        });
+        m.insert(queue.to_owned(), Arc::downgrade(&w));
+        w
+    }
+
+    /// The signal for `queue` if someone holds it.
+    fn held(&self, queue: &str) -> Option<Arc<Wake>> {
+        lock(&self.by_queue).get(queue).and_then(Weak::upgrade)
+    }
+
+    /// How many queues have a signal (held by a dispatcher or reader of this process).
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn len(&self) -> usize {
+        lock(&self.by_queue).len()
     }
 
     /// An order of `queue` due at `due_ms` was scheduled: wake its dispatcher if it would
     /// otherwise look later than that.
     pub(crate) fn scheduled(&self, queue: &str, due_ms: i64) {
-        let wake = self
-            .by_queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(queue)
-            .cloned();
         // Record first, then look: with the dispatcher storing its next look first and then
         // reading `early_ms` (both SeqCst), one of the two always sees the other.
-        if let Some(w) = wake {
+        if let Some(w) = self.held(queue) {
             w.early_ms.fetch_min(due_ms, Ordering::SeqCst);
             if due_ms < w.next_look_ms.load(Ordering::SeqCst) {
                 w.notify.notify_one();
             }
         }
     }
-}
 
-impl WakeRegistry {
     /// `queue` (or one of its groups) was resumed by this process: its dispatcher calls
     /// every shard now, and its paused readers read again.
     pub(crate) fn resumed(&self, queue: &str) {
-        let w = self.get(queue);
-        w.early_ms.fetch_min(i64::MIN, Ordering::SeqCst);
-        w.notify.notify_one();
-        w.resume.notify_waiters();
+        if let Some(w) = self.held(queue) {
+            w.early_ms.fetch_min(i64::MIN, Ordering::SeqCst);
+            w.notify.notify_one();
+            w.resume.notify_waiters();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_lives_while_someone_holds_its_signal() {
+        let r = WakeRegistry::default();
+        let a = r.get("a");
+        let a2 = r.get("a");
+        assert!(Arc::ptr_eq(&a, &a2));
+        r.scheduled("never-held", 1);
+        r.resumed("never-held");
+        assert_eq!(r.len(), 1);
+        drop(a);
+        assert_eq!(r.len(), 1, "still held");
+        drop(a2);
+        assert_eq!(r.len(), 0);
+        // A new holder gets a new signal, and an old one dropping later leaves it alone.
+        let old = r.get("b");
+        drop(old);
+        let new = r.get("b");
+        assert_eq!(r.len(), 1);
+        drop(new);
+        assert_eq!(r.len(), 0);
     }
 }

@@ -8,6 +8,14 @@ use std::sync::OnceLock;
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
+/// A gauge not set for this long is forgotten by the recorder (its label set freed). Every
+/// refresh before a render sets the gauges of every queue and group that exists (and the
+/// supervisor its own every few seconds), so only those of deleted queues and groups go:
+/// the process's memory does not grow with every queue name it ever saw. Counters and
+/// histograms are kept (a forgotten counter would come back from zero, and `increase()`
+/// would miss its first step).
+pub(crate) const GAUGE_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Lateness buckets, seconds: 1 ms .. 5 min.
 pub(crate) const LATENESS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -23,7 +31,7 @@ pub(crate) const REDELIVERY_BUCKETS: &[f64] = &[
 pub fn handle() -> Option<&'static PrometheusHandle> {
     HANDLE
         .get_or_init(|| {
-            let builder = PrometheusBuilder::new()
+            let builder = builder(GAUGE_IDLE_TIMEOUT)
                 .set_buckets_for_metric(
                     Matcher::Full(crate::engine::telemetry::LATENESS_SECONDS.into()),
                     LATENESS_BUCKETS,
@@ -40,6 +48,11 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
             Some(handle)
         })
         .as_ref()
+}
+
+/// The recorder's builder: gauges idle for `gauge_idle` are forgotten.
+fn builder(gauge_idle: std::time::Duration) -> PrometheusBuilder {
+    PrometheusBuilder::new().idle_timeout(metrics_util::MetricKindMask::GAUGE, Some(gauge_idle))
 }
 
 /// Refreshes the gauges of one queue from its statistics.
@@ -140,6 +153,56 @@ fn keep_line(line: &str, live: &Live) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_gauges_of_a_deleted_queue_are_forgotten_and_the_live_ones_kept() {
+        let recorder = builder(std::time::Duration::from_millis(50)).build_recorder();
+        let handle = recorder.handle();
+        let stats = |q: &str| crate::engine::admin::stats::QueueStats {
+            queue: q.into(),
+            scheduled: 1,
+            overdue: 0,
+            oldest_overdue_ms: 0,
+            next_due_at_ms: None,
+            stream_length: 0,
+            dead: 0,
+            history: 0,
+            paused: false,
+            groups: Vec::new(),
+            priorities: Vec::new(),
+        };
+        metrics::with_local_recorder(&recorder, || {
+            record_stats(&stats("live"));
+            record_stats(&stats("gone"));
+            crate::engine::telemetry::dispatched("gone", 1);
+        });
+        assert!(
+            handle
+                .render()
+                .contains(r#"delayq_scheduled{queue="gone"}"#)
+        );
+        // "gone" is deleted: the refreshes set only "live"'s gauges from now on.
+        let start = std::time::Instant::now();
+        loop {
+            metrics::with_local_recorder(&recorder, || record_stats(&stats("live")));
+            let text = handle.render();
+            assert!(text.contains(r#"delayq_scheduled{queue="live"}"#), "{text}");
+            if !text.contains(r#"delayq_scheduled{queue="gone"}"#) {
+                assert!(!text.contains(r#"delayq_paused{queue="gone""#), "{text}");
+                // Its counter stays: counters are never forgotten.
+                assert!(
+                    text.contains(r#"delayq_dispatched_total{queue="gone"} 1"#),
+                    "{text}"
+                );
+                break;
+            }
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(30),
+                "{text}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
 
     #[test]
     fn series_of_deleted_queues_and_groups_are_left_out() {

@@ -202,7 +202,8 @@ async fn spawn_engine(
             ),
     )?;
     tasks.spawn(served(supervisor.run(cancel.clone())));
-    let housekeeper = Housekeeper::for_registry(client, settings.housekeeping.clone())?;
+    let housekeeper = Housekeeper::for_registry(client, settings.housekeeping.clone())?
+        .sweep_only(settings.dispatch.clone());
     tasks.spawn(served(housekeeper.run(cancel.clone())));
     Ok(())
 }

@@ -1287,3 +1287,30 @@ async fn the_dispatcher_uses_hgetdel_where_the_server_has_it() {
         assert!(used("hdel") && !used("hgetdel"), "{server}: {stats}");
     }
 }
+
+/// The clock never runs ahead of the server's: a `TIME` reading whose reply was held up (here
+/// behind a frozen server, as after a `SIGSTOP` or in a busy process) is credited to the moment
+/// the reply was taken in, not to the middle of the wait. Crediting it to the midpoint put the
+/// clock ahead by half the freeze, and the fault campaign saw orders dispatched up to 14 ms
+/// before they were due.
+#[tokio::test]
+async fn a_clock_read_across_a_freeze_is_never_ahead_of_the_server() {
+    let (redis, client) = start().await;
+    redis.suspend().unwrap();
+    let syncing = tokio::spawn({
+        let client = client.clone();
+        async move { client.sync_clock().await }
+    });
+    // The reading is on its way and held up for the length of the freeze.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    redis.resume().unwrap();
+    syncing.await.unwrap().unwrap();
+    let ours = client.clock().now_us();
+    let t: Vec<i64> = raw(&client, &["TIME"]).await;
+    let server = t[0] * 1_000_000 + t[1];
+    assert!(
+        ours <= server,
+        "the clock reads {} µs ahead of the server's TIME",
+        ours - server
+    );
+}

@@ -400,3 +400,159 @@ async fn a_frozen_redis_never_makes_a_worker_run_its_own_entries_twice() {
     cancel.cancel();
     h.await.unwrap().unwrap();
 }
+
+/// Issue 39 item 9, at its worst case: the first attempt's lease runs out while its handler
+/// still runs (as when its extension failed for a while), so the worker's own reclaim pass
+/// meets it. The running copy keeps the entry without a new delivery: its retry arrives as
+/// attempt 2, and `max_attempts(3)` dead-letters after the third handler call, recording 3
+/// attempts.
+#[tokio::test]
+async fn a_self_reclaim_does_not_count_an_attempt() {
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    schedule_due_now(&client, 1, "s").await;
+    dispatch_all(&client).await;
+    let attempts: Arc<Mutex<Vec<(String, u32)>>> = Arc::new(Mutex::new(Vec::new()));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (a2, r2) = (attempts.clone(), release.clone());
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        move |d: Delivery| {
+            let (a3, r3) = (a2.clone(), r2.clone());
+            async move {
+                a3.lock().unwrap().push((d.entry_id.clone(), d.attempt));
+                if d.attempt == 1 {
+                    r3.notified().await;
+                }
+                Err(HandlerError::retry("down"))
+            }
+        },
+        WorkerOptions::default()
+            .max_attempts(3)
+            .backoff(Backoff::Fixed(Duration::from_millis(50)))
+            .visibility_timeout(Duration::from_secs(30))
+            .block(Duration::from_millis(100))
+            .reclaim_every(Duration::from_millis(50)),
+    )
+    .unwrap();
+    let st = w.stats();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    let a4 = attempts.clone();
+    wait_for("the first attempt runs", WAIT, move || {
+        let n = a4.lock().unwrap().len();
+        async move { n == 1 }
+    })
+    .await;
+    let entry = attempts.lock().unwrap()[0].0.clone();
+    // The lease runs out under the running handler.
+    let _: i64 = raw(
+        &client,
+        &["ZADD", "{dq:order-close:0}:timers:close", "XX", "0", &entry],
+    )
+    .await;
+    let st2 = st.clone();
+    wait_for(
+        "the worker's reclaim meets its own entry",
+        WAIT,
+        move || {
+            let n = st2.reclaimed_own.load(Ordering::SeqCst);
+            async move { n >= 1 }
+        },
+    )
+    .await;
+    release.notify_one();
+    let st3 = st.clone();
+    wait_for("dead-lettered", WAIT, move || {
+        let n = st3.dead_lettered.load(Ordering::SeqCst);
+        async move { n == 1 }
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    let seen: Vec<u32> = attempts.lock().unwrap().iter().map(|(_, a)| *a).collect();
+    assert_eq!(seen, vec![1, 2, 3], "attempts as the handler saw them");
+    let dl = client.admin().dead_list(Q, None, 10).await.unwrap();
+    assert_eq!(dl.len(), 1);
+    assert_eq!(dl[0].attempts, 3);
+    assert_eq!(st.reclaimed.load(Ordering::SeqCst), 2, "the two retries");
+}
+
+/// Issue 39 item 18: an ack by a worker whose lease was taken over (another consumer
+/// claimed the entry while its handler still ran) is counted late, in the worker's stats
+/// and in `delayq_late_acks_total`.
+#[tokio::test]
+async fn an_ack_after_a_takeover_is_counted_late() {
+    const LQ: &str = "late-acks";
+    let handle = delayq::service::metrics::handle().unwrap();
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    client.admin().create_queue(LQ, 1).await.unwrap();
+    client
+        .schedule(LQ, "t1", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    Dispatcher::new(&client, LQ, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let started: Arc<Mutex<Vec<String>>> = Arc::default();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let (s2, r2) = (started.clone(), release.clone());
+    let w = Worker::new(
+        &client,
+        LQ,
+        "close",
+        move |d: Delivery| {
+            let (s3, r3) = (s2.clone(), r2.clone());
+            async move {
+                s3.lock().unwrap().push(d.entry_id.clone());
+                r3.notified().await;
+                Ok(())
+            }
+        },
+        WorkerOptions::default()
+            .visibility_timeout(Duration::from_secs(30))
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let st = w.stats();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    let s4 = started.clone();
+    wait_for("the handler runs", WAIT, move || {
+        let n = s4.lock().unwrap().len();
+        async move { n == 1 }
+    })
+    .await;
+    let entry = started.lock().unwrap()[0].clone();
+    // Another consumer takes the entry over (as after this worker's lease ran out).
+    let _: redis::Value = raw(
+        &client,
+        &[
+            "XCLAIM",
+            "{dq:late-acks:0}:stream",
+            "close",
+            "thief",
+            "0",
+            &entry,
+        ],
+    )
+    .await;
+    release.notify_one();
+    let st2 = st.clone();
+    wait_for("the late ack", WAIT, move || {
+        let n = st2.late_acks.load(Ordering::SeqCst);
+        async move { n == 1 }
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    assert_eq!(st.late_acks.load(Ordering::SeqCst), 1);
+    let text = handle.render();
+    assert!(
+        text.contains(r#"delayq_late_acks_total{queue="late-acks",group="close"} 1"#),
+        "{text}"
+    );
+}

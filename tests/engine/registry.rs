@@ -606,3 +606,96 @@ fn spin(d: Duration) {
         std::hint::spin_loop();
     }
 }
+
+/// The value of the line `series` (name and labels, exactly) in the process's metrics.
+fn metric(series: &str) -> f64 {
+    let text = delayq::service::metrics::handle().unwrap().render();
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Issue 39 item 10: a dispatcher killed by the test hook (a panic in its task) is started
+/// again by its supervisor and counted in `delayq_dispatcher_restarts_total`; orders keep
+/// being dispatched (no safety sweep runs here).
+#[tokio::test]
+async fn a_dispatcher_that_dies_is_started_again_and_counted() {
+    const RQ: &str = "restarted";
+    const RESTARTS: &str = "delayq_dispatcher_restarts_total{queue=\"restarted\"}";
+    delayq::service::metrics::handle().unwrap();
+    let (_s, client) = start().await;
+    client.admin().create_queue(RQ, 2).await.unwrap();
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    let two = delayq::Client::connect_with(&_s.url(), ClientOptions::default().shards(2))
+        .await
+        .unwrap();
+    for round in 0..3u32 {
+        if round > 0 {
+            client.kill_dispatchers_for_test(RQ);
+            wait_for("the dispatcher started again", WITHIN, move || async move {
+                metric(RESTARTS) >= f64::from(round)
+            })
+            .await;
+        }
+        for i in 0..4 {
+            two.schedule(RQ, &format!("r{round}-{i}"), Duration::ZERO, json!({}))
+                .await
+                .unwrap();
+        }
+        let c = two.clone();
+        let want = u64::from(round + 1) * 4;
+        wait_for("dispatched", WITHIN, move || {
+            let c = c.clone();
+            async move { c.admin().stats(RQ).await.unwrap().stream_length == want }
+        })
+        .await;
+    }
+    assert_eq!(metric(RESTARTS), 2.0);
+    stop.cancel();
+    sup.await.unwrap().unwrap();
+}
+
+/// Issue 39 item 17: the in-process wake-up registry holds one entry per queue a
+/// dispatcher runs for, and none once their queues are deleted.
+#[tokio::test]
+async fn the_wake_registry_forgets_deleted_queues() {
+    let (_s, client) = start().await;
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    let names: Vec<String> = (0..40).map(|i| format!("w{i}")).collect();
+    for q in &names {
+        client.admin().create_queue(q, 1).await.unwrap();
+        client
+            .schedule(q, "o", Duration::from_secs(3600), json!({}))
+            .await
+            .unwrap();
+    }
+    // One signal per dispatched queue (every registered queue: the declared ones too).
+    let c = client.clone();
+    wait_for("a signal per dispatched queue", WITHIN, move || {
+        let c = c.clone();
+        async move {
+            let n = c.admin().list_queues().await.unwrap().len();
+            n >= 40 && c.wake_signals_for_test() == n
+        }
+    })
+    .await;
+    for q in &names {
+        client.admin().delete_queue(q, true).await.unwrap();
+    }
+    let c = client.clone();
+    wait_for("the signals of deleted queues gone", WITHIN, move || {
+        let c = c.clone();
+        async move {
+            let n = c.admin().list_queues().await.unwrap().len();
+            c.wake_signals_for_test() == n
+        }
+    })
+    .await;
+    assert!(client.wake_signals_for_test() < 40);
+    stop.cancel();
+    sup.await.unwrap().unwrap();
+}

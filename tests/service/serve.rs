@@ -944,3 +944,104 @@ async fn at_the_default_level_serve_says_where_it_listens_its_redis_and_its_queu
     serve.sigterm();
     assert_eq!(serve.wait_exit(Duration::from_secs(30)).await, Some(0));
 }
+
+/// The value of the line `series` (name and labels, exactly) in a Prometheus text.
+fn series_value(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Issue 39 item 14: the safety sweep honours `dispatch`. A `dispatch = "none"` serve and a
+/// `dispatch = ["a"]` serve on one Redis, queues a and b with orders due now: a is
+/// dispatched (by the second), b's orders stay scheduled through two sweeps of each, the
+/// first serve dispatched nothing and the second nothing of b.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_safety_sweep_dispatches_only_the_selected_queues() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    for q in ["a", "b"] {
+        client.admin().create_queue(q, 1).await.unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ports = [free_port(), free_port()];
+    let mut children = Vec::new();
+    for (i, (port, dispatch)) in ports.iter().zip(["\"none\"", "[\"a\"]"]).enumerate() {
+        let cfg = dir.path().join(format!("delayq{i}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "redis_url = \"{}\"\ndispatch = {dispatch}\n[http]\nlisten = \"127.0.0.1:{port}\"\n",
+                redis.url()
+            ),
+        )
+        .unwrap();
+        children.push(spawn_serve(&cfg, dir.path().join(format!("serve{i}.log"))));
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    for port in ports {
+        wait_readyz(&http, port).await;
+    }
+    const SWEEPS: &str = "delayq_maintenance_runs_total{service=\"sweep\"}";
+    let mut sweeps_before = Vec::new();
+    for port in ports {
+        let m = get_text(&http, port, "/metrics").await;
+        sweeps_before.push(series_value(&m, SWEEPS).unwrap_or(0.0));
+    }
+    for q in ["a", "b"] {
+        let orders: Vec<delayq::NewOrder> = (0..10)
+            .map(|i| delayq::NewOrder::new(format!("{q}{i}"), delayq::When::in_ms(0), json!({})))
+            .collect();
+        client
+            .schedule_many(q, &orders, delayq::Mode::Upsert)
+            .await
+            .unwrap();
+    }
+    let c = client.clone();
+    wait_for("a dispatched", Duration::from_secs(30), move || {
+        let c = c.clone();
+        async move { c.admin().stats("a").await.unwrap().stream_length == 10 }
+    })
+    .await;
+    // Two sweeps of each process after the orders were scheduled.
+    for (port, before) in ports.into_iter().zip(sweeps_before) {
+        let h = http.clone();
+        wait_for("two more sweeps", Duration::from_secs(30), move || {
+            let h = h.clone();
+            async move {
+                let m = get_text(&h, port, "/metrics").await;
+                series_value(&m, SWEEPS).unwrap_or(0.0) >= before + 2.0
+            }
+        })
+        .await;
+    }
+    let b = client.admin().stats("b").await.unwrap();
+    assert_eq!((b.scheduled, b.stream_length), (10, 0), "b was dispatched");
+    let none = get_text(&http, ports[0], "/metrics").await;
+    assert!(
+        !none.contains("delayq_dispatched_total"),
+        "the \"none\" process dispatched: {none}"
+    );
+    let only_a = get_text(&http, ports[1], "/metrics").await;
+    assert!(
+        only_a.contains("delayq_dispatched_total{queue=\"a\"}"),
+        "{only_a}"
+    );
+    assert!(
+        !only_a.contains("delayq_dispatched_total{queue=\"b\"}"),
+        "{only_a}"
+    );
+    for mut child in children {
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()
+                .unwrap()
+                .success()
+        );
+        assert!(child.wait().unwrap().success());
+    }
+}

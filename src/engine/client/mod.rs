@@ -338,6 +338,24 @@ impl Client {
         &self.inner.wake
     }
 
+    /// How many queues have an in-process wake-up signal (held by a dispatcher or reader
+    /// of this client): for tests of its bound.
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn wake_signals_for_test(&self) -> usize {
+        self.inner.wake.len()
+    }
+
+    /// Test hook: the running dispatcher of `queue` made from this client panics at its
+    /// next turn (a supervisor starts it again).
+    #[cfg(feature = "test-util")]
+    #[doc(hidden)]
+    pub fn kill_dispatchers_for_test(&self, queue: &str) {
+        let w = self.inner.wake.get(queue);
+        w.kill.store(true, std::sync::atomic::Ordering::SeqCst);
+        w.notify.notify_one();
+    }
+
     pub(crate) fn shard_keys(&self, queue: &QueueName, shard: u16) -> ShardKeys {
         self.inner.keyspace.shard(queue, shard)
     }

@@ -99,8 +99,11 @@ pub(crate) async fn read<C: ConnectionLike>(
 }
 
 /// Runs `reclaim.lua`: returns the raw claimed entries (`[[id, [f, v, ...], count], ...]`),
-/// the earliest remaining timer, and the pending entries whose stream entry is gone
-/// (entry id, owner, delivery count), left for the caller to dead-letter.
+/// the earliest remaining timer, the pending entries whose stream entry is gone
+/// (entry id, owner, delivery count), left for the caller to dead-letter, and the due
+/// entries of `held` (the ids of this shard the consumer still holds) leased again without
+/// a claim.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn reclaim<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -109,7 +112,13 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
     now_ms: i64,
     lease_until_ms: i64,
     limit: usize,
-) -> Result<(redis::Value, Option<f64>, Vec<(String, String, u32)>)> {
+    held: &[String],
+) -> Result<(
+    redis::Value,
+    Option<f64>,
+    Vec<(String, String, u32)>,
+    Vec<String>,
+)> {
     RECLAIM
         .key(&keys.stream)
         .key(keys.timers(group))
@@ -119,6 +128,7 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
         .arg(now_ms)
         .arg(lease_until_ms)
         .arg(limit.clamp(1, 1000))
+        .arg(held)
         .invoke_async(conn)
         .await
         .ctx("reclaiming due entries (reclaim.lua)")

@@ -256,6 +256,15 @@ impl LeaseSet {
         }
     }
 
+    /// The ids of the entries of lane `shard` that are held.
+    pub(super) fn held_in(&self, shard: u16) -> Vec<String> {
+        self.lock()
+            .keys()
+            .filter(|(s, _)| *s == shard)
+            .map(|(_, id)| id.clone())
+            .collect()
+    }
+
     /// Removes `key` if `generation` still owns it.
     fn unhold(&self, key: &EntryKey, generation: u64) {
         let mut held = self.lock();

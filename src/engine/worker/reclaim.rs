@@ -24,8 +24,10 @@ const MAX_CLAIM: usize = 100;
 /// Each pass first asks every shard for its earliest timer (no permit held): only when
 /// something is due does it take places among the entries the worker may hold (the same
 /// budget the readers use; handler slots are taken by each entry's task when it runs, never
-/// across a Redis call), then claims that many. A claimed entry this worker still holds (its
-/// extension failed for a while, so its timer ran out) is not handled twice: the running
+/// across a Redis call), then claims that many. A due entry this worker still holds (its
+/// extension failed for a while, so its timer ran out) is neither claimed nor handled twice:
+/// `reclaim.lua` is told which entries the worker holds and only leases those again (a
+/// claim would count a delivery, so the retry would arrive one attempt late); the running
 /// copy keeps the lease, at the new lease end.
 pub(super) async fn reclaim_loop<H: Handler>(
     s: Arc<Shared<H>>,
@@ -82,10 +84,24 @@ pub(super) async fn reclaim_loop<H: Handler>(
             if count == 0 {
                 continue;
             }
-            let Some((claimed, next, missing)) = claim(&s, keys, now, lease_until, count).await
+            let lane = lane_index(keys.shard, keys.level);
+            let held = s.leases.held_in(lane);
+            let Some((claimed, next, missing, kept)) =
+                claim(&s, keys, now, lease_until, count, &held).await
             else {
                 continue;
             };
+            for entry_id in kept {
+                if s.leases.renew_if_held(lane, &entry_id, lease_until) {
+                    s.stats.reclaimed_own.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    // Settled since the call was sent: its settlement moved or dropped the
+                    // timer, unless a retry due at once was leased again just after it.
+                    // Hand that one back (where the timer still holds this lease).
+                    give_back(&s, keys, &entry_id, lease_until, now).await;
+                    next_look = now;
+                }
+            }
             for (entry_id, owner, attempts) in missing {
                 settle::settle_missing(&s, keys, &entry_id, &owner, attempts).await;
             }
@@ -104,12 +120,9 @@ pub(super) async fn reclaim_loop<H: Handler>(
                 }
             }
             for (entry_id, fields, count) in claimed {
-                if s.leases.renew_if_held(
-                    lane_index(keys.shard, keys.level),
-                    &entry_id,
-                    lease_until,
-                ) {
-                    // Still running here: one owner, one copy.
+                if s.leases.renew_if_held(lane, &entry_id, lease_until) {
+                    // Still running here, though another consumer claimed it meanwhile
+                    // (this worker's lease had run out): one owner, one copy.
                     s.stats.reclaimed_own.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
@@ -198,19 +211,44 @@ async fn rate_limited_count<H>(
     }
 }
 
-/// Claims up to `count` due timers of one shard; the claimed entries and the shard's next
-/// due timer (unix ms). `None` (logged) when the call failed.
+/// Moves the timer of an entry that `reclaim.lua` leased again for this worker, but that
+/// the worker settled meanwhile, back to `now` where it still holds that lease (a retry due
+/// at once), so the next pass claims it. Logged when it fails: the entry then waits for its
+/// lease to run out.
+async fn give_back<H>(s: &Shared<H>, keys: &ShardKeys, entry_id: &str, lease_until: i64, now: i64) {
+    let held = [(entry_id.to_owned(), lease_until)];
+    if let Err(e) = scripts::extend(
+        &mut s.client.connection(),
+        &keys.timers(&s.group),
+        now,
+        &held,
+    )
+    .await
+    {
+        tracing::warn!(error = %e, entry = %entry_id, "handing back a settled entry's timer failed");
+    }
+}
+
+/// What one `reclaim.lua` call returns: the claimed entries, the shard's next due timer
+/// (unix ms), the pending entries whose stream entry is gone, and the held entries leased
+/// again.
+type Claim = (
+    Vec<(String, Fields, u32)>,
+    Option<i64>,
+    Vec<(String, String, u32)>,
+    Vec<String>,
+);
+
+/// Claims up to `count` due timers of one shard, leasing again those of `held` that are
+/// due. `None` (logged) when the call failed.
 async fn claim<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
     now: i64,
     lease_until: i64,
     count: usize,
-) -> Option<(
-    Vec<(String, Fields, u32)>,
-    Option<i64>,
-    Vec<(String, String, u32)>,
-)> {
+    held: &[String],
+) -> Option<Claim> {
     let mut conn = s.client.connection();
     let r = scripts::reclaim(
         &mut conn,
@@ -220,9 +258,10 @@ async fn claim<H>(
         now,
         lease_until,
         count,
+        held,
     )
     .await;
-    let (claimed, next, missing) = match r {
+    let (claimed, next, missing, kept) = match r {
         Ok(x) => x,
         Err(e) => {
             tracing::warn!(error = %e, "reclaim failed");
@@ -230,7 +269,12 @@ async fn claim<H>(
         }
     };
     match claimed_entries(claimed) {
-        Ok(c) => Some((c, next.map(crate::engine::reply::score_to_ms), missing)),
+        Ok(c) => Some((
+            c,
+            next.map(crate::engine::reply::score_to_ms),
+            missing,
+            kept,
+        )),
         Err(e) => {
             tracing::error!(error = %e, "unexpected reclaim reply");
             None

@@ -375,7 +375,7 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
         // Every shard's pipeline in flight together (one round trip, not one per shard).
         let calls = by_shard.into_iter().map(|(lane, entries)| {
             let keys = &s.lanes[usize::from(lane)];
-            let pipe = ack_pipeline(keys, &s.group, &entries, &history);
+            let pipe = ack_pipeline(keys, &s.group, &s.consumer, &entries, &history);
             let client = &s.client;
             async move {
                 let pipe = &pipe;
@@ -386,10 +386,11 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                             .query_async(&mut conn)
                             .await
                             .ctx("acknowledging entries (XACK + ZREM)")?;
-                        Ok(match replies.first() {
+                        let acked = match replies.get(1) {
                             Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
                             _ => 0,
-                        })
+                        };
+                        Ok((replies.into_iter().next(), acked))
                     }
                 })
                 .await;
@@ -398,11 +399,12 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
         });
         for (entries, r) in futures_util::future::join_all(calls).await {
             match r {
-                Ok(n) => {
+                Ok((owned, n)) => {
                     s.stats.acked.fetch_add(n, Ordering::Relaxed);
-                    // Entries another consumer had acknowledged already: this worker's copy
-                    // came late (its lease ran out and the entry was taken over).
-                    let late = (entries.len() as u64).saturating_sub(n);
+                    // Entries this consumer no longer owned when it acknowledged them: its
+                    // lease ran out and another consumer took the entry over (or had
+                    // acknowledged it already). This copy came late.
+                    let late = late_acks(&entries, owned);
                     if late > 0 {
                         s.stats.late_acks.fetch_add(late, Ordering::Relaxed);
                         s.metrics().late_acks(late);
@@ -419,18 +421,32 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
     }
 }
 
-/// One shard's acknowledgements as one pipeline: `XACK`, then the timers' `ZREM` and the
-/// error records' `HDEL` (plain commands cost less Redis time than a script call; a crash
-/// between them only leaves a stale timer, which `reclaim.lua` drops). Entries that needed
-/// several attempts also leave the history marker `a<attempts>`.
+/// How many more of this consumer's pending entries, beyond the batch, one ownership check
+/// reads (its other held entries and waiting retries interleave with the batch's ids).
+const OWNED_SLACK: usize = 256;
+
+/// One shard's acknowledgements as one pipeline: which of the entries this consumer still
+/// owns (`XPENDING` over the batch's id range, filtered by consumer), `XACK`, then the
+/// timers' `ZREM` and the error records' `HDEL` (plain commands cost less Redis time than a
+/// script call; a crash between them only leaves a stale timer, which `reclaim.lua` drops).
+/// Entries that needed several attempts also leave the history marker `a<attempts>`.
 fn ack_pipeline(
     keys: &ShardKeys,
     group: &str,
+    consumer: &str,
     entries: &[(String, u32)],
     history: &HistoryPolicy,
 ) -> redis::Pipeline {
     let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
     let mut pipe = redis::pipe();
+    let (first, last) = id_range(&ids);
+    pipe.cmd("XPENDING")
+        .arg(&keys.stream)
+        .arg(group)
+        .arg(first)
+        .arg(last)
+        .arg(ids.len() + OWNED_SLACK)
+        .arg(consumer);
     pipe.cmd("XACK").arg(&keys.stream).arg(group).arg(&ids);
     pipe.cmd("ZREM").arg(keys.timers(group)).arg(&ids);
     // Always: an ack by a previous owner (whose attempt 1 another consumer retried) must
@@ -456,6 +472,46 @@ fn ack_pipeline(
         pipe.cmd("PEXPIREAT").arg(&bucket).arg(expires_at);
     }
     pipe
+}
+
+/// The lowest and highest of stream entry ids (`<ms>-<seq>`), compared as ids.
+fn id_range<'a>(ids: &[&'a str]) -> (&'a str, &'a str) {
+    let key = |id: &&str| -> (u64, u64) {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+    };
+    let first = ids.iter().copied().min_by_key(key).unwrap_or("-");
+    let last = ids.iter().copied().max_by_key(key).unwrap_or("+");
+    (first, last)
+}
+
+/// How many of `entries` this consumer did not own when it acknowledged them, from the
+/// ownership check's reply (its pending entries over the batch's range, in id order). When
+/// the reply was cut at its count, ids past its last one are not judged (never counted
+/// late without proof).
+fn late_acks(entries: &[(String, u32)], owned: Option<redis::Value>) -> u64 {
+    let Some(redis::Value::Array(rows)) = owned else {
+        return 0;
+    };
+    let ids: Vec<String> = rows
+        .iter()
+        .filter_map(|r| match r {
+            redis::Value::Array(f) => f.first().and_then(|v| match v {
+                redis::Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+                redis::Value::SimpleString(s) => Some(s.clone()),
+                _ => None,
+            }),
+            _ => None,
+        })
+        .collect();
+    let cut = rows.len() >= entries.len() + OWNED_SLACK;
+    let last = ids.last().map(String::as_str);
+    let mine: std::collections::HashSet<&str> = ids.iter().map(String::as_str).collect();
+    let judged = |id: &str| !cut || last.is_some_and(|l| id_range(&[id, l]).1 == l);
+    entries
+        .iter()
+        .filter(|(id, _)| !mine.contains(id.as_str()) && judged(id))
+        .count() as u64
 }
 
 /// Where settled-successfully entries go to be acknowledged in batches, with their leases.
