@@ -13,9 +13,10 @@ pub const MISSED_AFTER: Duration = Duration::from_secs(1);
 /// The most recurring schedules a namespace may have.
 pub const MAX_SCHEDULES: usize = 100_000;
 /// The most ticks a second a namespace's schedules may fire together, counting each
-/// schedule at its highest rate (one tick per its shortest gap, paused ones too): about
-/// 8.5% of one Redis core on the machine of docs/benchmarks.md (a tick costs about 85 µs
-/// of Redis time from its enqueue to its acknowledgement), whatever the number of schedules.
+/// schedule at its highest rate (one tick per its shortest gap, paused ones too). A tick
+/// costs Redis roughly 85–220 µs of CPU (issue 39's measure; docs/benchmarks.md's
+/// `schedules` scenario), so the full budget is 0.1–0.2 of a Redis core, whatever the
+/// number of schedules.
 pub const MAX_FIRES_PER_SECOND: u64 = 1_000;
 /// What one tick a second costs against [`MAX_FIRES_PER_SECOND`], in the unit schedules'
 /// costs are stored and summed in (millionths of the budget's second: a schedule firing

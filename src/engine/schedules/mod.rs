@@ -18,7 +18,8 @@
 //! time by the dispatchers like any other order (pause, fan-out, retries, history and the
 //! dashboard included). Once it is due, any scheduler advances the schedule:
 //!
-//! 1. it makes sure that tick was enqueued (`tick.lua fire`, a no-op when it was);
+//! 1. it makes sure that tick was enqueued (`tick.lua fire`, a no-op when it was, refused
+//!    when the schedule changed since it was read);
 //! 2. it moves the record from that tick to the next one, if the record is still as it read
 //!    it (`schedule.lua advance`: generation and next tick compared, else another scheduler
 //!    or an update won and this one stops);
@@ -41,10 +42,16 @@
 //!
 //! # Updates and removal
 //!
-//! An update writes the new spec and next tick in one step, then takes the previous pending
-//! tick back (if it was not dispatched yet) and enqueues the new one. A removal deletes the
-//! record and takes the pending tick back. A schedule whose queue was deleted is removed by
-//! the next scheduler that meets it.
+//! An update (a pause too) writes the new spec, next tick and a new generation in one step,
+//! then brings every shard of the queue up to date (`tick.lua sync`: the shard refuses ticks
+//! of older generations from then on, and takes back the old version's pending tick unless
+//! it is due, or due or not for a pause), then enqueues the new next tick. A removal deletes
+//! the record and leaves an expiring tombstone in every shard the same way. Each tick's
+//! enqueue carries the generation its scheduler read, checked in the same script, so once
+//! the change answers no scheduler can fire the old version, whatever point it was at.
+//! A record fires with the queue epoch it was declared on: a schedule whose queue was
+//! deleted (and perhaps created again) is removed by the next scheduler or list that meets
+//! it, never firing into the new queue.
 //!
 //! [`Clock`]: crate::engine::clock::Clock
 
