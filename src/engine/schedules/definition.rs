@@ -19,9 +19,9 @@ pub const MAX_SCHEDULES: usize = 100_000;
 /// number of schedules.
 pub const MAX_FIRES_PER_SECOND: u64 = 1_000;
 /// What one tick a second costs against [`MAX_FIRES_PER_SECOND`], in the unit schedules'
-/// costs are stored and summed in (millionths of the budget's second: a schedule firing
-/// every second costs 1,000, every hour 1).
-pub const COST_PER_FIRE_PER_SECOND: u64 = 1_000;
+/// costs are stored and summed in (millionths of a tick a second: a schedule firing every
+/// second costs 1,000,000, every minute 16,667, every hour 278).
+pub const COST_PER_FIRE_PER_SECOND: u64 = 1_000_000;
 /// Longest schedule id, bytes.
 pub const MAX_SCHEDULE_ID_LEN: usize = 128;
 /// The latest `start` or `end` accepted: 9999-12-31T23:59:59.999Z, unix ms.
@@ -170,7 +170,7 @@ impl ScheduleSpec {
 }
 
 /// A schedule's cost against the namespace's budget ([`MAX_FIRES_PER_SECOND`]), in
-/// thousandths of a tick a second, rounded up (at least 1): its highest rate, one tick per
+/// millionths of a tick a second, rounded up (at least 1): its highest rate, one tick per
 /// the shortest gap between its ticks.
 pub fn schedule_cost(rec: &Recurrence, now_ms: i64) -> u64 {
     let per_second_ms = 1_000 * COST_PER_FIRE_PER_SECOND;
