@@ -630,3 +630,36 @@ async fn a_deleted_queue_takes_its_schedules_along() {
     let due: Vec<String> = raw(&client, &["ZRANGE", "{dq:gone:0}:due", "0", "-1"]).await;
     assert!(due.is_empty(), "{due:?}");
 }
+
+/// A configured schedule whose window has ended is not declared (it could never fire), and
+/// `serve` still starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_starts_with_a_configured_schedule_that_has_ended() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let config = format!(
+        r#"
+redis_url = "{}"
+shutdown_grace = "1s"
+[http]
+listen = "127.0.0.1:{{port}}"
+[[schedules]]
+queue = "ticks"
+id = "over"
+every = "1s"
+end = "2020-01-01T00:00:00Z"
+"#,
+        redis.url()
+    );
+    let mut a = Serve::start(&config, None);
+    a.wait_ready(WAIT).await;
+    let client = Client::connect(&redis.url()).await.unwrap();
+    assert!(
+        Schedules::new(&client)
+            .get("ticks", "over")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    a.sigterm();
+    assert_eq!(a.wait_exit(WAIT).await, Some(0));
+}
