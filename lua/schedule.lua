@@ -18,11 +18,13 @@
 -- advance: ARGV[3] the generation the caller read, ARGV[4] the next tick it read,
 --          ARGV[5] the new next tick (or "" when the schedule has ended), ARGV[6] the tick
 --          that fired (or ""), ARGV[7] ticks fired, ARGV[8] ticks missed
+-- remove:  ARGV[3] now (unix ms)
 --
 -- Numbers are canonical decimal integers (at most 2^53 - 1, not negative). Redis >= 6.2.
 --
--- Generations come from the namespace's counter (KEYS[5] gen), so they only grow, also
--- across a removal and a re-creation of the same id: tick.lua compares them in each shard.
+-- Generations come from the namespace's counter (KEYS[5] gen), at least now in
+-- microseconds, so they only grow, also across a removal and a re-creation of the same id:
+-- tick.lua compares them in each shard.
 --
 -- Returns: put: { previous next tick or "", generation, 2 = created, 1 = replaced, 0 = the
 --          record already held this spec for this queue epoch (nothing written), the queue's epoch
@@ -60,14 +62,16 @@ local function place(member, nxt)
     redis.call('ZREM', KEYS[2], member)
   end
 end
--- A new generation: above the namespace's counter and the record's own (a record written
--- before the counter existed).
-local function next_gen()
+-- A new generation: above the namespace's counter, the record's own (a record written
+-- before the counter existed) and now in microseconds (so a counter rolled back, by a
+-- failover or by hand, never gives a generation that shards have already fenced out).
+local function next_gen(now)
   local g = redis.call('HINCRBY', KEYS[5], 'gen', 1)
   local own = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0') or 0
-  if own >= g then
-    g = own + 1
-    redis.call('HSET', KEYS[5], 'gen', g)
+  local floor = math.max(own + 1, now * 1000)
+  if floor > g then
+    g = floor
+    redis.call('HSET', KEYS[5], 'gen', string.format('%d', g))
   end
   return g
 end
@@ -106,8 +110,8 @@ if mode == 'put' then
     return redis.error_reply('ERR delayq schedule_budget: ' .. (total - old))
   end
   local previous = redis.call('HGET', KEYS[1], 'next') or ''
-  local gen = next_gen()
-  redis.call('HSET', KEYS[1], 'gen', gen, 'spec', spec, 'updated_ms', now, 'epoch', epoch, 'cost', cost)
+  local gen = next_gen(now)
+  redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen), 'spec', spec, 'updated_ms', now, 'epoch', epoch, 'cost', cost)
   redis.call('HSETNX', KEYS[1], 'created_ms', now)
   if cost ~= old then redis.call('HINCRBY', KEYS[5], 'cost', cost - old) end
   redis.call('ZADD', KEYS[4], 0, member)
@@ -129,6 +133,10 @@ elseif mode == 'advance' then
   place(member, nxt)
   return 1
 elseif mode == 'remove' then
+  local now = int(ARGV[3])
+  if not now or now < 0 then
+    return redis.error_reply('ERR delayq schedule: remove takes now (unix ms)')
+  end
   if redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('ZREM', KEYS[2], member)
     redis.call('ZREM', KEYS[4], member)
@@ -136,7 +144,7 @@ elseif mode == 'remove' then
   end
   local previous = redis.call('HGET', KEYS[1], 'next') or ''
   local cost = tonumber(redis.call('HGET', KEYS[1], 'cost') or '0') or 0
-  local gen = next_gen()
+  local gen = next_gen(now)
   if cost ~= 0 then redis.call('HINCRBY', KEYS[5], 'cost', -cost) end
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], member)

@@ -244,8 +244,13 @@ impl Schedules {
         let queue = QueueName::new(queue)?;
         validate_schedule_id(id)?;
         let k = self.keys(&queue, id);
-        let removed =
-            script::schedule_remove(&mut self.client.connection(), &k, &member(&queue, id)).await?;
+        let removed = script::schedule_remove(
+            &mut self.client.connection(),
+            &k,
+            &member(&queue, id),
+            self.client.now_ms(),
+        )
+        .await?;
         let Some((_, generation)) = removed else {
             return Ok(false);
         };
@@ -811,6 +816,30 @@ mod tests {
                 s.take_back(&q, change, &reading, t0 + 1000).await.unwrap(),
                 None,
                 "{change}: the old reading cannot take a tick back either"
+            );
+        }
+        // The namespace's generation counter lost (a failover, by hand): a schedule declared
+        // again later still gets a generation above every fence and tombstone.
+        let _: () = redis::cmd("DEL")
+            .arg(client.keyspace().schedules_totals())
+            .query_async(&mut client.connection())
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(1));
+        for id in ["remove", "update"] {
+            let r = s
+                .upsert(&ScheduleSpec::every(
+                    "q",
+                    id,
+                    "1s",
+                    serde_json::json!({"v": 3}),
+                ))
+                .await
+                .unwrap();
+            let next = r.next_ms.unwrap();
+            assert!(
+                client.get("q", &tick_id(id, next)).await.unwrap().is_some(),
+                "{id}"
             );
         }
         // A reading older than MAX_READING_AGE is refused too (tombstones expire).

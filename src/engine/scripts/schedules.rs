@@ -134,11 +134,13 @@ pub(crate) async fn schedule_remove<C: ConnectionLike>(
     conn: &mut C,
     k: &ScheduleKeys,
     member: &str,
+    now: i64,
 ) -> Result<Option<(Option<i64>, i64)>> {
     let removed: Option<(String, i64)> = k
         .on(&SCHEDULE)
         .arg("remove")
         .arg(member)
+        .arg(now)
         .invoke_async(conn)
         .await
         .ctx("removing a schedule (schedule.lua)")?;
