@@ -672,3 +672,24 @@ end = "2020-01-01T00:00:00Z"
     a.sigterm();
     assert_eq!(a.wait_exit(WAIT).await, Some(0));
 }
+
+/// Schedules written before the full index existed (in the due index only) are adopted by
+/// the first scheduler pass: listed and counted again.
+#[tokio::test]
+async fn earlier_schedules_are_adopted_into_the_full_index() {
+    let t0 = utc(2026, 11, 24, 10, 0, 0);
+    let (_s, client, _clock) = manual(t0).await;
+    let schedules = Schedules::new(&client);
+    schedules
+        .upsert(&ScheduleSpec::every(Q, "old", "1m", json!({})))
+        .await
+        .unwrap();
+    // As an earlier version left it.
+    let _: i64 = raw(&client, &["DEL", "{dq}:schedules:all"]).await;
+    let _: i64 = raw(&client, &["HDEL", "{dq}:schedules:totals", "adopted"]).await;
+    assert!(schedules.list(None).await.unwrap().is_empty());
+    delayq::Scheduler::new(&client).pass().await.unwrap();
+    let listed = schedules.list(None).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, "old");
+}

@@ -378,21 +378,34 @@ impl Schedules {
         if done.is_some() {
             return Ok(());
         }
-        let _: () = redis::pipe()
-            .cmd("ZUNIONSTORE")
-            .arg(ks.schedules_all())
-            .arg(2)
-            .arg(ks.schedules_all())
-            .arg(ks.schedules())
-            .arg("WEIGHTS")
-            .arg(0)
-            .arg(0)
-            .ignore()
-            .cmd("HSET")
+        // Page by page with the commands the documented ACL allows (ZRANGE, ZADD NX).
+        let mut start = 0isize;
+        loop {
+            let page: Vec<String> = redis::cmd("ZRANGE")
+                .arg(ks.schedules())
+                .arg(start)
+                .arg(start + PASS_BATCH - 1)
+                .query_async(&mut self.client.connection())
+                .await
+                .ctx("adopting earlier schedules into the full index")?;
+            if page.is_empty() {
+                break;
+            }
+            let mut add = redis::cmd("ZADD");
+            add.arg(ks.schedules_all()).arg("NX");
+            for m in &page {
+                add.arg(0).arg(m);
+            }
+            let _: i64 = add
+                .query_async(&mut self.client.connection())
+                .await
+                .ctx("adopting earlier schedules into the full index")?;
+            start += PASS_BATCH;
+        }
+        let _: i64 = redis::cmd("HSET")
             .arg(ks.schedules_totals())
             .arg("adopted")
             .arg(1)
-            .ignore()
             .query_async(&mut self.client.connection())
             .await
             .ctx("adopting earlier schedules into the full index")?;
