@@ -1093,4 +1093,11 @@ async fn cron_add_refuses_never_firing_schedules_and_list_shows_paused_ones() {
     let listed = o.json();
     assert_eq!(listed[0]["id"], json!("p"), "{listed}");
     assert_eq!(listed[0]["paused"], json!(true), "{listed}");
+    let o = run(&url, &["cron", "list"]);
+    let row = o.stdout.lines().nth(1).unwrap_or_default().to_owned();
+    assert!(
+        row.contains(" p ") && row.contains("paused"),
+        "{}",
+        o.stdout
+    );
 }
