@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 const Q: &str = "q";
 const WAIT: Duration = Duration::from_secs(60);
+const WAIT_MS: i64 = 60_000;
 
 fn utc(y: i32, mo: u32, d: u32, h: u32, mi: u32, s: u32) -> i64 {
     chrono::Utc
@@ -378,15 +379,18 @@ async fn a_paused_schedule_schedules_nothing_and_resumes_from_now() {
 /// many rounds, on a real clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removed_or_paused_just_after_each_instant_never_fires_after_the_answer() {
-    const PER_ROUND: usize = 100;
-    const ROUNDS: usize = 8;
+    const PER_ROUND: usize = 40;
+    const ROUNDS: usize = 6;
     let (_s, client) = support::start_with(delayq::ClientOptions::default().shards(4)).await;
     client.admin().create_queue("race", 4).await.unwrap();
     let schedules = Schedules::new(&client);
     let cancel = CancellationToken::new();
     let mut loops = Vec::new();
     for _ in 0..2 {
-        let s = Schedules::new(&client);
+        // Each advance waits 20 ms between its compare-and-set and its enqueue of the next
+        // tick, so every change below lands in that window (0.7-0.8 s in the issue's
+        // measure, but rare there).
+        let s = Schedules::new(&client).with_advance_pause(Duration::from_millis(20));
         let stop = cancel.clone();
         loops.push(tokio::spawn(async move {
             while !stop.is_cancelled() {
@@ -407,9 +411,9 @@ async fn removed_or_paused_just_after_each_instant_never_fires_after_the_answer(
                 .unwrap();
             first = first.max(r.next_ms);
         }
-        // 5 ms after the instant every schedule of the round fires at, or at once when a
-        // scheduler has just moved the schedule on (between its compare-and-set and its
-        // enqueue of the next tick: the race of the issue), whichever comes first.
+        // As soon as a scheduler has moved the schedule on (between its compare-and-set and
+        // its enqueue of the next tick: the race of the issue), or 5 ms after the instant
+        // every schedule of the round fires at, whichever comes later.
         let first = first.unwrap();
         let at = first + 5;
         let mut tasks = Vec::new();
@@ -420,7 +424,8 @@ async fn removed_or_paused_just_after_each_instant_never_fires_after_the_answer(
                 let record = format!("{{dq}}:schedule:race:{id}");
                 loop {
                     let next: Option<i64> = raw(&c, &["HGET", &record, "next"]).await;
-                    if next != Some(first) || c.now_ms() >= at {
+                    let now = c.now_ms();
+                    if (next != Some(first) && now >= at) || now > first + WAIT_MS {
                         break;
                     }
                     tokio::task::yield_now().await;
@@ -458,9 +463,10 @@ async fn removed_or_paused_just_after_each_instant_never_fires_after_the_answer(
     }
     assert!(
         late.is_empty(),
-        "{} of {} ticks enqueued after the answer: {late:?}",
+        "{} of {} ticks enqueued after the answer, e.g. {:?}",
         late.len(),
-        ROUNDS * PER_ROUND
+        ROUNDS * PER_ROUND,
+        &late[..late.len().min(5)]
     );
 }
 

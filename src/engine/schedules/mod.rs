@@ -79,6 +79,9 @@ use spec::Recurrence;
 #[derive(Clone)]
 pub struct Schedules {
     pub(super) client: Client,
+    /// A test's pause between an advance's compare-and-set and its enqueue of the next tick.
+    #[cfg(feature = "test-util")]
+    advance_pause: std::time::Duration,
 }
 
 /// Who is firing a tick: the schedule's generation, the queue epoch it was declared on, and
@@ -94,7 +97,17 @@ impl Schedules {
     pub fn new(client: &Client) -> Self {
         Schedules {
             client: client.clone(),
+            #[cfg(feature = "test-util")]
+            advance_pause: std::time::Duration::ZERO,
         }
+    }
+
+    /// The same, pausing `pause` between each advance's compare-and-set and its enqueue of
+    /// the next tick: a test widens the window a change races into (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub fn with_advance_pause(mut self, pause: std::time::Duration) -> Self {
+        self.advance_pause = pause;
+        self
     }
 
     fn keys(&self, queue: &QueueName, id: &str) -> ScheduleKeys {
@@ -624,6 +637,10 @@ impl Schedules {
         .await?;
         if !advanced {
             return Ok((0, 0));
+        }
+        #[cfg(feature = "test-util")]
+        if !self.advance_pause.is_zero() {
+            tokio::time::sleep(self.advance_pause).await;
         }
         // 3. The new next tick, ahead of time: refused in its shard if an update, a pause
         // or a removal got there first (then that change decides what is next).
