@@ -1,31 +1,48 @@
--- schedule.lua: a recurring schedule's record and its place in the namespace's index.
+-- schedule.lua: a recurring schedule's record and its place in the namespace's indexes.
 --
 -- KEYS[1]  the schedule's record HASH   ({ns}:schedule:<queue>:<id>): spec (JSON), gen,
---                                       next, last, ticks, missed, created_ms, updated_ms
--- KEYS[2]  the namespace's index ZSET   ({ns}:schedules): member "<queue>:<id>", score =
---                                       the schedule's next tick (unix ms)
+--                                       epoch, cost, next, last, ticks, missed,
+--                                       created_ms, updated_ms
+-- KEYS[2]  the namespace's due index    ({ns}:schedules, ZSET): member "<queue>:<id>",
+--                                       score = the schedule's next tick (unix ms)
 -- KEYS[3]  the queue's registry record  ({ns}:queue:<queue>) (put)
+-- KEYS[4]  the namespace's full index   ({ns}:schedules:all, ZSET): every schedule whatever
+--                                       its state, member "<queue>:<id>", score 0
+-- KEYS[5]  the namespace's totals HASH  ({ns}:schedules:totals): gen (the last generation
+--                                       given), cost (the sum of every schedule's cost)
 -- ARGV[1]  mode: "put", "advance" or "remove"
 -- ARGV[2]  the index member, "<queue>:<id>"
 -- put:     ARGV[3] spec JSON, ARGV[4] next tick (unix ms, or "" when it never ticks),
---          ARGV[5] now (unix ms), ARGV[6] the most schedules the namespace may have
+--          ARGV[5] now (unix ms), ARGV[6] the most schedules the namespace may have,
+--          ARGV[7] this schedule's cost, ARGV[8] the most the costs may sum to
 -- advance: ARGV[3] the generation the caller read, ARGV[4] the next tick it read,
 --          ARGV[5] the new next tick (or "" when the schedule has ended), ARGV[6] the tick
 --          that fired (or ""), ARGV[7] ticks fired, ARGV[8] ticks missed
+-- remove:  ARGV[3] now (unix ms)
 --
 -- Numbers are canonical decimal integers (at most 2^53 - 1, not negative). Redis >= 6.2.
 --
--- Returns: put: { previous next tick or "", generation, changed (1, or 0 when the record
---          already held this spec: nothing written) };
+-- Generations come from the namespace's counter (KEYS[5] gen), at least now in
+-- microseconds, so they only grow, also across a removal and a re-creation of the same id:
+-- tick.lua compares them in each shard.
+--
+-- Returns: put: { previous next tick or "", generation, 2 = created, 1 = replaced, 0 = the
+--          record already held this spec for this queue epoch (nothing written), the queue's epoch
+--          ("" for a queue record without one) };
 --          advance: 1 = advanced, 0 = the record changed meanwhile (another scheduler
 --          advanced it, or it was updated or removed): nothing written;
---          remove: the next tick it had ("" if none), or false when there was no schedule.
+--          remove: { the next tick it had ("" if none), the removal's generation }, or
+--          false when there was no schedule.
 -- Errors:  "ERR delayq queue_not_found ..." (put on a queue that is not registered),
---          "ERR delayq too_many_schedules ..." (put beyond the cap), writing nothing.
+--          "ERR delayq too_many_schedules ..." (put beyond the cap),
+--          "ERR delayq schedule_budget: <sum of the other schedules' costs>" (put raising
+--          the sum of costs over ARGV[8]), writing nothing.
 --
--- Why one script: the record and the index change together (a schedule is in the index
--- exactly when it has a next tick), an update bumps the generation that a concurrent
--- advance compares, and the queue's existence is checked in the same step as the write.
+-- Why one script: the record and the indexes change together (every schedule is in the
+-- full index, and in the due index exactly when it has a next tick), an update takes a new
+-- generation that a concurrent advance compares, and the queue's existence, the cap and the
+-- cost budget are checked in the same step as the write.
+-- Cost: O(log n) in the number of schedules (a few HASH fields, ZADD/ZREM on two indexes).
 -- Every argument is checked before anything is written.
 -- "" or a non-negative integer; false when neither.
 local function opt(s)
@@ -34,8 +51,8 @@ local function opt(s)
   if not n or n < 0 then return false end
   return n
 end
--- The record's next tick and the index move together: a schedule is in the index exactly
--- when it has a next tick.
+-- The record's next tick and the due index move together: a schedule is in the due index
+-- exactly when it has a next tick.
 local function place(member, nxt)
   if nxt then
     redis.call('HSET', KEYS[1], 'next', nxt)
@@ -45,6 +62,19 @@ local function place(member, nxt)
     redis.call('ZREM', KEYS[2], member)
   end
 end
+-- A new generation: above the namespace's counter, the record's own (a record written
+-- before the counter existed) and now in microseconds (so a counter rolled back, by a
+-- failover or by hand, never gives a generation that shards have already fenced out).
+local function next_gen(now)
+  local g = redis.call('HINCRBY', KEYS[5], 'gen', 1)
+  local own = tonumber(redis.call('HGET', KEYS[1], 'gen') or '0') or 0
+  local floor = math.max(own + 1, now * 1000)
+  if floor > g then
+    g = floor
+    redis.call('HSET', KEYS[5], 'gen', string.format('%d', g))
+  end
+  return g
+end
 local mode, member = ARGV[1], ARGV[2]
 if type(member) ~= 'string' or not string.find(member, ':', 1, true) then
   return redis.error_reply('ERR delayq schedule: the member must be <queue>:<id>')
@@ -52,29 +82,41 @@ end
 
 if mode == 'put' then
   local spec, nxt, now, max = ARGV[3], opt(ARGV[4]), int(ARGV[5]), int(ARGV[6])
+  local cost, max_cost = int(ARGV[7]), int(ARGV[8])
   if type(spec) ~= 'string' or string.sub(spec, 1, 1) ~= '{' then
     return redis.error_reply('ERR delayq schedule: the spec must be a JSON object')
   end
-  if nxt == false or not now or now < 0 or not max or max < 1 then
-    return redis.error_reply('ERR delayq schedule: next, now and max must be unix ms / counts')
+  if nxt == false or not now or now < 0 or not max or max < 1 or not cost or cost < 0
+    or not max_cost or max_cost < 0 then
+    return redis.error_reply('ERR delayq schedule: next, now, max, cost and max cost must be unix ms / counts')
   end
   if redis.call('EXISTS', KEYS[3]) == 0 then
     return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
   end
+  local epoch = redis.call('HGET', KEYS[3], 'epoch') or ''
   local exists = redis.call('EXISTS', KEYS[1]) == 1
-  if exists and redis.call('HGET', KEYS[1], 'spec') == spec then
+  if exists and redis.call('HGET', KEYS[1], 'spec') == spec
+    and (redis.call('HGET', KEYS[1], 'epoch') or '') == epoch then
     -- Declared again as it is (a restart reading its config): keep its next tick.
-    return { redis.call('HGET', KEYS[1], 'next') or '', tonumber(redis.call('HGET', KEYS[1], 'gen')), 0 }
+    redis.call('ZADD', KEYS[4], 'NX', 0, member)
+    return { redis.call('HGET', KEYS[1], 'next') or '', tonumber(redis.call('HGET', KEYS[1], 'gen')), 0, epoch }
   end
-  if not exists and redis.call('ZCARD', KEYS[2]) >= max then
+  if not exists and redis.call('ZCARD', KEYS[4]) >= max then
     return redis.error_reply('ERR delayq too_many_schedules: the namespace has ' .. max .. ' schedules')
   end
+  local total = tonumber(redis.call('HGET', KEYS[5], 'cost') or '0') or 0
+  local old = tonumber(redis.call('HGET', KEYS[1], 'cost') or '0') or 0
+  if cost > old and total - old + cost > max_cost then
+    return redis.error_reply('ERR delayq schedule_budget: ' .. (total - old))
+  end
   local previous = redis.call('HGET', KEYS[1], 'next') or ''
-  local gen = redis.call('HINCRBY', KEYS[1], 'gen', 1)
-  redis.call('HSET', KEYS[1], 'spec', spec, 'updated_ms', now)
+  local gen = next_gen(now)
+  redis.call('HSET', KEYS[1], 'gen', string.format('%d', gen), 'spec', spec, 'updated_ms', now, 'epoch', epoch, 'cost', cost)
   redis.call('HSETNX', KEYS[1], 'created_ms', now)
+  if cost ~= old then redis.call('HINCRBY', KEYS[5], 'cost', cost - old) end
+  redis.call('ZADD', KEYS[4], 0, member)
   place(member, nxt)
-  return { previous, gen, 1 }
+  return { previous, gen, exists and 1 or 2, epoch }
 elseif mode == 'advance' then
   local gen, expected, nxt, fired = int(ARGV[3]), int(ARGV[4]), opt(ARGV[5]), opt(ARGV[6])
   local ticks, missed = int(ARGV[7]), int(ARGV[8])
@@ -91,13 +133,22 @@ elseif mode == 'advance' then
   place(member, nxt)
   return 1
 elseif mode == 'remove' then
+  local now = int(ARGV[3])
+  if not now or now < 0 then
+    return redis.error_reply('ERR delayq schedule: remove takes now (unix ms)')
+  end
   if redis.call('EXISTS', KEYS[1]) == 0 then
     redis.call('ZREM', KEYS[2], member)
+    redis.call('ZREM', KEYS[4], member)
     return false
   end
   local previous = redis.call('HGET', KEYS[1], 'next') or ''
+  local cost = tonumber(redis.call('HGET', KEYS[1], 'cost') or '0') or 0
+  local gen = next_gen(now)
+  if cost ~= 0 then redis.call('HINCRBY', KEYS[5], 'cost', -cost) end
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], member)
-  return previous
+  redis.call('ZREM', KEYS[4], member)
+  return { previous, gen }
 end
 return redis.error_reply('ERR delayq schedule: mode must be put, advance or remove')

@@ -352,7 +352,7 @@ pub enum CronAction {
         /// Schedule id: A-Z a-z 0-9 . _ - (1..=128 bytes).
         id: String,
         /// A cron expression: 6 fields `sec min hour day-of-month month day-of-week`
-        /// (e.g. "0 30 2 * * *"), an optional 7th for the year, or the classic 5 fields.
+        /// (e.g. "0 30 2 * * *") or the classic 5 fields.
         #[arg(long, allow_hyphen_values = true)]
         cron: Option<String>,
         /// An interval (30s, 5m, 1h30m; at least 1s), ticks aligned to the Unix epoch (or to

@@ -224,7 +224,11 @@ fn table(all: &[ScheduleInfo]) -> String {
                 s.id.clone(),
                 recurrence(s),
                 s.timezone.clone(),
-                utc_opt(s.next_ms),
+                if s.paused && s.next_ms.is_none() {
+                    "paused".to_owned()
+                } else {
+                    utc_opt(s.next_ms)
+                },
                 utc_opt(s.last_fired_ms),
                 s.ticks.to_string(),
                 s.missed_ticks.to_string(),
@@ -297,7 +301,12 @@ fn details(s: &ScheduleInfo) -> String {
     field("created", when(Some(s.created_ms)));
     field("updated", when(Some(s.updated_ms)));
     if s.upcoming_ms.is_empty() {
-        field("upcoming", "none (the schedule has ended)".to_owned());
+        let why = if s.paused {
+            "none (the schedule is paused)"
+        } else {
+            "none (the schedule has ended)"
+        };
+        field("upcoming", why.to_owned());
     } else {
         field("upcoming", String::new());
         for &ms in &s.upcoming_ms {

@@ -168,6 +168,18 @@ impl Keyspace {
         format!("{{{}}}:schedules", self.ns)
     }
 
+    /// ZSET: every recurring schedule of the namespace whatever its state (paused, ended),
+    /// member `<queue>:<id>`, score 0 (read by lexical range): what lists and the cap count.
+    pub fn schedules_all(&self) -> String {
+        format!("{{{}}}:schedules:all", self.ns)
+    }
+
+    /// HASH: the namespace's schedule totals: `gen` (the last generation given to a
+    /// schedule change) and `cost` (the sum of the schedules' costs; see `lua/schedule.lua`).
+    pub fn schedules_totals(&self) -> String {
+        format!("{{{}}}:schedules:totals", self.ns)
+    }
+
     /// STRING: marks a dashboard session revoked by its sign-out (expires with the session).
     pub fn ui_revoked(&self, nonce: &str) -> String {
         format!("{{{}}}:ui:revoked:{nonce}", self.ns)
@@ -286,6 +298,12 @@ impl ShardKeys {
     /// enqueued in this shard, so each tick is enqueued at most once (`lua/tick.lua`).
     pub fn ticks(&self) -> String {
         format!("{}:ticks", self.tag)
+    }
+
+    /// STRING (expiring): the generation at which recurring schedule `schedule` was removed,
+    /// so a scheduler that read it before the removal cannot enqueue a tick here after it.
+    pub fn tick_tombstone(&self, schedule: &str) -> String {
+        format!("{}:ticks:gone:{schedule}", self.tag)
     }
 
     /// HASH of one order-history bucket: order id -> `"<entry id>:<due ms>"` of the

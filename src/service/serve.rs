@@ -118,7 +118,16 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     // The configured recurring schedules (created, or replaced by what the file says).
     let schedules = crate::engine::schedules::Schedules::new(&client);
     for s in &settings.schedules {
-        let r = schedules.upsert(s).await?;
+        let r = match schedules.upsert(s).await {
+            // A configured window that has ended since: not a reason to refuse to start.
+            Err(crate::engine::error::Error::Invalid(
+                e @ crate::engine::error::InvalidInput::Option { name: "end", .. },
+            )) => {
+                tracing::warn!(queue = ?s.queue, schedule = ?s.id, error = %e, "a configured recurring schedule has ended: not declared");
+                continue;
+            }
+            other => other?,
+        };
         tracing::info!(queue = ?r.queue, schedule = ?r.id, next_ms = ?r.next_ms, "recurring schedule declared");
     }
     if settings.reconciliation.is_some() && settings.history_retention == Some(Duration::ZERO) {

@@ -1047,3 +1047,66 @@ async fn schedule_with_a_priority_and_get_shows_it() {
     let o = run(&url, &["get", "order-close", "plain"]);
     assert_eq!(o.json()["priority"], json!("normal"), "{}", o.stdout);
 }
+
+/// Issue 39 item 8: `cron add` of a schedule that can never fire (February 30th, an end in
+/// the past, a year field, an overlong expression) exits 2 naming the field and writes
+/// nothing; a paused schedule is listed.
+#[tokio::test]
+async fn cron_add_refuses_never_firing_schedules_and_list_shows_paused_ones() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let long = format!("0 0 0 * * {}1", "1,".repeat(200));
+    let before = support::snapshot(&client).await;
+    let cases: &[(&[&str], &str)] = &[
+        (&["cron", "add", "q", "c", "--cron", "0 0 0 30 2 *"], "cron"),
+        (
+            &[
+                "cron",
+                "add",
+                "q",
+                "c",
+                "--every",
+                "1h",
+                "--end",
+                "2020-01-01T00:00:00Z",
+            ],
+            "end",
+        ),
+        (
+            &["cron", "add", "q", "c", "--cron", "*/5 * * * * * *"],
+            "cron",
+        ),
+        (&["cron", "add", "q", "c", "--cron", &long], "cron"),
+    ];
+    for (args, needle) in cases {
+        let o = run(&url, args);
+        assert_eq!(o.code, 2, "{args:?}: {} {}", o.stdout, o.stderr);
+        assert!(
+            o.stderr.contains(&format!("option {needle}")),
+            "{args:?}: stderr {:?} lacks {needle:?}",
+            o.stderr
+        );
+    }
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "a refusal wrote something"
+    );
+    assert_eq!(
+        run(&url, &["cron", "add", "q", "p", "--every", "1h"]).code,
+        0
+    );
+    assert_eq!(run(&url, &["cron", "pause", "q", "p"]).code, 0);
+    let o = run(&url, &["cron", "list", "--json"]);
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    let listed = o.json();
+    assert_eq!(listed[0]["id"], json!("p"), "{listed}");
+    assert_eq!(listed[0]["paused"], json!(true), "{listed}");
+    let o = run(&url, &["cron", "list"]);
+    let row = o.stdout.lines().nth(1).unwrap_or_default().to_owned();
+    assert!(
+        row.contains(" p ") && row.contains("paused"),
+        "{}",
+        o.stdout
+    );
+}

@@ -1176,3 +1176,43 @@ async fn a_master_refusing_writes_answers_503_with_retry_after_and_is_not_ready(
     let resp = r.clone().oneshot(put("refused")).await.unwrap();
     assert_eq!(resp.status(), StatusCode::CREATED);
 }
+
+/// Issue 39 item 8: a schedule that can never fire is 400 naming the field (nothing
+/// written); a paused one stays in the list.
+#[tokio::test]
+async fn never_firing_schedules_are_400_and_paused_ones_are_listed() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), Vec::new()));
+    let uri = "/v1/queues/q/schedules/s1";
+    for (body, field) in [
+        (json!({"cron": "0 0 0 30 2 *"}), "cron"),
+        (json!({"every": "1h", "end_ms": 1_000}), "end"),
+        (json!({"cron": "0 0 12 * * ? 2286"}), "cron"),
+        (
+            json!({"cron": format!("0 0 0 * * {}1", "1,".repeat(200))}),
+            "cron",
+        ),
+    ] {
+        let (st, v) = call(&r, "PUT", uri, Some(body.clone()), None).await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::BAD_REQUEST, "invalid_option"),
+            "{body}: {v}"
+        );
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("option {field}")),
+            "{body}: {message}"
+        );
+    }
+    let (st, v) = call(&r, "GET", "/v1/queues/q/schedules", None, None).await;
+    assert_eq!((st, v), (StatusCode::OK, json!({"schedules": []})));
+    let (st, _) = call(&r, "PUT", uri, Some(json!({"every": "1h"})), None).await;
+    assert_eq!(st, StatusCode::CREATED);
+    let (st, _) = call(&r, "POST", "/v1/queues/q/schedules/s1:pause", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    let (st, v) = call(&r, "GET", "/v1/queues/q/schedules", None, None).await;
+    assert_eq!(st, StatusCode::OK);
+    assert_eq!(v["schedules"][0]["id"], json!("s1"), "{v}");
+    assert_eq!(v["schedules"][0]["paused"], json!(true), "{v}");
+}

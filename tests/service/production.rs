@@ -846,6 +846,28 @@ backoff = "fixed:100ms"
         .await
         .unwrap();
     assert!(r.status().is_success(), "{}", r.status());
+    // A recurring schedule declared, paused, listed and removed (schedule.lua and tick.lua
+    // under the same rules).
+    let sched = format!("{base}/v1/queues/{Q}/schedules/beat");
+    let r = http
+        .put(&sched)
+        .header("content-type", "application/json")
+        .body(r#"{"every": "1h"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = http.post(format!("{sched}:pause")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = http
+        .get(format!("{base}/v1/queues/{Q}/schedules"))
+        .send()
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&r.text().await.unwrap()).unwrap();
+    assert_eq!(listed["schedules"][0]["paused"], true, "{listed}");
+    let r = http.delete(&sched).send().await.unwrap();
+    assert!(r.status().is_success(), "{}", r.status());
     for path in [
         "/v1/queues",
         "/v1/stats",

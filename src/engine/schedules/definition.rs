@@ -12,6 +12,16 @@ use std::time::Duration;
 pub const MISSED_AFTER: Duration = Duration::from_secs(1);
 /// The most recurring schedules a namespace may have.
 pub const MAX_SCHEDULES: usize = 100_000;
+/// The most ticks a second a namespace's schedules may fire together, counting each
+/// schedule at its highest rate (one tick per its shortest gap, paused ones too). A tick
+/// costs Redis roughly 85–220 µs of CPU (issue 39's measure; docs/benchmarks.md's
+/// `schedules` scenario), so the full budget is 0.1–0.2 of a Redis core, whatever the
+/// number of schedules.
+pub const MAX_FIRES_PER_SECOND: u64 = 1_000;
+/// What one tick a second costs against [`MAX_FIRES_PER_SECOND`], in the unit schedules'
+/// costs are stored and summed in (millionths of a tick a second: a schedule firing every
+/// second costs 1,000,000, every minute 16,667, every hour 278).
+pub const COST_PER_FIRE_PER_SECOND: u64 = 1_000_000;
 /// Longest schedule id, bytes.
 pub const MAX_SCHEDULE_ID_LEN: usize = 128;
 /// The latest `start` or `end` accepted: 9999-12-31T23:59:59.999Z, unix ms.
@@ -157,6 +167,50 @@ impl ScheduleSpec {
         probe.validate(crate::engine::message::YEAR_2000_MS, max_payload)?;
         Ok(rec)
     }
+}
+
+/// A schedule's cost against the namespace's budget ([`MAX_FIRES_PER_SECOND`]), in
+/// millionths of a tick a second, rounded up (at least 1): its highest rate, one tick per
+/// the shortest gap between its ticks.
+pub fn schedule_cost(rec: &Recurrence, now_ms: i64) -> u64 {
+    let per_second_ms = 1_000 * COST_PER_FIRE_PER_SECOND;
+    rec.min_gap_ms(now_ms)
+        .and_then(|gap| u64::try_from(gap).ok())
+        .filter(|gap| *gap > 0)
+        .map_or(1, |gap| per_second_ms.div_ceil(gap).max(1))
+}
+
+/// The first tick of `spec` after `now_ms`, or the error naming why it can never fire:
+/// `end` (in the past, or before the first tick) or `cron` / `every` (no instant matches
+/// within the 10 years searched, e.g. February 30th).
+pub(super) fn first_tick(
+    spec: &ScheduleSpec,
+    rec: &Recurrence,
+    now_ms: i64,
+) -> std::result::Result<i64, InvalidInput> {
+    if let Some(t) = rec.next_after(now_ms) {
+        return Ok(t);
+    }
+    let field = if spec.cron.is_some() { "cron" } else { "every" };
+    Err(match (spec.end_ms, rec.without_end().next_after(now_ms)) {
+        (Some(end), _) if end <= now_ms => InvalidInput::Option {
+            name: "end",
+            reason: format!(
+                "{end} is in the past (now is {now_ms}): the schedule would never fire"
+            ),
+        },
+        (Some(end), Some(first)) => InvalidInput::Option {
+            name: "end",
+            reason: format!(
+                "no tick falls before end ({end}; the first is at {first}): the schedule would never fire"
+            ),
+        },
+        _ => InvalidInput::Option {
+            name: field,
+            reason: "no instant within the next 10 years matches: the schedule would never fire"
+                .into(),
+        },
+    })
 }
 
 /// A schedule id: `[A-Za-z0-9._-]`, 1..=[`MAX_SCHEDULE_ID_LEN`] bytes (no `@`, which

@@ -87,6 +87,7 @@ pub struct ScheduleUpserted {
 pub(super) struct Record {
     pub(super) spec: Stored,
     pub(super) generation: i64,
+    pub(super) epoch: Option<String>,
     pub(super) next: Option<i64>,
     pub(super) last: Option<i64>,
     pub(super) ticks: u64,
@@ -101,6 +102,7 @@ impl Record {
         Some(Record {
             spec: serde_json::from_str(fields.get("spec")?).ok()?,
             generation: num("gen")?,
+            epoch: fields.get("epoch").filter(|e| !e.is_empty()).cloned(),
             next: num("next"),
             last: num("last"),
             ticks: num("ticks")

@@ -25,13 +25,18 @@ impl Scheduler {
 
     /// One pass (what `serve` runs before it starts dispatching).
     pub async fn pass(&self) -> Result<(u64, u64)> {
+        self.schedules.adopt_earlier_records().await?;
         self.schedules.pass().await
     }
 
     /// Runs until `cancel`.
     pub async fn run(self, cancel: CancellationToken) {
         let mut failures = 0u32;
+        let mut adopted = false;
         while !cancel.is_cancelled() {
+            if !adopted {
+                adopted = self.schedules.adopt_earlier_records().await.is_ok();
+            }
             let wait = match self.schedules.pass_counting_failures().await {
                 // A schedule that cannot advance stays due: not again at once.
                 Ok((_, _, failed)) if failed > 0 => MAX_SLEEP,

@@ -8,8 +8,8 @@
 //!
 //! The syntax is the one tokio-cron-scheduler accepts, parsed by the same parser
 //! ([`croner`]) configured the same way: six fields with seconds first
-//! (`sec min hour day-of-month month day-of-week`, e.g. `0 30 2 * * *`), or seven with a
-//! trailing year; day-of-month and day-of-week are combined with AND (`0 0 0 13 * FRI` is
+//! (`sec min hour day-of-month month day-of-week`, e.g. `0 30 2 * * *`); a seventh (year)
+//! field is refused; day-of-month and day-of-week are combined with AND (`0 0 0 13 * FRI` is
 //! Friday the 13th only), names (`MON`, `JAN`), `L`, `W`, `#`, `?` and `@daily`-style
 //! nicknames work. In addition the classic five-field form (`min hour dom month dow`) is
 //! accepted, meaning second 0.
@@ -66,8 +66,13 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What the cron error message suggests.
 const CRON_HINT: &str = "use 6 fields `sec min hour day-of-month month day-of-week` \
-     (e.g. `0 30 2 * * *`), optionally a 7th for the year, or the classic 5 fields \
-     `min hour day-of-month month day-of-week`";
+     (e.g. `0 30 2 * * *`) or the classic 5 fields `min hour day-of-month month day-of-week`";
+
+/// How many upcoming ticks [`Recurrence::min_gap_ms`] examines for a cron.
+pub const GAP_SAMPLE: usize = 256;
+
+/// The longest cron expression accepted, bytes.
+pub const MAX_CRON_LEN: usize = 256;
 
 /// How many candidate local times one cron search examines at most before giving up.
 /// Candidates are only passed over inside a fall-back overlap (at most one per second of
@@ -204,6 +209,34 @@ impl Recurrence {
         ticks
     }
 
+    /// The same recurrence without its `end` (to tell "ends too soon" from "never matches").
+    pub fn without_end(&self) -> Recurrence {
+        Recurrence {
+            end_ms: None,
+            ..self.clone()
+        }
+    }
+
+    /// The shortest gap between two consecutive ticks (ms), for pricing a schedule: the
+    /// interval of `every`; for a cron, the smallest gap among its next [`GAP_SAMPLE`]
+    /// ticks after `after_ms` (without the window), or `None` when it has fewer than two.
+    pub fn min_gap_ms(&self, after_ms: i64) -> Option<i64> {
+        match &self.rule {
+            Rule::Every { interval_ms } => Some(*interval_ms),
+            Rule::Cron { .. } => {
+                let open = Recurrence {
+                    start_ms: None,
+                    end_ms: None,
+                    ..self.clone()
+                };
+                open.upcoming(after_ms, GAP_SAMPLE)
+                    .windows(2)
+                    .map(|w| w[1] - w[0])
+                    .min()
+            }
+        }
+    }
+
     /// The time zone's IANA name in its canonical spelling (e.g. `Europe/Berlin`; `UTC`
     /// when none was given).
     pub fn timezone(&self) -> &str {
@@ -219,11 +252,29 @@ fn invalid(name: &'static str, reason: String) -> InvalidInput {
 /// Parses a cron expression the way tokio-cron-scheduler does (seconds first,
 /// day-of-month AND day-of-week), also accepting the classic five fields.
 fn parse_cron(expr: &str) -> Result<Cron, InvalidInput> {
+    if expr.len() > MAX_CRON_LEN {
+        return Err(invalid(
+            "cron",
+            format!(
+                "the expression is {} bytes, longer than the {MAX_CRON_LEN} accepted",
+                expr.len()
+            ),
+        ));
+    }
     let text = expr.trim();
     if text.is_empty() {
         return Err(invalid(
             "cron",
             format!("empty cron expression ({CRON_HINT})"),
+        ));
+    }
+    // A year field is refused: ticks are bounded to the next 10 years anyway, and a
+    // seventh field is more often a mistake (a Quartz-style expression) than a year.
+    let fields = text.split_whitespace().count();
+    if fields == 7 {
+        return Err(invalid(
+            "cron",
+            format!("{text:?} has 7 fields: a year field is not supported ({CRON_HINT})"),
         ));
     }
     // tokio-cron-scheduler uses `Seconds::Required`, which refuses five fields; `Optional`

@@ -467,7 +467,7 @@ function queuePage(name) {
       h('th', { scope: 'row' }, r.id),
       h('td', {}, r.cron !== null ? h('code', {}, r.cron) : `every ${r.every}`),
       h('td', {}, r.timezone),
-      h('td', {}, r.next_ms === null ? h('span', { class: 'muted' }, 'ended') : when(r.next_ms)),
+      h('td', {}, r.next_ms === null ? h('span', { class: 'muted' }, r.paused ? 'paused' : 'ended') : when(r.next_ms)),
       h('td', {}, when(r.last_fired_ms)),
       h('td', { class: 'num' }, num(r.ticks)),
       h('td', { class: 'num', title: `missed-tick policy: ${r.missed}` }, num(r.missed_ticks), ' ', h('span', { class: 'muted' }, `(${r.missed.replace('_', ' ')})`)),
