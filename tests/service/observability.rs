@@ -503,7 +503,20 @@ rate_limit = "40/s"
         assert!(read.is_ok(), "serve did not cut a silent connection");
     }
 
+    // A lookup of an order that does not exist: a 4xx answer.
+    let r = http
+        .get(format!("{}/v1/queues/orders/messages/nobody", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
     // Every rule is loaded and evaluates without error.
+    let alerts = std::fs::read_to_string(observability_dir().join("alerts.yml")).unwrap();
+    let alert_count = alerts
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- alert:"))
+        .count();
     let mut signals = Vec::new();
     let mut full = Vec::new();
     support::wait_for("every rule evaluated", Duration::from_secs(60), || {
@@ -518,7 +531,7 @@ rate_limit = "40/s"
                 .flatten()
                 .flat_map(|g| g["rules"].as_array().into_iter().flatten())
                 .collect();
-            rules.len() == 8
+            rules.len() == alert_count
                 && rules
                     .iter()
                     .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
@@ -545,13 +558,24 @@ rate_limit = "40/s"
     // Everything but what only a Redis failure shows returns series.
     let mut queries = dashboard_queries();
     queries.extend(signals);
-    let needs_failure = |q: &str| q.contains("delayq_maintenance_errors_total");
+    let needs_failure = |q: &str| {
+        q.contains("delayq_maintenance_errors_total")
+            || q.contains(r#"status=~"5.."#)
+            || q.contains(r#"delayq_redis_errors_total{kind!~"noscript|reply"}"#)
+    };
     let (later, now): (Vec<_>, Vec<_>) = queries.into_iter().partition(|(_, q)| needs_failure(q));
     assert!(!later.is_empty());
     await_series(&prom, &http, &now, Duration::from_secs(120), "under load").await;
 
-    // Redis goes away: the maintenance passes fail, and what shows it returns series.
+    // Redis goes away: the maintenance passes and Redis calls fail, the API answers 503,
+    // and what shows it returns series.
     drop(redis.take());
+    let r = http
+        .get(format!("{}/v1/queues/orders/messages/o-1", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
     await_series(&prom, &http, &later, Duration::from_secs(120), "Redis down").await;
     eprintln!(
         "{} dashboard queries and alert signals returned series",
