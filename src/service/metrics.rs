@@ -26,6 +26,16 @@ pub(crate) const REDELIVERY_BUCKETS: &[f64] = &[
     0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 1800.0, 3600.0, 21600.0, 86400.0, 604800.0,
 ];
 
+/// Redis round-trip buckets, seconds: 100 µs .. 5 s.
+pub(crate) const REDIS_CALL_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+];
+
+/// HTTP latency buckets, seconds: 1 ms .. 30 s.
+pub(crate) const HTTP_REQUEST_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
 /// The process's Prometheus handle (installs the recorder on first call). `None` when another
 /// recorder was installed first.
 pub fn handle() -> Option<&'static PrometheusHandle> {
@@ -40,6 +50,16 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(
                     Matcher::Full(crate::engine::telemetry::REDELIVERY_AGE_SECONDS.into()),
                     REDELIVERY_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::engine::telemetry::REDIS_CALL_SECONDS.into()),
+                    REDIS_CALL_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::engine::telemetry::HTTP_REQUEST_SECONDS.into()),
+                    HTTP_REQUEST_BUCKETS,
                 )
                 .ok()?;
             let recorder = builder.build_recorder();

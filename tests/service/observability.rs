@@ -503,7 +503,20 @@ rate_limit = "40/s"
         assert!(read.is_ok(), "serve did not cut a silent connection");
     }
 
+    // A lookup of an order that does not exist: a 4xx answer.
+    let r = http
+        .get(format!("{}/v1/queues/orders/messages/nobody", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+
     // Every rule is loaded and evaluates without error.
+    let alerts = std::fs::read_to_string(observability_dir().join("alerts.yml")).unwrap();
+    let alert_count = alerts
+        .lines()
+        .filter(|l| l.trim_start().starts_with("- alert:"))
+        .count();
     let mut signals = Vec::new();
     let mut full = Vec::new();
     support::wait_for("every rule evaluated", Duration::from_secs(60), || {
@@ -518,7 +531,7 @@ rate_limit = "40/s"
                 .flatten()
                 .flat_map(|g| g["rules"].as_array().into_iter().flatten())
                 .collect();
-            rules.len() == 8
+            rules.len() == alert_count
                 && rules
                     .iter()
                     .all(|r| r["lastEvaluation"] != "0001-01-01T00:00:00Z")
@@ -545,16 +558,127 @@ rate_limit = "40/s"
     // Everything but what only a Redis failure shows returns series.
     let mut queries = dashboard_queries();
     queries.extend(signals);
-    let needs_failure = |q: &str| q.contains("delayq_maintenance_errors_total");
+    let needs_failure = |q: &str| {
+        q.contains("delayq_maintenance_errors_total")
+            || q.contains(r#"status=~"5.."#)
+            || q.contains(r#"delayq_redis_errors_total{kind!~"noscript|reply"}"#)
+    };
     let (later, now): (Vec<_>, Vec<_>) = queries.into_iter().partition(|(_, q)| needs_failure(q));
     assert!(!later.is_empty());
     await_series(&prom, &http, &now, Duration::from_secs(120), "under load").await;
 
-    // Redis goes away: the maintenance passes fail, and what shows it returns series.
+    // Redis goes away: the maintenance passes and Redis calls fail, the API answers 503,
+    // and what shows it returns series.
     drop(redis.take());
+    let r = http
+        .get(format!("{}/v1/queues/orders/messages/o-1", serve.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
     await_series(&prom, &http, &later, Duration::from_secs(120), "Redis down").await;
     eprintln!(
         "{} dashboard queries and alert signals returned series",
         now.len() + later.len()
     );
+}
+
+/// The `/metrics` text of `serve`, once it shows `want` (it is rendered at most once a
+/// second).
+async fn metrics_showing(http: &reqwest::Client, serve: &Serve, want: &[&str]) -> String {
+    let url = format!("{}/metrics", serve.base());
+    let mut text = String::new();
+    let start = std::time::Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        text = http.get(&url).send().await.unwrap().text().await.unwrap();
+        if want.iter().all(|w| text.contains(w)) {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let missing: Vec<_> = want.iter().filter(|w| !text.contains(*w)).collect();
+    panic!("/metrics never showed {missing:?}:\n{text}");
+}
+
+/// HTTP requests are counted by route template, method and status, and timed; Redis calls
+/// are timed by script and their errors counted by kind (a frozen Redis: `timeout`). No
+/// label carries a raw path, an id or an unknown method.
+#[tokio::test]
+async fn serve_exports_http_status_and_latency_and_redis_round_trips_and_errors() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let http = reqwest::Client::new();
+    let redis = delayq::LocalRedis::start().unwrap();
+    let config = format!(
+        "redis_url = \"{}\"\nqueues = [\"q\"]\n[http]\nlisten = \"127.0.0.1:{{port}}\"\n",
+        redis.url()
+    );
+    let mut serve = Serve::start(&config, None);
+    serve.wait_ready(Duration::from_secs(60)).await;
+    let base = serve.base();
+    let put = |id: &str| {
+        http.put(format!("{base}/v1/queues/q/messages/{id}"))
+            .header("content-type", "application/json")
+            .body(json!({"delay_ms": 3_600_000}).to_string())
+            .send()
+    };
+    assert!(put("secret-id-1").await.unwrap().status().is_success());
+    assert!(put("secret-id-2").await.unwrap().status().is_success());
+    let r = http
+        .get(format!("{base}/v1/queues/q/messages/secret-id-3"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let r = http
+        .get(format!("{base}/no/such/route-secret-4"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let odd = reqwest::Method::from_bytes(b"BREW").unwrap();
+    let r = http
+        .request(odd, format!("{base}/v1/queues"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 405);
+
+    let route = "/v1/queues/{queue}/messages/{id}";
+    let text = metrics_showing(
+        &http,
+        &serve,
+        &[
+            &format!(r#"delayq_http_requests_total{{route="{route}",method="PUT",status="201"}} 2"#),
+            &format!(r#"delayq_http_requests_total{{route="{route}",method="GET",status="404"}} 1"#),
+            r#"delayq_http_requests_total{route="unmatched",method="GET",status="404"} 1"#,
+            r#"delayq_http_requests_total{route="/v1/queues",method="other",status="405"} 1"#,
+            &format!(
+                r#"delayq_http_request_duration_seconds_count{{route="{route}",method="PUT"}} 2"#
+            ),
+            r#"delayq_http_request_duration_seconds_bucket{route="/readyz",method="GET",le="0.001"}"#,
+            r#"delayq_redis_call_duration_seconds_bucket{op="enqueue",le="0.0001"}"#,
+            r#"delayq_redis_call_duration_seconds_count{op="other"}"#,
+        ],
+    )
+    .await;
+    assert!(!text.contains("secret-"), "a raw path or id in a label");
+    assert!(!text.contains("BREW"), "an unknown method in a label");
+    assert!(!text.contains("kind=\"timeout\""), "{text}");
+
+    // Redis frozen: the write times out, and says so.
+    redis.suspend().unwrap();
+    let r = put("o-frozen").await.unwrap();
+    redis.resume().unwrap();
+    assert_eq!(r.status(), 503);
+    metrics_showing(
+        &http,
+        &serve,
+        &[
+            r#"delayq_redis_errors_total{op="enqueue",kind="timeout"}"#,
+            &format!(
+                r#"delayq_http_requests_total{{route="{route}",method="PUT",status="503"}} 1"#
+            ),
+        ],
+    )
+    .await;
 }

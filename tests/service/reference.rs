@@ -125,11 +125,13 @@ fn the_cli_reference_is_what_clap_prints() {
     check_generated("docs/reference/cli.md", &text);
 }
 
-/// One field of a config struct: name, Rust type, doc text.
+/// One field of a config struct: name, Rust type, doc text, and its attributes' text
+/// (`#[serde(default)]` ...).
 struct Field {
     name: String,
     ty: String,
     doc: String,
+    attrs: String,
 }
 
 /// Every `pub struct` of `raw.rs` with its doc text and its `pub` fields.
@@ -137,12 +139,15 @@ fn parse_structs(src: &str) -> Vec<(String, String, Vec<Field>)> {
     let mut structs = Vec::new();
     let mut doc: Vec<String> = Vec::new();
     let mut current: Option<(String, String, Vec<Field>)> = None;
+    let mut attrs = String::new();
     for line in src.lines() {
         let t = line.trim();
         if let Some(d) = t.strip_prefix("///") {
             doc.push(d.trim().to_owned());
         } else if t.starts_with("#[") {
             // Attributes sit between a doc comment and its item.
+            attrs.push_str(t);
+            continue;
         } else if let Some(rest) = t.strip_prefix("pub struct ") {
             let name = rest.split_whitespace().next().unwrap().to_owned();
             current = Some((name, doc.join(" "), Vec::new()));
@@ -160,13 +165,34 @@ fn parse_structs(src: &str) -> Vec<(String, String, Vec<Field>)> {
                 name: name.trim().to_owned(),
                 ty: ty.trim().trim_end_matches(',').to_owned(),
                 doc: doc.join(" "),
+                attrs: std::mem::take(&mut attrs),
             });
             doc.clear();
         } else {
             doc.clear();
         }
+        attrs.clear();
     }
     structs
+}
+
+/// The attributes' text of every `pub struct` of `raw.rs` (`#[serde(deny_unknown_fields,
+/// default)]` ...), by name.
+fn struct_attrs(src: &str) -> std::collections::HashMap<String, String> {
+    let mut out = std::collections::HashMap::new();
+    let mut attrs = String::new();
+    for line in src.lines() {
+        let t = line.trim();
+        if t.starts_with("#[") {
+            attrs.push_str(t);
+        } else if let Some(rest) = t.strip_prefix("pub struct ") {
+            let name = rest.split_whitespace().next().unwrap().to_owned();
+            out.insert(name, std::mem::take(&mut attrs));
+        } else if !t.starts_with("///") {
+            attrs.clear();
+        }
+    }
+    out
 }
 
 /// The TOML type of a Rust field type, and whether the key may be left out.
@@ -191,7 +217,12 @@ fn toml_type(ty: &str) -> String {
 
 /// Markdown-safe text of a doc comment (rustdoc links reduced to their text).
 fn doc_text(doc: &str) -> String {
-    let mut s = doc.replace('|', "\\|");
+    doc_plain(doc).replace('|', "\\|")
+}
+
+/// A doc comment as plain text (rustdoc links reduced to their text).
+fn doc_plain(doc: &str) -> String {
+    let mut s = doc.to_owned();
     while let Some(start) = s.find("](crate::") {
         let end = s[start..].find(')').map_or(s.len(), |e| start + e + 1);
         s.replace_range(start + 1..end, "");
@@ -217,7 +248,16 @@ fn config_reference() -> String {
          `__` (`DELAYQ_HTTP__LISTEN`); an array of tables (`[[handlers]]`, `[[schedules]]`) is \
          set whole (`DELAYQ_HANDLERS='[{...}]'`). Values are TOML \
          (`DELAYQ_HTTP__TOKENS='[\"a-long-token\"]'`). Only the file's own top-level keys are \
-         read; other `DELAYQ_*` variables are left alone.\n",
+         read; other `DELAYQ_*` variables are left alone.\n\n\
+         **Editors:** [`delayq.schema.json`](delayq.schema.json), beside this page, is the JSON \
+         Schema of the same keys, generated from the same declarations (and checked by the \
+         same test): unknown keys, wrong types and missing required keys are underlined as \
+         you type, and every key's meaning shows on hover. Taplo and the Even Better TOML \
+         extension of VS Code read it from a first line `#:schema \
+         ./docs/reference/delayq.schema.json` (a path relative to the TOML file, or a URL), or \
+         for every `delayq.toml` of a repository from a `.taplo.toml` at its root: \
+         `[[rule]]` with `include = [\"**/delayq.toml\"]`, then `[rule.schema]` with \
+         `path = \"docs/reference/delayq.schema.json\"`.\n",
     );
     let mut section = |title: &str, env_prefix: Option<&str>, fields: &[Field], doc: &str| {
         out.push_str(&format!("\n## {title}\n\n"));
@@ -252,6 +292,7 @@ fn config_reference() -> String {
             name: f.name.clone(),
             ty: f.ty.clone(),
             doc: f.doc.clone(),
+            attrs: f.attrs.clone(),
         })
         .collect();
     section("Top level", Some("DELAYQ_"), &plain, "");
@@ -294,4 +335,151 @@ fn the_config_reference_is_what_the_config_types_declare() {
     }
     assert!(text.contains("| `visibility_timeout` | string |"));
     check_generated("docs/reference/config.md", &text);
+}
+
+/// The JSON Schema of one Rust field type (`Option<T>` as `T`); a type it does not know
+/// fails the test, so the schema never guesses.
+fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
+    use serde_json::json;
+    let ty = ty
+        .strip_prefix("Option<")
+        .and_then(|t| t.strip_suffix('>'))
+        .unwrap_or(ty);
+    let strings = json!({"type": "array", "items": {"type": "string"}});
+    match ty {
+        "String" => json!({"type": "string"}),
+        "bool" => json!({"type": "boolean"}),
+        "usize" | "u64" => json!({"type": "integer", "minimum": 0}),
+        "u32" => json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),
+        "u16" => json!({"type": "integer", "minimum": 0, "maximum": u16::MAX}),
+        "Vec<String>" => strings,
+        "Vec<u32>" => {
+            json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX}})
+        }
+        "serde_json::Value" => json!({}),
+        "DispatchConfig" => {
+            json!({"anyOf": [{"type": "string", "enum": ["all", "none"]}, strings]})
+        }
+        "Secrets" => json!({"anyOf": [{"type": "string"}, strings]}),
+        other => {
+            let (array, base) = match other.strip_prefix("Vec<").and_then(|t| t.strip_suffix('>')) {
+                Some(b) => (true, b),
+                None => (false, other),
+            };
+            assert!(
+                structs.iter().any(|s| s == base),
+                "raw.rs field type {other:?}: tell schema_of_type its JSON Schema"
+            );
+            let r = json!({"$ref": format!("#/definitions/{base}")});
+            if array {
+                json!({"type": "array", "items": r})
+            } else {
+                r
+            }
+        }
+    }
+}
+
+/// The JSON Schema (draft 7, what Taplo / Even Better TOML read) of `delayq.toml`, from the
+/// same declarations as the configuration reference: every table closed to unknown keys
+/// where serve refuses them (`deny_unknown_fields`), a key required only where serve
+/// requires it (not `redis_url`: the environment may set it).
+fn config_schema() -> String {
+    use serde_json::{Map, Value, json};
+    let src = std::fs::read_to_string(repo().join("src/service/config/raw.rs")).unwrap();
+    let structs = parse_structs(&src);
+    let attrs = struct_attrs(&src);
+    let names: Vec<String> = structs.iter().map(|(n, _, _)| n.clone()).collect();
+    let object = |name: &str, doc: &str, fields: &[Field]| -> Value {
+        let sattrs = attrs.get(name).map_or("", String::as_str);
+        let struct_default = sattrs.contains("default");
+        let mut props = Map::new();
+        let mut required = Vec::new();
+        for f in fields {
+            let mut p = schema_of_type(&f.ty, &names);
+            p.as_object_mut()
+                .unwrap()
+                .insert("description".into(), Value::String(doc_plain(&f.doc)));
+            props.insert(f.name.clone(), p);
+            let optional =
+                struct_default || f.ty.starts_with("Option<") || f.attrs.contains("default");
+            if !optional {
+                required.push(Value::String(f.name.clone()));
+            }
+        }
+        let mut o = Map::new();
+        o.insert("type".into(), json!("object"));
+        if !doc.is_empty() {
+            o.insert("description".into(), Value::String(doc_plain(doc)));
+        }
+        o.insert("properties".into(), Value::Object(props));
+        if !required.is_empty() {
+            o.insert("required".into(), Value::Array(required));
+        }
+        if sattrs.contains("deny_unknown_fields") {
+            o.insert("additionalProperties".into(), json!(false));
+        }
+        Value::Object(o)
+    };
+    let mut definitions = Map::new();
+    let mut root = Value::Null;
+    for (name, doc, fields) in &structs {
+        if name == "Config" {
+            root = object(name, doc, fields);
+        } else {
+            definitions.insert(name.clone(), object(name, doc, fields));
+        }
+    }
+    let root = root.as_object_mut().expect("struct Config in raw.rs");
+    root.insert(
+        "$schema".into(),
+        json!("http://json-schema.org/draft-07/schema#"),
+    );
+    root.insert("title".into(), json!("delayq.toml (delayq serve --config)"));
+    root.insert(
+        "$comment".into(),
+        json!(
+            "Generated from src/service/config/raw.rs by tests/service/reference.rs; do not edit. \
+             Regenerate: DELAYQ_UPDATE_DOCS=1 cargo test --test service reference::"
+        ),
+    );
+    root.insert("definitions".into(), Value::Object(definitions));
+    serde_json::to_string_pretty(&root).unwrap() + "\n"
+}
+
+#[test]
+fn the_config_schema_is_what_the_config_types_declare() {
+    let text = config_schema();
+    let schema: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // Every top-level key, and nothing else, is allowed; tables refer to their definitions.
+    let props = schema["properties"].as_object().unwrap();
+    let mut keys: Vec<&str> = props.keys().map(String::as_str).collect();
+    let mut want = delayq::service::config::raw::TOP_LEVEL_KEYS.to_vec();
+    keys.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(keys, want);
+    assert_eq!(schema["additionalProperties"], false);
+    assert!(
+        schema.get("required").is_none(),
+        "redis_url may come from the environment"
+    );
+    assert_eq!(props["http"]["$ref"], "#/definitions/HttpConfig");
+    assert_eq!(
+        props["handlers"]["items"]["$ref"],
+        "#/definitions/HandlerConfig"
+    );
+    let handler = &schema["definitions"]["HandlerConfig"];
+    assert_eq!(handler["required"], serde_json::json!(["group", "kind"]));
+    assert_eq!(
+        handler["properties"]["visibility_timeout"]["type"],
+        "string"
+    );
+    assert_eq!(handler["additionalProperties"], false);
+    assert_eq!(props["shards"]["maximum"], u16::MAX);
+    // Every $ref names a definition.
+    for cap in text.split("\"$ref\": \"#/definitions/").skip(1) {
+        let name = &cap[..cap.find('"').unwrap()];
+        assert!(schema["definitions"].get(name).is_some(), "{name}");
+    }
+    check_generated("docs/reference/delayq.schema.json", &text);
 }

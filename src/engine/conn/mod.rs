@@ -61,11 +61,14 @@ pub enum Conn {
 
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
+        // Every Redis call delayq makes passes here: timed, and its errors counted.
+        let op = crate::engine::telemetry::RedisOp::of(cmd);
+        let call = match self {
             Conn::Single(c) => c.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Sentinel(c) => c.req_packed_command(cmd),
-        }
+        };
+        crate::engine::telemetry::timed_redis_call(op, call)
     }
 
     fn req_packed_commands<'a>(
@@ -74,11 +77,13 @@ impl ConnectionLike for Conn {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
+        let op = crate::engine::telemetry::RedisOp::of_pipeline(pipeline);
+        let call = match self {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
-        }
+        };
+        crate::engine::telemetry::timed_redis_call(op, call)
     }
 
     fn get_db(&self) -> i64 {

@@ -278,7 +278,28 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn(edge::head_limits))
         .layer(middleware::from_fn(edge::envelope))
+        // Outermost: every answer the router gives, as the client gets it.
+        .layer(middleware::from_fn(observe))
         .with_state(state)
+}
+
+/// Counts and times every request by route template (`unmatched` when no route took it),
+/// method and status: `delayq_http_requests_total`, `delayq_http_request_duration_seconds`.
+async fn observe(req: axum::extract::Request, next: middleware::Next) -> Response {
+    let start = std::time::Instant::now();
+    let method = crate::engine::telemetry::http_method_label(req.method().as_str());
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .cloned();
+    let resp = next.run(req).await;
+    crate::engine::telemetry::http_request(
+        route.as_ref().map_or("unmatched", |r| r.as_str()),
+        method,
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    resp
 }
 
 /// Ready when Redis takes a write: a `DEL` of a key that never exists (it changes nothing
