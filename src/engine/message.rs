@@ -4,7 +4,7 @@ use crate::engine::error::InvalidInput;
 use crate::engine::keys::validate_id;
 use crate::engine::priority::Priority;
 use crate::engine::trace::{self, TraceContext};
-use chrono::{DateTime, NaiveDateTime, TimeDelta, Timelike, Utc};
+use chrono::{DateTime, Datelike, NaiveDateTime, TimeDelta, Timelike, Utc};
 use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
@@ -245,8 +245,9 @@ fn parse_local_time(text: &str) -> Result<NaiveDateTime, InvalidInput> {
         "%Y-%m-%dT%H:%M:%S%.f"
     };
     match NaiveDateTime::parse_from_str(text, format) {
-        // chrono reads a second 60 as a leap second; no wall clock shows it.
-        Ok(at) if at.nanosecond() < 1_000_000_000 => Ok(at),
+        // chrono reads a second 60 as a leap second; no wall clock shows it. Year 0 is not
+        // a calendar year (nor one the SDKs' date types know).
+        Ok(at) if at.nanosecond() < 1_000_000_000 && at.year() >= 1 => Ok(at),
         _ => Err(bad(format!("{text:?} is not a valid date and time"))),
     }
 }
