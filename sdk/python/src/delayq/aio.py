@@ -435,14 +435,17 @@ class AsyncClient:
         delay: Optional[_dt.timedelta] = None,
         at: Optional[_dt.datetime] = None,
         priority: Union[str, c.Priority, None] = None,
+        at_local: Optional[str] = None,
+        timezone: Optional[str] = None,
     ) -> c.RescheduleOutcome:
-        """Moves a scheduled order to a new due time, keeping its payload. ``priority``
+        """Moves a scheduled order to a new due time (``at_local`` with ``timezone`` as in
+        :meth:`schedule`), keeping its payload. ``priority``
         given (``"high"``, ``"normal"`` or ``"low"``): the order gets that level too, in the
         same atomic step; None (the default): it keeps its level."""
         level = None if priority is None else rules.check_priority(priority)
         rules.check_queue(queue)
         rules.check_id(id)
-        due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at)
+        due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
         due, _, levels = await self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
