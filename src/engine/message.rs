@@ -564,6 +564,12 @@ mod tests {
         assert_eq!(When::from(t1990).resolve(now), Ok(631_152_000_000));
     }
 
+    fn code_of_year0() -> &'static str {
+        When::parse_local("0000-01-01T00:00", "UTC")
+            .unwrap_err()
+            .code()
+    }
+
     #[test]
     fn local_times_resolve_with_the_schedules_rules() {
         let now = 1_800_000_000_000;
@@ -587,6 +593,15 @@ mod tests {
             at("2027-10-31T02:30:15.250", "europe/berlin"),
             Ok(ms("2027-10-31T00:30:15.250Z"))
         );
+        // The library's constructor takes typed values; the same resolution.
+        let naive = chrono::NaiveDate::from_ymd_opt(2027, 3, 28)
+            .and_then(|d| d.and_hms_opt(2, 30, 0))
+            .unwrap();
+        assert_eq!(
+            When::local(naive, chrono_tz::Europe::Berlin).resolve(now),
+            Ok(ms("2027-03-28T01:00:00Z"))
+        );
+        assert_eq!(code_of_year0(), "invalid_local_time");
         let code = |a: &str, z: &str| at(a, z).unwrap_err().code();
         assert_eq!(code("2027-03-28T09:00", "Mars/Olympus"), "invalid_timezone");
         assert_eq!(code("2027-03-28T09:00", ""), "invalid_timezone");
