@@ -58,9 +58,14 @@ pub enum Command {
             allow_hyphen_values = true
         )]
         delay: Option<String>,
-        /// Absolute time: RFC 3339 with an offset, or unix milliseconds.
+        /// Absolute time: RFC 3339 with an offset, or unix milliseconds; with --tz, a local
+        /// wall-clock time without offset (2027-03-28T09:00).
         #[arg(long, allow_hyphen_values = true)]
         at: Option<String>,
+        /// IANA time zone of a local --at (Europe/Berlin): a nonexistent local time moves
+        /// to the end of the gap, an ambiguous one takes its first occurrence.
+        #[arg(long, requires = "at")]
+        tz: Option<String>,
         /// Payload as JSON (default null).
         #[arg(long, default_value = "null")]
         payload: String,

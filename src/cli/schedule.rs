@@ -1,4 +1,4 @@
-//! `delayq schedule QUEUE ID (--in D | --at T) [--payload JSON] [--if-absent] [--priority P]`.
+//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE]) [--payload JSON] [--if-absent] [--priority P]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -16,6 +16,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         id,
         delay,
         at,
+        tz,
         payload,
         if_absent,
         priority,
@@ -24,10 +25,15 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         return Err(Failure::Runtime("not a schedule command".into()));
     };
     // Validate everything that needs no server before connecting.
-    let when = match (delay, at) {
-        (Some(d), None) => When::from(parse_duration("--in", &d)?),
-        (None, Some(t)) => When::parse_at(&t)?,
-        _ => return Err(Failure::Invalid("give exactly one of --in or --at".into())),
+    let when = match (delay, at, tz) {
+        (Some(d), None, None) => When::from(parse_duration("--in", &d)?),
+        (None, Some(t), None) => When::parse_at(&t)?,
+        (None, Some(t), Some(z)) => When::parse_local(&t, &z)?,
+        _ => {
+            return Err(Failure::Invalid(
+                "give exactly one of --in or --at (--tz goes with --at)".into(),
+            ));
+        }
     };
     let payload = Payload::from_json(&payload)?;
     admin::check_order_ref(&queue, &id)?;

@@ -378,6 +378,20 @@ pub enum InvalidInput {
         /// Why it was refused.
         reason: String,
     },
+    /// An unknown IANA time zone for a local wall-clock due time (`timezone`), or one
+    /// missing where `at_local` needs it or given without it.
+    #[error("invalid timezone: {reason}")]
+    TimeZone {
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A local wall-clock due time (`at_local`) that is malformed, carries a UTC offset, or
+    /// is given together with another due-time field.
+    #[error("invalid at_local: {reason}")]
+    LocalTime {
+        /// Why it was refused.
+        reason: String,
+    },
     /// A Redis URL that does not parse.
     #[error("invalid redis url: {reason}")]
     RedisUrl {
@@ -436,6 +450,8 @@ impl InvalidInput {
             InvalidInput::PayloadTooLarge { .. } => "payload_too_large",
             InvalidInput::Delay { .. } => "invalid_delay",
             InvalidInput::DueTime { .. } => "invalid_due_time",
+            InvalidInput::TimeZone { .. } => "invalid_timezone",
+            InvalidInput::LocalTime { .. } => "invalid_local_time",
             InvalidInput::RedisUrl { .. } => "invalid_redis_url",
             InvalidInput::Option { .. } => "invalid_option",
             InvalidInput::Selection { .. } => "invalid_body",

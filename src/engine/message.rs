@@ -4,7 +4,8 @@ use crate::engine::error::InvalidInput;
 use crate::engine::keys::validate_id;
 use crate::engine::priority::Priority;
 use crate::engine::trace::{self, TraceContext};
-use chrono::{DateTime, TimeDelta, Utc};
+use chrono::{DateTime, Datelike, NaiveDateTime, TimeDelta, Timelike, Utc};
+use chrono_tz::Tz;
 use serde::{Deserialize, Serialize};
 
 /// The furthest ahead an order may be scheduled: 10 years (3,653 days).
@@ -40,6 +41,16 @@ pub enum When {
     Delay(TimeDelta),
     /// This many milliseconds after now (any `i64`; checked by [`When::resolve`]).
     DelayMs(i64),
+    /// At this local wall-clock time of this IANA time zone, resolved to one instant by
+    /// [`When::resolve`] with the recurring schedules' rules: a time that does not exist
+    /// (the spring-forward gap) is the first instant after the gap, a time that happens
+    /// twice (fall-back) its first occurrence.
+    Local {
+        /// The wall-clock time.
+        at: NaiveDateTime,
+        /// Its time zone.
+        tz: Tz,
+    },
 }
 
 impl When {
@@ -53,6 +64,23 @@ impl When {
     /// [`When::resolve`] as seconds by mistake; give an earlier time as a date-time).
     pub fn at_ms(ms: i64) -> Self {
         When::AtMs(ms)
+    }
+
+    /// Due at the local wall-clock time `at` of time zone `tz` (e.g. 09:00 in
+    /// `chrono_tz::Europe::Berlin`); see [`When::Local`] for the daylight-saving rules.
+    pub fn local(at: NaiveDateTime, tz: Tz) -> Self {
+        When::Local { at, tz }
+    }
+
+    /// Parses a local wall-clock due time given as text (the HTTP API's `at_local` and
+    /// `timezone`, the CLI's `--at` with `--tz`): `at_local` is `YYYY-MM-DDTHH:MM`, with
+    /// optional `:SS` and fraction, and no UTC offset (`invalid_local_time`); `timezone` an
+    /// IANA name, case-insensitive (`invalid_timezone`). `at_local` is checked first.
+    pub fn parse_local(at_local: &str, timezone: &str) -> Result<Self, InvalidInput> {
+        let at = parse_local_time(at_local)?;
+        let tz = crate::engine::schedules::spec::lookup_timezone(timezone)
+            .map_err(|reason| InvalidInput::TimeZone { reason })?;
+        Ok(When::Local { at, tz })
     }
 
     /// Parses an absolute time given as text: RFC 3339 with an offset
@@ -95,6 +123,11 @@ impl When {
                 check_not_seconds(ms)?;
                 ms
             }
+            When::Local { at, tz } => crate::engine::schedules::spec::local_to_instant(tz, at)
+                .ok_or_else(|| InvalidInput::DueTime {
+                    reason: format!("{at} in {} is beyond the time zone data", tz.name()),
+                })?
+                .timestamp_millis(),
         };
         if due < 0 {
             return Err(InvalidInput::DueTime {
@@ -107,6 +140,115 @@ impl When {
             });
         }
         Ok(due)
+    }
+}
+
+/// The due-time fields of a producer's request as the text surfaces take them (the HTTP
+/// API's message body, the conformance cases): exactly one of a delay, a due time, or a
+/// local wall-clock time with its time zone. The one place for how they combine.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DueFields<'a> {
+    /// `delay_ms`: milliseconds from now.
+    pub delay_ms: Option<i64>,
+    /// `due_at`: RFC 3339 with an offset, or unix milliseconds, as text.
+    pub due_at: Option<&'a str>,
+    /// `at_local`: a local wall-clock time without offset (needs `timezone`).
+    pub at_local: Option<&'a str>,
+    /// `timezone`: the IANA time zone of `at_local` (only with it).
+    pub timezone: Option<&'a str>,
+}
+
+impl DueFields<'_> {
+    /// The due time these fields give, or why they do not give exactly one.
+    pub fn when(&self) -> Result<When, InvalidInput> {
+        let other = self.delay_ms.is_some() || self.due_at.is_some();
+        match (self.at_local, self.timezone) {
+            (Some(_), _) if other => Err(InvalidInput::LocalTime {
+                reason: "at_local is a due time of its own: give it without delay_ms or due_at"
+                    .into(),
+            }),
+            (Some(_), None) => Err(InvalidInput::TimeZone {
+                reason: "missing: at_local needs the IANA time zone it is in (e.g. Europe/Berlin)"
+                    .into(),
+            }),
+            (None, Some(_)) => Err(InvalidInput::TimeZone {
+                reason: "given without at_local (a due_at carries its own offset)".into(),
+            }),
+            (Some(at), Some(tz)) => When::parse_local(at, tz),
+            (None, None) => match (self.delay_ms, self.due_at) {
+                (Some(ms), None) => Ok(When::in_ms(ms)),
+                (None, Some(t)) => When::parse_at(t),
+                _ => Err(InvalidInput::DueTime {
+                    reason: "give exactly one of delay_ms, due_at or at_local".into(),
+                }),
+            },
+        }
+    }
+}
+
+/// Whether `s` is `YYYY-MM-DDTHH:MM`, optionally with `:SS` and then `.` and 1 to 9 digits.
+fn local_shape(s: &str) -> bool {
+    let b = s.as_bytes();
+    let d = |i: usize| b.get(i).is_some_and(u8::is_ascii_digit);
+    let at = |i: usize, c: u8| b.get(i) == Some(&c);
+    let head = (0..4).all(d)
+        && at(4, b'-')
+        && d(5)
+        && d(6)
+        && at(7, b'-')
+        && d(8)
+        && d(9)
+        && at(10, b'T')
+        && d(11)
+        && d(12)
+        && at(13, b':')
+        && d(14)
+        && d(15);
+    let secs = at(16, b':') && d(17) && d(18);
+    match b.len() {
+        16 => head,
+        19 => head && secs,
+        n @ 21..=28 => head && secs && at(19, b'.') && (20..n).all(d),
+        _ => false,
+    }
+}
+
+/// Parses `at_local` (see [`When::parse_local`]).
+fn parse_local_time(text: &str) -> Result<NaiveDateTime, InvalidInput> {
+    let bad = |reason: String| InvalidInput::LocalTime { reason };
+    if !local_shape(text) {
+        let n = text.len();
+        let without_offset = if text.ends_with(['Z', 'z']) {
+            text.get(..n - 1)
+        } else if n >= 6
+            && text.as_bytes()[n - 6].is_ascii()
+            && matches!(text.as_bytes()[n - 6], b'+' | b'-')
+            && text.as_bytes()[n - 3] == b':'
+        {
+            text.get(..n - 6)
+        } else {
+            None
+        };
+        if without_offset.is_some_and(local_shape) {
+            return Err(bad(format!(
+                "{text:?} has a UTC offset: at_local is a wall-clock time in `timezone`, \
+                 without one (or give due_at instead)"
+            )));
+        }
+        return Err(bad(format!(
+            "{text:?} is not a local date-time YYYY-MM-DDTHH:MM[:SS[.fff]]"
+        )));
+    }
+    let format = if text.len() == 16 {
+        "%Y-%m-%dT%H:%M"
+    } else {
+        "%Y-%m-%dT%H:%M:%S%.f"
+    };
+    match NaiveDateTime::parse_from_str(text, format) {
+        // chrono reads a second 60 as a leap second; no wall clock shows it. Year 0 is not
+        // a calendar year (nor one the SDKs' date types know).
+        Ok(at) if at.nanosecond() < 1_000_000_000 && at.year() >= 1 => Ok(at),
+        _ => Err(bad(format!("{text:?} is not a valid date and time"))),
     }
 }
 
@@ -420,6 +562,105 @@ mod tests {
         assert_eq!(When::at_ms(YEAR_2000_MS).resolve(now), Ok(YEAR_2000_MS));
         let t1990 = DateTime::from_timestamp_millis(631_152_000_000).unwrap();
         assert_eq!(When::from(t1990).resolve(now), Ok(631_152_000_000));
+    }
+
+    fn code_of_year0() -> &'static str {
+        When::parse_local("0000-01-01T00:00", "UTC")
+            .unwrap_err()
+            .code()
+    }
+
+    #[test]
+    fn local_times_resolve_with_the_schedules_rules() {
+        let now = 1_800_000_000_000;
+        let ms = |t: &str| DateTime::parse_from_rfc3339(t).unwrap().timestamp_millis();
+        let at = |a: &str, z: &str| When::parse_local(a, z).and_then(|w| w.resolve(now));
+        assert_eq!(
+            at("2027-03-28T09:00", "Europe/Berlin"),
+            Ok(ms("2027-03-28T07:00:00Z"))
+        );
+        // Spring forward: 02:30 does not exist, the end of the gap (03:00 CEST).
+        assert_eq!(
+            at("2027-03-28T02:30", "Europe/Berlin"),
+            Ok(ms("2027-03-28T01:00:00Z"))
+        );
+        // Fall back: 02:30 happens twice, the first occurrence (CEST).
+        assert_eq!(
+            at("2027-10-31T02:30", "Europe/Berlin"),
+            Ok(ms("2027-10-31T00:30:00Z"))
+        );
+        assert_eq!(
+            at("2027-10-31T02:30:15.250", "europe/berlin"),
+            Ok(ms("2027-10-31T00:30:15.250Z"))
+        );
+        // The library's constructor takes typed values; the same resolution.
+        let naive = chrono::NaiveDate::from_ymd_opt(2027, 3, 28)
+            .and_then(|d| d.and_hms_opt(2, 30, 0))
+            .unwrap();
+        assert_eq!(
+            When::local(naive, chrono_tz::Europe::Berlin).resolve(now),
+            Ok(ms("2027-03-28T01:00:00Z"))
+        );
+        assert_eq!(code_of_year0(), "invalid_local_time");
+        let code = |a: &str, z: &str| at(a, z).unwrap_err().code();
+        assert_eq!(code("2027-03-28T09:00", "Mars/Olympus"), "invalid_timezone");
+        assert_eq!(code("2027-03-28T09:00", ""), "invalid_timezone");
+        assert_eq!(
+            code("2027-03-28T09:00Z", "Europe/Berlin"),
+            "invalid_local_time"
+        );
+        assert_eq!(
+            code("2027-03-28T09:00:00+01:00", "Europe/Berlin"),
+            "invalid_local_time"
+        );
+        assert_eq!(
+            code("2027-02-30T09:00", "Europe/Berlin"),
+            "invalid_local_time"
+        );
+        assert_eq!(
+            code("2027-03-28T09:00:60", "Europe/Berlin"),
+            "invalid_local_time"
+        );
+        assert_eq!(
+            code("2027-03-28 09:00", "Europe/Berlin"),
+            "invalid_local_time"
+        );
+        assert_eq!(
+            code("2040-03-28T09:00", "Europe/Berlin"),
+            "invalid_due_time"
+        );
+        let e = at("2027-03-28T09:00Z", "UTC").unwrap_err().to_string();
+        assert!(e.contains("at_local") && e.contains("offset"), "{e}");
+        let f = |delay_ms, due_at, at_local, timezone| {
+            DueFields {
+                delay_ms,
+                due_at,
+                at_local,
+                timezone,
+            }
+            .when()
+            .map_err(|e| e.code())
+        };
+        assert_eq!(
+            f(None, None, Some("2027-03-28T09:00"), None),
+            Err("invalid_timezone")
+        );
+        assert_eq!(f(None, None, None, Some("UTC")), Err("invalid_timezone"));
+        assert_eq!(
+            f(Some(1), None, Some("2027-03-28T09:00"), Some("UTC")),
+            Err("invalid_local_time")
+        );
+        assert_eq!(
+            f(
+                None,
+                Some("1795000000000"),
+                Some("2027-03-28T09:00"),
+                Some("UTC")
+            ),
+            Err("invalid_local_time")
+        );
+        assert_eq!(f(None, None, None, None), Err("invalid_due_time"));
+        assert_eq!(f(Some(5), None, None, None), Ok(When::in_ms(5)));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use crate::support;
 
 use delayq::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN, QueueName, shard_of};
-use delayq::engine::message::{MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
+use delayq::engine::message::{DueFields, MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
 use delayq::service::admin::{self, Admin};
 use delayq::{
     CancelOutcome, Client, ClientOptions, Clock, Error, LocalRedis, ManualClock, Mode, NewOrder,
@@ -30,8 +30,8 @@ const OPS: [&str; 6] = [
     "connect",
 ];
 
-/// Every key a case may have (README, format 2); another key means the file changed format.
-const CASE_KEYS: [&str; 16] = [
+/// Every key a case may have (README, format 3); another key means the file changed format.
+const CASE_KEYS: [&str; 19] = [
     "name",
     "op",
     "queue",
@@ -48,6 +48,9 @@ const CASE_KEYS: [&str; 16] = [
     "index",
     "priority",
     "expect_priority",
+    "at_local",
+    "timezone",
+    "expect_due_ms",
 ];
 
 /// Every key an order of a batch may have.
@@ -55,7 +58,7 @@ const ORDER_KEYS: [&str; 5] = ["id", "delay_ms", "due_ms", "payload", "priority"
 
 fn doc() -> Value {
     let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
-    assert_eq!(doc["format"], 2, "inputs.json: unknown format");
+    assert_eq!(doc["format"], 3, "inputs.json: unknown format");
     doc
 }
 
@@ -118,9 +121,38 @@ fn when_of(o: &Map<String, Value>) -> Result<(When, i64), String> {
     }
 }
 
+/// A case's due time from its text fields when it has `at_local` or `timezone` (README,
+/// format 3), built as a caller builds it from text ([`DueFields`]); `None` otherwise.
+fn local_when_of(
+    o: &Map<String, Value>,
+) -> Result<Option<Result<When, delayq::InvalidInput>>, String> {
+    if !o.contains_key("at_local") && !o.contains_key("timezone") {
+        return Ok(None);
+    }
+    let opt_text = |k: &str| match o.get(k) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.as_str())),
+        Some(other) => Err(format!("{k} is not a string: {other}")),
+    };
+    let due_at = o
+        .get("due_ms")
+        .map(|d| int(d, "due_ms"))
+        .transpose()?
+        .map(|ms| ms.to_string());
+    let fields = DueFields {
+        delay_ms: o.get("delay_ms").map(|d| int(d, "delay_ms")).transpose()?,
+        due_at: due_at.as_deref(),
+        at_local: opt_text("at_local")?,
+        timezone: opt_text("timezone")?,
+    };
+    Ok(Some(fields.when()))
+}
+
 /// The due time an accepted `when` resolves to at `now` (for checking what was stored).
 fn due_of(o: &Map<String, Value>, now: i64) -> i64 {
-    if let Some(d) = o.get("delay_ms").and_then(Value::as_i64) {
+    if let Some(d) = o.get("expect_due_ms").and_then(Value::as_i64) {
+        d
+    } else if let Some(d) = o.get("delay_ms").and_then(Value::as_i64) {
         now + d
     } else {
         o.get("due_ms").and_then(Value::as_i64).unwrap_or(i64::MIN)
@@ -198,7 +230,11 @@ impl Run {
             "schedule" => {
                 let id = text(case, "id")?;
                 let payload_text = text(case, "payload")?;
-                let (when, _) = when_of(case)?;
+                let local = local_when_of(case)?;
+                let when = match &local {
+                    Some(_) => When::in_ms(0),
+                    None => when_of(case)?.0,
+                };
                 let mode = mode_of(case)?;
                 // The payload is built from its text before the call (README, check 1).
                 let payload = match Payload::from_json(payload_text) {
@@ -209,6 +245,12 @@ impl Run {
                 let priority = match priority_of(case)? {
                     None => Priority::Normal,
                     Some(Ok(p)) => p,
+                    Some(Err(e)) => return Ok(Outcome::invalid(&e, None)),
+                };
+                // Then the local time's text (built by the caller, like the payload).
+                let when = match local {
+                    None => when,
+                    Some(Ok(w)) => w,
                     Some(Err(e)) => return Ok(Outcome::invalid(&e, None)),
                 };
                 let order = NewOrder::new(id, when, payload).with_priority(priority);

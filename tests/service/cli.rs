@@ -1110,3 +1110,88 @@ async fn cron_add_refuses_never_firing_schedules_and_list_shows_paused_ones() {
         o.stdout
     );
 }
+
+/// Issue 44: `--at` with `--tz` is a local wall-clock time, resolved once with the
+/// recurring schedules' rules; the output shows the resolved due time. Refusals exit 2,
+/// name the field and write nothing.
+#[tokio::test]
+async fn schedule_at_a_local_time_prints_the_resolved_due_time() {
+    let (s, client) = start().await;
+    let url = s.url();
+    let at = |id: &str, local: &str| {
+        let args = [
+            "schedule",
+            "order-close",
+            id,
+            "--at",
+            local,
+            "--tz",
+            "Europe/Berlin",
+        ];
+        run(&url, &args)
+    };
+    // Spring forward: 02:30 does not exist, the end of the gap (03:00 CEST = 01:00Z).
+    let o = at("g", "2027-03-28T02:30");
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.json()["due_at_ms"], json!(1_806_195_600_000_i64));
+    // Fall back: 02:30 happens twice, its first occurrence (00:30Z).
+    let o = at("f", "2027-10-31T02:30");
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    assert_eq!(o.json()["due_at_ms"], json!(1_824_942_600_000_i64));
+    let o = run(&url, &["get", "order-close", "f"]);
+    assert_eq!(o.json()["due_at_ms"], json!(1_824_942_600_000_i64));
+
+    let before = support::snapshot(&client).await;
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "schedule",
+                "order-close",
+                "x",
+                "--at",
+                "2027-03-28T09:00",
+                "--tz",
+                "Mars/Olympus",
+            ],
+            "timezone",
+        ),
+        (
+            &[
+                "schedule",
+                "order-close",
+                "x",
+                "--at",
+                "2027-03-28T09:00Z",
+                "--tz",
+                "UTC",
+            ],
+            "at_local",
+        ),
+        (
+            &[
+                "schedule",
+                "order-close",
+                "x",
+                "--at",
+                "2027-02-30T09:00",
+                "--tz",
+                "UTC",
+            ],
+            "at_local",
+        ),
+        (
+            &["schedule", "order-close", "x", "--in", "1s", "--tz", "UTC"],
+            "--at",
+        ),
+    ];
+    for (args, needle) in cases {
+        let o = run(&url, args);
+        assert_eq!(o.code, 2, "{args:?}: {}", o.stderr);
+        assert!(o.stderr.contains(needle), "{args:?}: {}", o.stderr);
+    }
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "a refusal wrote something"
+    );
+}

@@ -1216,3 +1216,115 @@ async fn never_firing_schedules_are_400_and_paused_ones_are_listed() {
     assert_eq!(v["schedules"][0]["id"], json!("s1"), "{v}");
     assert_eq!(v["schedules"][0]["paused"], json!(true), "{v}");
 }
+
+/// Issue 44: `at_local` + `timezone` (PUT and batch) resolve once, with the recurring
+/// schedules' daylight-saving rules, and the answer carries the resolved instant; every
+/// refusal names its field and writes nothing.
+#[tokio::test]
+async fn local_wall_clock_times_resolve_and_refusals_write_nothing() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let t = Some(TOKEN);
+    let uri = "/v1/queues/order-close/messages/l1";
+    // 02:30 on 2027-03-28 does not exist in Berlin: the end of the gap, 03:00 CEST = 01:00Z.
+    let body = json!({"at_local": "2027-03-28T02:30", "timezone": "Europe/Berlin"});
+    let (st, v) = call(&r, "PUT", uri, Some(body), t).await;
+    assert_eq!(st, StatusCode::CREATED, "{v}");
+    assert_eq!(v["due_at_ms"], json!(1_806_195_600_000_i64), "{v}");
+    let (_, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!(v["due_at_ms"], json!(1_806_195_600_000_i64), "{v}");
+    // 02:30 on 2027-10-31 happens twice: the first occurrence (CEST), 00:30Z.
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/order-close/messages:batch",
+        Some(json!({"messages": [
+            {"id": "l2", "at_local": "2027-10-31T02:30", "timezone": "Europe/Berlin"},
+        ]})),
+        t,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["results"][0]["due_at_ms"],
+        json!(1_824_942_600_000_i64),
+        "{v}"
+    );
+
+    let before = support::snapshot(&client).await;
+    let bad = |b: Value, want: &'static str, field: &'static str| (b, want, field);
+    for (body, want, field) in [
+        bad(
+            json!({"at_local": "2027-03-28T09:00", "timezone": "Mars/Olympus"}),
+            "invalid_timezone",
+            "timezone",
+        ),
+        bad(
+            json!({"at_local": "2027-03-28T09:00Z", "timezone": "Europe/Berlin"}),
+            "invalid_local_time",
+            "at_local",
+        ),
+        bad(
+            json!({"at_local": "2027-03-28T09:00+01:00", "timezone": "Europe/Berlin"}),
+            "invalid_local_time",
+            "at_local",
+        ),
+        bad(
+            json!({"at_local": "2027-03-28T09:00"}),
+            "invalid_timezone",
+            "timezone",
+        ),
+        bad(
+            json!({"delay_ms": 5, "timezone": "Europe/Berlin"}),
+            "invalid_timezone",
+            "timezone",
+        ),
+        bad(
+            json!({"at_local": "2027-03-28T09:00", "timezone": "UTC", "delay_ms": 5}),
+            "invalid_local_time",
+            "at_local",
+        ),
+        bad(
+            json!({"at_local": "28.03.2027 09:00", "timezone": "UTC"}),
+            "invalid_local_time",
+            "at_local",
+        ),
+    ] {
+        let (st, v) = call(
+            &r,
+            "PUT",
+            "/v1/queues/order-close/messages/l3",
+            Some(body.clone()),
+            t,
+        )
+        .await;
+        assert_eq!(
+            (st, code(&v)),
+            (StatusCode::BAD_REQUEST, want),
+            "{body}: {v}"
+        );
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(field), "{body}: {msg}");
+    }
+    let (st, v) = call(
+        &r,
+        "POST",
+        "/v1/queues/order-close/messages:batch",
+        Some(json!({"messages": [
+            {"id": "l4", "delay_ms": 5},
+            {"id": "l5", "at_local": "2027-03-28T09:00", "timezone": "Nowhere/Else"},
+        ]})),
+        t,
+    )
+    .await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::BAD_REQUEST, "invalid_timezone"),
+        "{v}"
+    );
+    assert_eq!(
+        support::snapshot(&client).await,
+        before,
+        "a refusal wrote something"
+    );
+}

@@ -18,11 +18,12 @@ OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
+    "at_local", "timezone", "expect_due_ms",
 }
 
 
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 2, "a conformance format this reader does not know"
+    assert DOC["format"] == 3, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
@@ -55,7 +56,9 @@ def server():
 
 
 def _when(d: Dict[str, Any]) -> Dict[str, Any]:
-    return {"delay_ms": d["delay_ms"]} if "delay_ms" in d else {"due_ms": d["due_ms"]}
+    """The case's due-time fields as given (a local time's combination cases give several)."""
+    keys = ("delay_ms", "due_ms", "at_local", "timezone")
+    return {k: d[k] for k in keys if k in d}
 
 
 def _scheduled_count(server: RedisServer) -> int:
@@ -157,6 +160,9 @@ def test_case(server, case, kind):
         else:
             assert expect is None, f"{case['name']}: succeeded ({out!r:.200}), expected {expect}"
             _check_levels(client, case, out)
+            if "expect_due_ms" in case:
+                got = client.get(case["queue"], case["id"]).due_at_ms
+                assert (out.due_at_ms, got) == (case["expect_due_ms"],) * 2, f"{case['name']}: due {out.due_at_ms}, stored {got}"
             return
         # A refused call wrote nothing.
         assert _scheduled_count(server) == before

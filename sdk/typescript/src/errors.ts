@@ -12,6 +12,8 @@ export type InvalidInputCode =
   | "invalid_delay"
   | "invalid_due_time"
   | "invalid_priority"
+  | "invalid_timezone"
+  | "invalid_local_time"
   | "invalid_redis_url"
   | "invalid_option"
   | "invalid_body"

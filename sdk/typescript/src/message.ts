@@ -47,6 +47,15 @@ export interface When {
    * with an offset such as `2026-11-22T10:30:00+01:00`, or unix milliseconds `"1795000000000"`).
    */
   at?: Date | number | bigint | string;
+  /**
+   * Due at this local wall-clock time (`"2027-03-28T09:00"`, optionally `:SS` and a fraction,
+   * no offset) of `timezone`, instead of `delayMs` or `at`; resolved once, when scheduled, by
+   * the recurring schedules' rules: a time that does not exist (spring forward) is the end of
+   * the gap, one that happens twice (fall back) its first occurrence.
+   */
+  atLocal?: string;
+  /** The IANA time zone of `atLocal` (`"Europe/Berlin"`, case-insensitive); only with it. */
+  timezone?: string;
 }
 
 /**
@@ -182,13 +191,124 @@ export function parseAt(text: string): number {
   throw dueErr(`${JSON.stringify(t)} is neither RFC 3339 with an offset nor unix milliseconds`);
 }
 
+const localErr = (reason: string) => new InvalidInputError("invalid_local_time", `invalid at_local: ${reason}`);
+const zoneErr = (reason: string) => new InvalidInputError("invalid_timezone", `invalid timezone: ${reason}`);
+const LOCAL = /^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,9}))?)?$/;
+const WITH_OFFSET = /^(.*)(?:[Zz]|[+-]..:..)$/s;
+
+/** Unix ms of a date-time read as UTC (years 1..9999, unlike `Date.UTC` for years < 100). */
+function utcMs(y: number, mo: number, d: number, h: number, mi: number, s: number, ms: number): number {
+  const d0 = new Date(0);
+  d0.setUTCFullYear(y, mo - 1, d);
+  d0.setUTCHours(h, mi, s, ms);
+  return d0.getTime();
+}
+
+/** `atLocal` as unix ms read as UTC, by the Rust `When::parse_local` rules. */
+export function parseLocal(text: unknown): number {
+  if (typeof text !== "string") throw localErr(`must be a string, got ${typeof text}`);
+  const m = LOCAL.exec(text);
+  if (!m) {
+    const o = WITH_OFFSET.exec(text);
+    if (o && LOCAL.test(o[1] as string)) {
+      throw localErr(
+        `${rustDebug(text)} has a UTC offset: at_local is a wall-clock time in \`timezone\`, without one (or give due_at instead)`,
+      );
+    }
+    throw localErr(`${rustDebug(text)} is not a local date-time YYYY-MM-DDTHH:MM[:SS[.fff]]`);
+  }
+  const [y, mo, d, h, mi] = m.slice(1, 6).map(Number) as [number, number, number, number, number];
+  const s = Number(m[6] ?? "0");
+  const ms = Number((m[7] ?? "").slice(0, 3).padEnd(3, "0"));
+  if (y < 1 || mo < 1 || mo > 12 || d < 1 || d > daysIn(y, mo) || h > 23 || mi > 59 || s > 59) {
+    throw localErr(`${rustDebug(text)} is not a valid date and time`);
+  }
+  return utcMs(y, mo, d, h, mi, s, ms);
+}
+
+/** The IANA time zone `name` (case-insensitive, trimmed) as Intl names it, as the Rust client looks it up. */
+export function lookupTimezone(name: unknown): string {
+  if (typeof name === "string") {
+    const t = trimWhite(name);
+    // Intl also takes offsets (`+01:00`), which are not IANA names.
+    if (/^[A-Za-z]/.test(t)) {
+      try {
+        return new Intl.DateTimeFormat("en-US", { timeZone: t }).resolvedOptions().timeZone;
+      } catch {
+        // unknown: below
+      }
+    }
+  }
+  const shown = typeof name === "string" ? rustDebug(trimWhite(name)) : String(name);
+  throw zoneErr(`unknown time zone ${shown} (use an IANA name such as Europe/Berlin, America/New_York or UTC)`);
+}
+
+const formats = new Map<string, Intl.DateTimeFormat>();
+
+/** The UTC offset of `zone` at the instant `ms`, in ms. */
+function offsetAt(zone: string, ms: number): number {
+  let f = formats.get(zone);
+  if (!f) {
+    f = new Intl.DateTimeFormat("en-US", {
+      timeZone: zone,
+      hourCycle: "h23",
+      era: "short",
+      year: "numeric",
+      month: "numeric",
+      day: "numeric",
+      hour: "numeric",
+      minute: "numeric",
+      second: "numeric",
+    });
+    formats.set(zone, f);
+  }
+  const at = Math.floor(ms / 1000) * 1000;
+  const p: Record<string, string> = {};
+  for (const part of f.formatToParts(at)) p[part.type] = part.value;
+  let y = Number(p.year);
+  if (p.era === "BC" || p.era === "B") y = 1 - y;
+  return utcMs(y, Number(p.month), Number(p.day), Number(p.hour), Number(p.minute), Number(p.second), 0) - at;
+}
+
+/**
+ * The instant of the wall time `naive` (unix ms read as UTC) in `zone`, by the recurring
+ * schedules' rules: itself when it exists once, its first occurrence when it happens twice,
+ * the first instant after the gap when it does not exist.
+ */
+export function localToMs(naive: number, zone: string): number {
+  const day = 86_400_000;
+  const offs = [offsetAt(zone, naive - day), offsetAt(zone, naive + day)];
+  const valid = offs.map((o) => naive - o).filter((t) => offsetAt(zone, t) === naive - t);
+  if (valid.length > 0) return Math.min(...valid);
+  // In a gap: the transition lies between the wall time read with either offset; find its second.
+  let lo = Math.floor((naive - Math.max(...offs)) / 1000);
+  let hi = Math.ceil((naive - Math.min(...offs)) / 1000);
+  const offLo = offsetAt(zone, lo * 1000);
+  while (hi - lo > 1) {
+    const mid = Math.floor((lo + hi) / 2);
+    if (offsetAt(zone, mid * 1000) === offLo) lo = mid;
+    else hi = mid;
+  }
+  return hi * 1000;
+}
+
 /** The due time in unix ms of `w` given now, by the Rust `When::resolve` rules. */
 export function resolveWhen(w: When, nowMs: number): number {
   const hasDelay = w.delayMs !== undefined && w.delayMs !== null;
   const hasAt = w.at !== undefined && w.at !== null;
-  if (hasDelay === hasAt) throw dueErr("give exactly one of delayMs or at");
+  const hasLocal = w.atLocal !== undefined && w.atLocal !== null;
+  const hasZone = w.timezone !== undefined && w.timezone !== null;
+  if (hasLocal && (hasDelay || hasAt)) {
+    throw localErr("at_local is a due time of its own: give it without delay_ms or due_at");
+  }
+  if (hasLocal && !hasZone) throw zoneErr("missing: at_local needs the IANA time zone it is in (e.g. Europe/Berlin)");
+  if (hasZone && !hasLocal) throw zoneErr("given without at_local (a due_at carries its own offset)");
+  if (!hasLocal && hasDelay === hasAt) throw dueErr("give exactly one of delayMs, at or atLocal");
   let due: number;
-  if (hasDelay) {
+  if (hasLocal) {
+    const naive = parseLocal(w.atLocal);
+    due = localToMs(naive, lookupTimezone(w.timezone));
+  } else if (hasDelay) {
     const ms = typeof w.delayMs === "number" || typeof w.delayMs === "bigint" ? integer(w.delayMs) : null;
     if (ms === null) throw delayErr("must be an integer number of milliseconds");
     if (ms < 0) throw delayErr(`must not be negative, got ${ms} ms`);

@@ -307,6 +307,13 @@ fn parse_timezone(name: Option<&str>) -> Result<Tz, InvalidInput> {
     let Some(name) = name else {
         return Ok(Tz::UTC);
     };
+    lookup_timezone(name).map_err(|reason| invalid("timezone", reason))
+}
+
+/// The IANA time zone `name` (case-insensitive, surrounding whitespace ignored), or why it
+/// is unknown: the one lookup for recurring schedules and local due times
+/// ([`crate::engine::message::When::parse_local`]).
+pub(crate) fn lookup_timezone(name: &str) -> Result<Tz, String> {
     let name = name.trim();
     if let Ok(tz) = name.parse::<Tz>() {
         return Ok(tz);
@@ -316,12 +323,9 @@ fn parse_timezone(name: Option<&str>) -> Result<Tz, InvalidInput> {
         .copied()
         .find(|tz| !name.is_empty() && tz.name().eq_ignore_ascii_case(name))
         .ok_or_else(|| {
-            invalid(
-                "timezone",
-                format!(
-                    "unknown time zone {name:?} (use an IANA name such as Europe/Berlin, \
-                     America/New_York or UTC)"
-                ),
+            format!(
+                "unknown time zone {name:?} (use an IANA name such as Europe/Berlin, \
+                 America/New_York or UTC)"
             )
         })
 }
@@ -405,7 +409,7 @@ fn within_years(cron: &Cron, first: i32, last: i32) -> Option<Cron> {
 /// once, its earlier occurrence when it is repeated (fall-back), the first instant after
 /// the gap when it does not exist (spring-forward). `None` only at the edges of the time
 /// zone data.
-fn local_to_instant(tz: Tz, local: NaiveDateTime) -> Option<DateTime<Utc>> {
+pub(crate) fn local_to_instant(tz: Tz, local: NaiveDateTime) -> Option<DateTime<Utc>> {
     match tz.from_local_datetime(&local).earliest() {
         Some(instant) => Some(instant.with_timezone(&Utc)),
         None => GapInfo::new(&local, &tz)

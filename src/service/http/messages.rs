@@ -5,7 +5,7 @@ use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::engine::admin::history::OrderHistory;
 use crate::engine::error::InvalidInput;
-use crate::engine::message::{Mode, NewOrder, Payload, ScheduleOutcome, When};
+use crate::engine::message::{DueFields, Mode, NewOrder, Payload, ScheduleOutcome, When};
 use crate::engine::priority::Priority;
 use crate::engine::trace::TraceContext;
 use crate::service::admin;
@@ -39,6 +39,12 @@ struct MessageBody {
     delay_ms: Option<i64>,
     #[serde(default)]
     due_at: Option<Value>,
+    /// A local wall-clock time without offset, in `timezone` ([`DueFields`]).
+    #[serde(default)]
+    at_local: Option<String>,
+    /// The IANA time zone of `at_local`.
+    #[serde(default)]
+    timezone: Option<String>,
     /// Kept as the producer wrote it.
     #[serde(default)]
     payload: Option<Box<RawValue>>,
@@ -58,17 +64,27 @@ impl MessageBody {
     }
 
     fn when(&self) -> Result<When, InvalidInput> {
-        match (&self.delay_ms, &self.due_at) {
-            (Some(ms), None) => Ok(When::in_ms(*ms)),
-            (None, Some(Value::String(s))) => When::parse_at(s),
-            (None, Some(Value::Number(n))) => When::parse_at(&n.to_string()),
-            (None, Some(_)) => Err(InvalidInput::DueTime {
-                reason: "due_at must be an RFC 3339 string or unix milliseconds".into(),
-            }),
-            _ => Err(InvalidInput::DueTime {
-                reason: "give exactly one of delay_ms or due_at".into(),
-            }),
+        let number;
+        let due_at = match &self.due_at {
+            None => None,
+            Some(Value::String(s)) => Some(s.as_str()),
+            Some(Value::Number(n)) => {
+                number = n.to_string();
+                Some(number.as_str())
+            }
+            Some(_) => {
+                return Err(InvalidInput::DueTime {
+                    reason: "due_at must be an RFC 3339 string or unix milliseconds".into(),
+                });
+            }
+        };
+        DueFields {
+            delay_ms: self.delay_ms,
+            due_at,
+            at_local: self.at_local.as_deref(),
+            timezone: self.timezone.as_deref(),
         }
+        .when()
     }
 
     fn payload(&self) -> Payload {

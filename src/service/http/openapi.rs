@@ -126,12 +126,20 @@ fn schemas() -> Value {
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
         "group": {"type": "string"}}});
+    // A local wall-clock due time (issue 44): both or neither, instead of delay_ms/due_at.
+    let at_local = json!({"type": "string", "pattern": "^\\d{4}-\\d{2}-\\d{2}T\\d{2}:\\d{2}(:\\d{2}(\\.\\d{1,9})?)?$",
+        "example": "2027-03-28T09:00",
+        "description": "due at this local wall-clock time (no offset) in `timezone`, resolved once when scheduled: a time that does not exist (spring forward) is the end of the gap, one that happens twice (fall back) its first occurrence; the answer's due_at_ms is the resolved instant. Not with delay_ms or due_at (400 invalid_local_time, also for an offset or a malformed time)"});
+    let timezone = json!({"type": "string", "example": "Europe/Berlin",
+        "description": "the IANA time zone of at_local (case-insensitive), required with it and only with it (400 invalid_timezone, also for an unknown zone)"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
         "Message": {"type": "object", "additionalProperties": false, "properties": {
             "delay_ms": {"type": "integer", "minimum": 0},
             "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+            "at_local": at_local.clone(),
+            "timezone": timezone.clone(),
             "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
             "if_absent": {"type": "boolean"},
             "priority": priority()}},
@@ -139,6 +147,8 @@ fn schemas() -> Value {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
             "due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]},
+            "at_local": at_local,
+            "timezone": timezone,
             "payload": {},
             "priority": priority()}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {

@@ -117,7 +117,7 @@ Durability = Union[Leader, Replicated]
 @dataclasses.dataclass
 class Order:
     """One order of a batch: an id, exactly one of ``delay_ms`` / ``due_ms`` / ``delay`` /
-    ``at``, a payload (any JSON-serializable value, or :class:`RawJson` text) and a priority
+    ``at`` / ``at_local`` (with ``timezone``), a payload (any JSON-serializable value, or :class:`RawJson` text) and a priority
     level (``"high"``, ``"normal"``, the default, or ``"low"``; None is the default too)."""
 
     id: str
@@ -127,6 +127,10 @@ class Order:
     delay: Optional[_dt.timedelta] = None
     at: Optional[_dt.datetime] = None
     priority: Union[str, Priority, None] = Priority.NORMAL
+    #: A local wall-clock due time (``"2027-03-28T09:00"``, no offset) in ``timezone``
+    #: (an IANA name), instead of the fields above; resolved once, when scheduled.
+    at_local: Optional[str] = None
+    timezone: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +399,7 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             idb = rules.check_id(o.id)
             p = rules.to_payload(o.payload)
             rules.check_payload(p, max_payload)
-            due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at)
+            due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
         except InvalidInput as e:
             raise e.in_batch(i) from None
         out.append(Prepared(o.id, idb, due, p, levels[i]))

@@ -216,14 +216,30 @@ class Client:
         payload: Any = None,
         mode: Union[str, c.Mode] = c.Mode.UPSERT,
         priority: Union[str, c.Priority, None] = c.Priority.NORMAL,
+        at_local: Optional[str] = None,
+        timezone: Optional[str] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
-        ``at``). ``payload``: any JSON value, or :class:`RawJson` text kept byte for byte.
+        ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
+        offset) of the IANA zone ``timezone``, resolved once with the recurring schedules'
+        rules (a nonexistent time is the end of the gap, a repeated one its first
+        occurrence; ``invalid_local_time`` / ``invalid_timezone`` otherwise); the result's
+        ``due_at_ms`` is the resolved instant. ``payload``: any JSON value, or :class:`RawJson` text kept byte for byte.
         ``mode``: ``upsert`` (a known id gets the new due time, payload and priority) or
         ``if_absent`` (a known id is left untouched). ``priority``: ``"high"``,
         ``"normal"`` (the default) or ``"low"``; anything else is refused with
         ``invalid_priority`` before anything is sent."""
-        order = c.Order(id, delay_ms=delay_ms, due_ms=due_ms, payload=payload, delay=delay, at=at, priority=priority)
+        order = c.Order(
+            id,
+            delay_ms=delay_ms,
+            due_ms=due_ms,
+            payload=payload,
+            delay=delay,
+            at=at,
+            priority=priority,
+            at_local=at_local,
+            timezone=timezone,
+        )
         try:
             return self.schedule_many(queue, [order], mode=mode)[0]
         except InvalidInput as e:
@@ -407,14 +423,17 @@ class Client:
         delay: Optional[_dt.timedelta] = None,
         at: Optional[_dt.datetime] = None,
         priority: Union[str, c.Priority, None] = None,
+        at_local: Optional[str] = None,
+        timezone: Optional[str] = None,
     ) -> c.RescheduleOutcome:
-        """Moves a scheduled order to a new due time, keeping its payload. ``priority``
+        """Moves a scheduled order to a new due time (``at_local`` with ``timezone`` as in
+        :meth:`schedule`), keeping its payload. ``priority``
         given (``"high"``, ``"normal"`` or ``"low"``): the order gets that level too, in the
         same atomic step; None (the default): it keeps its level."""
         level = None if priority is None else rules.check_priority(priority)
         rules.check_queue(queue)
         rules.check_id(id)
-        due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at)
+        due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
         due, _, levels = self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:

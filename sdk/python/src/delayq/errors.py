@@ -30,7 +30,7 @@ class InvalidInput(DelayqError, ValueError):
 
     ``code`` is one of ``invalid_queue``, ``invalid_namespace``, ``invalid_id``,
     ``invalid_payload``, ``payload_too_large``, ``invalid_delay``, ``invalid_due_time``,
-    ``invalid_priority``, ``batch_too_large``, ``invalid_option``, ``invalid_redis_url``
+    ``invalid_priority``, ``invalid_timezone``, ``invalid_local_time``, ``batch_too_large``, ``invalid_option``, ``invalid_redis_url``
     (``InvalidInput::code()`` in src/error.rs). In a batch, ``index`` is the position of
     the invalid order.
     """

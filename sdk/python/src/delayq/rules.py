@@ -355,21 +355,117 @@ def _int(v: Any, code: str, what: str) -> int:
     return v
 
 
+_LOCAL = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,9}))?)?")
+_WITH_OFFSET = re.compile(r"(.*)(?:[Zz]|[+-]..:..)", re.S)
+_ZONES: Optional[dict] = None
+
+
+def _bad_local(reason: str) -> InvalidInput:
+    return InvalidInput("invalid_local_time", f"invalid at_local: {reason}")
+
+
+def parse_local(at_local: Any) -> _dt.datetime:
+    """``at_local`` as a naive datetime, as ``When::parse_local`` reads it:
+    ``YYYY-MM-DDTHH:MM``, optionally ``:SS`` and a fraction (cut to milliseconds), no
+    offset."""
+    if not isinstance(at_local, str):
+        raise _bad_local(f"must be a string, got {type(at_local).__name__}")
+    m = _LOCAL.fullmatch(at_local)
+    if m is None:
+        o = _WITH_OFFSET.fullmatch(at_local)
+        if o is not None and _LOCAL.fullmatch(o.group(1)):
+            raise _bad_local(
+                f"{rust_debug(at_local)} has a UTC offset: at_local is a wall-clock time in `timezone`, "
+                "without one (or give due_at instead)"
+            )
+        raise _bad_local(f"{rust_debug(at_local)} is not a local date-time YYYY-MM-DDTHH:MM[:SS[.fff]]")
+    y, mo, d, h, mi, sec, frac = m.groups()
+    try:
+        ms = int((frac or "0")[:3].ljust(3, "0"))
+        return _dt.datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec or 0), ms * 1000)
+    except ValueError:
+        raise _bad_local(f"{rust_debug(at_local)} is not a valid date and time") from None
+
+
+def lookup_timezone(name: Any) -> Any:
+    """The IANA time zone ``name`` (case-insensitive, surrounding whitespace ignored), as
+    the Rust client looks it up; ``invalid_timezone`` otherwise."""
+    import zoneinfo
+
+    global _ZONES
+    if isinstance(name, str):
+        key = name.strip()
+        if _ZONES is None:
+            _ZONES = {z.lower(): z for z in zoneinfo.available_timezones()}
+            _ZONES.setdefault("utc", "UTC")
+        canonical = _ZONES.get(key.lower())
+        if canonical is not None:
+            return zoneinfo.ZoneInfo(canonical)
+    shown = rust_debug(name.strip()) if isinstance(name, str) else repr(name)
+    raise InvalidInput(
+        "invalid_timezone",
+        f"invalid timezone: unknown time zone {shown} (use an IANA name such as Europe/Berlin, "
+        "America/New_York or UTC)",
+    )
+
+
+def local_to_ms(local: _dt.datetime, zone: Any) -> int:
+    """The instant of the wall time ``local`` in ``zone``, by the recurring schedules'
+    rules: itself when it exists once, its first occurrence when it happens twice (fall
+    back), the first instant after the gap when it does not exist (spring forward)."""
+    first = local.replace(tzinfo=zone, fold=0)
+    utc = first.astimezone(_dt.timezone.utc)
+    if utc.astimezone(zone).replace(tzinfo=None) == local:
+        return (utc - _EPOCH) // _MS
+    # In a gap: the transition lies between the wall time read with the offset after it
+    # and with the one before it; find its second.
+    naive_s = (local.replace(tzinfo=_dt.timezone.utc) - _EPOCH) // _dt.timedelta(seconds=1)
+    before = first.utcoffset() // _dt.timedelta(seconds=1)
+    after = local.replace(tzinfo=zone, fold=1).utcoffset() // _dt.timedelta(seconds=1)
+    lo, hi = naive_s - max(before, after), naive_s - min(before, after)
+    off_lo = _dt.datetime.fromtimestamp(lo, zone).utcoffset()
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _dt.datetime.fromtimestamp(mid, zone).utcoffset() == off_lo:
+            lo = mid
+        else:
+            hi = mid
+    return hi * 1000
+
+
 def resolve_due(
     now_ms: int,
     delay_ms: Optional[int] = None,
     due_ms: Optional[int] = None,
     delay: Optional[_dt.timedelta] = None,
     at: Optional[_dt.datetime] = None,
+    at_local: Optional[str] = None,
+    timezone: Optional[str] = None,
 ) -> int:
     """The due time in unix ms from exactly one of ``delay_ms``, ``due_ms``, ``delay``
-    (a ``timedelta``) or ``at`` (an aware ``datetime``), as ``When::resolve`` does:
+    (a ``timedelta``), ``at`` (an aware ``datetime``) or ``at_local`` with ``timezone``
+    (a local wall-clock time and its IANA zone), as ``When::resolve`` does:
     delays 0..=3,653 days; due times from 1970 to now + 3,653 days (the past is allowed),
     ``due_ms`` from the year 2000 (a smaller number is seconds by mistake)."""
     given = [x is not None for x in (delay_ms, due_ms, delay, at)]
-    if sum(given) != 1:
-        raise InvalidInput("invalid_due_time", "invalid due time: give exactly one of delay_ms, due_ms, delay or at")
-    if delay is not None or delay_ms is not None:
+    if at_local is not None and any(given):
+        raise _bad_local("at_local is a due time of its own: give it without delay_ms or due_at")
+    if at_local is not None and timezone is None:
+        raise InvalidInput(
+            "invalid_timezone",
+            "invalid timezone: missing: at_local needs the IANA time zone it is in (e.g. Europe/Berlin)",
+        )
+    if timezone is not None and at_local is None:
+        raise InvalidInput(
+            "invalid_timezone", "invalid timezone: given without at_local (a due_at carries its own offset)"
+        )
+    if at_local is not None:
+        due = local_to_ms(parse_local(at_local), lookup_timezone(timezone))
+    elif sum(given) != 1:
+        raise InvalidInput(
+            "invalid_due_time", "invalid due time: give exactly one of delay_ms, due_ms, delay, at or at_local"
+        )
+    elif delay is not None or delay_ms is not None:
         if delay is not None:
             if not isinstance(delay, _dt.timedelta):
                 raise InvalidInput("invalid_delay", f"invalid delay: must be a timedelta, got {type(delay).__name__}")
