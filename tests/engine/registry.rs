@@ -699,3 +699,134 @@ async fn the_wake_registry_forgets_deleted_queues() {
     stop.cancel();
     sup.await.unwrap().unwrap();
 }
+
+/// Waits until `rec` has delivered order `id` of `queue`.
+async fn delivered(rec: &Recorder, queue: &str, id: &str, within: Duration) {
+    let (rec, q, i) = (rec.clone(), queue.to_owned(), id.to_owned());
+    wait_for(&format!("{queue}/{id} delivered"), within, move || {
+        let got = rec.deliveries().iter().any(|d| d.queue == q && d.id == i);
+        async move { got }
+    })
+    .await;
+}
+
+/// Issue 39: a force delete of one queue of a running MultiWorker (the most urgent one, so a
+/// waiting reader holding its place at the gate would starve the other) never stops it: the
+/// other queue is delivered throughout, and the deleted queue's orders are delivered again
+/// once it is created again (even with an order dispatched into its new stream before the
+/// worker looks, which a "group deleted on purpose" check would refuse).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_keeps_running_across_a_force_delete_of_its_queue() {
+    let (_s, client) = start().await;
+    let stop = CancellationToken::new();
+    let sup = Supervisor::new(&client, SupervisorOptions::default()).unwrap();
+    let sup = tokio::spawn(sup.run(stop.clone()));
+    let rec = Recorder::default();
+    let opts = WorkerOptions::default().block(Duration::from_millis(200));
+    let seen = rec.seen.clone();
+    let handler = move |d: delayq::Delivery| {
+        seen.lock().unwrap().push(d);
+        std::future::ready(Ok::<(), delayq::HandlerError>(()))
+    };
+    let w = delayq::MultiWorker::new(
+        &client,
+        &["eph", "keep"],
+        "g",
+        handler,
+        opts.clone(),
+        delayq::PriorityMode::Strict,
+    )
+    .unwrap();
+    let multi = tokio::spawn(w.run(stop.clone()));
+    // A worker of its own on the same queue, in another group.
+    let single_rec = Recorder::default();
+    let single = Worker::new(&client, "eph", "solo", single_rec.handler(), opts).unwrap();
+    let single = tokio::spawn(single.run(stop.clone()));
+    let within = Duration::from_secs(30);
+    for q in ["eph", "keep"] {
+        wait_for(&format!("{q} registered"), within, || {
+            let c = client.clone();
+            async move {
+                c.schedule(q, &format!("{q}-1"), Duration::ZERO, json!({}))
+                    .await
+                    .is_ok()
+            }
+        })
+        .await;
+        delivered(&rec, q, &format!("{q}-1"), within).await;
+    }
+    delivered(&single_rec, "eph", "eph-1", within).await;
+
+    client.admin().delete_queue("eph", true).await.unwrap();
+    client
+        .schedule("keep", "keep-2", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered(&rec, "keep", "keep-2", within).await;
+
+    client.admin().create_queue("eph", 1).await.unwrap();
+    client
+        .schedule("eph", "eph-2", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered(&rec, "eph", "eph-2", within).await;
+    delivered(&single_rec, "eph", "eph-2", within).await;
+    client
+        .schedule("keep", "keep-3", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered(&rec, "keep", "keep-3", within).await;
+    assert!(!multi.is_finished() && !single.is_finished());
+    stop.cancel();
+    multi.await.unwrap().unwrap();
+    single.await.unwrap().unwrap();
+    sup.await.unwrap().unwrap();
+    // Each order once per group: nothing of the deleted queue came back.
+    let counts = rec.counts();
+    for id in ["eph-1", "eph-2", "keep-1", "keep-2", "keep-3"] {
+        assert_eq!(counts.get(id), Some(&1), "{id}: {counts:?}");
+    }
+    assert_eq!(rec.len(), 5);
+}
+
+/// Issue 39: a worker starting on a queue deleted under it (here: its client still holds the
+/// queue's record from before the delete, so registering looks done and joining finds no
+/// queue) registers it again, as a starting worker does, instead of failing.
+#[tokio::test]
+async fn a_worker_starting_on_a_queue_deleted_under_it_registers_it_again() {
+    let (s, client) = start().await;
+    client
+        .schedule("eph", "before", Duration::from_secs(3600), json!({}))
+        .await
+        .unwrap_err(); // not registered yet
+    client.admin().create_queue("eph", 1).await.unwrap();
+    // The worker's client learns the queue's record...
+    client
+        .schedule("eph", "before", Duration::from_secs(3600), json!({}))
+        .await
+        .unwrap();
+    // ...and another process deletes it.
+    let other = delayq::Client::connect(&s.url()).await.unwrap();
+    other.admin().delete_queue("eph", true).await.unwrap();
+    let rec = Recorder::default();
+    let stop = CancellationToken::new();
+    let w = Worker::new(&client, "eph", "g", rec.handler(), WorkerOptions::default()).unwrap();
+    let worker = tokio::spawn(w.run(stop.clone()));
+    let within = Duration::from_secs(30);
+    wait_for("eph registered again", within, || {
+        let c = other.clone();
+        async move {
+            c.schedule("eph", "after", Duration::ZERO, json!({}))
+                .await
+                .is_ok()
+        }
+    })
+    .await;
+    let d = Dispatcher::for_registered(&other, "eph", 1, DispatcherOptions::default()).unwrap();
+    d.drain().await.unwrap();
+    rec.wait_len(1, within).await;
+    assert!(!worker.is_finished());
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+    assert_eq!(rec.deliveries()[0].id, "after");
+}

@@ -1045,3 +1045,107 @@ async fn the_safety_sweep_dispatches_only_the_selected_queues() {
         assert!(child.wait().unwrap().success());
     }
 }
+
+/// Issue 39: force-deleting one of the two queues a serve's webhook handler consumes never
+/// stops that serve: the other queue is delivered throughout, the deleted one again once it
+/// is created again, `/readyz` stays 200, and SIGTERM still exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serve_keeps_delivering_across_a_force_delete_of_a_consumed_queue() {
+    let redis = delayq::LocalRedis::start().unwrap();
+    let p = Partner::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = listener.local_addr().unwrap().port();
+    let app = axum::Router::new()
+        .route("/close", post(partner))
+        .with_state(p.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let api_port = free_port();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("delayq.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+redis_url = "{}"
+[http]
+listen = "127.0.0.1:{api_port}"
+[[handlers]]
+queues = ["eph", "keep"]
+group = "close"
+kind = "webhook"
+url = "http://127.0.0.1:{hook_port}/close"
+"#,
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let log = dir.path().join("serve.log");
+    let mut child = spawn_serve(&cfg, log.clone());
+    let client = delayq::Client::connect(&redis.url()).await.unwrap();
+    let within = Duration::from_secs(60);
+    let delivered = |id: &'static str| {
+        let p = p.clone();
+        async move {
+            wait_for(&format!("{id} delivered"), within, move || {
+                let got = p.ids.lock().unwrap().contains(id);
+                async move { got }
+            })
+            .await;
+        }
+    };
+    for (q, id) in [("eph", "e1"), ("keep", "k1")] {
+        wait_for(&format!("{q} registered"), within, || {
+            let c = client.clone();
+            async move { c.schedule(q, id, Duration::ZERO, json!({})).await.is_ok() }
+        })
+        .await;
+        delivered(id).await;
+    }
+
+    client.admin().delete_queue("eph", true).await.unwrap();
+    client
+        .schedule("keep", "k2", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered("k2").await;
+    client.admin().create_queue("eph", 1).await.unwrap();
+    client
+        .schedule("eph", "e2", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered("e2").await;
+    client
+        .schedule("keep", "k3", Duration::ZERO, json!({}))
+        .await
+        .unwrap();
+    delivered("k3").await;
+
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "serve stopped: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let ready = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{api_port}/readyz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status.success(),
+        "{status}: {}",
+        std::fs::read_to_string(&log).unwrap()
+    );
+}

@@ -34,10 +34,10 @@ pub use multi::{MAX_QUEUES_PER_HANDLER, MultiWorker, check_queues};
 pub use options::WorkerOptions;
 
 use crate::engine::client::Client;
-use crate::engine::error::Result;
+use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::engine::priority::Priority;
-use crate::engine::retry::until_ok;
+use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use entry::default_consumer_name;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
@@ -80,6 +80,10 @@ struct Shared<H> {
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
     taken: Arc<Semaphore>,
+    /// The epoch of the queue this worker joined (read when it joined): a read that finds
+    /// no group in a queue of another epoch means the queue was deleted and created again,
+    /// not that the group was deleted.
+    epoch: std::sync::Mutex<Option<String>>,
     /// For one queue of a [`MultiWorker`]: the gate its readers pass before each read, and
     /// the queue's rank (0 = most urgent).
     gate: Option<(Arc<multi::Gate>, usize)>,
@@ -97,6 +101,39 @@ impl<H> Shared<H> {
     /// The keys of shard `shard`'s lane of level `p`.
     fn lane(&self, shard: u16, p: Priority) -> &ShardKeys {
         &self.lanes[usize::from(lane_index(shard, p))]
+    }
+
+    /// Reads the queue's epoch afresh and keeps it as the one this worker joined.
+    async fn remember_epoch(&self) {
+        self.client.forget(&self.queue);
+        let epoch = match self.client.lookup(&self.queue).await {
+            Ok(r) => r.map(|r| r.epoch),
+            Err(e) => {
+                tracing::debug!(queue = %self.queue, error = %e, "reading the queue's epoch failed");
+                None
+            }
+        };
+        *self.epoch_lock() = epoch;
+    }
+
+    /// Whether the queue is gone, or is not the one this worker joined (deleted and created
+    /// again since): read afresh. False when it cannot be told (Redis failing).
+    async fn queue_replaced(&self) -> bool {
+        self.client.forget(&self.queue);
+        match self.client.lookup(&self.queue).await {
+            Ok(None) => true,
+            Ok(Some(r)) => self
+                .epoch_lock()
+                .as_ref()
+                .is_some_and(|joined| *joined != r.epoch),
+            Err(_) => false,
+        }
+    }
+
+    fn epoch_lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.epoch
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The group's metric handles.
@@ -154,6 +191,7 @@ impl<H: Handler> Worker<H> {
                 leases: Arc::default(),
                 stopping: CancellationToken::new(),
                 pause,
+                epoch: std::sync::Mutex::new(None),
                 gate: None,
             }),
         })
@@ -211,12 +249,7 @@ impl<H: Handler> Worker<H> {
         let s = self.shared;
         // Registered now, after the application installed its metrics recorder.
         let _ = s.metrics();
-        let started = until_ok("starting the worker", &cancel, || async {
-            s.client.register(&s.queue).await?;
-            ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await
-        })
-        .await?;
-        if started.is_none() {
+        if !start(&s, &cancel).await? {
             return Ok(());
         }
         tracing::info!(queue = %s.queue, group = %s.group, consumer = %s.consumer, "worker started");
@@ -261,6 +294,83 @@ impl<H: Handler> Worker<H> {
         tracing::info!(queue = %s.queue, group = %s.group, "worker stopped");
         Ok(())
     }
+}
+
+/// Registers the queue and joins the group (retrying Redis failures). A queue deleted
+/// between the two (or one this client still believed in) is registered again, as a
+/// starting worker does: a delete racing the start never stops the worker. False when
+/// `cancel` fired first.
+async fn start<H>(s: &Shared<H>, cancel: &CancellationToken) -> Result<bool> {
+    let mut pacer = Pacer::new(RetryPolicy::LOOP);
+    loop {
+        let started = until_ok("starting the worker", cancel, || async {
+            s.client.register(&s.queue).await?;
+            ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await
+        })
+        .await;
+        match started {
+            Ok(Some(())) => {
+                s.remember_epoch().await;
+                return Ok(true);
+            }
+            Ok(None) => return Ok(false),
+            Err(e @ Error::QueueNotFound { .. }) => {
+                tracing::warn!(queue = %s.queue, group = %s.group, error = %e,
+                    retry_in = ?pacer.next_delay(), "the queue was deleted while the worker started; registering it again");
+                s.client.forget(&s.queue);
+                if !pacer.wait(Some(cancel)).await {
+                    return Ok(false);
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The worker's queue was deleted (a read found neither its group nor the queue): stops
+/// reading it and waits, polling the registry with a bounded backoff (at most
+/// [`RetryPolicy::LOOP`]'s ceiling between looks) and observing `cancel`, until the queue
+/// exists again with this worker's shard count; then joins the group (created from the
+/// start of the new, empty queue's streams). Logs one warning when the wait starts and one
+/// line when it ends. False when `cancel` fired first.
+async fn wait_for_queue<H>(s: &Shared<H>, cancel: &CancellationToken) -> bool {
+    tracing::warn!(queue = %s.queue, group = %s.group,
+        "the queue was deleted: this worker stops reading it until it is created again");
+    let mut pacer = Pacer::new(RetryPolicy::LOOP);
+    let shards = s.client.options().shards;
+    let mut mismatch_told = false;
+    let back = loop {
+        s.client.forget(&s.queue);
+        match s.client.lookup(&s.queue).await {
+            Ok(Some(r)) if r.shards == shards => {
+                match ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await {
+                    Ok(()) => {
+                        *s.epoch_lock() = Some(r.epoch);
+                        break true;
+                    }
+                    // Deleted again meanwhile: keep waiting.
+                    Err(Error::QueueNotFound { .. }) => {}
+                    Err(e) => tracing::debug!(queue = %s.queue, group = %s.group, error = %e,
+                        "joining the re-created queue failed; retrying"),
+                }
+            }
+            Ok(Some(r)) => {
+                if !std::mem::replace(&mut mismatch_told, true) {
+                    tracing::warn!(queue = %s.queue, group = %s.group, existing = r.shards, wanted = shards,
+                        "the queue was created again with another shard count: this worker keeps waiting");
+                }
+            }
+            Ok(None) => {}
+            Err(e) => tracing::debug!(queue = %s.queue, error = %e, "looking the queue up failed"),
+        }
+        if !pacer.wait(Some(cancel)).await {
+            break false;
+        }
+    };
+    if back {
+        tracing::info!(queue = %s.queue, group = %s.group, "the queue exists again: the worker goes on reading it");
+    }
+    back
 }
 
 /// Says this consumer is alive every [`HEARTBEAT_EVERY`](crate::engine::client::HEARTBEAT_EVERY)

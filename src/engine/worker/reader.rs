@@ -93,6 +93,15 @@ pub(super) async fn reader_loop<H: Handler>(
         {
             tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "refunding rate-limit permits failed");
         }
+        if std::mem::take(&mut r.gone) {
+            // The queue was deleted: read nothing, hold nothing back, until it is created
+            // again; then read its new streams from the start.
+            drop(permits);
+            backlog.set(false);
+            if super::wait_for_queue(&s, &cancel).await {
+                r.restart();
+            }
+        }
     }
     tasks
 }
@@ -201,6 +210,8 @@ struct Reader<'a, H> {
     rotation: Rotation,
     /// The last read found the group paused.
     paused: bool,
+    /// The last read found the queue deleted.
+    gone: bool,
     pacer: Pacer,
 }
 
@@ -225,8 +236,22 @@ impl<'a, H: Handler> Reader<'a, H> {
             rotate: 0,
             rotation: Rotation::default(),
             paused: false,
+            gone: false,
             pacer: Pacer::new(RetryPolicy::LOOP),
         }
+    }
+
+    /// Forgets what it knew of the lanes (their queue was deleted and created again): reads
+    /// every lane, and waits for entries from the start of each stream.
+    fn restart(&mut self) {
+        self.to_read = self.all();
+        self.live = self
+            .lanes
+            .iter()
+            .map(|k| k.level == Priority::Normal)
+            .collect();
+        self.last_ids = vec!["0-0".to_owned(); self.lanes.len()];
+        self.pacer.reset();
     }
 
     fn all(&self) -> Vec<usize> {
@@ -413,6 +438,13 @@ impl<'a, H: Handler> Reader<'a, H> {
     }
 
     async fn read_failed(&mut self, e: Error, nothing_read: bool, cancel: &CancellationToken) {
+        if is_nogroup(&e) && self.s.queue_replaced().await {
+            // The queue was deleted (and maybe created again): the reader loop waits
+            // (holding no permit and no place at a MultiWorker's gate) until it exists,
+            // then joins the new queue's group.
+            self.gone = true;
+            return;
+        }
         if is_nogroup(&e) {
             // Created again only where the stream is gone too; a group deleted on purpose
             // (or a deleted queue) stops this worker instead of redelivering everything.
@@ -432,6 +464,12 @@ impl<'a, H: Handler> Reader<'a, H> {
                     tracing::error!(queue = %self.s.queue, group = %self.s.group, error = %e, "the worker stops");
                     telemetry::worker_stopped(self.s.queue.as_str(), &self.s.group);
                     cancel.cancel();
+                    return;
+                }
+                Err(Error::QueueNotFound { .. }) => {
+                    // The queue was deleted: the reader loop waits (holding no permit and
+                    // no place at a MultiWorker's gate) until it exists again.
+                    self.gone = true;
                     return;
                 }
                 Err(e) => tracing::warn!(queue = %self.s.queue, group = %self.s.group, error = %e,
