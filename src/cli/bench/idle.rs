@@ -142,6 +142,19 @@ pub(super) async fn idle(
     let (cmds, cpu, stats0, stats1, took) = measured?;
     let scripts = measure::stat_delta(&stats0, &stats1, "evalsha").0
         + measure::stat_delta(&stats0, &stats1, "evalsha_ro").0;
+    // The busiest commands, per second.
+    let mut busiest: Vec<(String, f64)> = stats1
+        .keys()
+        .map(|k| (k.clone(), measure::stat_delta(&stats0, &stats1, k).0 / took))
+        .filter(|(_, per_s)| *per_s > 0.0)
+        .collect();
+    busiest.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let busiest = busiest
+        .iter()
+        .take(5)
+        .map(|(k, per_s)| format!("{k} {per_s:.0}/s"))
+        .collect::<Vec<_>>()
+        .join(", ");
     // The measurement's own INFO calls (three before, two after the first reading) are
     // taken out.
     let cmds = cmds - 3.0;
@@ -152,7 +165,8 @@ pub(super) async fn idle(
         redis_cpu_ms_per_s: Some(cpu * 1e3 / took),
         notes: format!(
             "{} queue(s) x {} shard(s) x {} delayq serve process(es) (default settings), \
-             nothing due, over {took:.1} s: {:.0} script calls/s, Redis CPU {:.2}% of one core",
+             nothing due, over {took:.1} s: {:.0} script calls/s, Redis CPU {:.2}% of one core; \
+             busiest: {busiest}",
             opts.queues,
             opts.shards,
             opts.processes,
