@@ -161,9 +161,13 @@ pub enum Command {
     /// redis-server when none is reachable).
     Bench {
         /// Scenarios, comma separated: spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle
-        /// (idle: `--orders` declared queues, nothing due, for `--window`), schedules
-        /// (`--orders` recurring schedules ticking every minute, for `--window`), scripts
-        /// (each hot-path script's Redis time per call at 1, 10, 100 and 1,000 orders).
+        /// (idle: `--queues` queues of `--shards` shards, nothing due, `--processes` serve
+        /// processes, for `--window`), schedules (`--orders` recurring schedules ticking every
+        /// minute, for `--window`), scripts (each hot-path script's Redis time per call at 1,
+        /// 10, 100 and 1,000 orders), seed and seed-storm (the seed posts' design: Lua
+        /// enqueue, a poller into a stream, a consumer group; with spread or storm in the same
+        /// run, a line with the ratio of Redis CPU per order), cross (orders scheduled by
+        /// another process by raw EVALSHA, due 10-200 ms ahead: lateness).
         #[arg(long, default_value = "spread")]
         scenario: String,
         /// Orders per scenario.
@@ -181,9 +185,16 @@ pub enum Command {
         /// Payload size, bytes.
         #[arg(long, default_value_t = 150)]
         payload_bytes: usize,
-        /// Shards per queue.
+        /// Shards per queue (default 1; idle: 4).
+        #[arg(long)]
+        shards: Option<u16>,
+        /// idle: queues declared (default 100).
+        #[arg(long, default_value_t = 100)]
+        queues: usize,
+        /// idle: `delayq serve` processes started (0: the supervisor and maintenance run in
+        /// the bench process).
         #[arg(long, default_value_t = 1)]
-        shards: u16,
+        processes: usize,
         /// A rate limit for the bench's handler group (e.g. 1000000/s), to measure its cost.
         #[arg(long)]
         rate_limit: Option<String>,

@@ -518,6 +518,159 @@ async fn bench_reports_every_field_and_loses_nothing() {
     assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
 }
 
+/// The bench's JSON lines, parsed.
+fn bench_lines(o: &Out) -> Vec<Value> {
+    assert_eq!(o.code, 0, "{}", o.stderr);
+    o.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn bench_seed_runs_the_seed_design_moves_every_order_and_prints_the_ratio() {
+    let (s, client) = start().await;
+    let o = run(
+        &s.url(),
+        &[
+            "bench",
+            "--scenario",
+            "spread,seed,seed-storm",
+            "--orders",
+            "600",
+            "--lead",
+            "1s",
+            "--window",
+            "1s",
+            "--json",
+        ],
+    );
+    let lines = bench_lines(&o);
+    let names: Vec<&str> = lines
+        .iter()
+        .map(|l| l["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["spread", "seed", "seed-storm", "spread/seed"]);
+    for l in &lines[1..3] {
+        // Every order moved and read once, nothing left in the ZSET, the HASH or pending.
+        assert_eq!(
+            (
+                l["n"].clone(),
+                l["handled"].clone(),
+                l["duplicates"].clone(),
+                l["missing"].clone(),
+                l["timed_out"].clone()
+            ),
+            (json!(600), json!(600), json!(0), json!(0), json!(false)),
+            "{l}"
+        );
+        let notes = l["notes"].as_str().unwrap();
+        assert!(
+            notes.contains("left behind: 0 due, 0 payloads, 0 unacknowledged"),
+            "{notes}"
+        );
+        // One enqueue call per order, plus the poller's calls.
+        assert!(l["script_calls_per_order"].as_f64().unwrap() > 1.0, "{l}");
+        assert!(l["redis_cpu_us_per_order"].as_f64().unwrap() > 0.0, "{l}");
+    }
+    assert!(lines[2]["drain_rate"].as_f64().unwrap() > 0.0);
+    assert!(lines[1]["drain_rate"].is_null());
+    // The ratio is the two reports' Redis CPU per order.
+    let ratio = lines[3]["cpu_ratio"].as_f64().unwrap();
+    let expected = lines[0]["redis_cpu_us_per_order"].as_f64().unwrap()
+        / lines[1]["redis_cpu_us_per_order"].as_f64().unwrap();
+    assert!((ratio - expected).abs() < 1e-9, "{ratio} vs {expected}");
+    let left: Vec<String> = support::raw(&client, &["KEYS", "*"]).await;
+    assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
+}
+
+#[tokio::test]
+async fn bench_idle_runs_serve_processes_measures_them_and_stops_them() {
+    let (s, client) = start().await;
+    let clients = |c: delayq::Client| async move {
+        let list: String = support::raw(&c, &["CLIENT", "LIST"]).await;
+        list.lines().count()
+    };
+    let before = clients(client.clone()).await;
+    let o = run(
+        &s.url(),
+        &[
+            "bench",
+            "--scenario",
+            "idle",
+            "--queues",
+            "3",
+            "--shards",
+            "2",
+            "--processes",
+            "2",
+            "--window",
+            "1s",
+            "--json",
+        ],
+    );
+    let lines = bench_lines(&o);
+    assert_eq!(lines.len(), 1);
+    let l = &lines[0];
+    assert_eq!(l["scenario"], json!("idle"));
+    assert_eq!(l["n"], json!(3));
+    let notes = l["notes"].as_str().unwrap();
+    assert!(
+        notes.contains("3 queue(s) x 2 shard(s) x 2 delayq serve process(es)"),
+        "{notes}"
+    );
+    // Two serves polling six shards: Redis saw their calls.
+    assert!(l["commands_per_s"].as_f64().unwrap() > 0.0, "{l}");
+    assert!(l["redis_cpu_ms_per_s"].as_f64().unwrap() > 0.0, "{l}");
+    // The serves were stopped: only this test's connections are left, and no keys.
+    wait_for("the serves to disconnect", Duration::from_secs(30), || {
+        let c = client.clone();
+        async move { clients(c).await == before }
+    })
+    .await;
+    let left: Vec<String> = support::raw(&client, &["KEYS", "*"]).await;
+    assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
+}
+
+#[tokio::test]
+async fn bench_cross_schedules_from_another_process_and_every_order_arrives_once() {
+    let (s, client) = start().await;
+    let o = run(
+        &s.url(),
+        &[
+            "bench",
+            "--scenario",
+            "cross",
+            "--orders",
+            "60",
+            "--window",
+            "1s",
+            "--json",
+        ],
+    );
+    let lines = bench_lines(&o);
+    assert_eq!(lines.len(), 1);
+    let l = &lines[0];
+    assert_eq!(l["scenario"], json!("cross"));
+    assert_eq!(
+        (
+            l["handled"].clone(),
+            l["duplicates"].clone(),
+            l["missing"].clone(),
+            l["timed_out"].clone()
+        ),
+        (json!(60), json!(0), json!(0), json!(false)),
+        "{l}"
+    );
+    // Lateness is measured against the due times the producer chose.
+    for k in ["late_min_ms", "late_p50_ms", "late_p99_ms", "late_max_ms"] {
+        assert!(l[k].is_number(), "{k}: {l}");
+    }
+    assert!(l["late_max_ms"].as_f64().unwrap() >= l["late_p99_ms"].as_f64().unwrap());
+    let left: Vec<String> = support::raw(&client, &["KEYS", "*"]).await;
+    assert_eq!(support::data_keys(&client).await, 0, "{left:?}");
+}
+
 #[tokio::test]
 async fn queues_are_created_listed_and_deleted_and_every_verb_sees_every_shard() {
     let (s, client) = start().await;

@@ -19,12 +19,12 @@ fn spawn_supervisor(
     Ok(tokio::spawn(sup.run(stop.clone())))
 }
 
-/// `idle`: `opts.orders` queues declared, nothing due, the supervisor and the maintenance
+/// `idle` with `--processes 0`: `opts.queues` queues declared, nothing due, the supervisor and the maintenance
 /// services running for `opts.window` (after one second to settle): Redis commands and CPU
 /// per second.
 pub(super) async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
     use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
-    for i in 0..opts.orders.saturating_sub(1) {
+    for i in 0..opts.queues.saturating_sub(1) {
         client
             .admin()
             .create_queue(&format!("idle-{i}"), opts.shards)
@@ -47,13 +47,13 @@ pub(super) async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result
     hk.await??;
     Ok(BenchReport {
         scenario: "idle".into(),
-        n: opts.orders,
+        n: opts.queues,
         // Two INFO calls of the measurement itself are subtracted.
         commands_per_s: Some((cmds1 - cmds0 - 2.0) / took),
         redis_cpu_ms_per_s: Some((cpu1 - cpu0) * 1e3 / took),
         notes: format!(
-            "{} queue(s) of {} shard(s), nothing due, supervisor + maintenance services for {:.1} s",
-            opts.orders, opts.shards, took
+            "{} queue(s) of {} shard(s), nothing due, supervisor + maintenance services in the bench process for {:.1} s",
+            opts.queues, opts.shards, took
         ),
         ..Default::default()
     })

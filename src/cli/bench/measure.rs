@@ -74,6 +74,9 @@ pub struct BenchReport {
     pub commands_per_s: Option<f64>,
     /// Idle: Redis CPU (user + sys) per second of wall time, ms.
     pub redis_cpu_ms_per_s: Option<f64>,
+    /// A ratio line (`spread/seed`, `storm/seed-storm`): delayq's Redis CPU per order over
+    /// the seed design's, in the same run.
+    pub cpu_ratio: Option<f64>,
     /// True when not every order was handled in time.
     pub timed_out: bool,
     /// Free text: what was measured and how.

@@ -21,9 +21,17 @@
 //! - `schedules`: N recurring schedules ticking every minute (`--orders` is the schedule
 //!   count), with a scheduler and the supervisor: Redis commands and CPU per second and per
 //!   tick.
-//! - `idle`: N declared queues (`--orders` is the queue count) and nothing due, for
-//!   `window`: what `serve`'s supervisor (a dispatcher per queue) and maintenance services
-//!   cost Redis at rest, in commands per second and Redis CPU per second.
+//! - `idle`: `--queues` declared queues of `--shards` shards and nothing due, for `window`,
+//!   with `--processes` `delayq serve` processes (0: the supervisor and maintenance
+//!   services in this process): what dispatching and maintenance cost Redis at rest, in
+//!   commands per second and Redis CPU per second (see `idle.rs`).
+//! - `seed`, `seed-storm`: the seed posts' design (Lua enqueue, a poller moving due ids
+//!   into a stream, a consumer group) in the `spread` and `storm` shapes, on the same
+//!   server: Redis CPU per order and lateness, the yardstick of `spread` and `storm` (a run
+//!   with both prints their ratio; see `seed.rs`).
+//! - `cross`: orders scheduled by another process (raw `EVALSHA` of the exported enqueue
+//!   script, as the SDKs do), each due 10–200 ms after it is scheduled, while one
+//!   dispatcher and one worker idle in this process: lateness (see `cross.rs`).
 //!
 //! - `scripts`: each hot-path script (`dequeue.lua`, `read.lua`) called one at a time on
 //!   one shard with 1, 10, 100 and 1,000 orders per call and with nothing to do: Redis time
@@ -41,8 +49,11 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 mod at_rest;
+mod cross;
+mod idle;
 mod measure;
 mod scripts;
+mod seed;
 
 pub use measure::BenchReport;
 use measure::{
@@ -51,6 +62,9 @@ use measure::{
 };
 
 const QUEUE: &str = "bench";
+
+/// `idle`'s shards per queue when `--shards` is not given.
+const IDLE_SHARDS: u16 = 4;
 
 /// Options of a run.
 #[derive(Debug, Clone)]
@@ -67,6 +81,10 @@ pub struct BenchOptions {
     pub payload_bytes: usize,
     /// Shards per queue.
     pub shards: u16,
+    /// idle: queues declared.
+    pub queues: usize,
+    /// idle: `delayq serve` processes (0: in this process).
+    pub processes: usize,
     /// The handler group's rate limit, if any.
     pub rate_limit: Option<crate::engine::flow::RateLimit>,
     /// The bench queue's order-history retention (zero: off).
@@ -141,11 +159,15 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         "ceiling" => ceiling(&client, opts).await,
         "dispatch" => dispatch(&client, opts).await,
         "depth" => depth(&client, opts).await,
-        "idle" => at_rest::idle(&client, opts).await,
+        "idle" if opts.processes == 0 => at_rest::idle(&client, opts).await,
+        "idle" => idle::idle(&client, url, opts).await,
+        "seed" => seed::seed(&client, url, opts, false).await,
+        "seed-storm" => seed::seed(&client, url, opts, true).await,
+        "cross" => cross::cross(&client, url, opts).await,
         "schedules" => at_rest::schedules(&client, opts).await,
         "scripts" => scripts::scripts(&client, opts).await,
         other => Err(anyhow::anyhow!(
-            "unknown scenario {other:?} (spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle, schedules, scripts)"
+            "unknown scenario {other:?} (spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle, schedules, scripts, seed, seed-storm, cross)"
         )),
     };
     client.delete_namespace().await?;
@@ -521,6 +543,8 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         concurrency,
         payload_bytes,
         shards,
+        queues,
+        processes,
         rate_limit,
         history_retention,
         linger,
@@ -537,7 +561,9 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         window: parse_duration("--window", &window)?,
         concurrency,
         payload_bytes,
-        shards,
+        shards: shards.unwrap_or(1),
+        queues,
+        processes,
         rate_limit: rate_limit
             .as_deref()
             .map(crate::engine::flow::RateLimit::parse)
@@ -555,10 +581,16 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
     };
     dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;
-    if orders == 0 || concurrency == 0 || !(1..=1024).contains(&shards) {
+    if orders == 0 || concurrency == 0 || queues == 0 || !(1..=1024).contains(&opts.shards) {
         return Err(Failure::Invalid(
-            "--orders and --concurrency must be >= 1, --shards 1..=1024".into(),
+            "--orders, --queues and --concurrency must be >= 1, --shards 1..=1024".into(),
         ));
+    }
+    if scenario.trim() == cross::PRODUCER {
+        // The producer child of `cross` (its parent gave it a reachable server).
+        return cross::producer(&g.redis_url, &g.namespace, &opts)
+            .await
+            .map_err(|e| Failure::Runtime(format!("bench cross producer: {e:#}")));
     }
     let (_server, url) = if crate::testing::local_redis::reachable(&g.redis_url) {
         (None, g.redis_url.clone())
@@ -568,12 +600,21 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         let url = s.url();
         (Some(s), url)
     };
+    let mut reports = Vec::new();
     for sc in scenario.split(',') {
         eprintln!("bench {}: {} orders ...", sc.trim(), orders);
-        let report = run(&url, sc.trim(), &opts)
+        let mut o = opts.clone();
+        if shards.is_none() && sc.trim() == "idle" {
+            o.shards = IDLE_SHARDS;
+        }
+        let report = run(&url, sc.trim(), &o)
             .await
             .map_err(|e| Failure::Runtime(format!("bench {sc}: {e:#}")))?;
         print_report(&report, json);
+        reports.push(report);
+    }
+    for ratio in seed::ratios(&reports) {
+        print_report(&ratio, json);
     }
     Ok(())
 }
