@@ -14,9 +14,13 @@ use delayq::{
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::sentinel::{
+    MASTER, Proc, master_port, raw, replica_in_sync, sentinel, sentinel_group, sentinel_group_with,
+    sentinels_see_replica,
+};
 use support::serve::{BIN, Serve, free_port};
 use support::{Recorder, poll, wait_for};
 use tokio_util::sync::CancellationToken;
@@ -26,118 +30,6 @@ const Q: &str = "order-close";
 
 // ---------------------------------------------------------------------------------------
 // Processes and certificates
-
-/// A `redis-server` (or sentinel) of the test's own, from a config file in a temp dir;
-/// SIGKILLed on drop, its log printed when the test panics.
-struct Proc {
-    name: String,
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-    port: u16,
-}
-
-impl Proc {
-    /// Starts `redis-server <conf> [--sentinel]`; `lines` are added to a config naming
-    /// the dir and the log (and `port` unless they name one).
-    fn start(name: &str, port: u16, lines: &[String], sentinel: bool) -> Proc {
-        let dir = tempfile::Builder::new()
-            .prefix("delayq-prod-")
-            .tempdir()
-            .unwrap();
-        let mut conf = format!(
-            "bind 127.0.0.1\ndir {d}\nlogfile {d}/server.log\n",
-            d = dir.path().display()
-        );
-        if !lines.iter().any(|l| l.starts_with("port ")) {
-            conf.push_str(&format!("port {port}\n"));
-        }
-        for l in lines {
-            conf.push_str(l);
-            conf.push('\n');
-        }
-        let path = dir.path().join("server.conf");
-        std::fs::write(&path, conf).unwrap();
-        // The server LocalRedis starts ($DELAYQ_TEST_REDIS_SERVER, else redis-server).
-        let binary = std::env::var("DELAYQ_TEST_REDIS_SERVER")
-            .ok()
-            .filter(|b| !b.trim().is_empty())
-            .unwrap_or_else(|| "redis-server".to_owned());
-        let mut cmd = Command::new(binary);
-        cmd.arg(&path);
-        if sentinel {
-            cmd.arg("--sentinel");
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Proc {
-            name: name.to_owned(),
-            child: Some(child),
-            dir,
-            port,
-        }
-    }
-
-    /// A data server without persistence (and a replica of `master`, if given).
-    fn data(name: &str, master: Option<u16>) -> Proc {
-        Proc::data_with(name, master, &[])
-    }
-
-    /// [`Proc::data`] with more config lines (e.g. `min-replicas-to-write 1`).
-    fn data_with(name: &str, master: Option<u16>, extra: &[String]) -> Proc {
-        let mut lines = vec![
-            "save \"\"".to_owned(),
-            "appendonly no".to_owned(),
-            "repl-diskless-sync-delay 0".to_owned(),
-        ];
-        if let Some(m) = master {
-            lines.push(format!("replicaof 127.0.0.1 {m}"));
-        }
-        lines.extend(extra.iter().cloned());
-        Proc::start(name, free_port(), &lines, false)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Fails the test (with the log) when the process has exited.
-    fn assert_running(&mut self) {
-        if let Some(c) = self.child.as_mut()
-            && let Ok(Some(status)) = c.try_wait()
-        {
-            panic!("{} exited with {status}:\n{}", self.name, self.log());
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- log of {} (port {}) ---\n{}",
-                self.name,
-                self.port,
-                self.log()
-            );
-        }
-        self.kill();
-    }
-}
 
 /// A private CA, another CA, a server certificate for 127.0.0.1 / localhost and a client
 /// certificate, made with `openssl` in a temp dir.
@@ -266,17 +158,6 @@ fn tls_query<T: redis::FromRedisValue>(
         cmd.arg(*a);
     }
     cmd.query(&mut c)
-}
-
-/// A command on a plain connection to `url`.
-async fn raw<T: redis::FromRedisValue>(url: &str, args: &[&str]) -> redis::RedisResult<T> {
-    let client = redis::Client::open(url)?;
-    let mut c = client.get_multiplexed_async_connection().await?;
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query_async(&mut c).await
 }
 
 // ---------------------------------------------------------------------------------------
@@ -972,33 +853,6 @@ async fn an_acl_user_without_evalsha_gets_a_start_up_error_naming_it() {
 // ---------------------------------------------------------------------------------------
 // Sentinel
 
-const MASTER: &str = "mymaster";
-
-fn sentinel(master_port: u16) -> Proc {
-    let lines = [
-        "sentinel resolve-hostnames no".to_owned(),
-        format!("sentinel monitor {MASTER} 127.0.0.1 {master_port} 2"),
-        format!("sentinel down-after-milliseconds {MASTER} 1000"),
-        format!("sentinel failover-timeout {MASTER} 10000"),
-        format!("sentinel parallel-syncs {MASTER} 1"),
-    ];
-    Proc::start("sentinel", free_port(), &lines, true)
-}
-
-/// The master's port according to the sentinel at `url`.
-async fn master_port(url: &str) -> Option<u16> {
-    let addr: Option<(String, u16)> = raw(url, &["SENTINEL", "get-master-addr-by-name", MASTER])
-        .await
-        .ok()?;
-    addr.map(|(_, p)| p)
-}
-
-/// True when the replica at `url` is connected to its master and in sync.
-async fn replica_in_sync(url: &str) -> bool {
-    let info: String = raw(url, &["INFO", "replication"]).await.unwrap_or_default();
-    info.contains("role:slave") && info.contains("master_link_status:up")
-}
-
 /// Schedules `id` (due in ten minutes) through `client` until it lands on the server at
 /// `url`; when it did.
 async fn lands_on(client: &Client, url: &str, id: &str) -> Instant {
@@ -1321,44 +1175,6 @@ async fn sentinel_failover_and_master_kill_are_followed_without_a_restart() {
     worker_task.await.unwrap();
     dispatcher_task.await.unwrap();
     drop(sentinels);
-}
-
-/// A master, its replica in sync, and three sentinels that all see both; the sentinel URL.
-async fn sentinel_group() -> (Proc, Proc, Vec<Proc>, String) {
-    sentinel_group_with(&[]).await
-}
-
-/// [`sentinel_group`] with more config lines for both data servers.
-async fn sentinel_group_with(extra: &[String]) -> (Proc, Proc, Vec<Proc>, String) {
-    let master = Proc::data_with("master", None, extra);
-    let replica = Proc::data_with("replica", Some(master.port), extra);
-    let r_url = replica.url();
-    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
-    let sentinels: Vec<Proc> = (0..3).map(|_| sentinel(master.port)).collect();
-    for s in &sentinels {
-        let u = s.url();
-        wait_for(
-            "each sentinel knows the replica and the others",
-            WAIT,
-            move || {
-                let u = u.clone();
-                async move {
-                    let replicas: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "replicas", MASTER]).await;
-                    let others: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "sentinels", MASTER]).await;
-                    matches!((replicas, others), (Ok(r), Ok(s)) if r.len() == 1 && s.len() == 2)
-                }
-            },
-        )
-        .await;
-    }
-    let hosts: Vec<String> = sentinels
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port))
-        .collect();
-    let url = format!("redis+sentinel://{}/{MASTER}", hosts.join(","));
-    (master, replica, sentinels, url)
 }
 
 /// The order ids in the bodies a receiver got.
@@ -1997,26 +1813,6 @@ async fn acked_after(answers: &Arc<Mutex<Vec<Answer>>>, t: Instant, what: &str) 
         async move { ok }
     })
     .await;
-}
-
-/// True when every sentinel lists the server on `port` as a replica that is not down.
-async fn sentinels_see_replica(sentinels: &[String], port: u16) -> bool {
-    for s in sentinels {
-        let replicas: Vec<std::collections::HashMap<String, String>> =
-            match raw(s, &["SENTINEL", "replicas", MASTER]).await {
-                Ok(r) => r,
-                Err(_) => return false,
-            };
-        let seen = replicas.iter().any(|r| {
-            r.get("port").map(String::as_str) == Some(port.to_string().as_str())
-                && r.get("flags").map(String::as_str) == Some("slave")
-                && r.get("master-link-status").map(String::as_str) == Some("ok")
-        });
-        if !seen {
-            return false;
-        }
-    }
-    true
 }
 
 /// True when the queue on the master at `url` holds nothing scheduled and its webhook

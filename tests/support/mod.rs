@@ -8,6 +8,8 @@ pub mod cluster;
 #[cfg(feature = "orders")]
 pub mod db;
 #[cfg(feature = "cli")]
+pub mod sentinel;
+#[cfg(feature = "cli")]
 pub mod serve;
 
 use delayq::{Client, ClientOptions, Clock, Delivery, HandlerResult, LocalRedis};
