@@ -294,10 +294,11 @@ pub fn judge(ops: &[Op], dels: &[Delivery], faults: &[Fault], drained: bool) -> 
     let count = |p: &str| faults.iter().filter(|f| f.what.contains(p)).count();
     let (serve_kills, serve_terms) = (count("SIGKILL") - count("redis SIGKILL"), count("SIGTERM"));
     let (redis_kills, redis_stops) = (count("redis SIGKILL"), count("redis SIGSTOP"));
+    let failovers = count("redis SENTINEL FAILOVER (");
     // A serve consumes both queues; a Redis fault touches every consumer (2 serves x 2
     // queues, and the library worker).
-    let bound =
-        HELD_PER_CONSUMER * (2 * (serve_kills + serve_terms) + 5 * (redis_kills + redis_stops));
+    let bound = HELD_PER_CONSUMER
+        * (2 * (serve_kills + serve_terms) + 5 * (redis_kills + redis_stops + failovers));
     if dups > bound {
         v.push(format!(
             "[duplicates] {dups} duplicate acknowledged deliveries, more than the {bound} the faults' held work allows"
@@ -343,7 +344,7 @@ pub fn judge(ops: &[Op], dels: &[Delivery], faults: &[Fault], drained: bool) -> 
     );
     let _ = writeln!(
         s,
-        "  faults: serve SIGKILL {serve_kills}, serve SIGTERM {serve_terms}, redis SIGKILL {redis_kills}, redis SIGSTOP {redis_stops}, queue deletes {}",
+        "  faults: serve SIGKILL {serve_kills}, serve SIGTERM {serve_terms}, redis SIGKILL {redis_kills}, redis SIGSTOP {redis_stops}, SENTINEL FAILOVER {failovers}, queue deletes {}",
         deletes.len(),
     );
     let early: Vec<i64> = dels

@@ -3,7 +3,9 @@
 //! and queue delete/create races through the library and two real `delayq serve`
 //! processes while it kills and restarts them, kills Redis (AOF on, restarted on the same
 //! port and directory), freezes Redis (SIGSTOP/SIGCONT) and makes the webhook receiver and
-//! the library handler fail or time out by the seeded RNG. It records every operation with
+//! the library handler fail or time out by the seeded RNG (and, with the opt-in class
+//! `sentinel`, runs on a Sentinel-managed master and two replicas that it fails over and
+//! whose master it kills). It records every operation with
 //! the time its answer arrived and every delivery as its receiver saw it, then checks the
 //! history (check.rs): nothing acknowledged lost, nothing cancelled or deleted delivered,
 //! nothing delivered before its due time, duplicates bounded by the work killed processes

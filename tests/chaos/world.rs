@@ -3,6 +3,7 @@
 //! start to the checked report.
 
 use crate::history::{Answer, Delivery, History, mix, now_ms};
+use crate::support::sentinel::{self, Proc};
 use crate::support::serve::Serve;
 use delayq::{Backoff, Client, LocalRedis, Worker, WorkerOptions};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,10 +45,15 @@ pub enum FaultClass {
     QueueDelete,
     /// Recurring schedules are declared, changed and removed while they tick.
     Schedules,
+    /// Redis is a Sentinel-managed master with two replicas (AOF `always`,
+    /// `min-replicas-to-write 1`), reached through `redis+sentinel://`; the faults are
+    /// `SENTINEL FAILOVER` and SIGKILL of the current master (then a replacement replica).
+    /// `redis-kill` and `redis-stop` then act on the current master.
+    Sentinel,
 }
 
 impl FaultClass {
-    pub const ALL: [FaultClass; 7] = [
+    pub const ALL: [FaultClass; 8] = [
         FaultClass::ServeKill,
         FaultClass::ServeTerm,
         FaultClass::RedisKill,
@@ -55,6 +61,7 @@ impl FaultClass {
         FaultClass::Receiver,
         FaultClass::QueueDelete,
         FaultClass::Schedules,
+        FaultClass::Sentinel,
     ];
 
     pub fn name(self) -> &'static str {
@@ -66,6 +73,7 @@ impl FaultClass {
             FaultClass::Receiver => "receiver",
             FaultClass::QueueDelete => "queue-delete",
             FaultClass::Schedules => "schedules",
+            FaultClass::Sentinel => "sentinel",
         }
     }
 
@@ -92,11 +100,15 @@ impl FaultClass {
             .collect()
     }
 
-    /// What `cargo test` runs: every class. A class whose violations come from a known
-    /// defect being fixed may be left out here for a while (docs/fault-campaign.md, "Known
-    /// defects"); none is today.
+    /// What `cargo test` runs: every class but [`FaultClass::Sentinel`] (opt-in: its world
+    /// is slower to set up; docs/fault-campaign.md). A class whose violations come from a
+    /// known defect being fixed may be left out here for a while (docs/fault-campaign.md,
+    /// "Known defects").
     pub fn ci_default() -> Vec<FaultClass> {
-        Self::ALL.to_vec()
+        Self::ALL
+            .into_iter()
+            .filter(|f| *f != FaultClass::Sentinel)
+            .collect()
     }
 }
 
@@ -152,7 +164,7 @@ pub struct Report {
 pub struct World {
     pub cfg: Campaign,
     pub hist: History,
-    redis: Mutex<LocalRedis>,
+    redis: tokio::sync::Mutex<Backend>,
     serves: Vec<tokio::sync::Mutex<Option<Serve>>>,
     bases: RwLock<Vec<String>>,
     /// Stopped serves, kept so their logs outlive them (printed if the test panics).
@@ -420,22 +432,203 @@ impl World {
         self.findings.lock().unwrap().push(v);
     }
 
-    /// SIGKILL of Redis, restarted on the same port and directory (AOF replayed).
-    pub fn kill_redis(&self) {
-        let mut r = self.redis.lock().unwrap();
-        r.kill();
-        self.hist.fault("redis SIGKILL".into());
-        tokio::task::block_in_place(|| r.restart()).expect("restart redis");
-        self.hist.fault("redis restarted".into());
+    /// SIGKILL of Redis, restarted on the same port and directory (AOF replayed); with
+    /// Sentinel, SIGKILL of the current master (see [`World::kill_master`]).
+    pub async fn kill_redis(&self) {
+        let mut b = self.redis.lock().await;
+        match &mut *b {
+            Backend::Single(r) => {
+                r.kill();
+                self.hist.fault("redis SIGKILL".into());
+                tokio::task::block_in_place(|| r.restart()).expect("restart redis");
+                self.hist.fault("redis restarted".into());
+            }
+            Backend::Sentinel(set) => self.kill_master(set).await,
+        }
     }
 
-    /// SIGSTOP of Redis for `ms`, then SIGCONT.
+    /// SIGSTOP of Redis (with Sentinel: of the current master) for `ms`, then SIGCONT.
     pub async fn freeze_redis(&self, ms: u64) {
-        self.redis.lock().unwrap().suspend().unwrap();
+        let mut b = self.redis.lock().await;
+        let pid = match &mut *b {
+            Backend::Single(r) => {
+                r.suspend().unwrap();
+                None
+            }
+            Backend::Sentinel(set) => {
+                let Some(i) = set.master_index().await else {
+                    self.hist
+                        .fault("redis SIGSTOP skipped: no master named".into());
+                    return;
+                };
+                let pid = set.data[i].child.as_ref().map(std::process::Child::id);
+                signal(pid, "-STOP");
+                pid
+            }
+        };
         self.hist.fault(format!("redis SIGSTOP for {ms} ms"));
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        self.redis.lock().unwrap().resume().unwrap();
+        match &mut *b {
+            Backend::Single(r) => r.resume().unwrap(),
+            Backend::Sentinel(_) => signal(pid, "-CONT"),
+        }
         self.hist.fault("redis SIGCONT".into());
+        if let Backend::Sentinel(set) = &mut *b {
+            // A freeze past `down-after-milliseconds` fails over: await the set settled.
+            self.settle(set).await;
+        }
+    }
+
+    /// `SENTINEL FAILOVER` through one sentinel; then awaits the new master with every
+    /// replica following it.
+    pub async fn sentinel_failover(&self) {
+        let mut b = self.redis.lock().await;
+        let Backend::Sentinel(set) = &mut *b else {
+            return;
+        };
+        let before = set.master_port().await;
+        let answer: redis::RedisResult<String> = sentinel::raw(
+            &set.sentinels[0].url(),
+            &["SENTINEL", "FAILOVER", sentinel::MASTER],
+        )
+        .await;
+        self.hist.fault(format!(
+            "redis SENTINEL FAILOVER (master port {before:?}): {}",
+            match &answer {
+                Ok(a) => a.clone(),
+                Err(e) => e.to_string(),
+            }
+        ));
+        if answer.is_ok() {
+            let sentinels = set.sentinel_urls();
+            let moved = crate::support::poll(WAIT, || async {
+                let now = sentinel::master_port(&sentinels[0]).await;
+                (now.is_some() && now != before).then_some(())
+            })
+            .await;
+            if moved.is_none() {
+                self.hist
+                    .fault("redis SENTINEL FAILOVER: no new master named in time".into());
+            }
+        }
+        self.settle(set).await;
+    }
+
+    /// SIGKILL of the master the sentinels name; once they name another, a replacement
+    /// replica of it is started (two replicas again, so `min-replicas-to-write 1` is met
+    /// after the next kill too).
+    async fn kill_master(&self, set: &mut SentinelSet) {
+        let Some(i) = set.master_index().await else {
+            self.hist
+                .fault("redis SIGKILL of the master skipped: no master named".into());
+            return;
+        };
+        let mut old = set.data.remove(i);
+        old.kill();
+        self.hist
+            .fault(format!("redis SIGKILL of the master (port {})", old.port));
+        let old_port = old.port;
+        set.graveyard.push(old);
+        let sentinels = set.sentinel_urls();
+        let new = crate::support::poll(WAIT, || async {
+            let now = sentinel::master_port(&sentinels[0]).await?;
+            (now != old_port).then_some(now)
+        })
+        .await;
+        let Some(new) = new else {
+            self.hist
+                .fault("redis: no new master named in time after the kill".into());
+            return;
+        };
+        self.hist.fault(format!("redis master is now port {new}"));
+        let n = set.started;
+        set.started += 1;
+        set.data.push(Proc::data_with(
+            &format!("replacement{n}"),
+            Some(new),
+            &set.extra,
+        ));
+        self.settle(set).await;
+    }
+
+    /// Awaits (bounded) a set with a master the sentinels agree on and every other data
+    /// server a replica in sync with it, seen by every sentinel.
+    async fn settle(&self, set: &mut SentinelSet) {
+        let sentinels = set.sentinel_urls();
+        let ports: Vec<u16> = set.data.iter().map(|p| p.port).collect();
+        let ok = crate::support::poll(WAIT, || async {
+            let m = sentinel::master_port(&sentinels[0]).await?;
+            for s in &sentinels[1..] {
+                if sentinel::master_port(s).await != Some(m) {
+                    return None;
+                }
+            }
+            for &p in ports.iter().filter(|&&p| p != m) {
+                if !sentinel::replica_in_sync(&format!("redis://127.0.0.1:{p}")).await
+                    || !sentinel::sentinels_see_replica(&sentinels, p).await
+                {
+                    return None;
+                }
+            }
+            Some(())
+        })
+        .await;
+        if ok.is_none() {
+            self.hist
+                .fault("redis: the Sentinel set did not settle in time".into());
+        }
+    }
+}
+
+/// Sends `kill <sig>` to `pid`.
+fn signal(pid: Option<u32>, sig: &str) {
+    if let Some(pid) = pid {
+        let _ = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status();
+    }
+}
+
+/// The Redis the campaign runs on.
+pub enum Backend {
+    /// One `redis-server` with AOF.
+    Single(LocalRedis),
+    /// A Sentinel-managed master and replicas ([`FaultClass::Sentinel`]).
+    Sentinel(SentinelSet),
+}
+
+/// A master, its replicas and three sentinels.
+pub struct SentinelSet {
+    /// The data servers alive (master and replicas; which is which, the sentinels say).
+    pub data: Vec<Proc>,
+    pub sentinels: Vec<Proc>,
+    /// Config lines of every data server.
+    pub extra: Vec<String>,
+    /// Killed data servers, kept for their logs.
+    pub graveyard: Vec<Proc>,
+    /// Replacements started so far.
+    pub started: usize,
+}
+
+impl SentinelSet {
+    fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(Proc::url).collect()
+    }
+
+    async fn master_port(&self) -> Option<u16> {
+        sentinel::master_port(&self.sentinels[0].url()).await
+    }
+
+    async fn master_index(&self) -> Option<usize> {
+        let m = self.master_port().await?;
+        self.data.iter().position(|p| p.port == m)
+    }
+
+    /// SIGCONT to every data server (a frozen master thawed).
+    fn resume_all(&self) {
+        for p in &self.data {
+            signal(p.child.as_ref().map(std::process::Child::id), "-CONT");
+        }
     }
 }
 
@@ -448,6 +641,7 @@ async fn inject_faults(w: Arc<World>, stop: CancellationToken) {
         FaultClass::ServeTerm,
         FaultClass::RedisKill,
         FaultClass::RedisStop,
+        FaultClass::Sentinel,
     ]
     .into_iter()
     .filter(|f| w.cfg.has(*f))
@@ -470,7 +664,14 @@ async fn inject_faults(w: Arc<World>, stop: CancellationToken) {
                 let i = rng.usize(..w.serve_count());
                 w.replace_serve(i, true).await;
             }
-            FaultClass::RedisKill => w.kill_redis(),
+            FaultClass::RedisKill => w.kill_redis().await,
+            FaultClass::Sentinel => {
+                if rng.bool() {
+                    w.sentinel_failover().await;
+                } else {
+                    w.kill_redis().await;
+                }
+            }
             FaultClass::RedisStop => {
                 let ms = rng.u64(200..2000);
                 w.freeze_redis(ms).await;
@@ -487,9 +688,34 @@ pub async fn run(cfg: Campaign) -> Report {
     let mut rng = fastrand::Rng::with_seed(mix(cfg.seed, &[b"world"]));
     // `always`: the setting under which a Redis crash loses nothing acknowledged
     // (ARCHITECTURE.md, "Durability"; `everysec` may lose up to ~2 s while fsync is slow).
-    let redis = LocalRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
-        .expect("start redis-server");
-    let redis_url = redis.url();
+    let (redis, redis_url) = if cfg.has(FaultClass::Sentinel) {
+        // docs/production-redis.md's recommended settings: `min-replicas-to-write 1` (two
+        // replicas, so writes come back after a master kill), AOF `always`.
+        let extra: Vec<String> = [
+            "appendonly yes",
+            "appendfsync always",
+            "min-replicas-to-write 1",
+            "min-replicas-max-lag 10",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let (master, replicas, sentinels, url) = sentinel::sentinel_group_n(&extra, 2).await;
+        let mut data = vec![master];
+        data.extend(replicas);
+        let set = SentinelSet {
+            data,
+            sentinels,
+            extra,
+            graveyard: Vec::new(),
+            started: 0,
+        };
+        (Backend::Sentinel(set), url)
+    } else {
+        let redis = LocalRedis::start_with(&["--appendonly", "yes", "--appendfsync", "always"])
+            .expect("start redis-server");
+        let url = redis.url();
+        (Backend::Single(redis), url)
+    };
     let client = Client::connect(&redis_url).await.expect("connect");
     check_clock(&client).await.unwrap();
     for q in [QUEUE, EPH] {
@@ -511,7 +737,7 @@ pub async fn run(cfg: Campaign) -> Report {
     let w = Arc::new(World {
         cfg: cfg.clone(),
         hist: History::default(),
-        redis: Mutex::new(redis),
+        redis: tokio::sync::Mutex::new(redis),
         serves,
         bases: RwLock::new(bases),
         graveyard: Mutex::new(Vec::new()),
@@ -557,7 +783,10 @@ pub async fn run(cfg: Campaign) -> Report {
     // Heal: every process up, the receiver and handler answer OK, dead letters replayed
     // until every acknowledged order is delivered (or the bounded wait ends).
     w.healing.store(true, Ordering::SeqCst);
-    w.redis.lock().unwrap().resume().unwrap();
+    match &mut *w.redis.lock().await {
+        Backend::Single(r) => r.resume().unwrap(),
+        Backend::Sentinel(set) => set.resume_all(),
+    }
     for i in 0..w.serve_count() {
         let exited = match w.serves[i].lock().await.as_mut() {
             Some(s) => !matches!(s.child.try_wait(), Ok(None)),
