@@ -699,7 +699,12 @@ pub async fn run(cfg: Campaign) -> Report {
         ]
         .map(str::to_owned)
         .to_vec();
-        let (master, replicas, sentinels, url) = sentinel::sentinel_group_n(&extra, 2).await;
+        // `DELAYQ_CHAOS_REPLICAS` (default 2): how many replicas follow the master.
+        let n = std::env::var("DELAYQ_CHAOS_REPLICAS")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(2);
+        let (master, replicas, sentinels, url) = sentinel::sentinel_group_n(&extra, n).await;
         let mut data = vec![master];
         data.extend(replicas);
         let set = SentinelSet {
