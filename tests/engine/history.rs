@@ -611,3 +611,77 @@ async fn lookups_at_the_longest_retention_never_block_redis() {
     let n: i64 = support::raw(&client, &["SLOWLOG", "LEN"]).await;
     assert_eq!(n, 0, "slow commands: {slow:?}");
 }
+
+/// Calls of every command Redis ran so far (inside scripts too), from `INFO commandstats`:
+/// (command, calls).
+async fn all_command_calls(client: &delayq::Client) -> std::collections::BTreeMap<String, u64> {
+    let info: String = support::raw(client, &["INFO", "commandstats"]).await;
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            let (cmd, rest) = l.split_once(":calls=")?;
+            Some((cmd.to_owned(), rest.split(',').next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Issue 39 item 6 (stats part): the `history` count of a queue's stats at the longest
+/// retention is exact, counting the markers `dead.lua` and a settle after several attempts
+/// write into a bucket of the entry's time, which may be any bucket of the retention (so a
+/// design that caches the length of "closed" buckets must see such writes); and the Redis
+/// commands one stats refresh runs are measured and printed (`--nocapture`).
+#[tokio::test]
+async fn stats_count_history_exactly_at_the_longest_retention() {
+    let (_s, client) = start().await;
+    let admin = client.admin();
+    admin
+        .set_history_retention(Q, delayq::engine::history::MAX_HISTORY_RETENTION)
+        .await
+        .unwrap();
+    for i in 0..50 {
+        client
+            .schedule(Q, &format!("s{i}"), Duration::ZERO, json!({"i": i}))
+            .await
+            .unwrap();
+    }
+    let moved = Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap()
+        .moved;
+    assert_eq!(moved, 50);
+    assert_eq!(admin.stats(Q).await.unwrap().history, 50);
+    // A marker lands in a bucket 1,000 hours old (an entry dispatched then, dead-lettered
+    // now): still within the 90-day retention, so it counts.
+    let old = client.now_ms() / delayq::engine::history::HISTORY_BUCKET_MS - 1000;
+    let bucket = format!("{{dq:{Q}:0}}:history:3600000:{old}");
+    let _: () = support::raw(&client, &["HSET", &bucket, "\u{1}close\u{1}1-0", "d3:1-0"]).await;
+    assert_eq!(admin.stats(Q).await.unwrap().history, 51);
+    let _: () = support::raw(&client, &["HSET", &bucket, "\u{1}close\u{1}2-0", "a2"]).await;
+    assert_eq!(admin.stats(Q).await.unwrap().history, 52);
+    // The bucket expires whole: it no longer counts.
+    let _: () = support::raw(&client, &["DEL", &bucket]).await;
+    assert_eq!(admin.stats(Q).await.unwrap().history, 50);
+
+    let before = all_command_calls(&client).await;
+    admin.stats(Q).await.unwrap();
+    let after = all_command_calls(&client).await;
+    let mut total = 0;
+    let mut per: Vec<String> = Vec::new();
+    for (cmd, n) in &after {
+        // The INFO of the first snapshot is counted in the second.
+        let d = n - before.get(cmd).copied().unwrap_or(0) - u64::from(cmd == "info");
+        if d > 0 {
+            total += d;
+            per.push(format!("{cmd}={d}"));
+        }
+    }
+    let hlen: u64 =
+        after.get("hlen").copied().unwrap_or(0) - before.get("hlen").copied().unwrap_or(0);
+    println!(
+        "one stats refresh of one queue at 90-day retention: {total} Redis commands ({}); HLEN: {hlen}",
+        per.join(" ")
+    );
+    assert!(total > 0);
+}
