@@ -64,10 +64,18 @@ def anchors(path):
 
 
 def cli_verbs():
+    """Each verb of the generated CLI reference with the long options its --help lists
+    (the top-level `delayq` section's, the global ones, under the key "")."""
     ref = ROOT / "docs/reference/cli.md"
     if not ref.exists():
         return None
-    return {m.group(1) for m in re.finditer(r"^## `delayq ?([^`]*)`", ref.read_text(), re.M)}
+    text = ref.read_text()
+    heads = list(re.finditer(r"^## `delayq ?([^`]*)`", text, re.M))
+    verbs = {}
+    for i, m in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        verbs[m.group(1)] = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", text[m.end():end]))
+    return verbs
 
 
 def check(path, verbs, problems):
@@ -107,10 +115,21 @@ def check(path, verbs, problems):
             continue
         if words[0] not in verbs:
             problems.append(f"{rel}:{no}: `delayq {words[0]}`: no such verb (docs/reference/cli.md)")
-        elif len(words) > 1 and f"{words[0]} {words[1]}" not in verbs and any(
-            v.startswith(words[0] + " ") for v in verbs
-        ):
-            problems.append(f"{rel}:{no}: `delayq {words[0]} {words[1]}`: no such sub-verb")
+            continue
+        verb = words[0]
+        if len(words) > 1 and any(v.startswith(words[0] + " ") for v in verbs):
+            verb = f"{words[0]} {words[1]}"
+            if verb not in verbs:
+                problems.append(f"{rel}:{no}: `delayq {verb}`: no such sub-verb")
+                continue
+        # Every long option on the line is one the verb's --help (or the global one) lists.
+        known = verbs[verb] | verbs.get("", set()) | {"--help", "--version"}
+        for opt in cmd[1:]:
+            if opt == "--" or opt in ("|", ">", "&&", ";"):
+                break
+            name = opt.split("=", 1)[0]
+            if re.fullmatch(r"--[a-z][a-z0-9-]*", name) and name not in known:
+                problems.append(f"{rel}:{no}: `delayq {verb} {name}`: no such option (docs/reference/cli.md)")
 
 
 def main(argv):
