@@ -164,7 +164,13 @@ pub struct Report {
 pub struct World {
     pub cfg: Campaign,
     pub hist: History,
+    /// The Redis processes. Only the fault task (and the healing phase after it) locks
+    /// this, and it holds the lock for a whole fault, process signals and Sentinel calls
+    /// included: one fault at a time owns the processes. No operation driver takes it; they
+    /// reach Redis through their own clients, never through this lock.
     redis: tokio::sync::Mutex<Backend>,
+    /// The serve processes, one slot each; owned like `redis` (the fault task, then the
+    /// healing phase). Drivers read the serves' addresses from `bases`, never these slots.
     serves: Vec<tokio::sync::Mutex<Option<Serve>>>,
     bases: RwLock<Vec<String>>,
     /// Stopped serves, kept so their logs outlive them (printed if the test panics).

@@ -1301,7 +1301,9 @@ async fn a_clock_read_across_a_freeze_is_never_ahead_of_the_server() {
         let client = client.clone();
         async move { client.sync_clock().await }
     });
-    // The reading is on its way and held up for the length of the freeze.
+    // The fault itself, not a wait for an event: the reading is on its way and held up for
+    // as long as the server stays frozen. Any length shows the defect (the midpoint clock
+    // ran ahead by half of it); 400 ms makes it 200 ms, far above any rounding.
     tokio::time::sleep(Duration::from_millis(400)).await;
     redis.resume().unwrap();
     syncing.await.unwrap().unwrap();

@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::sentinel::{
-    MASTER, Proc, master_port, raw, replica_in_sync, sentinel, sentinel_group, sentinel_group_with,
+    MASTER, Proc, master_port, raw, replica_in_sync, sentinel_group, sentinel_group_with,
     sentinels_see_replica,
 };
 use support::serve::{BIN, Serve, free_port};
@@ -926,35 +926,9 @@ fn interruption(calls: &[Call], event: Instant, until: Instant) -> Interruption 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_and_master_kill_are_followed_without_a_restart() {
-    let master = Proc::data("master", None);
-    let mut replica = Proc::data("replica", Some(master.port));
+    let (master, mut replica, sentinels, url) = sentinel_group().await;
     let (m_url, r_url) = (master.url(), replica.url());
-    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
-    let sentinels: Vec<Proc> = (0..3).map(|_| sentinel(master.port)).collect();
     let s_urls: Vec<String> = sentinels.iter().map(Proc::url).collect();
-    for u in &s_urls {
-        let u = u.clone();
-        wait_for(
-            "each sentinel knows the replica and the other sentinels",
-            WAIT,
-            move || {
-                let u = u.clone();
-                async move {
-                    let replicas: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "replicas", MASTER]).await;
-                    let others: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "sentinels", MASTER]).await;
-                    matches!((replicas, others), (Ok(r), Ok(s)) if r.len() == 1 && s.len() == 2)
-                }
-            },
-        )
-        .await;
-    }
-    let hosts: Vec<String> = sentinels
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port))
-        .collect();
-    let url = format!("redis+sentinel://{}/{MASTER}", hosts.join(","));
     let client = Client::connect(&url).await.unwrap();
     client.admin().create_queue(Q, 1).await.unwrap();
 

@@ -188,34 +188,8 @@ pub async fn sentinel_group() -> (Proc, Proc, Vec<Proc>, String) {
 
 /// [`sentinel_group`] with more config lines for both data servers.
 pub async fn sentinel_group_with(extra: &[String]) -> (Proc, Proc, Vec<Proc>, String) {
-    let master = Proc::data_with("master", None, extra);
-    let replica = Proc::data_with("replica", Some(master.port), extra);
-    let r_url = replica.url();
-    wait_for("the replica in sync", WAIT, || replica_in_sync(&r_url)).await;
-    let sentinels: Vec<Proc> = (0..3).map(|_| sentinel(master.port)).collect();
-    for s in &sentinels {
-        let u = s.url();
-        wait_for(
-            "each sentinel knows the replica and the others",
-            WAIT,
-            move || {
-                let u = u.clone();
-                async move {
-                    let replicas: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "replicas", MASTER]).await;
-                    let others: redis::RedisResult<Vec<redis::Value>> =
-                        raw(&u, &["SENTINEL", "sentinels", MASTER]).await;
-                    matches!((replicas, others), (Ok(r), Ok(s)) if r.len() == 1 && s.len() == 2)
-                }
-            },
-        )
-        .await;
-    }
-    let hosts: Vec<String> = sentinels
-        .iter()
-        .map(|s| format!("127.0.0.1:{}", s.port))
-        .collect();
-    let url = format!("redis+sentinel://{}/{MASTER}", hosts.join(","));
+    let (master, mut replicas, sentinels, url) = sentinel_group_n(extra, 1).await;
+    let replica = replicas.pop().expect("one replica");
     (master, replica, sentinels, url)
 }
 
