@@ -2104,6 +2104,18 @@ async fn serve_warns_on_a_master_with_replicas_without_min_replicas_to_write() {
         )
         .await
         .unwrap();
+        // The master counts its replica as good only from its next acknowledgement: until
+        // then a write (serve registering its queue at start) is refused NOREPLICAS.
+        let m_url = master.url();
+        wait_for("the master takes writes", WAIT, || {
+            let u = m_url.clone();
+            async move {
+                let set: redis::RedisResult<String> =
+                    raw(&u, &["SET", "writes-taken-probe", "1"]).await;
+                set.is_ok()
+            }
+        })
+        .await;
         let mut serve = Serve::start(&config, None);
         serve.wait_ready(WAIT).await;
         let log = serve.log();
