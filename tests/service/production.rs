@@ -2046,7 +2046,11 @@ async fn failover_and_kill_under_writers(guard: Guard) {
         no_hint.len(),
         no_hint.iter().take(5).collect::<Vec<_>>()
     );
-    if guard != Guard::Defaults {
+    // `min-replicas-to-write` alone does not close the failover window: the old master
+    // still counts its replica as good for a moment after the promotion, and CI saw one
+    // acknowledged order lost (docs/production-redis.md, "Not closed"). That row is
+    // measured and printed, not asserted; only `durability = "replicated"` is held to zero.
+    if guard == Guard::MinReplicasReplicated {
         assert!(
             lost.is_empty(),
             "{guard:?}: {} acknowledged orders lost ({lost_failover} at the failover, \
@@ -2054,6 +2058,8 @@ async fn failover_and_kill_under_writers(guard: Guard) {
             lost.len(),
             lost.iter().take(5).collect::<Vec<_>>()
         );
+    }
+    if guard != Guard::Defaults {
         // Writes were refused for a while after each event (no replica followed the
         // master): /readyz said so.
         assert!(codes.contains_key("redis_unavailable") || codes.contains_key("not_replicated"));
@@ -2070,7 +2076,7 @@ async fn failover_and_kill_under_writers(guard: Guard) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failover_and_kill_with_min_replicas_lose_nothing_acknowledged_and_answer_no_500() {
+async fn failover_and_kill_with_min_replicas_answer_no_500_and_measure_what_is_lost() {
     failover_and_kill_under_writers(Guard::MinReplicas).await;
 }
 
