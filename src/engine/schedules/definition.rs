@@ -2,7 +2,7 @@
 //! policy, window), how it is checked, its limits, and the id of each tick's order.
 
 use super::spec::Recurrence;
-use crate::engine::error::{Error, InvalidInput};
+use crate::engine::error::InvalidInput;
 use crate::engine::keys::QueueName;
 use crate::engine::message::{NewOrder, Payload, When};
 use serde::{Deserialize, Serialize};
@@ -260,32 +260,4 @@ pub fn parse_window_bound(
 /// The order id of a schedule's tick: `<schedule id>@<instant ms>`.
 pub fn tick_id(schedule: &str, instant_ms: i64) -> String {
     format!("{schedule}@{instant_ms}")
-}
-
-/// The sum of the other schedules' costs a `schedule_budget` refusal carries.
-pub(super) fn budget_used(e: &Error) -> Option<u64> {
-    let Error::Redis { source, .. } = e else {
-        return None;
-    };
-    let text = source.to_string();
-    let (_, rest) = text.split_once("delayq schedule_budget: ")?;
-    rest.split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-}
-
-/// The refusal of a schedule over the namespace's budget, naming its recurrence field.
-pub(super) fn over_budget(spec: &ScheduleSpec, cost: u64, used: u64, max: u64) -> InvalidInput {
-    let per = |c: u64| c as f64 / COST_PER_FIRE_PER_SECOND as f64;
-    InvalidInput::Option {
-        name: if spec.cron.is_some() { "cron" } else { "every" },
-        reason: format!(
-            "it may fire {:.3} times a second, and the namespace's other schedules {:.3}: \
-             together over the budget of {} ticks a second (space its ticks out, or \
-             remove schedules)",
-            per(cost),
-            per(used),
-            max / COST_PER_FIRE_PER_SECOND
-        ),
-    }
 }
