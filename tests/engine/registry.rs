@@ -391,15 +391,16 @@ async fn load_orders(client: &delayq::Client, queue: &str, shards: u16, n: usize
     }
 }
 
-/// Starts a forced delete of `queue` from another client and cuts it off as soon as it has
-/// fenced shard 0: writes are frozen (`CLIENT PAUSE WRITE`), the delete's task is aborted,
-/// writes resume. Asserts the cut landed before the delete's end (the record is still
-/// there).
-async fn cut_off_delete(s: &delayq::LocalRedis, client: &delayq::Client, queue: &str) {
+/// Starts a forced delete of `queue` (`shards` shards) from another client and cuts it off
+/// as soon as it has fenced its last shard (every shard is fenced before any is purged, so
+/// the cut lands among the purges and no producer can write into the queue): writes are
+/// frozen (`CLIENT PAUSE WRITE`), the delete's task is aborted, writes resume. Asserts the
+/// cut landed before the delete's end (the record is still there).
+async fn cut_off_delete(s: &delayq::LocalRedis, client: &delayq::Client, queue: &str, shards: u16) {
     let deleter = delayq::Client::connect(&s.url()).await.unwrap();
     let q = queue.to_owned();
     let task = tokio::spawn(async move { deleter.admin().delete_queue(&q, true).await });
-    let meta = format!("{{dq:{queue}:0}}:meta");
+    let meta = format!("{{dq:{queue}:{}}}:meta", shards - 1);
     let watcher = delayq::Client::connect(&s.url()).await.unwrap();
     let started = std::time::Instant::now();
     loop {
@@ -409,7 +410,7 @@ async fn cut_off_delete(s: &delayq::LocalRedis, client: &delayq::Client, queue: 
         }
         assert!(
             started.elapsed() < WITHIN,
-            "the delete never fenced shard 0"
+            "the delete never fenced the last shard"
         );
     }
     let _: () = raw(&watcher, &["CLIENT", "PAUSE", "60000", "WRITE"]).await;
@@ -440,7 +441,7 @@ async fn an_interrupted_delete_is_finished_and_a_re_create_starts_empty() {
         client.admin().stats("big").await.unwrap().scheduled,
         ORDERS as u64
     );
-    cut_off_delete(&s, &client, "big").await;
+    cut_off_delete(&s, &client, "big", SHARDS).await;
     client.admin().delete_queue("big", false).await.unwrap();
     assert_eq!(keys_of(&client, "big").await, Vec::<String>::new());
     assert!(client.admin().queue_info("big").await.unwrap().is_none());
@@ -448,7 +449,7 @@ async fn an_interrupted_delete_is_finished_and_a_re_create_starts_empty() {
     // A create after a cut-off delete starts empty, and the old orders never come back.
     client.admin().create_queue("big", SHARDS).await.unwrap();
     load_orders(&client, "big", SHARDS, ORDERS).await;
-    cut_off_delete(&s, &client, "big").await;
+    cut_off_delete(&s, &client, "big", SHARDS).await;
     let created = client.admin().create_queue("big", SHARDS).await.unwrap();
     assert!(created.created, "{created:?}");
     assert_eq!(client.admin().stats("big").await.unwrap().scheduled, 0);
@@ -457,7 +458,7 @@ async fn an_interrupted_delete_is_finished_and_a_re_create_starts_empty() {
 
     // Nobody repeats it: the housekeeper finishes it.
     load_orders(&client, "big", SHARDS, ORDERS).await;
-    cut_off_delete(&s, &client, "big").await;
+    cut_off_delete(&s, &client, "big", SHARDS).await;
     assert!(
         !client
             .admin()

@@ -1,11 +1,13 @@
 //! Deleting a queue for good, without ever blocking Redis: the registry record is marked
-//! `deleting` first (`retire.lua`), then each shard is fenced (`fence.lua`: no producer may
-//! write into it any more) and its keys unlinked (`purge.lua`: `UNLINK` frees large values
-//! in Redis's background thread, so a call costs O(keys), never O(orders)), and the record
-//! goes last. A delete cut off at any step is finished by the next delete of the queue, by
-//! a create of it (which then starts empty), or by the housekeeper
-//! ([`Client::finish_deletions`]): a marked record is never listed, never looked up, and
-//! the deleted queue's orders never come back.
+//! `deleting` first (`retire.lua`), then every shard is fenced (`fence.lua`: no producer
+//! may write into it any more), then each shard's keys are unlinked (`purge.lua`: `UNLINK`
+//! frees large values in Redis's background thread, so a call costs O(keys), never
+//! O(orders)), and the record goes last. A delete cut off at any step is finished by the
+//! next delete of the queue, by a create of it (which then starts empty), or by the
+//! housekeeper ([`Client::finish_deletions`]): a marked record is never listed, never
+//! looked up, and the deleted queue's orders never come back. A producer that still holds
+//! the record is refused by each fenced shard; one that wrote into a shard before its
+//! fence wrote before the delete reached it, and that order goes with the queue.
 
 use super::Client;
 use crate::engine::error::{RedisContext, Result};
@@ -32,14 +34,19 @@ impl Client {
             .ctx("reading the history retention")?;
         let history = retention.map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms);
         let now = self.now_ms();
+        // Every shard is fenced before any is purged: a few O(1) calls, so a producer that
+        // still holds the queue's record is refused everywhere almost at once, and the
+        // slow part (the unlinks) runs on shards nobody can write into any more.
+        let shard_keys = self.keyspace().shards(queue, shards);
         let mut fences = Vec::with_capacity(usize::from(shards));
-        for k in self.keyspace().shards(queue, shards) {
-            let f = scripts::fence(&mut self.connection(), &k, epoch, true).await?;
+        for k in &shard_keys {
+            fences.push(scripts::fence(&mut self.connection(), k, epoch, true).await?);
+        }
+        for (k, f) in shard_keys.iter().zip(&fences) {
             if f.fenced == 1 {
-                let keys = self.shard_key_list(queue, &k, &f, &history, now);
+                let keys = self.shard_key_list(queue, k, f, &history, now);
                 scripts::purge(&mut self.connection(), &k.meta, &keys, epoch).await?;
             }
-            fences.push(f);
         }
         scripts::retire_end(&mut self.connection(), self.keyspace(), queue, epoch).await?;
         self.forget(queue);
