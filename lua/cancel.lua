@@ -7,7 +7,7 @@
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the three go together, so no crash leaves a payload or level without its
--- schedule entry. Redis >= 6.2.
+-- schedule entry. Cost: O(log N) in the shard's scheduled orders (ZREM). Redis >= 6.2.
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end

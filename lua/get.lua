@@ -11,7 +11,8 @@
 --
 -- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false,
 --            level ("high" or "low") or false (normal) }
--- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
+-- Read-only; one script so the answer is one consistent snapshot. Cost: O(1) (ZSCORE,
+-- HGET). Redis >= 6.2.
 local level = false
 if KEYS[3] then level = redis.call('HGET', KEYS[3], ARGV[1]) end
 return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]), level }

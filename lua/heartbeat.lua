@@ -10,7 +10,8 @@
 -- Returns: 1, or 0 when the queue does not exist (nothing written: a worker of a deleted
 -- queue leaves no key behind).
 -- Why one script: the existence check and the write go together. KEYS[1] and KEYS[2]
--- share shard 0's hash tag. Redis >= 6.2.
+-- share shard 0's hash tag. Cost: O(log C + D) in the queue's consumers C and the
+-- heartbeats dropped D. Redis >= 6.2.
 if type(ARGV[1]) ~= 'string' or not int(ARGV[2]) or not int(ARGV[4]) then
   return redis.error_reply('ERR delayq heartbeat: member, now and cutoff expected')
 end

@@ -18,6 +18,9 @@
 --   summed over the groups (what waits at that level).
 --   idle_ms: since any consumer of the group last read (the smallest consumer idle time),
 --            -1 without consumers: an abandoned group shows a large or missing value.
+-- Cost: O(log N) in the scheduled orders (ZCARD, ZCOUNT, ZRANGE 0 0) plus, per lane,
+-- O(groups + consumers) (XINFO GROUPS, XINFO CONSUMERS). Redis >= 6.2 (lag needs 7.0;
+-- older servers report -1).
 local now = int(ARGV[1])
 if not now then return redis.error_reply('ERR delayq stats: now must be unix milliseconds') end
 local scheduled = redis.call('ZCARD', KEYS[1])

@@ -7,6 +7,8 @@
 -- at or after it are kept (XTRIM MINID removes ids strictly below). A stream without groups
 -- is not trimmed (a group created later reads from the start).
 -- Returns: { removed, trim_point or false }
+-- Cost: O(groups) (XINFO GROUPS, one summary XPENDING per group) plus the entries removed
+-- (XTRIM frees whole stream nodes). Redis >= 6.2.
 local groups = groups_of(KEYS[1])
 if #groups == 0 then return { 0, false } end
 local min = nil

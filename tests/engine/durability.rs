@@ -34,9 +34,11 @@ async fn replicated_schedules_wait_for_a_replica() {
     let master = LocalRedis::start().unwrap();
     let (mut replica, replica_client) = synced_replica(&master).await;
 
+    // A generous WAIT for the writes that must succeed (a loaded machine may take a while
+    // to replicate 500 orders); a short one below, where no replica can answer.
     let durable = Durability::Replicated {
         replicas: 1,
-        timeout: Duration::from_millis(300),
+        timeout: Duration::from_secs(30),
     };
     let client = Client::connect_with(&master.url(), ClientOptions::default().durability(durable))
         .await
@@ -59,7 +61,11 @@ async fn replicated_schedules_wait_for_a_replica() {
 
     // No replica: a clear error, and the order is on the leader (it may still fire).
     replica.kill();
-    let e = client
+    let short = client.with_durability(Durability::Replicated {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    });
+    let e = short
         .schedule("q", "late", When::in_ms(60_000), json!(1))
         .await
         .unwrap_err();

@@ -7,7 +7,7 @@
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the three go together, so no crash leaves a payload or level without its
--- schedule entry. Redis >= 6.2.
+-- schedule entry. Cost: O(log N) in the shard's scheduled orders (ZREM). Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole

@@ -10,7 +10,8 @@
 --
 -- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false,
 --            level ("high" or "low") or false (normal) }
--- Read-only; one script so the answer is one consistent snapshot. Redis >= 6.2.
+-- Read-only; one script so the answer is one consistent snapshot. Cost: O(1) (ZSCORE,
+-- HGET). Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
