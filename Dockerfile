@@ -83,7 +83,7 @@ COPY . .
 # Buildah). Debug info is stripped (function names stay, for backtraces).
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    CARGO_PROFILE_RELEASE_STRIP=debuginfo cargo build --release --locked --bin delayq \
+    CARGO_PROFILE_RELEASE_STRIP=debuginfo cargo build --release --locked --bin delayq --no-default-features --features cli \
  && install -D -m 0755 target/release/delayq /out/delayq
 
 # ---------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@
 //! | `orders` | [`orders`] | sqlx (PostgreSQL, SQLite) |
 //! | `server` | [`service`] (implies `orders`, `otel`) | axum, reqwest (rustls), figment, metrics-exporter-prometheus |
 //! | `test-util` | [`testing`], [`ManualClock`] | tempfile |
-//! | `cli` (default) | [`cli`] and the `delayq` binary (implies all the above) | clap, tracing-subscriber, hdrhistogram, anyhow, opentelemetry_sdk, opentelemetry-otlp (HTTP/protobuf on reqwest) |
+//! | `cli` (default) | [`cli`] and the `delayq` binary, the product (implies all the above but `test-util`) | clap, tracing-subscriber, hdrhistogram, anyhow, tempfile, opentelemetry_sdk, opentelemetry-otlp (HTTP/protobuf on reqwest) |
+//! | `dev-tools` (default) | `delayq bench`, and the throwaway `redis-server` of `delayq demo` (implies `cli`, `test-util`); the container image builds `cli` alone | |
 //!
 //! A service that only schedules and cancels depends on
 //! `delayq = { version = "0.1", default-features = false }` (with `features = ["otel"]` to

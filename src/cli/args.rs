@@ -98,7 +98,8 @@ pub enum Command {
         config: std::path::PathBuf,
     },
     /// The whole flow with zero configuration: a simulated checkout service, a dispatcher and
-    /// two handler groups; uses --redis-url when it answers, else a throwaway redis-server.
+    /// two handler groups; uses --redis-url when it answers, else a throwaway redis-server
+    /// (feature dev-tools: `cargo run`, not the container image).
     Demo {
         /// Orders to create.
         #[arg(long, default_value_t = 2000)]
@@ -158,7 +159,9 @@ pub enum Command {
         action: DeadAction,
     },
     /// Measure delayq on this Redis (own namespace, cleaned up; starts a throwaway
-    /// redis-server when none is reachable).
+    /// redis-server when none is reachable). Feature `dev-tools` (on by default; not in the
+    /// container image).
+    #[cfg(feature = "dev-tools")]
     Bench {
         /// Scenarios, comma separated: spread, storm, storm3, enqueue, ceiling, dispatch, depth, idle
         /// (idle: `--queues` queues of `--shards` shards, nothing due, `--processes` serve

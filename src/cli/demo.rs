@@ -12,8 +12,8 @@
 use crate::orders::db::Db;
 use crate::orders::repo::{Orders, PayOutcome};
 use crate::{
-    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Handler, LocalRedis, Mode,
-    NewOrder, OrderClose, When, Worker, WorkerOptions,
+    Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, Handler, Mode, NewOrder,
+    OrderClose, When, Worker, WorkerOptions,
 };
 use anyhow::Context;
 use hdrhistogram::Histogram;
@@ -65,18 +65,7 @@ pub struct DemoSummary {
 pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
     anyhow::ensure!(opts.orders > 0, "--orders must be at least 1");
     anyhow::ensure!(opts.paid_percent <= 100, "--paid-percent must be 0..=100");
-    let (_server, url) = if crate::testing::local_redis::reachable(url) {
-        eprintln!("using Redis at {url}");
-        (None, url.to_owned())
-    } else {
-        let s = LocalRedis::start().context("no Redis reachable, and no throwaway one either")?;
-        eprintln!(
-            "no Redis at {url}: started a throwaway redis-server at {}",
-            s.url()
-        );
-        let u = s.url();
-        (Some(s), u)
-    };
+    let (_server, url) = redis_for_demo(url)?;
     let (_dir, db_url) = match &opts.database_url {
         Some(u) => (None, u.clone()),
         None => {
@@ -104,6 +93,32 @@ pub async fn run(url: &str, opts: &DemoOptions) -> anyhow::Result<DemoSummary> {
         eprintln!("could not remove the demo's keys: {e}");
     }
     result
+}
+
+/// The Redis the demo runs on: `url` when it answers, else a throwaway `redis-server`
+/// (kept alive by the returned guard) in a build with the developers' tools.
+#[cfg(feature = "dev-tools")]
+fn redis_for_demo(url: &str) -> anyhow::Result<(Option<crate::LocalRedis>, String)> {
+    if crate::testing::local_redis::reachable(url) {
+        eprintln!("using Redis at {url}");
+        return Ok((None, url.to_owned()));
+    }
+    let s =
+        crate::LocalRedis::start().context("no Redis reachable, and no throwaway one either")?;
+    eprintln!(
+        "no Redis at {url}: started a throwaway redis-server at {}",
+        s.url()
+    );
+    let u = s.url();
+    Ok((Some(s), u))
+}
+
+/// The Redis the demo runs on: `url` (this build has no throwaway `redis-server`: feature
+/// `dev-tools`, which the container image leaves out).
+#[cfg(not(feature = "dev-tools"))]
+fn redis_for_demo(url: &str) -> anyhow::Result<(Option<()>, String)> {
+    eprintln!("using Redis at {url} (this build starts no throwaway redis-server)");
+    Ok((None, url.to_owned()))
 }
 
 async fn demo(

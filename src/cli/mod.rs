@@ -16,6 +16,7 @@ macro_rules! out {
 }
 
 mod args;
+#[cfg(feature = "dev-tools")]
 pub mod bench;
 mod cancel;
 mod cron;
@@ -74,6 +75,7 @@ impl From<crate::service::serve::ServeError> for Failure {
     }
 }
 
+#[cfg(feature = "dev-tools")]
 impl From<crate::testing::local_redis::LocalRedisError> for Failure {
     fn from(e: crate::testing::local_redis::LocalRedisError) -> Self {
         Failure::Runtime(e.to_string())
@@ -218,6 +220,7 @@ async fn dispatch(cli: Cli) -> VerbResult {
         c @ Command::Demo { .. } => demo::verb(&g, c).await,
         Command::Migrate { database_url } => migrate::run(&database_url).await,
         Command::Serve { config } => serve::run(&config).await,
+        #[cfg(feature = "dev-tools")]
         c @ Command::Bench { .. } => bench::verb(&g, c).await,
         Command::Scripts { action } => scripts::run(action),
         Command::Healthcheck {

@@ -322,8 +322,8 @@ fn count_between(r: &Recurrence, from: i64, to: i64) -> u64 {
 mod tests {
     use super::*;
     use crate::engine::client::{Client, ClientOptions};
-    use crate::engine::schedules::ScheduleSpec;
     use crate::engine::clock::ManualClock;
+    use crate::engine::schedules::ScheduleSpec;
     use crate::testing::local_redis::LocalRedis;
     use std::sync::Arc;
     use std::time::Duration;
