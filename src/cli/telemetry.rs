@@ -19,6 +19,12 @@
 //! `OTEL_TRACES_EXPORTER=none` turn export off. A user name and password in the endpoint
 //! URL go to the collector as an `Authorization: Basic` header; the URL the HTTP stack
 //! holds (and logs at debug and trace level) has none.
+//!
+//! **Why not the library ones:** opentelemetry_sdk's `BatchSpanProcessor` keeps its count
+//! of dropped spans private (one log line, another at shutdown) and counts no failed export,
+//! so it could not feed `delayq_trace_spans_dropped_total`; `tracing-subscriber`'s `json`
+//! format cannot put the current OpenTelemetry `trace_id` / `span_id` on a line (they live
+//! in the span's OpenTelemetry context, not in a `tracing` field).
 
 use crate::engine::trace::SPAN_TARGET;
 use crate::service::config::{LogFormat, TelemetrySettings};
