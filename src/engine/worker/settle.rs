@@ -69,12 +69,19 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         for_group,
         bad,
         lease,
+        expires_after_ms,
     } = t;
     if let Some(reason) = bad {
         lease.release();
         settle_dead(s, &d, &reason, false).await;
         return;
     }
+    // Stale work is not handed to the handler (replays are: see `engine::expiry`).
+    let lease =
+        match super::expire::check(s, &d, for_group.is_some(), expires_after_ms, lease).await {
+            Some(lease) => lease,
+            None => return,
+        };
     if let Some(g) = &for_group
         && *g != s.group
     {
@@ -217,7 +224,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
     }
     let error = redact::error(message);
     let lane = s.lane(d.shard, d.priority);
-    match dead_letter(s, lane, &d.entry_id, &s.consumer, d.attempt, &error).await {
+    match dead_letter(s, lane, &d.entry_id, &s.consumer, d.attempt, &error, None).await {
         Ok(true) => {
             tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
@@ -232,14 +239,16 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
 }
 
 /// Runs `dead.lua` for an entry owned by `owner` (with retries) and counts a dead letter;
-/// false when the entry was no longer that owner's.
-async fn dead_letter<H>(
+/// false when the entry was no longer that owner's. `late_ms`: the entry expired (see
+/// [`crate::engine::expiry`]).
+pub(super) async fn dead_letter<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
     entry_id: &str,
     owner: &str,
     attempts: u32,
     error: &str,
+    late_ms: Option<i64>,
 ) -> crate::engine::error::Result<bool> {
     let args = DeadArgs {
         group: &s.group,
@@ -249,6 +258,7 @@ async fn dead_letter<H>(
         error,
         now_ms: s.client.now_ms(),
         history: s.pause.history(&s.client).await,
+        late_ms,
     };
     let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
@@ -277,7 +287,7 @@ pub(super) async fn settle_missing<H>(
     owner: &str,
     attempts: u32,
 ) {
-    match dead_letter(s, lane, entry_id, owner, attempts, ENTRY_MISSING).await {
+    match dead_letter(s, lane, entry_id, owner, attempts, ENTRY_MISSING, None).await {
         Ok(true) => {
             tracing::warn!(entry = %entry_id, group = %s.group, attempts, "dead-lettered: its stream entry was deleted while pending");
         }

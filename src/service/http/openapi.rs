@@ -121,7 +121,8 @@ fn schemas() -> Value {
         ],
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
-               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority()}),
+               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int()}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -259,9 +260,10 @@ fn order_history() -> Value {
             "next_attempt_at_ms",
         ],
         json!({"group": {"type": "string"},
-               "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead"]},
+               "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead", "expired"]},
                "attempts": {"type": "integer", "minimum": 0}, "last_error": nullable("string"),
-               "next_attempt_at_ms": nullable("integer")}),
+               "next_attempt_at_ms": nullable("integer"),
+               "late_ms": {"type": "integer", "minimum": 0, "description": "expired only: ms past due + expires_after"}}),
     );
     object(
         &[
