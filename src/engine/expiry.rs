@@ -66,6 +66,31 @@ pub fn check(d: Duration) -> Result<i64, InvalidInput> {
     check_ms(ms(d))
 }
 
+/// `expires_after` as text (the CLI's `--expires-after`, HTTP's string form): a duration
+/// (`500ms`, `30s`, `15m`, `1h30m`, `2d`), checked as [`check`].
+pub fn parse(text: &str) -> Result<i64, InvalidInput> {
+    check(crate::engine::duration::parse_duration(FIELD, text)?)
+}
+
+/// `expires_after` in a JSON body: a duration string (as [`parse`]) or whole milliseconds
+/// (as [`check_ms`]); anything else is refused naming the field.
+pub fn from_json(v: &serde_json::Value) -> Result<i64, InvalidInput> {
+    match v {
+        serde_json::Value::String(s) => parse(s),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(ms) => check_ms(ms),
+            None => Err(InvalidInput::Option {
+                name: FIELD,
+                reason: format!("{n} is not whole milliseconds"),
+            }),
+        },
+        _ => Err(InvalidInput::Option {
+            name: FIELD,
+            reason: "must be a duration (\"30m\") or whole milliseconds".into(),
+        }),
+    }
+}
+
 /// A queue's default: zero clears it (no default), anything else as [`check`].
 pub fn check_queue_default(d: Duration) -> Result<Option<i64>, InvalidInput> {
     if d.is_zero() {
@@ -133,6 +158,21 @@ mod tests {
             assert_eq!(e.code(), "invalid_option");
         }
         assert!(check(Duration::from_micros(500)).is_err());
+        assert_eq!(parse("1m30s"), Ok(90_000));
+        assert_eq!(from_json(&serde_json::json!("1s")), Ok(1000));
+        assert_eq!(from_json(&serde_json::json!(250)), Ok(250));
+        for bad in [
+            serde_json::json!("0s"),
+            serde_json::json!("-1s"),
+            serde_json::json!("3654d"),
+            serde_json::json!(0),
+            serde_json::json!(-5),
+            serde_json::json!(1.5),
+            serde_json::json!(true),
+        ] {
+            let e = from_json(&bad).unwrap_err();
+            assert!(e.to_string().contains("expires_after"), "{bad}: {e}");
+        }
         assert_eq!(check_queue_default(Duration::ZERO), Ok(None));
         assert_eq!(check_queue_default(Duration::from_secs(1)), Ok(Some(1000)));
     }

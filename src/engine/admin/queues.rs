@@ -32,7 +32,9 @@ pub struct QueueInfo {
     pub paused: bool,
     /// How long the history of its dispatched orders is kept, ms (0: none).
     pub history_retention_ms: i64,
-    /// Its default `expires_after`, ms (`None`: orders without their own never expire).
+    /// Its default `expires_after`, ms (`None`: orders without their own never expire;
+    /// left out of the JSON then).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_after_ms: Option<i64>,
 }
 
