@@ -77,11 +77,13 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         return;
     }
     // Stale work is not handed to the handler (replays are: see `engine::expiry`).
-    let lease =
-        match super::expire::check(s, &d, for_group.is_some(), expires_after_ms, lease).await {
-            Some(lease) => lease,
-            None => return,
-        };
+    if let Some((late, limit)) =
+        super::expire::past_limit(s, &d, for_group.is_some(), expires_after_ms).await
+    {
+        lease.release();
+        settle_expired(s, &d, late, limit).await;
+        return;
+    }
     if let Some(g) = &for_group
         && *g != s.group
     {
@@ -241,7 +243,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
 /// Runs `dead.lua` for an entry owned by `owner` (with retries) and counts a dead letter;
 /// false when the entry was no longer that owner's. `late_ms`: the entry expired (see
 /// [`crate::engine::expiry`]).
-pub(super) async fn dead_letter<H>(
+async fn dead_letter<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
     entry_id: &str,
@@ -272,6 +274,37 @@ pub(super) async fn dead_letter<H>(
         s.metrics().dead_lettered();
     }
     r
+}
+
+/// Dead-letters an entry that expired (`late_ms` past due + `limit_ms`) for this group, with
+/// reason `expired`, and counts it; the handler never sees it. A dead-lettering that fails
+/// leaves the entry pending: its lease runs out and the next hand-off judges it again. The
+/// caller released the lease.
+async fn settle_expired<H>(s: &Shared<H>, d: &Delivery, late_ms: i64, limit_ms: i64) {
+    let error = crate::engine::expiry::error_text(late_ms, limit_ms);
+    let lane = s.lane(d.shard, d.priority);
+    let owner = &s.consumer;
+    match dead_letter(
+        s,
+        lane,
+        &d.entry_id,
+        owner,
+        d.attempt,
+        &error,
+        Some(late_ms),
+    )
+    .await
+    {
+        Ok(true) => {
+            s.stats.expired.fetch_add(1, Ordering::Relaxed);
+            s.metrics().expired();
+            tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, late_ms, "expired: dead-lettered, not handed to the handler");
+        }
+        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
+        Err(e) => {
+            tracing::warn!(id = ?d.id, error = %e, "could not dead-letter an expired entry; it stays pending")
+        }
+    }
 }
 
 /// The stable reason of a dead letter whose stream entry was deleted while pending.
