@@ -105,8 +105,9 @@ pub(crate) fn encode(expires_after_ms: i64, body: &str) -> String {
 }
 
 /// Splits the part of a stored value after `<enqueued_ms>:` into its expiry and the rest
-/// (the trace-prefixed or plain payload). A body that does not start with `!<digits>!` has
-/// no expiry and is returned whole.
+/// (the trace-prefixed or plain payload). A body that does not start with `!<n>!`, `n` a
+/// canonical positive decimal (`[1-9][0-9]*`, as every producer writes it), has no expiry
+/// and is returned whole.
 pub(crate) fn split_stored(body: &str) -> (Option<i64>, &str) {
     let Some(rest) = body.strip_prefix('!') else {
         return (None, body);
@@ -114,8 +115,10 @@ pub(crate) fn split_stored(body: &str) -> (Option<i64>, &str) {
     let Some(end) = rest.find('!') else {
         return (None, body);
     };
-    match rest[..end].parse::<i64>() {
-        Ok(n) if n > 0 && !rest[..end].starts_with('+') => (Some(n), &rest[end + 1..]),
+    let digits = &rest[..end];
+    let canonical = digits.bytes().all(|b| b.is_ascii_digit()) && !digits.starts_with('0');
+    match digits.parse::<i64>() {
+        Ok(n) if canonical && n > 0 => (Some(n), &rest[end + 1..]),
         _ => (None, body),
     }
 }
@@ -185,6 +188,8 @@ mod tests {
         assert_eq!(split_stored("{\"a\":1}"), (None, "{\"a\":1}"));
         assert_eq!(split_stored("!x!1"), (None, "!x!1"));
         assert_eq!(split_stored("!0!1"), (None, "!0!1"));
+        assert_eq!(split_stored("!+5!1"), (None, "!+5!1"));
+        assert_eq!(split_stored("!05!1"), (None, "!05!1"));
         assert_eq!(split_stored("!12"), (None, "!12"));
         assert_eq!(of_stored("12:[1]"), None);
     }

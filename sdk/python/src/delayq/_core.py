@@ -8,6 +8,7 @@ import datetime as _dt
 import enum
 import hashlib
 import json
+import re
 import secrets
 import time
 from importlib import resources
@@ -579,9 +580,9 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
         return None, text
     if rest.startswith("!"):
         # An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
-        end = rest.find("!", 1)
-        if end > 1 and rest[1:end].isdigit() and int(rest[1:end]) > 0:
-            rest = rest[end + 1:]
+        m = re.match(r"!([1-9][0-9]*)!", rest)
+        if m:
+            rest = rest[m.end():]
     if rest.startswith("~"):
         end = rest.find("~", 1)
         if end > 0:
