@@ -28,14 +28,17 @@
 --   false                                        never seen, or past the history retention
 --   { 'scheduled', due_ms, stored value or false, level or false }   waiting for its due time
 --   { 'dispatched', entry id, due_ms, entry fields or false (trimmed),
---     { {group, state, attempts, last_error or false, next_attempt_ms or false}, ... },
+--     { {group, state, attempts, last_error or false, next_attempt_ms or false,
+--        late_ms or false}, ... },
 --     level or false }
 -- A record "<entry id>:<due ms>" is of the normal lane; "<entry id>:<due ms>:<level>" of
 -- that level's lane (see dequeue.lua): its entry, pending state, timers and errors are
 -- looked up there.
 -- A group's state: 'waiting' (not read yet: the entry is after its last-delivered id),
 -- 'running' (pending, leased), 'retrying' (pending, its current attempt failed: the errors
--- HASH holds that attempt), 'done' (acknowledged), 'dead' (history marker "d<n>:<dead id>").
+-- HASH holds that attempt), 'done' (acknowledged), 'dead' (history marker "d<n>:<dead id>"),
+-- 'expired' (not handed to the group past due + expires_after, dead-lettered: marker
+-- "x<n>:<late ms>:<dead id>", late_ms reported).
 -- A done entry acknowledged after several attempts has the marker "a<n>".
 -- Each group is reported on its own delivery: the order's record, or the redirect
 -- "\2<group>\2<order id>" a replay or a redelivery to that group wrote (see replay.lua).
@@ -148,8 +151,11 @@ for i = 1, ng do
       local mkey = marker_bucket(e)
       local m = false
       if mkey then m = redis.call('HGET', mkey, '\1' .. g .. '\1' .. e) end
-      local dn, did = false, false
+      local dn, did, late = false, false, false
       if m then dn, did = string.match(m, '^d(%d+):(.+)$') end
+      if m and not dn then
+        dn, late, did = string.match(m, '^x(%d+):(%d+):(.+)$')
+      end
       if dn then
         local d = redis.call('XRANGE', KEYS[4], did, did)
         local err = false
@@ -157,7 +163,11 @@ for i = 1, ng do
           local f = d[1][2]
           for j = 1, #f, 2 do if f[j] == 'error' then err = f[j + 1] end end
         end
-        groups[#groups + 1] = { g, 'dead', tonumber(dn), err, false }
+        if late then
+          groups[#groups + 1] = { g, 'expired', tonumber(dn), err, false, tonumber(late) }
+        else
+          groups[#groups + 1] = { g, 'dead', tonumber(dn), err, false }
+        end
       else
         local an = m and string.match(m, '^a(%d+)$')
         groups[#groups + 1] = { g, 'done', tonumber(an or 1), false, false }

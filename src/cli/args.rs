@@ -75,6 +75,10 @@ pub enum Command {
         /// Priority level: high, normal (the default) or low.
         #[arg(long, value_parser = parse_priority, allow_hyphen_values = true)]
         priority: Option<Priority>,
+        /// Not handed to a consumer group later than this past its due time (30m, 1h;
+        /// default: the queue's): that group dead-letters it with reason expired instead.
+        #[arg(long, allow_hyphen_values = true)]
+        expires_after: Option<String>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {
@@ -264,6 +268,11 @@ pub enum QueueAction {
         /// How long the history of dispatched orders is kept (default 24h; 0s: none).
         #[arg(long)]
         history_retention: Option<String>,
+        /// The default expires_after of orders that set none (e.g. 30m; 0s clears it): an
+        /// order a group would get later than this past its due time is dead-lettered for
+        /// that group with reason expired.
+        #[arg(long, allow_hyphen_values = true)]
+        expires_after: Option<String>,
     },
     /// List the registered queues, one JSON line each.
     List,

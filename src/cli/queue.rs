@@ -13,6 +13,7 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             queue,
             shards,
             history_retention,
+            expires_after,
         } => {
             QueueName::new(&queue)?;
             let retention = history_retention
@@ -22,8 +23,18 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             if let Some(r) = retention {
                 HistoryPolicy::new(r)?;
             }
+            let expires_after = expires_after
+                .as_deref()
+                .map(|t| parse_duration("--expires-after", t))
+                .transpose()?;
+            if let Some(e) = expires_after {
+                crate::engine::expiry::check_queue_default(e)?;
+            }
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.create_queue(&queue, Some(shards), retention).await?);
+            print_json(
+                &a.create_queue(&queue, Some(shards), retention, expires_after)
+                    .await?,
+            );
         }
         QueueAction::List => {
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;

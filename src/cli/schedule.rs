@@ -1,4 +1,5 @@
-//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE]) [--payload JSON] [--if-absent] [--priority P]`.
+//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE]) [--payload JSON] [--if-absent] [--priority P]
+//! [--expires-after D]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -20,6 +21,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         payload,
         if_absent,
         priority,
+        expires_after,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -43,6 +45,9 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         Mode::Upsert
     };
     let mut order = NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default());
+    if let Some(e) = expires_after {
+        order = order.with_expires_after(parse_duration("--expires-after", &e)?);
+    }
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }

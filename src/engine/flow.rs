@@ -52,6 +52,8 @@ pub(crate) struct QueueFlags {
     pub(crate) paused: bool,
     /// The queue's order-history retention.
     pub(crate) history: HistoryPolicy,
+    /// The queue's default `expires_after`, ms (see [`crate::engine::expiry`]).
+    pub(crate) expires_after_ms: Option<i64>,
 }
 
 /// The pause flag of `queue` (or of `group`) and the queue's history retention, read
@@ -61,16 +63,19 @@ pub(crate) async fn queue_flags(
     queue: &QueueName,
     group: Option<&str>,
 ) -> Result<QueueFlags> {
-    let (paused, history): (Option<String>, Option<i64>) = redis::cmd("HMGET")
-        .arg(client.queue_meta_key(queue))
-        .arg(pause_field(group))
-        .arg(RETENTION_FIELD)
-        .query_async(&mut client.connection())
-        .await
-        .ctx("reading the queue's flags")?;
+    let (paused, history, expires): (Option<String>, Option<i64>, Option<i64>) =
+        redis::cmd("HMGET")
+            .arg(client.queue_meta_key(queue))
+            .arg(pause_field(group))
+            .arg(RETENTION_FIELD)
+            .arg(crate::engine::expiry::QUEUE_FIELD)
+            .query_async(&mut client.connection())
+            .await
+            .ctx("reading the queue's flags")?;
     Ok(QueueFlags {
         paused: paused.is_some(),
         history: history.map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms),
+        expires_after_ms: expires.filter(|e| *e > 0),
     })
 }
 
@@ -110,6 +115,18 @@ impl QueueWatch {
     /// Forgets the cached flags: the next call reads them again.
     pub(crate) fn invalidate(&self) {
         *self.seen.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The queue's default `expires_after` in ms (none when the record cannot be read: an
+    /// order without its own is then handed over; the next read decides again).
+    pub(crate) async fn expires_after_ms(&self, client: &Client) -> Option<i64> {
+        match self.flags(client).await {
+            Ok(f) => f.expires_after_ms,
+            Err(e) => {
+                tracing::warn!(queue = %self.queue, error = %e, "reading the queue's flags failed");
+                None
+            }
+        }
     }
 
     /// Whether the watched flag says paused.

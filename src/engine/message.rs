@@ -382,6 +382,9 @@ pub struct NewOrder {
     /// [`crate::engine::trace`]); `None` takes the caller's current span's, if any. Not
     /// counted in the payload's size.
     pub trace: Option<TraceContext>,
+    /// How long after its due time the order may still be handed to a group, in ms
+    /// (`None`: the queue's default, if any); see [`crate::engine::expiry`].
+    pub expires_after_ms: Option<i64>,
 }
 
 impl NewOrder {
@@ -393,7 +396,15 @@ impl NewOrder {
             payload: payload.into(),
             priority: Priority::Normal,
             trace: None,
+            expires_after_ms: None,
         }
+    }
+
+    /// The same order, not handed to a group later than `expires_after` past its due time
+    /// (1 ms ..= 10 years; see [`crate::engine::expiry`]).
+    pub fn with_expires_after(mut self, expires_after: std::time::Duration) -> Self {
+        self.expires_after_ms = Some(crate::engine::duration::ms(expires_after));
+        self
     }
 
     /// The same order scheduled in trace context `trace` (e.g. a request's `traceparent`
@@ -427,7 +438,11 @@ impl NewOrder {
                 ),
             });
         }
-        self.when.resolve(now_ms)
+        let due = self.when.resolve(now_ms)?;
+        if let Some(e) = self.expires_after_ms {
+            crate::engine::expiry::check_ms(e)?;
+        }
+        Ok(due)
     }
 }
 
@@ -514,6 +529,7 @@ pub(crate) fn decode_stored_traced(raw: &str) -> (Option<i64>, Option<TraceConte
     match raw.split_once(':') {
         Some((ms, rest)) => match ms.parse::<i64>() {
             Ok(ms) => {
+                let (_, rest) = crate::engine::expiry::split_stored(rest);
                 let (ctx, json) = trace::split_stored(rest);
                 (Some(ms), ctx, json)
             }

@@ -18,6 +18,7 @@
 //! - [`supervisor`]: one dispatcher for every queue of the registry, following it.
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
+//! - [`expiry`]: expiry of stale work (`expires_after`): the rule, its stored form, the check.
 //! - [`flow`]: flow control the loops follow: pause flags, shared rate limits.
 //! - [`history`]: the order-history records the dispatcher and workers write (retention,
 //!   buckets, markers); [`admin::history`] reads them.
@@ -37,6 +38,7 @@ pub mod conn;
 pub mod dispatcher;
 pub mod duration;
 pub mod error;
+pub mod expiry;
 pub mod flow;
 pub mod history;
 pub mod housekeeping;

@@ -11,6 +11,7 @@
 //! | `delayq_dispatched_total` | counter | queue |
 //! | `delayq_handled_total` | counter | queue, group, outcome (success, retry, dead, skipped) |
 //! | `delayq_dead_lettered_total` | counter | queue, group |
+//! | `delayq_expired_total` | counter | queue, group (orders not handed to the group past due + `expires_after`: dead-lettered with reason `expired`) |
 //! | `delayq_order_close_total` | counter | queue, group, outcome (closed, already_paid, already_closed, not_yet_expired, unknown_order) |
 //! | `delayq_reconciled_total` | counter | queue |
 //! | `delayq_dead_trimmed_total` | counter | queue (retention and cap) |
@@ -165,6 +166,7 @@ pub struct GroupMetrics {
     dead: metrics::Counter,
     skipped: metrics::Counter,
     dead_lettered: metrics::Counter,
+    expired: metrics::Counter,
     late_acks: metrics::Counter,
     /// By priority rank (high, normal, low).
     lateness: [metrics::Histogram; 3],
@@ -200,6 +202,11 @@ impl GroupMetrics {
             skipped: handled("skipped"),
             dead_lettered: metrics::counter!(
                 "delayq_dead_lettered_total",
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned()
+            ),
+            expired: metrics::counter!(
+                "delayq_expired_total",
                 "queue" => queue.to_owned(),
                 "group" => group.to_owned()
             ),
@@ -243,6 +250,11 @@ impl GroupMetrics {
     /// One entry moved to the dead-letter stream.
     pub fn dead_lettered(&self) {
         self.dead_lettered.increment(1);
+    }
+
+    /// One order not handed to the group because it expired (see [`crate::engine::expiry`]).
+    pub fn expired(&self) {
+        self.expired.increment(1);
     }
 
     /// Acknowledgements of entries another consumer had acknowledged already.

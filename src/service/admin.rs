@@ -362,16 +362,20 @@ impl Admin {
 
     /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
     /// its count when none is given). Idempotent; another shard count than the registered
-    /// one is refused. `history_retention`, when given, is set on it (checked before
-    /// anything is written).
+    /// one is refused. `history_retention` and the default `expires_after` (zero clears
+    /// it), when given, are set on it (checked before anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
         shards: Option<u16>,
         history_retention: Option<Duration>,
+        expires_after: Option<Duration>,
     ) -> Result<QueueCreated> {
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
+        }
+        if let Some(e) = expires_after {
+            crate::engine::expiry::check_queue_default(e)?;
         }
         let shards = match shards {
             Some(n) => n,
@@ -384,6 +388,9 @@ impl Admin {
         let created = self.queues.create_queue(queue, shards).await?;
         if let Some(r) = history_retention {
             self.queues.set_history_retention(queue, r).await?;
+        }
+        if let Some(e) = expires_after {
+            self.queues.set_expires_after(queue, e).await?;
         }
         Ok(created)
     }

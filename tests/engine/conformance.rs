@@ -30,8 +30,8 @@ const OPS: [&str; 6] = [
     "connect",
 ];
 
-/// Every key a case may have (README, format 3); another key means the file changed format.
-const CASE_KEYS: [&str; 19] = [
+/// Every key a case may have (README, format 4); another key means the file changed format.
+const CASE_KEYS: [&str; 20] = [
     "name",
     "op",
     "queue",
@@ -51,14 +51,42 @@ const CASE_KEYS: [&str; 19] = [
     "at_local",
     "timezone",
     "expect_due_ms",
+    "expires_after_ms",
 ];
 
 /// Every key an order of a batch may have.
-const ORDER_KEYS: [&str; 5] = ["id", "delay_ms", "due_ms", "payload", "priority"];
+const ORDER_KEYS: [&str; 6] = [
+    "id",
+    "delay_ms",
+    "due_ms",
+    "payload",
+    "priority",
+    "expires_after_ms",
+];
+
+/// The stored body the case's (or batch order's) payload text must have: the text, after
+/// `!<expires_after_ms>!` when the order has its own expiry (src/engine/expiry.rs).
+fn stored_body(o: &serde_json::Map<String, Value>, payload: &str) -> String {
+    match o.get("expires_after_ms").and_then(Value::as_i64) {
+        Some(e) => format!("!{e}!{payload}"),
+        None => payload.to_owned(),
+    }
+}
+
+/// `order` with the case's (or batch order's) `expires_after_ms`, as given.
+fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOrder, String> {
+    Ok(match o.get("expires_after_ms") {
+        Some(v) => NewOrder {
+            expires_after_ms: Some(int(v, "expires_after_ms")?),
+            ..order
+        },
+        None => order,
+    })
+}
 
 fn doc() -> Value {
     let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
-    assert_eq!(doc["format"], 3, "inputs.json: unknown format");
+    assert_eq!(doc["format"], 4, "inputs.json: unknown format");
     doc
 }
 
@@ -253,11 +281,15 @@ impl Run {
                     Some(Ok(w)) => w,
                     Some(Err(e)) => return Ok(Outcome::invalid(&e, None)),
                 };
-                let order = NewOrder::new(id, when, payload).with_priority(priority);
+                let order = expiring(
+                    case,
+                    NewOrder::new(id, when, payload).with_priority(priority),
+                )?;
                 match self.client.schedule_with(queue, order, mode).await {
                     Ok(s) => {
                         let due = due_of(case, self.now);
-                        self.accepted(queue, &[(id, payload_text, due, priority)], &[s])
+                        let body = stored_body(case, payload_text);
+                        self.accepted(queue, &[(id, &body, due, priority)], &[s])
                             .await?;
                         Ok(Outcome::Ok("scheduled".into()))
                     }
@@ -389,11 +421,14 @@ impl Run {
                     };
                     spec.push((
                         id.into(),
-                        payload_text.into(),
+                        stored_body(o, payload_text),
                         due_of(o, self.now),
                         priority,
                     ));
-                    orders.push(NewOrder::new(id, when, payload).with_priority(priority));
+                    orders.push(expiring(
+                        o,
+                        NewOrder::new(id, when, payload).with_priority(priority),
+                    )?);
                 }
             }
             (None, Some(Value::Object(g))) => {
@@ -490,7 +525,7 @@ impl Run {
                 .await
                 .map_err(|e| e.to_string())?;
             let stored = stored.ok_or_else(|| format!("no payload stored for {id:?}"))?;
-            // Stored as "<enqueued unix ms>:<the JSON text>".
+            // Stored as "<enqueued unix ms>:<the JSON text>" (after "!<ms>!" with an expiry).
             let json = stored
                 .iter()
                 .position(|&b| b == b':')

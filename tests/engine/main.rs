@@ -13,6 +13,7 @@ mod crash;
 mod dead_letters;
 mod durability;
 mod engine;
+mod expiry;
 mod failure;
 mod history;
 mod housekeeping;

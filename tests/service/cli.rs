@@ -15,20 +15,20 @@ use tokio_util::sync::CancellationToken;
 
 const BIN: &str = env!("CARGO_BIN_EXE_delayq");
 
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Out {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Out {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(self.stdout.trim())
             .unwrap_or_else(|e| panic!("{e}: {:?}", self.stdout))
     }
 }
 
-fn run(url: &str, args: &[&str]) -> Out {
+pub(crate) fn run(url: &str, args: &[&str]) -> Out {
     let o = Command::new(BIN)
         .arg("--redis-url")
         .arg(url)

@@ -12,9 +12,9 @@ use serde_json::{Value, json};
 use support::{raw, start};
 use tower::ServiceExt;
 
-const TOKEN: &str = "change-me-please";
+pub(crate) const TOKEN: &str = "change-me-please";
 
-async fn call(
+pub(crate) async fn call(
     router: &axum::Router,
     method: &str,
     uri: &str,
@@ -44,7 +44,7 @@ async fn raw_call(router: &axum::Router, req: Request<Body>) -> (StatusCode, Val
     (status, v)
 }
 
-fn code(v: &Value) -> &str {
+pub(crate) fn code(v: &Value) -> &str {
     v["error"]["code"]
         .as_str()
         .unwrap_or_else(|| panic!("no error envelope: {v}"))

@@ -18,12 +18,12 @@ OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-    "at_local", "timezone", "expect_due_ms",
+    "at_local", "timezone", "expect_due_ms", "expires_after_ms",
 }
 
 
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 3, "a conformance format this reader does not know"
+    assert DOC["format"] == 4, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
@@ -66,6 +66,11 @@ def _scheduled_count(server: RedisServer) -> int:
     return sum(r.zcard(k) for k in r.scan_iter(match="{%s:*}:due" % DOC["namespace"]))
 
 
+def _expiry(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The order's own ``expires_after_ms`` exactly as the file has it (absent: none)."""
+    return {"expires_after_ms": d["expires_after_ms"]} if "expires_after_ms" in d else {}
+
+
 def _level(d: Dict[str, Any]) -> Dict[str, Any]:
     """The ``priority`` given to the SDK exactly as the file has it (absent: normal)."""
     return {"priority": d["priority"]} if "priority" in d else {}
@@ -76,7 +81,7 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
     mode = "if_absent" if case.get("mode") == "if_absent" else "upsert"
     if op == "schedule":
         payload = delayq.RawJson(case["payload"])
-        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case), **_level(case))
+        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case), **_level(case), **_expiry(case))
     if op == "schedule_many":
         if "generate" in case:
             g = case["generate"]
@@ -93,7 +98,7 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
                         delayq.rules.check_priority(o["priority"])
                 except delayq.InvalidInput as e:
                     raise e.in_batch(i) from None
-                orders.append(delayq.Order(o["id"], payload=payload, **_when(o), **_level(o)))
+                orders.append(delayq.Order(o["id"], payload=payload, **_when(o), **_level(o), **_expiry(o)))
         return client.schedule_many(q, orders, mode=mode)
     if op == "cancel":
         return client.cancel(q, case["id"])

@@ -31,6 +31,7 @@ import {
   laneArg,
   payloadText,
   resolveWhen,
+  storedBody,
 } from "./message.js";
 import { SCRIPTS, type Script, isNoScript } from "./scripts.js";
 
@@ -557,7 +558,8 @@ export class Client {
       const k = shardKeys(this.core.ns, queue, c.shard);
       const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
       for (const i of c.idxs) {
-        args.push((orders[i] as NewOrder).id, String(dues[i]), payloads[i] as string, levels[i] as string);
+        const o = orders[i] as NewOrder;
+        args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
       }
       return { keys: [k.due, k.payload, k.meta, k.levels], args, n: c.idxs.length };
     });

@@ -34,6 +34,7 @@ export {
   MAX_AHEAD_MS,
   MAX_PAYLOAD_DEPTH,
   PRIORITIES,
+  checkExpiresAfter,
   checkPriority,
   jsonText,
   type NewOrder,

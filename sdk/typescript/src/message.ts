@@ -115,6 +115,33 @@ export interface NewOrder extends When {
   payloadJson?: string;
   /** Its priority level: `"high"`, `"normal"` (the default) or `"low"`. */
   priority?: Priority;
+  /**
+   * Not handed to a consumer group later than this many ms past the due time (1 ..= 10
+   * years, else `invalid_option`): that group dead-letters it with reason `expired`
+   * instead. Absent: the queue's default, if any (see src/engine/expiry.rs).
+   */
+  expiresAfterMs?: number;
+}
+
+/**
+ * Checks an order's `expiresAfterMs` as the Rust `engine::expiry::check_ms`: whole ms,
+ * 1 ..= `MAX_AHEAD_MS`; `invalid_option` naming `expires_after` otherwise.
+ */
+export function checkExpiresAfter(ms: unknown): number {
+  if (typeof ms !== "number" || !Number.isInteger(ms)) {
+    throw new InvalidInputError("invalid_option", `invalid option expires_after: must be whole milliseconds, got ${String(ms)}`);
+  }
+  if (ms < 1 || ms > MAX_AHEAD_MS) {
+    const hint = ms === 0 ? " (leave it out for no expiry)" : "";
+    throw new InvalidInputError("invalid_option", `invalid option expires_after: must be 1ms..=10 years (3653d), got ${ms} ms${hint}`);
+  }
+  return ms;
+}
+
+/** What enqueue.lua stores for an order's payload text: the text, after `!<ms>!` with its own expiry. */
+export function storedBody(order: NewOrder, payload: string): string {
+  const e = order.expiresAfterMs;
+  return e === undefined || e === null ? payload : `!${e}!${payload}`;
 }
 
 const dueErr = (reason: string) => new InvalidInputError("invalid_due_time", `invalid due time: ${reason}`);
@@ -446,7 +473,7 @@ export function payloadText(order: Pick<NewOrder, "payload" | "payloadJson">): s
 
 /**
  * Checks one order as the Rust `NewOrder::validate` does, once its payload text is known:
- * the id, the payload's size, its depth, then the due time. Returns the due time.
+ * the id, the payload's size, its depth, the due time, then `expiresAfterMs`. Returns the due time.
  */
 export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxPayloadBytes: number): number {
   checkId(order.id);
@@ -461,7 +488,9 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   if (depth > MAX_PAYLOAD_DEPTH) {
     throw payloadErr(`nested ${depth} levels deep; at most ${MAX_PAYLOAD_DEPTH} levels of arrays and objects`);
   }
-  return resolveWhen(order, nowMs);
+  const due = resolveWhen(order, nowMs);
+  if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
+  return due;
 }
 
 /**
@@ -478,6 +507,9 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
       const big = BigInt(ms);
       if (big <= 9223372036854775807n && big >= -9223372036854775808n) {
         let json = raw.slice(i + 1);
+        // An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
+        const exp = /^!([1-9][0-9]*)!/.exec(json);
+        if (exp) json = json.slice(exp[0].length);
         if (json.startsWith("~")) {
           const end = json.indexOf("~", 1);
           if (end > 0) json = json.slice(end + 1);

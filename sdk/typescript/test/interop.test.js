@@ -206,3 +206,29 @@ test("scheduled here at high / low, dispatched by delayq serve into that level's
     admin.disconnect();
   }
 });
+
+test("an order scheduled here with expiresAfterMs, handed over too late, is expired by delayq serve", { timeout: 90_000 }, async () => {
+  // Due 5 s ago with 1 s to spare: the webhook group would get it at least 4 s past its
+  // limit, so it dead-letters it with reason expired; a long limit is delivered.
+  const past = Date.now() - 5_000;
+  const out = await client.scheduleMany(Q, [
+    { id: "stale-1", at: past, expiresAfterMs: 1_000, payload: { n: 1 } },
+    { id: "fresh-1", at: past, expiresAfterMs: 3_600_000, payload: { n: 2 } },
+  ]);
+  assert.ok(out.every((r) => r.outcome === "created"));
+  const body = await hook.waitFor("fresh-1", 30_000);
+  assert.equal(rawPayload(body), '{"n":2}');
+  let dead;
+  for (let i = 0; i < 3000 && !dead; i++) {
+    const page = JSON.parse(await (await fetch(`${serve.base}/v1/queues/${Q}/dead`)).text());
+    dead = page.dead_letters.find((d) => d.id === "stale-1");
+    if (!dead) await new Promise((r) => setTimeout(r, 10));
+  }
+  assert.ok(dead, "stale-1 dead-lettered");
+  assert.equal(dead.reason, "expired");
+  assert.ok(dead.late_ms >= 4_000, `late_ms ${dead.late_ms}`);
+  assert.deepEqual(dead.payload, { n: 1 });
+  const history = JSON.parse(await (await fetch(`${serve.base}/v1/queues/${Q}/messages/stale-1`)).text());
+  assert.equal(history.groups[0].state, "expired");
+  assert.ok(!hook.ids().includes("stale-1"), "never delivered");
+});

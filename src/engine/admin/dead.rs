@@ -34,6 +34,13 @@ pub struct DeadLetter {
     pub payload: crate::engine::message::Payload,
     /// The order's priority level (a replay puts it back at this level).
     pub priority: crate::engine::priority::Priority,
+    /// Why it was dead-lettered when the group never handled it: `expired` (see
+    /// [`crate::engine::expiry`]); `None` for a handler's failures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Expired only: how late its hand-off would have been past due + `expires_after`, ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_ms: Option<i64>,
 }
 
 /// Which dead letters an operation applies to.
@@ -386,5 +393,7 @@ fn to_dead(
             .unwrap_or(0),
         payload,
         priority: crate::engine::reply::stored_level(get("priority")),
+        reason: get("reason").map(str::to_owned),
+        late_ms: get("late_ms").and_then(|v| v.parse().ok()),
     }
 }

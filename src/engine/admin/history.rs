@@ -40,6 +40,9 @@ pub enum GroupState {
     Done,
     /// Given up on: dead-lettered.
     Dead,
+    /// Not handed to the group: it would have been later than due + `expires_after`
+    /// (dead-lettered with reason `expired`; see [`crate::engine::expiry`]).
+    Expired,
 }
 
 /// One group's part in a dispatched order's history.
@@ -55,6 +58,9 @@ pub struct GroupHistory {
     pub last_error: Option<String>,
     /// When the next attempt is due (retrying only), unix ms.
     pub next_attempt_at_ms: Option<i64>,
+    /// How late its hand-off would have been past due + `expires_after`, ms (expired only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_ms: Option<i64>,
 }
 
 /// What happened to an order: the answer of `GET /v1/queues/{q}/messages/{id}` and `delayq
@@ -439,6 +445,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
                 Some("running") => GroupState::Running,
                 Some("retrying") => GroupState::Retrying,
                 Some("dead") => GroupState::Dead,
+                Some("expired") => GroupState::Expired,
                 _ => GroupState::Done,
             };
             h.groups.push(GroupHistory {
@@ -450,6 +457,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
                     .unwrap_or(0),
                 last_error: get(3).and_then(text),
                 next_attempt_at_ms: get(4).and_then(int),
+                late_ms: get(5).and_then(int),
             });
         }
     }

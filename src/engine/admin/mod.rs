@@ -1,6 +1,6 @@
 //! Queue administration: the operator's side of the engine, apart from the producer's
 //! [`Client`]. [`Queues`] (from [`Client::admin`]) creates, lists and deletes queues and
-//! groups ([`queues`]), pauses and resumes them, sets their history retention, reads their
+//! groups ([`queues`]), pauses and resumes them, sets their history retention and default `expires_after`, reads their
 //! statistics ([`stats`]), an order's history and redelivers it ([`history`]), and lists,
 //! replays and purges dead letters ([`dead`]). The service's admin layer, the CLI and the
 //! dashboard go through it.
@@ -10,6 +10,7 @@
 //! registry through the client's catalog (`engine::client::catalog`).
 
 pub mod dead;
+mod expiry;
 pub mod history;
 pub mod queues;
 pub mod stats;

@@ -32,6 +32,10 @@ pub struct QueueInfo {
     pub paused: bool,
     /// How long the history of its dispatched orders is kept, ms (0: none).
     pub history_retention_ms: i64,
+    /// Its default `expires_after`, ms (`None`: orders without their own never expire;
+    /// left out of the JSON then).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_after_ms: Option<i64>,
 }
 
 /// What is still in a queue: why a delete without `force` was refused.
@@ -155,6 +159,7 @@ impl Queues {
                     shards: r.shards,
                     paused: flags.paused,
                     history_retention_ms: flags.history.retention_ms(),
+                    expires_after_ms: flags.expires_after_ms,
                 }))
             }
             None => Ok(None),
@@ -174,16 +179,18 @@ impl Queues {
                 .arg(self.client.keyspace().queue_record(&q))
                 .arg("shards")
                 .arg(crate::engine::flow::pause_field(None))
-                .arg(RETENTION_FIELD);
+                .arg(RETENTION_FIELD)
+                .arg(crate::engine::expiry::QUEUE_FIELD);
         }
-        let records: Vec<(Option<u16>, Option<String>, Option<i64>)> = pipe
+        type Record = (Option<u16>, Option<String>, Option<i64>, Option<i64>);
+        let records: Vec<Record> = pipe
             .query_async(&mut self.client.connection())
             .await
             .ctx("reading the queue registry")?;
         Ok(names
             .into_iter()
             .zip(records)
-            .filter_map(|(queue, (shards, paused, history))| {
+            .filter_map(|(queue, (shards, paused, history, expires))| {
                 shards.map(|shards| QueueInfo {
                     queue,
                     shards,
@@ -191,6 +198,7 @@ impl Queues {
                     history_retention_ms: history
                         .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms)
                         .retention_ms(),
+                    expires_after_ms: expires.filter(|e| *e > 0),
                 })
             })
             .collect())

@@ -93,13 +93,22 @@ impl Client {
             },
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
-        let stored: Vec<Option<String>> = if producer.is_traced() {
+        // Orders with an `expires_after` store it in front of that (see `engine::expiry`).
+        let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
+        let stored: Vec<Option<String>> = if producer.is_traced() || expiring {
             orders
                 .iter()
                 .map(|o| {
-                    producer
+                    let traced = producer
                         .stored(o.trace.as_ref())
-                        .map(|c| c.encode(o.payload.as_str()))
+                        .map(|c| c.encode(o.payload.as_str()));
+                    match o.expires_after_ms {
+                        Some(e) => Some(crate::engine::expiry::encode(
+                            e,
+                            traced.as_deref().unwrap_or(o.payload.as_str()),
+                        )),
+                        None => traced,
+                    }
                 })
                 .collect()
         } else {
@@ -316,10 +325,10 @@ impl Client {
 }
 
 /// What each order of a schedule call stores as its payload: the JSON text, or (a traced
-/// order) its context and the JSON text.
+/// order, an order with an expiry) its prefixes and the JSON text.
 struct Texts<'a> {
     orders: &'a [NewOrder],
-    /// Per order, the stored text of a traced order (empty when none is traced).
+    /// Per order, the stored text of a traced or expiring order (empty when none is).
     stored: &'a [Option<String>],
 }
 

@@ -170,6 +170,9 @@ pub(crate) struct DeadArgs<'a> {
     pub now_ms: i64,
     /// The queue's history retention (where the `dead` marker goes).
     pub history: HistoryPolicy,
+    /// Set when the entry expired: how late its hand-off would have been, ms (see
+    /// [`crate::engine::expiry`]).
+    pub late_ms: Option<i64>,
 }
 
 /// Runs `dead.lua`; false when the entry is no longer this consumer's.
@@ -179,8 +182,8 @@ pub(crate) async fn dead_letter<C: ConnectionLike>(
     a: &DeadArgs<'_>,
 ) -> Result<bool> {
     let (bucket, expires_at) = a.history.marker_target(keys, a.entry_id);
-    let n: i64 = DEAD
-        .key(&keys.stream)
+    let mut inv = DEAD.prepare_invoke();
+    inv.key(&keys.stream)
         .key(keys.timers(a.group))
         .key(&keys.dead)
         .key(keys.errors(a.group))
@@ -192,7 +195,11 @@ pub(crate) async fn dead_letter<C: ConnectionLike>(
         .arg(a.error)
         .arg(a.now_ms)
         .arg(marker_field(a.group, a.entry_id))
-        .arg(expires_at)
+        .arg(expires_at);
+    if let Some(late) = a.late_ms {
+        inv.arg(late);
+    }
+    let n: i64 = inv
         .invoke_async(conn)
         .await
         .ctx("dead-lettering an entry (dead.lua)")?;

@@ -36,6 +36,9 @@ pub(super) struct Taken {
     pub(super) bad: Option<String>,
     /// Ownership of the entry until it is settled.
     pub(super) lease: Lease,
+    /// The order's own `expires_after`, ms, from its stored value (see
+    /// [`crate::engine::expiry`]).
+    pub(super) expires_after_ms: Option<i64>,
 }
 
 /// Creates `group` on every shard's stream when it is new (`join_group.lua`: from the start
@@ -178,6 +181,11 @@ pub(super) fn to_taken<H>(
     let lease = s
         .leases
         .hold(lane_index(lane.shard, lane.level), entry_id, lease_until);
+    let expires_after_ms = fields.as_ref().and_then(|f| {
+        f.iter()
+            .find(|(k, _)| k == "data")
+            .and_then(|(_, v)| crate::engine::expiry::of_stored(v))
+    });
     let (delivery, for_group, bad) = match fields {
         Some(f) => parse_delivery(&s.queue, &s.group, lane, entry_id, f, attempt),
         None => {
@@ -197,6 +205,7 @@ pub(super) fn to_taken<H>(
         for_group,
         bad,
         lease,
+        expires_after_ms,
     }
 }
 

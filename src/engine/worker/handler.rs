@@ -203,4 +203,7 @@ pub struct WorkerStats {
     pub late_acks: AtomicU64,
     /// Entries addressed to another group (dead-letter replays) acknowledged unhandled.
     pub skipped: AtomicU64,
+    /// Entries not handed to the handler because they expired (`expires_after`): also
+    /// counted in `dead_lettered`.
+    pub expired: AtomicU64,
 }

@@ -19,6 +19,7 @@
 //! attempts survive restarts.
 
 mod entry;
+mod expire;
 mod handler;
 mod multi;
 mod options;

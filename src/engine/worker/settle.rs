@@ -69,10 +69,19 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         for_group,
         bad,
         lease,
+        expires_after_ms,
     } = t;
     if let Some(reason) = bad {
         lease.release();
         settle_dead(s, &d, &reason, false).await;
+        return;
+    }
+    // Stale work is not handed to the handler (replays are: see `engine::expiry`).
+    if let Some((late, limit)) =
+        super::expire::past_limit(s, &d, for_group.is_some(), expires_after_ms).await
+    {
+        lease.release();
+        settle_expired(s, &d, late, limit).await;
         return;
     }
     if let Some(g) = &for_group
@@ -217,7 +226,7 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
     }
     let error = redact::error(message);
     let lane = s.lane(d.shard, d.priority);
-    match dead_letter(s, lane, &d.entry_id, &s.consumer, d.attempt, &error).await {
+    match dead_letter(s, lane, &d.entry_id, &s.consumer, d.attempt, &error, None).await {
         Ok(true) => {
             tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, attempts = d.attempt, %error, "dead-lettered");
             if hooks {
@@ -232,7 +241,8 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
 }
 
 /// Runs `dead.lua` for an entry owned by `owner` (with retries) and counts a dead letter;
-/// false when the entry was no longer that owner's.
+/// false when the entry was no longer that owner's. `late_ms`: the entry expired (see
+/// [`crate::engine::expiry`]).
 async fn dead_letter<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
@@ -240,6 +250,7 @@ async fn dead_letter<H>(
     owner: &str,
     attempts: u32,
     error: &str,
+    late_ms: Option<i64>,
 ) -> crate::engine::error::Result<bool> {
     let args = DeadArgs {
         group: &s.group,
@@ -249,6 +260,7 @@ async fn dead_letter<H>(
         error,
         now_ms: s.client.now_ms(),
         history: s.pause.history(&s.client).await,
+        late_ms,
     };
     let r = with_retries("dead.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
@@ -264,6 +276,37 @@ async fn dead_letter<H>(
     r
 }
 
+/// Dead-letters an entry that expired (`late_ms` past due + `limit_ms`) for this group, with
+/// reason `expired`, and counts it; the handler never sees it. A dead-lettering that fails
+/// leaves the entry pending: its lease runs out and the next hand-off judges it again. The
+/// caller released the lease.
+async fn settle_expired<H>(s: &Shared<H>, d: &Delivery, late_ms: i64, limit_ms: i64) {
+    let error = crate::engine::expiry::error_text(late_ms, limit_ms);
+    let lane = s.lane(d.shard, d.priority);
+    let owner = &s.consumer;
+    match dead_letter(
+        s,
+        lane,
+        &d.entry_id,
+        owner,
+        d.attempt,
+        &error,
+        Some(late_ms),
+    )
+    .await
+    {
+        Ok(true) => {
+            s.stats.expired.fetch_add(1, Ordering::Relaxed);
+            s.metrics().expired();
+            tracing::warn!(id = ?d.id, entry = %d.entry_id, group = %s.group, late_ms, "expired: dead-lettered, not handed to the handler");
+        }
+        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
+        Err(e) => {
+            tracing::warn!(id = ?d.id, error = %e, "could not dead-letter an expired entry; it stays pending")
+        }
+    }
+}
+
 /// The stable reason of a dead letter whose stream entry was deleted while pending.
 pub(crate) const ENTRY_MISSING: &str =
     "entry_missing: the stream entry was deleted while it was pending in the group";
@@ -277,7 +320,7 @@ pub(super) async fn settle_missing<H>(
     owner: &str,
     attempts: u32,
 ) {
-    match dead_letter(s, lane, entry_id, owner, attempts, ENTRY_MISSING).await {
+    match dead_letter(s, lane, entry_id, owner, attempts, ENTRY_MISSING, None).await {
         Ok(true) => {
             tracing::warn!(entry = %entry_id, group = %s.group, attempts, "dead-lettered: its stream entry was deleted while pending");
         }

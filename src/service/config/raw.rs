@@ -50,6 +50,10 @@ pub struct Config {
     /// get`, reconciliation): default `24h`, `0s` turns it off. Set on every queue this
     /// service dispatches.
     pub history_retention: Option<String>,
+    /// The default `expires_after` of orders that set none (e.g. `30m`; `0s` clears it):
+    /// an order a group would get later than this past its due time is dead-lettered for
+    /// that group with reason `expired`. Set on every queue of the configuration.
+    pub expires_after: Option<String>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -158,6 +162,7 @@ impl Default for Config {
             shutdown_grace: None,
             startup_timeout: None,
             history_retention: None,
+            expires_after: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
@@ -199,6 +204,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "shutdown_grace",
     "startup_timeout",
     "history_retention",
+    "expires_after",
     "http",
     "dispatcher",
     "housekeeping",

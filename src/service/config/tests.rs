@@ -557,3 +557,18 @@ fn telemetry_and_log_format_are_checked_naming_their_key() {
         assert!(!e.to_string().contains("token=x"), "{e}");
     }
 }
+
+/// The queues' default `expires_after` (issue 44): a duration, `0s` clears it; the
+/// library's range, refused under its key.
+#[test]
+fn expires_after_is_checked_naming_its_key() {
+    let s = load_str("expires_after = \"30m\"", env()).unwrap();
+    assert_eq!(s.expires_after, Some(Duration::from_secs(1800)));
+    let s = load_str("expires_after = \"0s\"", env()).unwrap();
+    assert_eq!(s.expires_after, Some(Duration::ZERO));
+    assert_eq!(load_str("", env()).unwrap().expires_after, None);
+    for bad in ["\"-1s\"", "\"3654d\"", "\"soon\"", "\"1us\"", "5"] {
+        let e = load_str(&format!("expires_after = {bad}"), env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("expires_after"), "{bad}: {e}");
+    }
+}

@@ -54,6 +54,9 @@ struct MessageBody {
     /// value is named (serde's own message would not name the field).
     #[serde(default)]
     priority: Option<Value>,
+    /// A duration (`"30m"`) or whole ms: see [`crate::engine::expiry`].
+    #[serde(default)]
+    expires_after: Option<Value>,
 }
 
 impl MessageBody {
@@ -85,6 +88,17 @@ impl MessageBody {
             timezone: self.timezone.as_deref(),
         }
         .when()
+    }
+
+    /// `order` with this message's `expires_after`, if it has one.
+    fn expiring(&self, order: NewOrder) -> Result<NewOrder, InvalidInput> {
+        Ok(match &self.expires_after {
+            Some(v) => NewOrder {
+                expires_after_ms: Some(crate::engine::expiry::from_json(v)?),
+                ..order
+            },
+            None => order,
+        })
     }
 
     fn payload(&self) -> Payload {
@@ -140,7 +154,7 @@ pub(super) async fn put_message(
         ));
     }
     let order = NewOrder::new(id, b.when()?, b.payload()).with_priority(b.priority()?);
-    let order = traced(order, trace_of(&headers).as_ref());
+    let order = traced(b.expiring(order)?, trace_of(&headers).as_ref());
     let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
     let status = if a.outcome == ScheduleOutcome::Created {
         StatusCode::CREATED
@@ -204,10 +218,10 @@ pub(super) async fn batch(
         }
         let when = m.when().map_err(in_batch)?;
         let priority = m.priority().map_err(in_batch)?;
-        orders.push(traced(
-            NewOrder::new(id, when, m.payload()).with_priority(priority),
-            trace.as_ref(),
-        ));
+        let order = m
+            .expiring(NewOrder::new(id, when, m.payload()).with_priority(priority))
+            .map_err(in_batch)?;
+        orders.push(traced(order, trace.as_ref()));
     }
     let a = st
         .admin

@@ -121,7 +121,8 @@ fn schemas() -> Value {
         ],
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
-               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority()}),
+               "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int()}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -132,6 +133,9 @@ fn schemas() -> Value {
         "description": "due at this local wall-clock time (no offset) in `timezone`, resolved once when scheduled: a time that does not exist (spring forward) is the end of the gap, one that happens twice (fall back) its first occurrence; the answer's due_at_ms is the resolved instant. Not with delay_ms or due_at (400 invalid_local_time, also for an offset or a malformed time)"});
     let timezone = json!({"type": "string", "example": "Europe/Berlin",
         "description": "the IANA time zone of at_local (case-insensitive), required with it and only with it (400 invalid_timezone, also for an unknown zone)"});
+    // Expiry of stale work (issue 44): per message, over the queue's default.
+    let expires_after = json!({"oneOf": [{"type": "string", "example": "30m"}, {"type": "integer", "minimum": 1}],
+        "description": "not handed to a consumer group later than this past the due time (a duration such as 30m, or whole ms; 1ms..10 years, else 400 invalid_option): that group dead-letters it with reason expired instead. Default: the queue's expires_after, if any"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -142,7 +146,8 @@ fn schemas() -> Value {
             "timezone": timezone.clone(),
             "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
             "if_absent": {"type": "boolean"},
-            "priority": priority()}},
+            "priority": priority(),
+            "expires_after": expires_after.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -150,7 +155,8 @@ fn schemas() -> Value {
             "at_local": at_local,
             "timezone": timezone,
             "payload": {},
-            "priority": priority()}},
+            "priority": priority(),
+            "expires_after": expires_after}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -161,7 +167,8 @@ fn schemas() -> Value {
         "Queues": object(&["queues"], json!({"queues": {"type": "array", "items": {"type": "string"}}})),
         "CreateQueue": {"type": "object", "additionalProperties": false, "properties": {
             "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
-            "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"}}},
+            "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"},
+            "expires_after": {"type": "string", "description": "the default expires_after of orders that set none: a duration (30m, 1h); 0s clears it"}}},
         "QueueCreated": object(&["queue", "shards", "created"], json!({"queue": {"type": "string"}, "shards": int(), "created": {"type": "boolean"}})),
         "QueueDeleted": object(&["queue", "deleted", "scheduled", "unread", "pending", "dead"], json!({"queue": {"type": "string"},
             "deleted": {"type": "boolean"}, "scheduled": int(), "unread": int(), "pending": int(), "dead": int()})),
@@ -259,9 +266,10 @@ fn order_history() -> Value {
             "next_attempt_at_ms",
         ],
         json!({"group": {"type": "string"},
-               "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead"]},
+               "state": {"type": "string", "enum": ["waiting", "running", "retrying", "done", "dead", "expired"]},
                "attempts": {"type": "integer", "minimum": 0}, "last_error": nullable("string"),
-               "next_attempt_at_ms": nullable("integer")}),
+               "next_attempt_at_ms": nullable("integer"),
+               "late_ms": {"type": "integer", "minimum": 0, "description": "expired only: ms past due + expires_after"}}),
     );
     object(
         &[

@@ -21,6 +21,8 @@ struct CreateQueueBody {
     shards: Option<u16>,
     /// A duration (`24h`, `0s` = no history).
     history_retention: Option<String>,
+    /// The queue's default `expires_after` (`30m`; `0s` clears it).
+    expires_after: Option<String>,
 }
 
 pub(super) async fn create_queue(
@@ -32,6 +34,7 @@ pub(super) async fn create_queue(
         Ok(bytes) if bytes.is_empty() => CreateQueueBody {
             shards: None,
             history_retention: None,
+            expires_after: None,
         },
         other => json_body(other)?,
     };
@@ -40,7 +43,15 @@ pub(super) async fn create_queue(
         .as_deref()
         .map(|t| crate::engine::duration::parse_duration("history_retention", t))
         .transpose()?;
-    let a = st.admin.create_queue(&queue, b.shards, retention).await?;
+    let expires_after = b
+        .expires_after
+        .as_deref()
+        .map(|t| crate::engine::duration::parse_duration(crate::engine::expiry::FIELD, t))
+        .transpose()?;
+    let a = st
+        .admin
+        .create_queue(&queue, b.shards, retention, expires_after)
+        .await?;
     let status = if a.created {
         StatusCode::CREATED
     } else {

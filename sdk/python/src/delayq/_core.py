@@ -8,6 +8,7 @@ import datetime as _dt
 import enum
 import hashlib
 import json
+import re
 import secrets
 import time
 from importlib import resources
@@ -131,6 +132,9 @@ class Order:
     #: (an IANA name), instead of the fields above; resolved once, when scheduled.
     at_local: Optional[str] = None
     timezone: Optional[str] = None
+    #: Not handed to a consumer group later than this many ms past the due time (that
+    #: group dead-letters it with reason ``expired``); None: the queue's default, if any.
+    expires_after_ms: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,6 +367,8 @@ class Prepared:
     payload: rules.RawJson
     #: The level as enqueue.lua takes it (b"" for normal).
     level: bytes = b""
+    #: The order's own expires_after, ms (stored in front of the payload).
+    expires_after_ms: Optional[int] = None
 
 
 def to_order(o: Any) -> Order:
@@ -400,9 +406,10 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             p = rules.to_payload(o.payload)
             rules.check_payload(p, max_payload)
             due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
+            expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i]))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires))
     return out
 
 
@@ -455,7 +462,8 @@ def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        args += (p.id_bytes, b"%d" % p.due, p.payload.data, p.level)
+        data = p.payload.data if p.expires_after_ms is None else b"!%d!" % p.expires_after_ms + p.payload.data
+        args += (p.id_bytes, b"%d" % p.due, data, p.level)
     return args
 
 
@@ -570,6 +578,11 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
         enq = int(head)
     except ValueError:
         return None, text
+    if rest.startswith("!"):
+        # An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
+        m = re.match(r"!([1-9][0-9]*)!", rest)
+        if m:
+            rest = rest[m.end():]
     if rest.startswith("~"):
         end = rest.find("~", 1)
         if end > 0:

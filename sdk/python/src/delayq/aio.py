@@ -223,6 +223,7 @@ class AsyncClient:
         priority: Union[str, c.Priority, None] = c.Priority.NORMAL,
         at_local: Optional[str] = None,
         timezone: Optional[str] = None,
+        expires_after_ms: Optional[int] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -233,7 +234,9 @@ class AsyncClient:
         ``mode``: ``upsert`` (a known id gets the new due time, payload and priority) or
         ``if_absent`` (a known id is left untouched). ``priority``: ``"high"``,
         ``"normal"`` (the default) or ``"low"``; anything else is refused with
-        ``invalid_priority`` before anything is sent."""
+        ``invalid_priority`` before anything is sent. ``expires_after_ms``: not handed to a
+        consumer group later than this past the due time (1 ..= 10 years of ms, else
+        ``invalid_option``); that group dead-letters it with reason ``expired`` instead."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -244,6 +247,7 @@ class AsyncClient:
             priority=priority,
             at_local=at_local,
             timezone=timezone,
+            expires_after_ms=expires_after_ms,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]

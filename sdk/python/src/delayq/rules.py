@@ -433,6 +433,18 @@ def local_to_ms(local: _dt.datetime, zone: Any) -> int:
     return hi * 1000
 
 
+def check_expires_after(ms: Any) -> int:
+    """An order's ``expires_after`` in ms, as ``engine::expiry::check_ms``: a whole number
+    1 ..= 10 years (``MAX_AHEAD_MS``); zero, negative and anything else are refused with
+    ``invalid_option`` naming the field. See src/engine/expiry.rs for what it does."""
+    if isinstance(ms, bool) or not isinstance(ms, int):
+        raise InvalidInput("invalid_option", f"invalid option expires_after: must be whole milliseconds, got {ms!r}")
+    if ms < 1 or ms > MAX_AHEAD_MS:
+        hint = " (leave it out for no expiry)" if ms == 0 else ""
+        raise InvalidInput("invalid_option", f"invalid option expires_after: must be 1ms..=10 years (3653d), got {ms} ms{hint}")
+    return ms
+
+
 def resolve_due(
     now_ms: int,
     delay_ms: Optional[int] = None,
