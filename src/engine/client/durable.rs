@@ -3,6 +3,7 @@
 //! [`Client::enqueue_replicated`]).
 
 use super::Client;
+use super::replicas::{ConnFigure, ReplicaCounts};
 use crate::engine::conn::Conn;
 use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
@@ -48,7 +49,7 @@ impl Client {
         let bound = durable_bound(self.inner.opts.response_timeout, wait);
         let deadline = tokio::time::Instant::now() + bound;
         let slot = self.inner.durable_conns.lease();
-        let (cell, conn) =
+        let (cell, durable) =
             match tokio::time::timeout_at(deadline, self.durable_connection(&slot)).await {
                 Ok(Ok(c)) => c,
                 Ok(Err(e)) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
@@ -59,6 +60,40 @@ impl Client {
                         .collect();
                 }
             };
+        // Every replica: how many the master has had lately (learned before anything is
+        // written; on a cluster, the configured minimum per shard).
+        let wait = if wait.every && !self.is_cluster() {
+            let learning = durable.figure.replicas(
+                &self.inner.durable_conns.counts,
+                &durable.conn,
+                wait.replicas,
+            );
+            match tokio::time::timeout_at(deadline, learning).await {
+                Ok(Ok(n)) => Wait {
+                    replicas: n,
+                    ..wait
+                },
+                Ok(Err(e)) => {
+                    slot.discard(&cell);
+                    let e = if e.is_transient() {
+                        nothing_sent(&e.to_string())
+                    } else {
+                        e
+                    };
+                    return calls.iter().map(|_| Err(e.duplicate())).collect();
+                }
+                Err(_) => {
+                    slot.discard(&cell);
+                    return calls
+                        .iter()
+                        .map(|_| Err(no_connection_within(bound)))
+                        .collect();
+                }
+            }
+        } else {
+            wait
+        };
+        let conn = durable.conn.clone();
         // One pipeline per node: on a cluster each shard is its own slot, on one server
         // every call goes together.
         let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -123,13 +158,19 @@ impl Client {
     /// `enqueue.lua` loaded, so a first pipeline is not spent on `NOSCRIPT` (whose `WAIT`
     /// would block for its whole timeout when no replica follows): its `WAIT`s block it, so
     /// only durable writes use it. The writes that find the slot empty share one opening.
-    async fn durable_connection(&self, slot: &DurableLease<'_>) -> Result<(DurableCell, Conn)> {
+    async fn durable_connection(
+        &self,
+        slot: &DurableLease<'_>,
+    ) -> Result<(DurableCell, Arc<DurableConn>)> {
         let cell = slot.cell();
         let conn = cell
             .get_or_try_init(|| async {
                 let mut conn = self.dedicated_connection(DURABLE_RESPONSE_TIMEOUT).await?;
                 scripts::load_enqueue(&mut conn).await?;
-                Ok::<_, Error>(conn)
+                Ok::<_, Error>(Arc::new(DurableConn {
+                    conn,
+                    figure: ConnFigure::default(),
+                }))
             })
             .await?
             .clone();
@@ -143,7 +184,14 @@ impl Client {
 const DURABLE_CONNECTIONS: usize = 8;
 
 /// One opening of a durable connection (empty until opened).
-type DurableCell = Arc<tokio::sync::OnceCell<Conn>>;
+type DurableCell = Arc<tokio::sync::OnceCell<Arc<DurableConn>>>;
+
+/// A durable connection, and how many replicas its master wants confirmations from
+/// ([`Durability::EveryReplica`](super::Durability::EveryReplica)).
+struct DurableConn {
+    conn: Conn,
+    figure: ConnFigure,
+}
 
 /// The durable connections of a client: [`DURABLE_CONNECTIONS`] slots, each opened on first
 /// use and replaced by a fresh (unopened) cell when a write on it broke or ran out of time.
@@ -151,6 +199,9 @@ type DurableCell = Arc<tokio::sync::OnceCell<Conn>>;
 #[derive(Default)]
 pub(super) struct DurableConns {
     slots: [DurableSlot; DURABLE_CONNECTIONS],
+    /// What the slots learned of each master's replicas (shared, so that a connection
+    /// opened after a promotion starts from what the others saw).
+    counts: ReplicaCounts,
 }
 
 /// One durable connection's slot: its current cell and how many writes use it.
@@ -240,10 +291,27 @@ fn no_connection_within(bound: Duration) -> Error {
     }
 }
 
+/// The error of a durable write whose master could not say how many replicas it has (a
+/// connection that broke on `INFO replication`): nothing was sent (`MASTERDOWN`, "not
+/// written, try again").
+fn nothing_sent(why: &str) -> Error {
+    Error::Redis {
+        context: "learning the master's replicas",
+        source: redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown),
+            "the master's replicas could not be learned; nothing was sent",
+            redact::text(why),
+        )),
+    }
+}
+
 /// A `WAIT`: how many replicas must confirm, within how long.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Wait {
+    /// How many (with `every`: at least how many).
     pub(super) replicas: u32,
+    /// Every replica the master has had lately ([`ConnFigure::replicas`]).
+    pub(super) every: bool,
     pub(super) timeout: Duration,
 }
 
@@ -395,6 +463,7 @@ mod tests {
     fn a_durable_write_is_bounded_by_the_response_and_wait_timeouts() {
         let wait = Wait {
             replicas: 1,
+            every: false,
             timeout: Duration::from_secs(1),
         };
         assert_eq!(

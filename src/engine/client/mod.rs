@@ -8,6 +8,7 @@ pub(crate) mod catalog;
 mod deletion;
 mod durable;
 mod options;
+mod replicas;
 mod schedule;
 
 pub(crate) use catalog::HEARTBEAT_KEPT_MS;

@@ -307,7 +307,20 @@ impl Client {
                 .await
             }
             Durability::Replicated { replicas, timeout } => {
-                let wait = Wait { replicas, timeout };
+                let wait = Wait {
+                    replicas,
+                    every: false,
+                    timeout,
+                };
+                self.enqueue_replicated(calls, epoch, &args, if_absent, now, wait)
+                    .await
+            }
+            Durability::EveryReplica { timeout } => {
+                let wait = Wait {
+                    replicas: 1,
+                    every: true,
+                    timeout,
+                };
                 self.enqueue_replicated(calls, epoch, &args, if_absent, now, wait)
                     .await
             }
