@@ -48,50 +48,9 @@ impl Client {
     ) -> Vec<Result<Vec<ScheduleOutcome>>> {
         let bound = durable_bound(self.inner.opts.response_timeout, wait);
         let deadline = tokio::time::Instant::now() + bound;
-        let slot = self.inner.durable_conns.lease();
-        let (cell, durable) =
-            match tokio::time::timeout_at(deadline, self.durable_connection(&slot)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
-                Err(_) => {
-                    return calls
-                        .iter()
-                        .map(|_| Err(no_connection_within(bound)))
-                        .collect();
-                }
-            };
-        // Every replica: how many the master has had lately (learned before anything is
-        // written; on a cluster, the configured minimum per shard).
-        let wait = if wait.every && !self.is_cluster() {
-            let learning = durable.figure.replicas(
-                &self.inner.durable_conns.counts,
-                &durable.conn,
-                wait.replicas,
-            );
-            match tokio::time::timeout_at(deadline, learning).await {
-                Ok(Ok(n)) => Wait {
-                    replicas: n,
-                    ..wait
-                },
-                Ok(Err(e)) => {
-                    slot.discard(&cell);
-                    let e = if e.is_transient() {
-                        nothing_sent(&e.to_string())
-                    } else {
-                        e
-                    };
-                    return calls.iter().map(|_| Err(e.duplicate())).collect();
-                }
-                Err(_) => {
-                    slot.discard(&cell);
-                    return calls
-                        .iter()
-                        .map(|_| Err(no_connection_within(bound)))
-                        .collect();
-                }
-            }
-        } else {
-            wait
+        let (slot, cell, durable, wait) = match self.durable_start(wait, deadline).await {
+            Ok(started) => started,
+            Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
         };
         let conn = durable.conn.clone();
         // One pipeline per node: on a cluster each shard is its own slot, on one server
@@ -153,6 +112,55 @@ impl Client {
             .collect()
     }
 
+    /// The start of a durable write: a durable slot, its connection (opened within
+    /// `deadline`) and the `WAIT` to make, with every replica's count learned
+    /// ([`ConnFigure::replicas`]; on a cluster, the configured minimum per shard). Nothing
+    /// has been written when this fails: the error says so (`MASTERDOWN`), or is the
+    /// server's own refusal (e.g. `NOPERM` for `INFO`).
+    pub(super) async fn durable_start(
+        &self,
+        wait: Wait,
+        deadline: tokio::time::Instant,
+    ) -> Result<(DurableLease<'_>, DurableCell, Arc<DurableConn>, Wait)> {
+        let bound = durable_bound(self.inner.opts.response_timeout, wait);
+        let slot = self.inner.durable_conns.lease();
+        let (cell, durable) =
+            match tokio::time::timeout_at(deadline, self.durable_connection(&slot)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(no_connection_within(bound)),
+            };
+        if !wait.every || self.is_cluster() {
+            return Ok((slot, cell, durable, wait));
+        }
+        let learning = durable.figure.replicas(
+            &self.inner.durable_conns.counts,
+            &durable.conn,
+            wait.replicas,
+        );
+        match tokio::time::timeout_at(deadline, learning).await {
+            Ok(Ok(n)) => {
+                let wait = Wait {
+                    replicas: n,
+                    ..wait
+                };
+                Ok((slot, cell, durable, wait))
+            }
+            Ok(Err(e)) => {
+                slot.discard(&cell);
+                Err(if e.is_transient() {
+                    nothing_sent(&e.to_string())
+                } else {
+                    e
+                })
+            }
+            Err(_) => {
+                slot.discard(&cell);
+                Err(no_connection_within(bound))
+            }
+        }
+    }
+
     /// The durable connection of `slot`, and the cell it came from (to
     /// [`DurableLease::discard`] it). Opened on first use (and after a discard), with
     /// `enqueue.lua` loaded, so a first pipeline is not spent on `NOSCRIPT` (whose `WAIT`
@@ -184,12 +192,12 @@ impl Client {
 const DURABLE_CONNECTIONS: usize = 8;
 
 /// One opening of a durable connection (empty until opened).
-type DurableCell = Arc<tokio::sync::OnceCell<Arc<DurableConn>>>;
+pub(super) type DurableCell = Arc<tokio::sync::OnceCell<Arc<DurableConn>>>;
 
 /// A durable connection, and how many replicas its master wants confirmations from
 /// ([`Durability::EveryReplica`](super::Durability::EveryReplica)).
-struct DurableConn {
-    conn: Conn,
+pub(super) struct DurableConn {
+    pub(super) conn: Conn,
     figure: ConnFigure,
 }
 
@@ -237,7 +245,7 @@ impl DurableConns {
 
 /// A write's use of a durable slot (counted busy until dropped, also when the write is
 /// cancelled).
-struct DurableLease<'a> {
+pub(super) struct DurableLease<'a> {
     slot: &'a DurableSlot,
 }
 
@@ -253,7 +261,7 @@ impl DurableLease<'_> {
 
     /// Drops the connection of `cell`, unless another write already replaced it: the next
     /// write on this slot opens a new one. Writes still running on it finish on it.
-    fn discard(&self, cell: &DurableCell) {
+    pub(super) fn discard(&self, cell: &DurableCell) {
         let mut current = self.slot.current.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&current, cell) {
             *current = DurableCell::default();
@@ -274,7 +282,7 @@ const DURABLE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(70);
 
 /// How long one durable write may take in all, connecting, the writes and the `WAIT`
 /// included: the client's response timeout plus the `WAIT` timeout.
-fn durable_bound(response_timeout: Duration, wait: Wait) -> Duration {
+pub(super) fn durable_bound(response_timeout: Duration, wait: Wait) -> Duration {
     response_timeout.saturating_add(wait.timeout.min(MAX_WAIT))
 }
 
@@ -316,7 +324,7 @@ pub(super) struct Wait {
 }
 
 impl Wait {
-    fn not_replicated(&self, acked: u32) -> Error {
+    pub(super) fn not_replicated(&self, acked: u32) -> Error {
         Error::NotReplicated {
             acked,
             wanted: self.replicas,
