@@ -1807,8 +1807,8 @@ async fn named_other_than(sentinel: &str, port: u16, what: &str) -> u16 {
         }
     })
     .await;
-    let p = named.lock().unwrap().expect("named");
-    p
+    let p = *named.lock().unwrap();
+    p.expect("named")
 }
 
 /// Waits until every running data server but the master on `master` follows it in sync,
