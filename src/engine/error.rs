@@ -155,9 +155,10 @@ pub enum Error {
         /// The group.
         group: String,
     },
-    /// A durable schedule was not confirmed by enough replicas in time, or its connection
-    /// broke before they answered. The order may be on the leader and may still fire;
-    /// retrying the schedule is safe (idempotent).
+    /// A durable write (a schedule, a reschedule or a cancel) was not confirmed by enough
+    /// replicas in time, or its connection broke before they answered. It may have been
+    /// applied on the leader (a schedule may still fire); retrying it is safe
+    /// (idempotent).
     #[error(
         "the schedule was confirmed by {acked} of {wanted} replicas within {timeout:?} (or the connection broke before they answered); it may have reached the leader and may still fire, and repeating it is safe"
     )]

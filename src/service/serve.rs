@@ -3,7 +3,7 @@
 //! configured handler, the reconciliation job (when on) and the HTTP API, until cancelled;
 //! then stops them all gracefully (in-flight handlers finish and are acknowledged).
 
-use crate::engine::client::Client;
+use crate::engine::client::{Client, Durability};
 use crate::engine::housekeeping::Housekeeper;
 use crate::engine::retry::until_ok;
 use crate::engine::supervisor::{Supervisor, SupervisorOptions};
@@ -414,7 +414,6 @@ pub fn shutdown_on_signals() -> CancellationToken {
 /// docs/production-redis.md, "What a failover loses". A cluster is not checked (its nodes
 /// answer `INFO` one by one); a refused `INFO` skips the check.
 async fn warn_if_acknowledged_writes_unprotected(client: &Client) {
-    use crate::engine::client::Durability;
     use crate::engine::conn::Conn;
     let mut conn = client.connection();
     let sentinel = match conn {
@@ -430,22 +429,45 @@ async fn warn_if_acknowledged_writes_unprotected(client: &Client) {
     )
     .await;
     let Ok(Ok(info)) = info else { return };
-    let replicated = matches!(client.options().durability, Durability::Replicated { .. });
-    if let Some(why) = unprotected_replication(sentinel, &info, replicated) {
-        tracing::warn!(
+    let durability = client.options().durability;
+    match unprotected_replication(sentinel, &info, durability) {
+        Some(Unprotected::Nothing(why)) => tracing::warn!(
             "{why} but nothing protects acknowledged writes from a failover: a forced failover \
              or the loss of the master can discard orders already acknowledged. Set \
-             min-replicas-to-write 1 (and min-replicas-max-lag) on the master and its \
-             replicas, and/or durability = \"replicated\" (docs/production-redis.md, \"What \
-             a failover loses\")"
-        );
+             durability = \"replicated\" (a WAIT on every replica), with \
+             min-replicas-to-write 1 and min-replicas-max-lag 10 on the master and its \
+             replicas (docs/production-redis.md, \"What a failover loses\")"
+        ),
+        Some(Unprotected::Partly(why)) => tracing::warn!(
+            "{why}: that does not protect acknowledged writes from a forced failover (the old \
+             master's other replicas still confirm writes its demotion discards). Set \
+             durability = \"replicated\" (a WAIT on every replica; docs/production-redis.md, \
+             \"What a failover loses\")"
+        ),
+        None => {}
     }
 }
 
-/// Why the set-up is replicated without protection for acknowledged writes (`None`: not
-/// replicated, or protected), from the URL's kind, the master's `INFO replication` and the
-/// client's durability.
-fn unprotected_replication(sentinel: bool, info: &str, replicated: bool) -> Option<String> {
+/// What [`unprotected_replication`] found.
+#[derive(Debug, PartialEq)]
+enum Unprotected {
+    /// A replicated set-up with no protection at all (why it is replicated).
+    Nothing(String),
+    /// A protection that a forced failover gets through (which one).
+    Partly(String),
+}
+
+/// Whether a replicated set-up (a Sentinel URL, or a master that reports connected
+/// replicas) leaves acknowledged writes unprotected from a failover (`None`: not
+/// replicated, or `durability` waits for every replica), from the URL's kind, the master's
+/// `INFO replication` and the client's durability. `min-replicas-to-write`, or a `WAIT` for
+/// fewer replicas than the master has, protect only partly: a forced failover's old master
+/// keeps a replica that confirms writes its demotion discards.
+fn unprotected_replication(
+    sentinel: bool,
+    info: &str,
+    durability: Durability,
+) -> Option<Unprotected> {
     let field = |name: &str| {
         info.lines()
             .find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(':'))
@@ -454,43 +476,66 @@ fn unprotected_replication(sentinel: bool, info: &str, replicated: bool) -> Opti
     let replicas: u64 = field("connected_slaves")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    if replicated || field("min_slaves_good_slaves").is_some() {
-        return None;
-    }
-    if sentinel {
-        Some("redis is reached through sentinels (a replicated set-up)".to_owned())
+    let why = if sentinel {
+        "redis is reached through sentinels (a replicated set-up)".to_owned()
     } else if replicas > 0 {
-        Some(format!(
-            "the redis master reports {replicas} connected replica(s)"
-        ))
+        format!("the redis master reports {replicas} connected replica(s)")
     } else {
-        None
+        return None;
+    };
+    match durability {
+        Durability::EveryReplica { .. } => None,
+        Durability::Replicated { replicas: n, .. } if u64::from(n) >= replicas.max(1) => None,
+        Durability::Replicated { replicas: n, .. } => Some(Unprotected::Partly(format!(
+            "{why}, and durability waits for {n} replica(s) only"
+        ))),
+        _ if field("min_slaves_good_slaves").is_some() => Some(Unprotected::Partly(format!(
+            "{why}, protected by min-replicas-to-write with durability = \"leader\""
+        ))),
+        _ => Some(Unprotected::Nothing(why)),
     }
 }
 
 #[cfg(test)]
 mod replication_warning_tests {
-    use super::unprotected_replication;
+    use super::{Durability, Unprotected, unprotected_replication};
+    use std::time::Duration;
 
     #[test]
-    fn a_replicated_set_up_without_protection_is_named() {
+    fn a_replicated_set_up_without_every_replica_durability_is_named() {
         let bare = "# Replication\r\nrole:master\r\nconnected_slaves:0\r\n";
         let one = "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nslave0:ip=x\r\n";
+        let two = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n";
         let guarded =
             "# Replication\r\nrole:master\r\nconnected_slaves:1\r\nmin_slaves_good_slaves:1\r\n";
-        assert_eq!(unprotected_replication(false, bare, false), None);
+        let leader = Durability::Leader;
+        let every = Durability::replicated();
+        let fixed = |replicas| Durability::Replicated {
+            replicas,
+            timeout: Duration::from_secs(1),
+        };
+        let nothing = |r: Option<Unprotected>| match r {
+            Some(Unprotected::Nothing(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        let partly = |r: Option<Unprotected>| match r {
+            Some(Unprotected::Partly(why)) => why,
+            other => panic!("{other:?}"),
+        };
+        // Not replicated: nothing to say.
+        assert_eq!(unprotected_replication(false, bare, leader), None);
+        assert!(nothing(unprotected_replication(false, one, leader)).contains("1 connected"));
+        assert!(nothing(unprotected_replication(true, bare, leader)).contains("sentinels"));
+        // min-replicas-to-write alone, or a WAIT for fewer replicas than the master has,
+        // protect only partly.
+        assert!(partly(unprotected_replication(true, guarded, leader)).contains("min-replicas"));
         assert!(
-            unprotected_replication(false, one, false)
-                .unwrap()
-                .contains("1 connected")
+            partly(unprotected_replication(false, two, fixed(1))).contains("1 replica(s) only")
         );
-        assert!(
-            unprotected_replication(true, bare, false)
-                .unwrap()
-                .contains("sentinels")
-        );
-        assert_eq!(unprotected_replication(true, guarded, false), None);
-        assert_eq!(unprotected_replication(false, one, true), None);
-        assert_eq!(unprotected_replication(true, bare, true), None);
+        assert_eq!(unprotected_replication(false, two, fixed(2)), None);
+        // Every replica: protected.
+        assert_eq!(unprotected_replication(false, one, every), None);
+        assert_eq!(unprotected_replication(true, bare, every), None);
+        assert_eq!(unprotected_replication(true, guarded, every), None);
     }
 }

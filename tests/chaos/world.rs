@@ -145,8 +145,18 @@ impl Campaign {
     /// The command that runs this campaign again.
     pub fn reproduce(&self) -> String {
         let names: Vec<_> = self.faults.iter().map(|f| f.name()).collect();
+        let sentinel = if self.has(FaultClass::Sentinel) {
+            let replicas = std::env::var("DELAYQ_CHAOS_REPLICAS").unwrap_or_else(|_| "2".into());
+            format!(
+                "DELAYQ_CHAOS_REPLICAS={} DELAYQ_CHAOS_DURABILITY={} ",
+                replicas.trim(),
+                sentinel_durability()
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "DELAYQ_CHAOS_SEED={} DELAYQ_CHAOS_DURATION={}s DELAYQ_CHAOS_FAULTS={} cargo test --locked --test chaos -- --nocapture",
+            "DELAYQ_CHAOS_SEED={} DELAYQ_CHAOS_DURATION={}s DELAYQ_CHAOS_FAULTS={} {sentinel}cargo test --locked --test chaos -- --nocapture",
             self.seed,
             self.duration.as_secs(),
             names.join(",")
@@ -242,10 +252,26 @@ async fn check_clock(client: &Client) -> Result<(), String> {
     }
 }
 
-fn serve_config(redis_url: &str, hook_port: u16) -> String {
+/// The durability of the `sentinel` world's serves and library client:
+/// `DELAYQ_CHAOS_DURABILITY` (`leader` or `replicated`), by default `replicated`
+/// (docs/production-redis.md's recommended settings: a `WAIT` on every replica). The
+/// single-Redis world has no replica and always runs `leader`.
+pub fn sentinel_durability() -> &'static str {
+    match std::env::var("DELAYQ_CHAOS_DURABILITY")
+        .as_deref()
+        .map(str::trim)
+    {
+        Err(_) | Ok("") | Ok("replicated") => "replicated",
+        Ok("leader") => "leader",
+        Ok(other) => panic!("DELAYQ_CHAOS_DURABILITY: leader or replicated, got {other:?}"),
+    }
+}
+
+fn serve_config(redis_url: &str, hook_port: u16, durability: &str) -> String {
     let mut c = format!(
         r#"
 redis_url = "{redis_url}"
+durability = "{durability}"
 shutdown_grace = "3s"
 startup_timeout = "120s"
 [http]
@@ -727,14 +753,28 @@ pub async fn run(cfg: Campaign) -> Report {
         let url = redis.url();
         (Backend::Single(redis), url)
     };
-    let client = Client::connect(&redis_url).await.expect("connect");
+    let durability = if cfg.has(FaultClass::Sentinel) {
+        sentinel_durability()
+    } else {
+        "leader"
+    };
+    let client_durability = match durability {
+        "replicated" => delayq::Durability::replicated(),
+        _ => delayq::Durability::Leader,
+    };
+    let client = Client::connect_with(
+        &redis_url,
+        delayq::ClientOptions::default().durability(client_durability),
+    )
+    .await
+    .expect("connect");
     check_clock(&client).await.unwrap();
     for q in [QUEUE, EPH] {
         client.admin().create_queue(q, 1).await.unwrap();
     }
     let slot: Arc<std::sync::OnceLock<Arc<World>>> = Arc::default();
     let hook_port = start_receiver(slot.clone()).await;
-    let serve_config = serve_config(&redis_url, hook_port);
+    let serve_config = serve_config(&redis_url, hook_port, durability);
     let mut serves = Vec::new();
     let mut bases = Vec::new();
     for _ in 0..2 {
@@ -764,7 +804,7 @@ pub async fn run(cfg: Campaign) -> Report {
     });
     let _ = slot.set(w.clone());
     eprintln!(
-        "  redis {redis_url} (AOF always), serves {:?}, receiver 127.0.0.1:{hook_port}, fail {}‰ hang {}‰, faults {:?}",
+        "  redis {redis_url} (AOF always), durability {durability}, serves {:?}, receiver 127.0.0.1:{hook_port}, fail {}‰ hang {}‰, faults {:?}",
         w.bases.read().unwrap(),
         rates.0,
         rates.1,

@@ -351,3 +351,101 @@ async fn loops_ride_through_a_master_refusing_writes_for_want_of_replicas() {
     w.await.unwrap().unwrap();
     d.await.unwrap();
 }
+
+/// `Durability::replicated()` waits for every replica the master has, and covers cancels
+/// and reschedules too: with two replicas and one of them hung, a write one replica
+/// confirms is `NotReplicated { acked: 1, wanted: 2 }` (where a `WAIT` for one replica
+/// acknowledges it), and once both confirm, both hold it.
+#[tokio::test]
+async fn every_replica_durability_waits_for_each_replica_and_covers_cancels_and_reschedules() {
+    let master = LocalRedis::start().unwrap();
+    let (first, first_client) = synced_replica(&master).await;
+    let (second, second_client) = synced_replica(&master).await;
+    let every = match Durability::replicated() {
+        Durability::EveryReplica { .. } => Durability::EveryReplica {
+            timeout: Duration::from_millis(300),
+        },
+        other => panic!("replicated() is {other:?}"),
+    };
+    let client = Client::connect_with(&master.url(), ClientOptions::default().durability(every))
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    let score = |c: &Client, id: &'static str| {
+        let mut conn = c.connection();
+        async move {
+            let s: Option<f64> = redis::cmd("ZSCORE")
+                .arg("{dq:q:0}:due")
+                .arg(id)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            s
+        }
+    };
+
+    // Acknowledged means both replicas have it, now: the schedule, then its reschedule and
+    // its cancel.
+    client
+        .schedule("q", "a", When::in_ms(60_000), json!(1))
+        .await
+        .unwrap();
+    client
+        .schedule("q", "b", When::in_ms(60_000), json!(2))
+        .await
+        .unwrap();
+    assert!(score(&first_client, "a").await.is_some());
+    assert!(score(&second_client, "a").await.is_some());
+    let before = score(&second_client, "a").await.unwrap();
+    client
+        .reschedule("q", "a", When::in_ms(7_200_000))
+        .await
+        .unwrap();
+    let after = score(&second_client, "a").await.unwrap();
+    assert!(after > before + 3_600_000.0, "{before} -> {after}");
+    assert_eq!(score(&client, "a").await, Some(after));
+    client.cancel("q", "a").await.unwrap();
+    assert_eq!(score(&first_client, "a").await, None);
+    assert_eq!(score(&second_client, "a").await, None);
+
+    // One of the two hangs: every kind of write is refused as not replicated (it may be on
+    // the leader), where a WAIT for one replica acknowledges.
+    second.suspend().unwrap();
+    let not_replicated = |r: Result<(), Error>| match r {
+        Err(Error::NotReplicated {
+            acked: 1,
+            wanted: 2,
+            ..
+        }) => {}
+        other => panic!("expected NotReplicated 1 of 2, got {other:?}"),
+    };
+    not_replicated(
+        client
+            .schedule("q", "c", When::in_ms(60_000), json!(3))
+            .await
+            .map(drop),
+    );
+    not_replicated(
+        client
+            .reschedule("q", "b", When::in_ms(120_000))
+            .await
+            .map(drop),
+    );
+    not_replicated(client.cancel("q", "b").await.map(drop));
+    let one = client.with_durability(Durability::Replicated {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    });
+    one.schedule("q", "d", When::in_ms(60_000), json!(4))
+        .await
+        .unwrap();
+
+    // Back: writes are acknowledged again, by both.
+    second.resume().unwrap();
+    client
+        .schedule("q", "e", When::in_ms(60_000), json!(5))
+        .await
+        .unwrap();
+    assert!(score(&second_client, "e").await.is_some());
+    drop(first);
+}

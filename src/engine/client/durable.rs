@@ -3,6 +3,7 @@
 //! [`Client::enqueue_replicated`]).
 
 use super::Client;
+use super::replicas::{ConnFigure, ReplicaCounts};
 use crate::engine::conn::Conn;
 use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
@@ -47,18 +48,11 @@ impl Client {
     ) -> Vec<Result<Vec<ScheduleOutcome>>> {
         let bound = durable_bound(self.inner.opts.response_timeout, wait);
         let deadline = tokio::time::Instant::now() + bound;
-        let slot = self.inner.durable_conns.lease();
-        let (cell, conn) =
-            match tokio::time::timeout_at(deadline, self.durable_connection(&slot)).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
-                Err(_) => {
-                    return calls
-                        .iter()
-                        .map(|_| Err(no_connection_within(bound)))
-                        .collect();
-                }
-            };
+        let (slot, cell, durable, wait) = match self.durable_start(wait, deadline).await {
+            Ok(started) => started,
+            Err(e) => return calls.iter().map(|_| Err(e.duplicate())).collect(),
+        };
+        let conn = durable.conn.clone();
         // One pipeline per node: on a cluster each shard is its own slot, on one server
         // every call goes together.
         let mut groups: Vec<Vec<usize>> = Vec::new();
@@ -118,18 +112,73 @@ impl Client {
             .collect()
     }
 
+    /// The start of a durable write: a durable slot, its connection (opened within
+    /// `deadline`) and the `WAIT` to make, with every replica's count learned
+    /// ([`ConnFigure::replicas`]; on a cluster, the configured minimum per shard). Nothing
+    /// has been written when this fails: the error says so (`MASTERDOWN`), or is the
+    /// server's own refusal (e.g. `NOPERM` for `INFO`).
+    pub(super) async fn durable_start(
+        &self,
+        wait: Wait,
+        deadline: tokio::time::Instant,
+    ) -> Result<(DurableLease<'_>, DurableCell, Arc<DurableConn>, Wait)> {
+        let bound = durable_bound(self.inner.opts.response_timeout, wait);
+        let slot = self.inner.durable_conns.lease();
+        let (cell, durable) =
+            match tokio::time::timeout_at(deadline, self.durable_connection(&slot)).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(no_connection_within(bound)),
+            };
+        if !wait.every || self.is_cluster() {
+            return Ok((slot, cell, durable, wait));
+        }
+        let learning = durable.figure.replicas(
+            &self.inner.durable_conns.counts,
+            &durable.conn,
+            wait.replicas,
+        );
+        match tokio::time::timeout_at(deadline, learning).await {
+            Ok(Ok(n)) => {
+                let wait = Wait {
+                    replicas: n,
+                    ..wait
+                };
+                Ok((slot, cell, durable, wait))
+            }
+            Ok(Err(e)) => {
+                slot.discard(&cell);
+                Err(if e.is_transient() {
+                    nothing_sent(&e.to_string())
+                } else {
+                    e
+                })
+            }
+            Err(_) => {
+                slot.discard(&cell);
+                Err(no_connection_within(bound))
+            }
+        }
+    }
+
     /// The durable connection of `slot`, and the cell it came from (to
     /// [`DurableLease::discard`] it). Opened on first use (and after a discard), with
     /// `enqueue.lua` loaded, so a first pipeline is not spent on `NOSCRIPT` (whose `WAIT`
     /// would block for its whole timeout when no replica follows): its `WAIT`s block it, so
     /// only durable writes use it. The writes that find the slot empty share one opening.
-    async fn durable_connection(&self, slot: &DurableLease<'_>) -> Result<(DurableCell, Conn)> {
+    async fn durable_connection(
+        &self,
+        slot: &DurableLease<'_>,
+    ) -> Result<(DurableCell, Arc<DurableConn>)> {
         let cell = slot.cell();
         let conn = cell
             .get_or_try_init(|| async {
                 let mut conn = self.dedicated_connection(DURABLE_RESPONSE_TIMEOUT).await?;
                 scripts::load_enqueue(&mut conn).await?;
-                Ok::<_, Error>(conn)
+                Ok::<_, Error>(Arc::new(DurableConn {
+                    conn,
+                    figure: ConnFigure::default(),
+                }))
             })
             .await?
             .clone();
@@ -143,7 +192,14 @@ impl Client {
 const DURABLE_CONNECTIONS: usize = 8;
 
 /// One opening of a durable connection (empty until opened).
-type DurableCell = Arc<tokio::sync::OnceCell<Conn>>;
+pub(super) type DurableCell = Arc<tokio::sync::OnceCell<Arc<DurableConn>>>;
+
+/// A durable connection, and how many replicas its master wants confirmations from
+/// ([`Durability::EveryReplica`](super::Durability::EveryReplica)).
+pub(super) struct DurableConn {
+    pub(super) conn: Conn,
+    figure: ConnFigure,
+}
 
 /// The durable connections of a client: [`DURABLE_CONNECTIONS`] slots, each opened on first
 /// use and replaced by a fresh (unopened) cell when a write on it broke or ran out of time.
@@ -151,6 +207,9 @@ type DurableCell = Arc<tokio::sync::OnceCell<Conn>>;
 #[derive(Default)]
 pub(super) struct DurableConns {
     slots: [DurableSlot; DURABLE_CONNECTIONS],
+    /// What the slots learned of each master's replicas (shared, so that a connection
+    /// opened after a promotion starts from what the others saw).
+    counts: ReplicaCounts,
 }
 
 /// One durable connection's slot: its current cell and how many writes use it.
@@ -186,7 +245,7 @@ impl DurableConns {
 
 /// A write's use of a durable slot (counted busy until dropped, also when the write is
 /// cancelled).
-struct DurableLease<'a> {
+pub(super) struct DurableLease<'a> {
     slot: &'a DurableSlot,
 }
 
@@ -202,7 +261,7 @@ impl DurableLease<'_> {
 
     /// Drops the connection of `cell`, unless another write already replaced it: the next
     /// write on this slot opens a new one. Writes still running on it finish on it.
-    fn discard(&self, cell: &DurableCell) {
+    pub(super) fn discard(&self, cell: &DurableCell) {
         let mut current = self.slot.current.lock().unwrap_or_else(|p| p.into_inner());
         if Arc::ptr_eq(&current, cell) {
             *current = DurableCell::default();
@@ -223,7 +282,7 @@ const DURABLE_RESPONSE_TIMEOUT: Duration = Duration::from_secs(70);
 
 /// How long one durable write may take in all, connecting, the writes and the `WAIT`
 /// included: the client's response timeout plus the `WAIT` timeout.
-fn durable_bound(response_timeout: Duration, wait: Wait) -> Duration {
+pub(super) fn durable_bound(response_timeout: Duration, wait: Wait) -> Duration {
     response_timeout.saturating_add(wait.timeout.min(MAX_WAIT))
 }
 
@@ -240,15 +299,32 @@ fn no_connection_within(bound: Duration) -> Error {
     }
 }
 
+/// The error of a durable write whose master could not say how many replicas it has (a
+/// connection that broke on `INFO replication`): nothing was sent (`MASTERDOWN`, "not
+/// written, try again").
+fn nothing_sent(why: &str) -> Error {
+    Error::Redis {
+        context: "learning the master's replicas",
+        source: redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown),
+            "the master's replicas could not be learned; nothing was sent",
+            redact::text(why),
+        )),
+    }
+}
+
 /// A `WAIT`: how many replicas must confirm, within how long.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Wait {
+    /// How many (with `every`: at least how many).
     pub(super) replicas: u32,
+    /// Every replica the master has had lately ([`ConnFigure::replicas`]).
+    pub(super) every: bool,
     pub(super) timeout: Duration,
 }
 
 impl Wait {
-    fn not_replicated(&self, acked: u32) -> Error {
+    pub(super) fn not_replicated(&self, acked: u32) -> Error {
         Error::NotReplicated {
             acked,
             wanted: self.replicas,
@@ -395,6 +471,7 @@ mod tests {
     fn a_durable_write_is_bounded_by_the_response_and_wait_timeouts() {
         let wait = Wait {
             replicas: 1,
+            every: false,
             timeout: Duration::from_secs(1),
         };
         assert_eq!(

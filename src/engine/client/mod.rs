@@ -7,7 +7,9 @@
 pub(crate) mod catalog;
 mod deletion;
 mod durable;
+mod durable_call;
 mod options;
+mod replicas;
 mod schedule;
 
 pub(crate) use catalog::HEARTBEAT_KEPT_MS;
@@ -137,8 +139,19 @@ impl Client {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
-        let mut conn = self.inner.conn.clone();
-        Ok(if scripts::cancel(&mut conn, &keys, id).await? {
+        let cancelled = match self.durable_wait() {
+            None => {
+                let mut conn = self.inner.conn.clone();
+                scripts::cancel(&mut conn, &keys, id).await?
+            }
+            Some(wait) => {
+                let inv = scripts::cancel_invocation(&keys, id);
+                self.replicated_script(inv, "cancelling an order (cancel.lua)", wait)
+                    .await?
+                    == 1
+            }
+        };
+        Ok(if cancelled {
             telemetry::cancelled(queue.as_str());
             CancelOutcome::Cancelled
         } else {
@@ -169,8 +182,19 @@ impl Client {
         validate_id(id)?;
         let due = when.into().resolve(self.now_ms())?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
-        let mut conn = self.inner.conn.clone();
-        if scripts::reschedule(&mut conn, &keys, id, due, priority).await? {
+        let rescheduled = match self.durable_wait() {
+            None => {
+                let mut conn = self.inner.conn.clone();
+                scripts::reschedule(&mut conn, &keys, id, due, priority).await?
+            }
+            Some(wait) => {
+                let inv = scripts::reschedule_invocation(&keys, id, due, priority);
+                self.replicated_script(inv, "rescheduling an order (reschedule.lua)", wait)
+                    .await?
+                    == 1
+            }
+        };
+        if rescheduled {
             self.inner.wake.scheduled(queue.as_str(), due);
             Ok(RescheduleOutcome::Rescheduled)
         } else {

@@ -135,9 +135,16 @@ impl ClientOptions {
                 reason: "must be at least 1".into(),
             });
         }
-        if let Durability::Replicated { replicas, timeout } = self.durability
-            && (replicas == 0 || timeout.is_zero() || timeout > super::durable::MAX_WAIT)
-        {
+        let bad_durability = match self.durability {
+            Durability::Leader => false,
+            Durability::Replicated { replicas, timeout } => {
+                replicas == 0 || timeout.is_zero() || timeout > super::durable::MAX_WAIT
+            }
+            Durability::EveryReplica { timeout } => {
+                timeout.is_zero() || timeout > super::durable::MAX_WAIT
+            }
+        };
+        if bad_durability {
             return Err(InvalidInput::Option {
                 name: "durability",
                 reason: format!(
@@ -173,19 +180,37 @@ pub enum Durability {
     /// Only once `replicas` replicas confirm it (`WAIT`), within `timeout`; otherwise the call
     /// fails with [`Error::NotReplicated`](crate::Error::NotReplicated) and the order, already
     /// on the leader, may still fire.
+    ///
+    /// A fixed count does not survive a forced failover when the master has more replicas
+    /// than `replicas`: the old master's other replicas still confirm writes that its
+    /// demotion discards. [`Durability::EveryReplica`] does.
     Replicated {
         /// Replicas that must confirm.
         replicas: u32,
         /// How long to wait for them.
         timeout: Duration,
     },
+    /// Only once **every** replica the master has had lately confirms it (`WAIT`; at least
+    /// one), within `timeout`; otherwise the call fails with
+    /// [`Error::NotReplicated`](crate::Error::NotReplicated) and the order, already on the
+    /// leader, may still fire. The count is learned from the master's `INFO replication`
+    /// (replicas in sync, asked again at most every second) and falls only after the
+    /// master reported fewer for 10 s, so that a replica promoted by a failover is still
+    /// waited for on the old master: its writes are refused there instead of acknowledged
+    /// then discarded. The cost: for 10 s after a replica is lost, every such write is
+    /// refused. `durability = "replicated"` in `serve`. On a cluster, one replica per shard
+    /// (the nodes' replicas are not learned).
+    EveryReplica {
+        /// How long to wait for them.
+        timeout: Duration,
+    },
 }
 
 impl Durability {
-    /// One replica within one second.
+    /// Every replica the master has had lately, within one second
+    /// ([`Durability::EveryReplica`]; `durability = "replicated"` in `serve`).
     pub fn replicated() -> Self {
-        Durability::Replicated {
-            replicas: 1,
+        Durability::EveryReplica {
             timeout: Duration::from_secs(1),
         }
     }

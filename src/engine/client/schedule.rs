@@ -303,8 +303,8 @@ impl Client {
                     .collect()
             })
             .collect();
-        match self.durability {
-            Durability::Leader => {
+        match self.durable_wait() {
+            None => {
                 join_all(
                     calls.iter().zip(&args).map(|((keys, _), args)| {
                         let mut conn = self.inner.conn.clone();
@@ -315,11 +315,27 @@ impl Client {
                 )
                 .await
             }
-            Durability::Replicated { replicas, timeout } => {
-                let wait = Wait { replicas, timeout };
+            Some(wait) => {
                 self.enqueue_replicated(calls, epoch, &args, if_absent, now, wait)
                     .await
             }
+        }
+    }
+
+    /// The `WAIT` this handle's writes make (`None`: [`Durability::Leader`]).
+    pub(super) fn durable_wait(&self) -> Option<Wait> {
+        match self.durability {
+            Durability::Leader => None,
+            Durability::Replicated { replicas, timeout } => Some(Wait {
+                replicas,
+                every: false,
+                timeout,
+            }),
+            Durability::EveryReplica { timeout } => Some(Wait {
+                replicas: 1,
+                every: true,
+                timeout,
+            }),
         }
     }
 }

@@ -167,21 +167,43 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
     })
 }
 
+/// The call of `cancel.lua` for order `id` (its reply: 1 when the order was scheduled).
+pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::ScriptInvocation<'a> {
+    let mut inv = CANCEL.prepare_invoke();
+    inv.key(&keys.due)
+        .key(&keys.payload)
+        .key(&keys.levels)
+        .arg(id);
+    inv
+}
+
 /// Runs `cancel.lua`; true when the order was scheduled.
 pub(crate) async fn cancel<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     id: &str,
 ) -> Result<bool> {
-    let n: i64 = CANCEL
-        .key(&keys.due)
-        .key(&keys.payload)
-        .key(&keys.levels)
-        .arg(id)
+    let n: i64 = cancel_invocation(keys, id)
         .invoke_async(conn)
         .await
         .ctx("cancelling an order (cancel.lua)")?;
     Ok(n == 1)
+}
+
+/// The call of `reschedule.lua` (a new `priority`, or the order keeps its level; its reply:
+/// 1 when the order was scheduled).
+pub(crate) fn reschedule_invocation<'a>(
+    keys: &ShardKeys,
+    id: &str,
+    due_ms: i64,
+    priority: Option<Priority>,
+) -> redis::ScriptInvocation<'a> {
+    let mut inv = RESCHEDULE.prepare_invoke();
+    inv.key(&keys.due).key(&keys.levels).arg(id).arg(due_ms);
+    if let Some(p) = priority {
+        inv.arg(p.as_str());
+    }
+    inv
 }
 
 /// Runs `reschedule.lua` (a new `priority`, or the order keeps its level); true when the
@@ -193,12 +215,7 @@ pub(crate) async fn reschedule<C: ConnectionLike>(
     due_ms: i64,
     priority: Option<Priority>,
 ) -> Result<bool> {
-    let mut inv = RESCHEDULE.prepare_invoke();
-    inv.key(&keys.due).key(&keys.levels).arg(id).arg(due_ms);
-    if let Some(p) = priority {
-        inv.arg(p.as_str());
-    }
-    let n: i64 = inv
+    let n: i64 = reschedule_invocation(keys, id, due_ms, priority)
         .invoke_async(conn)
         .await
         .ctx("rescheduling an order (reschedule.lua)")?;

@@ -27,8 +27,9 @@ pub struct Config {
     pub shards: Option<u16>,
     /// Largest accepted payload, bytes (default 64 KiB).
     pub max_payload_bytes: Option<usize>,
-    /// `leader` (acknowledge once the master has it) or `replicated` (once a replica confirms
-    /// it, within one second; else the API answers 503 `not_replicated`).
+    /// `leader` (acknowledge once the master has it) or `replicated` (once every replica the
+    /// master has had lately confirms it, within one second; else the API answers 503
+    /// `not_replicated`).
     pub durability: String,
     /// Queues created at start-up (besides those of handlers and reconciliation). Which
     /// queues this process dispatches is `dispatch`'s business.
