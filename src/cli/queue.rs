@@ -13,6 +13,7 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             queue,
             shards,
             history_retention,
+            dedup_window,
         } => {
             QueueName::new(&queue)?;
             let retention = history_retention
@@ -22,8 +23,18 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             if let Some(r) = retention {
                 HistoryPolicy::new(r)?;
             }
+            let window = dedup_window
+                .as_deref()
+                .map(|t| parse_duration("--dedup-window", t))
+                .transpose()?;
+            if let Some(w) = window {
+                crate::engine::time_rules::DedupWindow::new(w)?;
+            }
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.create_queue(&queue, Some(shards), retention).await?);
+            print_json(
+                &a.create_queue(&queue, Some(shards), retention, window)
+                    .await?,
+            );
         }
         QueueAction::List => {
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;

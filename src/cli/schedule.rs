@@ -1,4 +1,5 @@
-//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE]) [--payload JSON] [--if-absent] [--priority P]`.
+//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
+//! [--payload JSON] [--if-absent] [--repeat] [--priority P]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -6,6 +7,7 @@
 use super::{Command, Failure, Global, VerbResult, print_json};
 use crate::engine::duration::parse_duration;
 use crate::engine::message::{Mode, NewOrder, Payload, When};
+use crate::engine::time_rules::Debounce;
 use crate::engine::trace::TraceContext;
 use crate::service::admin::{self, Admin};
 
@@ -19,13 +21,24 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         tz,
         payload,
         if_absent,
+        repeat,
+        debounce,
+        max_wait,
         priority,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
     };
     // Validate everything that needs no server before connecting.
+    let debounce = match (debounce, max_wait) {
+        (Some(d), Some(m)) => Some(Debounce::new(
+            parse_duration("--debounce", &d)?,
+            parse_duration("--max-wait", &m)?,
+        )?),
+        _ => None,
+    };
     let when = match (delay, at, tz) {
+        _ if debounce.is_some() => When::in_ms(0),
         (Some(d), None, None) => When::from(parse_duration("--in", &d)?),
         (None, Some(t), None) => When::parse_at(&t)?,
         (None, Some(t), Some(z)) => When::parse_local(&t, &z)?,
@@ -42,7 +55,12 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     } else {
         Mode::Upsert
     };
-    let mut order = NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default());
+    let mut order = match debounce {
+        Some(d) => NewOrder::debounced(id, d, payload),
+        None => NewOrder::new(id, when, payload),
+    }
+    .with_priority(priority.unwrap_or_default())
+    .repeat(repeat);
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }

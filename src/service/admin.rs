@@ -35,8 +35,11 @@ pub struct ScheduledAnswer {
     pub id: String,
     /// When it is due, unix ms.
     pub due_at_ms: i64,
-    /// `created`, `updated` or `unchanged`.
+    /// `created`, `updated`, `unchanged` or `duplicate`.
     pub outcome: ScheduleOutcome,
+    /// With `duplicate`: when the id was last dispatched, unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatched_at_ms: Option<i64>,
 }
 
 impl ScheduledAnswer {
@@ -46,6 +49,7 @@ impl ScheduledAnswer {
             id: s.id,
             due_at_ms: s.due_at_ms,
             outcome: s.outcome,
+            dispatched_at_ms: s.dispatched_at_ms,
         }
     }
 }
@@ -362,16 +366,20 @@ impl Admin {
 
     /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
     /// its count when none is given). Idempotent; another shard count than the registered
-    /// one is refused. `history_retention`, when given, is set on it (checked before
-    /// anything is written).
+    /// one is refused. `history_retention` and `dedup_window`, when given, are set on it
+    /// (checked before anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
         shards: Option<u16>,
         history_retention: Option<Duration>,
+        dedup_window: Option<Duration>,
     ) -> Result<QueueCreated> {
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
+        }
+        if let Some(w) = dedup_window {
+            crate::engine::time_rules::DedupWindow::new(w)?;
         }
         let shards = match shards {
             Some(n) => n,
@@ -384,6 +392,9 @@ impl Admin {
         let created = self.queues.create_queue(queue, shards).await?;
         if let Some(r) = history_retention {
             self.queues.set_history_retention(queue, r).await?;
+        }
+        if let Some(w) = dedup_window {
+            self.queues.set_dedup_window(queue, w).await?;
         }
         Ok(created)
     }

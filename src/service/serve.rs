@@ -114,6 +114,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         if let Some(r) = settings.history_retention {
             client.admin().set_history_retention(q, r).await?;
         }
+        if let Some(w) = settings.dedup_window {
+            client.admin().set_dedup_window(q, w).await?;
+        }
     }
     // The configured recurring schedules (created, or replaced by what the file says).
     let schedules = crate::engine::schedules::Schedules::new(&client);

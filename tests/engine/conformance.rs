@@ -430,6 +430,7 @@ impl Run {
                         id: a.id,
                         due_at_ms: a.due_at_ms,
                         outcome: a.outcome,
+                        dispatched_at_ms: a.dispatched_at_ms,
                     })
                     .collect();
                 let spec: Vec<(&str, &str, i64, Priority)> = spec

@@ -90,6 +90,9 @@ pub struct Settings {
     /// The order-history retention set on every queue it dispatches (`None`: leave each
     /// queue's as it is, 24 h unless set).
     pub history_retention: Option<Duration>,
+    /// The dedup window set on every queue created at start-up (`None`: leave each as it
+    /// is).
+    pub dedup_window: Option<Duration>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
     /// Recurring schedules declared at start-up.
@@ -238,6 +241,10 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     if let Some(r) = history_retention {
         crate::engine::history::HistoryPolicy::new(r).map_err(at_key("history_retention"))?;
     }
+    let dedup_window = duration("dedup_window", config.dedup_window.as_deref())?;
+    if let Some(w) = dedup_window {
+        crate::engine::time_rules::DedupWindow::new(w).map_err(at_key("dedup_window"))?;
+    }
     let handlers = handlers::check_all(&config.handlers, shutdown_grace)?;
     queues.extend(handlers.iter().flat_map(|h| h.queues.iter().cloned()));
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
@@ -266,6 +273,7 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         shutdown_grace,
         startup_timeout,
         history_retention,
+        dedup_window,
         reconciliation,
         schedules,
     })

@@ -50,6 +50,10 @@ pub struct Config {
     /// get`, reconciliation): default `24h`, `0s` turns it off. Set on every queue this
     /// service dispatches.
     pub history_retention: Option<String>,
+    /// The dedup window after dispatch set on every queue created at start-up (e.g. `24h`;
+    /// `0s`: off; unset: each queue keeps its own, off unless set): scheduling an id
+    /// dispatched within it answers `duplicate` unless the order asks to `repeat`.
+    pub dedup_window: Option<String>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -158,6 +162,7 @@ impl Default for Config {
             shutdown_grace: None,
             startup_timeout: None,
             history_retention: None,
+            dedup_window: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
@@ -199,6 +204,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "shutdown_grace",
     "startup_timeout",
     "history_retention",
+    "dedup_window",
     "http",
     "dispatcher",
     "housekeeping",

@@ -21,6 +21,9 @@ struct CreateQueueBody {
     shards: Option<u16>,
     /// A duration (`24h`, `0s` = no history).
     history_retention: Option<String>,
+    /// A duration (`24h`, `0s` = off): scheduling an id dispatched within it answers
+    /// `duplicate`.
+    dedup_window: Option<String>,
 }
 
 pub(super) async fn create_queue(
@@ -32,6 +35,7 @@ pub(super) async fn create_queue(
         Ok(bytes) if bytes.is_empty() => CreateQueueBody {
             shards: None,
             history_retention: None,
+            dedup_window: None,
         },
         other => json_body(other)?,
     };
@@ -40,7 +44,15 @@ pub(super) async fn create_queue(
         .as_deref()
         .map(|t| crate::engine::duration::parse_duration("history_retention", t))
         .transpose()?;
-    let a = st.admin.create_queue(&queue, b.shards, retention).await?;
+    let window = b
+        .dedup_window
+        .as_deref()
+        .map(|t| crate::engine::duration::parse_duration("dedup_window", t))
+        .transpose()?;
+    let a = st
+        .admin
+        .create_queue(&queue, b.shards, retention, window)
+        .await?;
     let status = if a.created {
         StatusCode::CREATED
     } else {
