@@ -519,10 +519,20 @@ mod tests {
             id: "o1".into(),
             due_at_ms: 5,
             outcome: ScheduleOutcome::Created,
+            dispatched_at_ms: None,
         };
         assert_eq!(
             serde_json::to_value(&a).unwrap(),
             serde_json::json!({"queue": "q", "id": "o1", "due_at_ms": 5, "outcome": "created"})
+        );
+        let d = ScheduledAnswer {
+            outcome: ScheduleOutcome::Duplicate,
+            dispatched_at_ms: Some(4),
+            ..a
+        };
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({"queue": "q", "id": "o1", "due_at_ms": 5, "outcome": "duplicate", "dispatched_at_ms": 4})
         );
         let nf = NotFoundAnswer {
             queue: None,
