@@ -18,12 +18,12 @@ OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-    "at_local", "timezone", "expect_due_ms",
+    "at_local", "timezone", "expect_due_ms", "debounce", "repeat",
 }
 
 
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 3, "a conformance format this reader does not know"
+    assert DOC["format"] == 4, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
@@ -57,7 +57,7 @@ def server():
 
 def _when(d: Dict[str, Any]) -> Dict[str, Any]:
     """The case's due-time fields as given (a local time's combination cases give several)."""
-    keys = ("delay_ms", "due_ms", "at_local", "timezone")
+    keys = ("delay_ms", "due_ms", "at_local", "timezone", "debounce", "repeat")
     return {k: d[k] for k in keys if k in d}
 
 

@@ -15,14 +15,14 @@ const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule",
 const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-  "at_local", "timezone", "expect_due_ms",
+  "at_local", "timezone", "expect_due_ms", "debounce", "repeat",
 ]);
 
 let redis;
 let client;
 
 before(async () => {
-  assert.equal(spec.format, 3, "a conformance format this reader does not know");
+  assert.equal(spec.format, 4, "a conformance format this reader does not know");
   redis = await LocalRedis.start();
   for (const q of spec.queues) await createQueue(redis.url, q.name, q.shards, spec.namespace);
   client = await Client.connect(redis.url, { namespace: spec.namespace, clock: () => spec.now_ms });
@@ -48,6 +48,8 @@ function when(o) {
   if ("due_ms" in o) w.at = o.due_ms;
   if ("at_local" in o) w.atLocal = o.at_local;
   if ("timezone" in o) w.timezone = o.timezone;
+  if ("debounce" in o) w.debounce = { delayMs: o.debounce.delay_ms, maxWaitMs: o.debounce.max_wait_ms };
+  if ("repeat" in o) w.repeat = o.repeat;
   return w;
 }
 
