@@ -76,10 +76,12 @@ fn priority() -> Value {
 }
 
 fn schemas() -> Value {
-    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged"]});
+    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate"],
+        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again)"});
     let scheduled = object(
         &["queue", "id", "due_at_ms", "outcome"],
-        json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome}),
+        json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome,
+               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"}}),
     );
     let group_stats = object(
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
@@ -132,6 +134,11 @@ fn schemas() -> Value {
         "description": "due at this local wall-clock time (no offset) in `timezone`, resolved once when scheduled: a time that does not exist (spring forward) is the end of the gap, one that happens twice (fall back) its first occurrence; the answer's due_at_ms is the resolved instant. Not with delay_ms or due_at (400 invalid_local_time, also for an offset or a malformed time)"});
     let timezone = json!({"type": "string", "example": "Europe/Berlin",
         "description": "the IANA time zone of at_local (case-insensitive), required with it and only with it (400 invalid_timezone, also for an unknown zone)"});
+    // Time rules (issue 44; src/engine/time_rules.rs).
+    let debounce = json!({"type": "object", "additionalProperties": false, "required": ["delay_ms", "max_wait_ms"],
+        "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
+        "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
+    let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -142,7 +149,9 @@ fn schemas() -> Value {
             "timezone": timezone.clone(),
             "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
             "if_absent": {"type": "boolean"},
-            "priority": priority()}},
+            "priority": priority(),
+            "debounce": debounce.clone(),
+            "repeat": repeat.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -150,7 +159,9 @@ fn schemas() -> Value {
             "at_local": at_local,
             "timezone": timezone,
             "payload": {},
-            "priority": priority()}},
+            "priority": priority(),
+            "debounce": debounce,
+            "repeat": repeat}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -161,7 +172,8 @@ fn schemas() -> Value {
         "Queues": object(&["queues"], json!({"queues": {"type": "array", "items": {"type": "string"}}})),
         "CreateQueue": {"type": "object", "additionalProperties": false, "properties": {
             "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
-            "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"}}},
+            "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"},
+            "dedup_window": {"type": "string", "description": "a duration (24h; 0s: off, the default): scheduling an id that is not waiting and was dispatched within it answers 200 duplicate and writes nothing, unless the message gives repeat; at most 10 years"}}},
         "QueueCreated": object(&["queue", "shards", "created"], json!({"queue": {"type": "string"}, "shards": int(), "created": {"type": "boolean"}})),
         "QueueDeleted": object(&["queue", "deleted", "scheduled", "unread", "pending", "dead"], json!({"queue": {"type": "string"},
             "deleted": {"type": "boolean"}, "scheduled": int(), "unread": int(), "pending": int(), "dead": int()})),
@@ -279,7 +291,9 @@ fn order_history() -> Value {
                "state": {"type": "string", "enum": ["scheduled", "dispatched"]}, "due_at_ms": int(),
                "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
-               "groups": {"type": "array", "items": group}, "priority": priority()}),
+               "groups": {"type": "array", "items": group}, "priority": priority(),
+               "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
+                   "properties": {"first_call_ms": int(), "max_due_ms": int()}}}),
     )
 }
 
@@ -310,8 +324,8 @@ fn paths() -> Value {
     };
     json!({
         "/v1/queues/{queue}/messages/{id}": {
-            "put": op("Schedule (upsert, or if_absent)", vec![&q, &id], Some("Message"),
-                json!({"201": ok("created", "Scheduled"), "200": ok("updated or unchanged", "Scheduled")})),
+            "put": op("Schedule (upsert, or if_absent). Repeating a request is safe while the order waits; once it was dispatched, the same request schedules it again unless the queue has a dedup_window (then 200 duplicate)", vec![&q, &id], Some("Message"),
+                json!({"201": ok("created", "Scheduled"), "200": ok("updated, unchanged, or duplicate (dispatched within the queue's dedup_window: nothing written)", "Scheduled")})),
             "get": op("What happened to an order: scheduled, or dispatched with each group's state", vec![&q, &id], None,
                 json!({"200": ok("the order's history", "OrderHistory")})),
             "delete": op("Cancel a scheduled order", vec![&q, &id], None, json!({"200": ok("cancelled", "Cancelled")}))
