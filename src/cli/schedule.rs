@@ -30,21 +30,21 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         return Err(Failure::Runtime("not a schedule command".into()));
     };
     // Validate everything that needs no server before connecting.
-    let debounce = match (debounce, max_wait) {
-        (Some(d), Some(m)) => Some(Debounce::new(
+    // The due time: --in, --at (with --tz), or a debounce (clap lets --debounce come only
+    // with --max-wait and without the others).
+    let due = match (debounce, max_wait, delay, at, tz) {
+        (Some(d), Some(m), None, None, None) => Due::Debounced(Debounce::new(
             parse_duration("--debounce", &d)?,
             parse_duration("--max-wait", &m)?,
         )?),
-        _ => None,
-    };
-    let when = match (delay, at, tz) {
-        _ if debounce.is_some() => When::in_ms(0),
-        (Some(d), None, None) => When::from(parse_duration("--in", &d)?),
-        (None, Some(t), None) => When::parse_at(&t)?,
-        (None, Some(t), Some(z)) => When::parse_local(&t, &z)?,
+        (None, None, Some(d), None, None) => Due::At(When::from(parse_duration("--in", &d)?)),
+        (None, None, None, Some(t), None) => Due::At(When::parse_at(&t)?),
+        (None, None, None, Some(t), Some(z)) => Due::At(When::parse_local(&t, &z)?),
         _ => {
             return Err(Failure::Invalid(
-                "give exactly one of --in or --at (--tz goes with --at)".into(),
+                "give exactly one of --in, --at (--tz goes with --at) or --debounce with \
+                 --max-wait"
+                    .into(),
             ));
         }
     };
@@ -55,9 +55,9 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     } else {
         Mode::Upsert
     };
-    let mut order = match debounce {
-        Some(d) => NewOrder::debounced(id, d, payload),
-        None => NewOrder::new(id, when, payload),
+    let mut order = match due {
+        Due::At(when) => NewOrder::new(id, when, payload),
+        Due::Debounced(debounce) => NewOrder::debounced(id, debounce, payload),
     }
     .with_priority(priority.unwrap_or_default())
     .repeat(repeat);
@@ -68,6 +68,12 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     let answer = a.schedule(&queue, order, mode).await?;
     print_json(&answer);
     Ok(())
+}
+
+/// When the order is due: a time, or a debounce.
+enum Due {
+    At(When),
+    Debounced(Debounce),
 }
 
 /// The caller's trace context: `TRACEPARENT` (and `TRACESTATE`) from the environment, by
