@@ -18,7 +18,8 @@
 //! **Debounce** (per order): each call moves the order to now + `delay`, payload replaced,
 //! but never later than its first call + `max_wait`; the first call's time and that cap are
 //! kept with the waiting order (`{ns:q:s}:debounce`, id -> `"<first ms>:<cap ms>"`) and
-//! dropped when it is dispatched or cancelled, so the next call starts a new debounce.
+//! dropped when it is dispatched or cancelled, so the next call starts a new debounce. A
+//! call whose orders carry no rules sends `enqueue.lua` what it sent before the rules.
 
 use crate::engine::duration::{MAX_DURATION, format_duration};
 use crate::engine::error::InvalidInput;

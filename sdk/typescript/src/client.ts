@@ -576,16 +576,21 @@ export class Client {
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
-    // The form the Rust client sends: every key (levels, dispatched, debounce) and one
-    // quintuple per order (id, due, payload, level, rules; "" for normal and for none).
+    // The form the Rust client sends: the levels HASH and the dispatched ZSET as KEYS[4..5]
+    // and one quadruple per order (id, due, payload, level; "" for normal); when an order of
+    // the call carries time rules, the debounce HASH as KEYS[6] and quintuples (..., rules).
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
       const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
+      const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
-        args.push(o.id, String(dues[i]), payloads[i] as string, levels[i] as string, rulesArg(o));
+        args.push(o.id, String(dues[i]), payloads[i] as string, levels[i] as string);
+        if (withRules) args.push(rulesArg(o));
       }
-      return { keys: [k.due, k.payload, k.meta, k.levels, k.dispatched, k.debounce], args, n: c.idxs.length };
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched];
+      if (withRules) keys.push(k.debounce);
+      return { keys, args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to
     // the node that holds it); on one server every call goes together.

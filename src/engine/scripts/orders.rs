@@ -66,17 +66,24 @@ pub(crate) fn enqueue_invocation<'a>(
         .key(&keys.payload)
         .key(&keys.meta)
         .key(&keys.levels)
-        .key(&keys.dispatched)
-        .key(&keys.debounce)
-        .arg(if if_absent { "nx" } else { "upsert" })
+        .key(&keys.dispatched);
+    // Orders without time rules go as quadruples, as before the rules existed: no more
+    // work per order for them.
+    let rules = orders.iter().any(|o| !o.rules.is_empty());
+    if rules {
+        inv.key(&keys.debounce);
+    }
+    inv.arg(if if_absent { "nx" } else { "upsert" })
         .arg(now_ms)
         .arg(epoch);
     for o in orders {
         inv.arg(o.id)
             .arg(o.due_ms)
             .arg(o.payload)
-            .arg(lane_arg(o.priority))
-            .arg(&o.rules);
+            .arg(lane_arg(o.priority));
+        if rules {
+            inv.arg(&o.rules);
+        }
     }
     inv
 }

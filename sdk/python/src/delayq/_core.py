@@ -482,20 +482,26 @@ def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
 
 
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 6 due payload meta levels dispatched debounce mode now epoch id due
-    json level rules ...``: the form with every key and one quintuple per order (level
-    ``""`` for normal, rules ``""`` for none), as the Rust client sends it."""
+    """``EVALSHA <sha> 5 due payload meta levels dispatched mode now epoch id due json level
+    ...``: one quadruple per order (level ``""`` for normal); when an order of the call
+    carries time rules, the debounce HASH as KEYS[6] and quintuples (``..., rules``), as
+    the Rust client sends them."""
+    tag = keys.tag(queue, call.shard)
+    with_rules = any(prepared[i].rules for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 6,
+        "EVALSHA", ENQUEUE.sha, 6 if with_rules else 5,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
-        keys.levels(queue, call.shard), keys.tag(queue, call.shard) + ":dispatched",
-        keys.tag(queue, call.shard) + ":debounce",
-        "nx" if if_absent else "upsert", now_ms, epoch,
+        keys.levels(queue, call.shard), tag + ":dispatched",
     ]
+    if with_rules:
+        args.append(tag + ":debounce")
+    args += ["nx" if if_absent else "upsert", now_ms, epoch]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        args += (p.id_bytes, b"%d" % p.due, p.payload.data, p.level, p.rules)
+        args += (p.id_bytes, b"%d" % p.due, p.payload.data, p.level)
+        if with_rules:
+            args.append(p.rules)
     return args
 
 

@@ -8,9 +8,11 @@
 --          ARGV) and each one's level is set; absent (producers that predate priorities):
 --          triples, a new order is normal and an update keeps the level it had.
 -- KEYS[5]  optional (with KEYS[4]): the shard's dispatched ZSET (order id scored by its last
---          dispatch, unix ms; written by dequeue.lua while the queue has a dedup window)
--- KEYS[6]  with KEYS[5]: the shard's debounce HASH (order id -> "<first call
---          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV).
+--          dispatch, unix ms; written by dequeue.lua while the queue has a dedup window);
+--          needed when the queue has one
+-- KEYS[6]  optional (with KEYS[5]): the shard's debounce HASH (order id -> "<first call
+--          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
+--          whose orders carry no time rules leaves it out and sends quadruples.
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched)
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
@@ -33,9 +35,10 @@
 -- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
 -- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
 -- and its cap (first + max_wait); each call sets due = min(now + delay, cap), payload
--- replaced; an order not waiting starts afresh. The marker's field `debounce` tells
--- dequeue.lua and plain upserts that the shard has records to drop (one HMGET of the
--- debounced ids; a shard that never saw one pays nothing).
+-- replaced; an order not waiting starts afresh (the record lives while the order waits: a
+-- plain upsert keeps it; dispatch and cancel drop it). The marker's field `debounce` tells
+-- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
+-- A call without time rules sends no more per order than before (quadruples).
 -- Cost: O(n log N) for n orders and N scheduled, + O(n log D) with a window (D ids kept).
 -- Errors:  "ERR delayq queue_not_found ..." when the shard has no epoch (the queue was
 --          deleted, or is being deleted); "ERR delayq stale_epoch ..." when it has another
@@ -131,9 +134,9 @@ if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
 end
 local w = 3
 if KEYS[4] then w = 4 end
-if KEYS[5] then w = 5 end
-if KEYS[5] and not KEYS[6] then
-  return redis.error_reply('ERR delayq enqueue: with the dispatched ZSET, the debounce HASH is needed')
+if KEYS[6] then w = 5 end
+if KEYS[6] and not KEYS[5] then
+  return redis.error_reply('ERR delayq enqueue: with the debounce HASH, the dispatched ZSET is needed')
 end
 if (#ARGV - 3) % w ~= 0 then
   return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 5 and ', level, debounce quintuples' or w == 4 and ', level quadruples' or ' triples'))
@@ -150,7 +153,7 @@ for i = 4, #ARGV, w do
   if w >= 4 and not lanes[ARGV[i + 3]] then
     return redis.error_reply('ERR delayq enqueue: the level of order ' .. ARGV[i] .. ' must be high, normal or low')
   end
-  local r, m = string.match(w == 5 and ARGV[i + 4] or '', '^(r?)(.*)$')
+  local m = w == 5 and ARGV[i + 4] ~= '' and string.match(ARGV[i + 4], '^r?(.*)$') or ''
   if m ~= '' then
     if not int(m) or int(m) < 1 then
       return redis.error_reply('ERR delayq enqueue: the debounce max_wait of order ' .. ARGV[i] .. ' must be a positive number of ms')
@@ -194,17 +197,17 @@ if window > 0 then
     local at = redis.call('ZMSCORE', KEYS[5], unpack(ids, s, e))
     for k = s, e do
       local d = tonumber(at[k - s + 1])
-      local again = string.sub(ARGV[5 * k + 3], 1, 1) == 'r' -- w is 5: KEYS[5] given
+      local again = w == 5 and string.sub(ARGV[5 * k + 3], 1, 1) == 'r'
       if d and not known[k] and not again and d >= tonumber(now) - window then dup[k] = d end
     end
   end
 end
--- Debounce: the records of the debounced orders that are waiting.
+-- Debounce (quintuples only): the records of the debounced orders that are waiting.
 local deb, rec = {}, {}
 if w == 5 then
   local want, at = {}, {}
   for k = 1, n do
-    if string.match(ARGV[5 * k + 3], '%d') and known[k] then want[#want + 1] = ids[k]; at[#want] = k end
+    if known[k] and ARGV[5 * k + 3] ~= '' and string.match(ARGV[5 * k + 3], '%d') then want[#want + 1] = ids[k]; at[#want] = k end
   end
   for s = 1, #want, 1000 do
     local got = redis.call('HMGET', KEYS[6], unpack(want, s, math.min(s + 999, #want)))
@@ -228,7 +231,7 @@ for k = 1, n do
     if exists then out[k] = 2 else out[k] = 1 end
     seen[id] = true
     local due = ARGV[a + 1]
-    local max_wait = w == 5 and string.match(ARGV[a + 4], '%d+')
+    local max_wait = w == 5 and ARGV[a + 4] ~= '' and string.match(ARGV[a + 4], '%d+')
     if max_wait then
       local r = deb[id] or (exists and rec[k]) or nil
       local first, cap = string.match(r or '', '^(%d+):(%d+)$')
@@ -236,8 +239,6 @@ for k = 1, n do
       if tonumber(due) > tonumber(cap) then due = cap end
       deb[id] = first .. ':' .. cap
       out[k] = { out[k], tonumber(due) }
-    elseif w == 5 and (marker[3] or deb[id]) then
-      deb[id] = false
     end
     z[#z + 1] = due
     z[#z + 1] = id
@@ -254,11 +255,8 @@ for s = 1, #z, 1000 do
   redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 999, #h)))
 end
 if w == 5 then
-  local set, del = {}, {}
-  for id, r in pairs(deb) do
-    if r then set[#set + 1] = id; set[#set + 1] = r else del[#del + 1] = id end
-  end
-  for s = 1, #del, 1000 do redis.call('HDEL', KEYS[6], unpack(del, s, math.min(s + 999, #del))) end
+  local set = {}
+  for id, r in pairs(deb) do set[#set + 1] = id; set[#set + 1] = r end
   for s = 1, #set, 1000 do redis.call('HSET', KEYS[6], unpack(set, s, math.min(s + 999, #set))) end
   if #set > 0 and not marker[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
 end
