@@ -333,3 +333,39 @@ async fn debounce_moves_the_order_but_never_past_its_max_wait_and_starts_afresh_
     assert_eq!(got.due_at_ms, T0 + 5300 + 60_000);
     assert_eq!(got.debounce.unwrap().max_due_ms, T0 + 5300 + 2000);
 }
+
+#[tokio::test]
+async fn bad_time_rules_are_refused_naming_the_field_and_write_nothing() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let (_s, client) = start_with_clock(clock).await;
+    let before = snapshot(&client).await;
+    let name = |e: delayq::Error| match e {
+        delayq::Error::Invalid(InvalidInput::Option { name, .. }) => name,
+        other => panic!("{other}"),
+    };
+    let ms = Duration::from_millis;
+    let deb = Debounce::new(ms(500), ms(2000)).unwrap();
+    let e = client
+        .schedule_with(Q, NewOrder::debounced("o", deb, json!(1)), Mode::IfAbsent)
+        .await
+        .unwrap_err();
+    assert_eq!(name(e), "debounce");
+    let mut o = NewOrder::debounced("o", deb, json!(1));
+    o.debounce = Some(Debounce {
+        delay: ms(3000),
+        max_wait: ms(2000),
+    });
+    let e = client.schedule_with(Q, o, Mode::Upsert).await.unwrap_err();
+    assert_eq!(name(e), "debounce.max_wait");
+    let mut o = NewOrder::new("o", When::in_ms(5), json!(1));
+    o.debounce = Some(deb);
+    let e = client.schedule_with(Q, o, Mode::Upsert).await.unwrap_err();
+    assert_eq!(name(e), "debounce");
+    let e = client
+        .admin()
+        .set_dedup_window(Q, Duration::from_secs(3654 * 86_400))
+        .await
+        .unwrap_err();
+    assert_eq!(name(e), "dedup_window");
+    assert_eq!(snapshot(&client).await, before);
+}
