@@ -3,6 +3,7 @@
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
 -- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
+-- KEYS[4]  optional: the shard's debounce HASH (see enqueue.lua)
 -- ARGV[1]  order id
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
@@ -11,4 +12,5 @@
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('HDEL', KEYS[2], ARGV[1])
 if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end
+if KEYS[4] then redis.call('HDEL', KEYS[4], ARGV[1]) end
 return removed

@@ -9,6 +9,7 @@
 -- KEYS[5]  the shard's marker HASH: while its field `paused` is set, nothing is moved
 -- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
 -- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
+-- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -40,6 +41,12 @@
 -- "removed" and "written", or leave a dispatched order without its history.
 -- The history costs one HSET (all the batch's fields) and one PEXPIREAT per call: about a
 -- fifth more Redis CPU per dispatched order, ~92 bytes per order (docs/benchmarks.md).
+-- Time rules (issue 44): while the marker has `dedup_ms` (the queue's dedup window), each
+-- moved id is added to the dispatched ZSET scored by now, the key's expiry is pushed to
+-- now + window (a shard that stops dispatching frees it whole), and at most `limit` ids
+-- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
+-- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
+-- debounce records are dropped. Neither field set: no extra command.
 -- Every argument is checked before the first write. Redis >= 6.2.
 local now = int(ARGV[1])
 local limit = int(ARGV[2])
@@ -62,7 +69,8 @@ if not hist_at or hist_at < 0 then
 end
 
 -- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused')
+local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce')
+local window = tonumber(marker[3] or '0') or 0
 local gone = 0
 if not marker[1] then gone = 1 end
 if marker[2] then
@@ -124,6 +132,17 @@ if n > 0 then
     redis.call('HSET', KEYS[4], unpack(hist))
     redis.call('PEXPIREAT', KEYS[4], hist_at)
   end
+  if window > 0 and KEYS[9] then
+    local d = {}
+    for i = 1, n do d[2 * i - 1] = now; d[2 * i] = ids[i] end
+    redis.call('ZADD', KEYS[9], unpack(d))
+    redis.call('PEXPIRE', KEYS[9], window)
+  end
+  if marker[4] and KEYS[10] then redis.call('HDEL', KEYS[10], unpack(ids)) end
+end
+if window > 0 and KEYS[9] then
+  local old = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. (now - window))
+  if old > 0 then redis.call('ZREMRANGEBYRANK', KEYS[9], 0, math.min(old, limit) - 1) end
 end
 
 local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')

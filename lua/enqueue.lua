@@ -7,19 +7,39 @@
 --          scheduled orders that are not normal). Given: the orders come as quadruples (see
 --          ARGV) and each one's level is set; absent (producers that predate priorities):
 --          triples, a new order is normal and an update keeps the level it had.
+-- KEYS[5]  optional (with KEYS[4]): the shard's dispatched ZSET (order id scored by its last
+--          dispatch, unix ms; written by dequeue.lua while the queue has a dedup window);
+--          needed when the queue has one
+-- KEYS[6]  optional (with KEYS[5]): the shard's debounce HASH (order id -> "<first call
+--          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
+--          whose orders carry no time rules leaves it out and sends quadruples.
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched)
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record
 -- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
 --           with KEYS[4], quadruples: id, due_ms, payload, level ("high", "low", or "" or
---           "normal" for normal)
+--           "normal" for normal); with KEYS[6], quintuples: ..., level, rules: "" or "r"
+--           (repeat: schedule it even if dispatched within the dedup window), then
+--           optionally the order's debounce max_wait in ms (due_ms is then now + its delay)
 --
 -- Numbers are canonical decimal integers ("^-?[0-9]+$", at most 2^53 - 1, not negative):
 -- " 5", "5 ", "1e3", "0x10", "nan", "inf" and "" are refused. Redis >= 6.2.
 --
 -- Returns: an array with one code per order, in argument order:
---          1 = created, 2 = updated (upsert of a known id), 0 = unchanged (nx of a known id).
+--          1 = created, 2 = updated (upsert of a known id), 0 = unchanged (nx of a known id);
+--          { 3, dispatched_ms } = duplicate (not waiting, dispatched within the queue's dedup
+--          window: nothing written); a debounced order written: { 1 or 2, due_ms }.
+--
+-- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard marker's field `dedup_ms` (read in
+-- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
+-- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
+-- and its cap (first + max_wait); each call sets due = min(now + delay, cap), payload
+-- replaced; an order not waiting starts afresh (the record lives while the order waits: a
+-- plain upsert keeps it; dispatch and cancel drop it). The marker's field `debounce` tells
+-- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
+-- A call without time rules sends no more per order than before (quadruples).
+-- Cost: O(n log N) for n orders and N scheduled, + O(n log D) with a window (D ids kept).
 -- Errors:  "ERR delayq queue_not_found ..." when the shard has no epoch (the queue was
 --          deleted, or is being deleted); "ERR delayq stale_epoch ..." when it has another
 --          one (deleted and created again): the caller re-reads the registry and retries.
@@ -41,8 +61,12 @@ if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
 end
 local w = 3
 if KEYS[4] then w = 4 end
+if KEYS[6] then w = 5 end
+if KEYS[6] and not KEYS[5] then
+  return redis.error_reply('ERR delayq enqueue: with the debounce HASH, the dispatched ZSET is needed')
+end
 if (#ARGV - 3) % w ~= 0 then
-  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 4 and ', level quadruples' or ' triples'))
+  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 5 and ', level, debounce quintuples' or w == 4 and ', level quadruples' or ' triples'))
 end
 local lanes = { [''] = '', normal = '', high = 'high', low = 'low' }
 for i = 4, #ARGV, w do
@@ -53,12 +77,25 @@ for i = 4, #ARGV, w do
   if not due or due < 0 then
     return redis.error_reply('ERR delayq enqueue: due_ms of order ' .. ARGV[i] .. ' is not a number (a non-negative decimal integer)')
   end
-  if w == 4 and not lanes[ARGV[i + 3]] then
+  if w >= 4 and not lanes[ARGV[i + 3]] then
     return redis.error_reply('ERR delayq enqueue: the level of order ' .. ARGV[i] .. ' must be high, normal or low')
+  end
+  local m = w == 5 and ARGV[i + 4] ~= '' and string.match(ARGV[i + 4], '^r?(.*)$') or ''
+  if m ~= '' then
+    if not int(m) or int(m) < 1 then
+      return redis.error_reply('ERR delayq enqueue: the debounce max_wait of order ' .. ARGV[i] .. ' must be a positive number of ms')
+    end
+    if mode == 'nx' then
+      return redis.error_reply('ERR delayq enqueue: debounce (order ' .. ARGV[i] .. ') cannot go with nx')
+    end
   end
 end
 
-local epoch = redis.call('HGET', KEYS[3], 'epoch')
+local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce')
+local epoch, window = marker[1], tonumber(marker[2] or '0') or 0
+if window > 0 and not KEYS[5] then
+  return redis.error_reply('ERR delayq enqueue: the queue has a dedup window and this producer does not pass the dispatched ZSET (KEYS[5]): upgrade it')
+end
 if not epoch then
   return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
 end
@@ -79,25 +116,62 @@ for s = 1, n, 1000 do
   local scores = redis.call('ZMSCORE', KEYS[1], unpack(ids, s, e))
   for k = s, e do known[k] = scores[k - s + 1] end
 end
+-- Dedup window: an id not waiting whose last dispatch is within the window is a duplicate.
+local dup = {}
+if window > 0 then
+  for s = 1, n, 1000 do
+    local e = math.min(s + 999, n)
+    local at = redis.call('ZMSCORE', KEYS[5], unpack(ids, s, e))
+    for k = s, e do
+      local d = tonumber(at[k - s + 1])
+      local again = w == 5 and string.sub(ARGV[5 * k + 3], 1, 1) == 'r'
+      if d and not known[k] and not again and d >= tonumber(now) - window then dup[k] = d end
+    end
+  end
+end
+-- Debounce (quintuples only): the records of the debounced orders that are waiting.
+local deb, rec = {}, {}
+if w == 5 then
+  local want, at = {}, {}
+  for k = 1, n do
+    if known[k] and ARGV[5 * k + 3] ~= '' and string.match(ARGV[5 * k + 3], '%d') then want[#want + 1] = ids[k]; at[#want] = k end
+  end
+  for s = 1, #want, 1000 do
+    local got = redis.call('HMGET', KEYS[6], unpack(want, s, math.min(s + 999, #want)))
+    for j = 1, #got do rec[at[s + j - 1]] = got[j] end
+  end
+end
 -- Levels (quadruples only): "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
 local seen, z, h, fin, out = {}, {}, {}, {}, {}
-local had_levels = w == 4 and redis.call('EXISTS', KEYS[4]) == 1
+local had_levels = w >= 4 and redis.call('EXISTS', KEYS[4]) == 1
 for k = 1, n do
   local id = ids[k]
   local exists = known[k] or seen[id]
   local a = w * (k - 1) + 4
-  if mode == 'nx' and exists then
+  if dup[k] and not seen[id] then
+    out[k] = { 3, dup[k] }
+  elseif mode == 'nx' and exists then
     out[k] = 0
   else
     if exists then out[k] = 2 else out[k] = 1 end
     seen[id] = true
-    z[#z + 1] = ARGV[a + 1]
+    local due = ARGV[a + 1]
+    local max_wait = w == 5 and ARGV[a + 4] ~= '' and string.match(ARGV[a + 4], '%d+')
+    if max_wait then
+      local r = deb[id] or (exists and rec[k]) or nil
+      local first, cap = string.match(r or '', '^(%d+):(%d+)$')
+      if not first then first, cap = now, tostring(tonumber(now) + tonumber(max_wait)) end
+      if tonumber(due) > tonumber(cap) then due = cap end
+      deb[id] = first .. ':' .. cap
+      out[k] = { out[k], tonumber(due) }
+    end
+    z[#z + 1] = due
     z[#z + 1] = id
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
-    if w == 4 then
+    if w >= 4 then
       local level = lanes[ARGV[a + 3]]
       if level ~= '' or had_levels or fin[id] then fin[id] = level end
     end
@@ -107,7 +181,13 @@ for s = 1, #z, 1000 do
   redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 999, #z)))
   redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 999, #h)))
 end
-if w == 4 then
+if w == 5 then
+  local set = {}
+  for id, r in pairs(deb) do set[#set + 1] = id; set[#set + 1] = r end
+  for s = 1, #set, 1000 do redis.call('HSET', KEYS[6], unpack(set, s, math.min(s + 999, #set))) end
+  if #set > 0 and not marker[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
+end
+if w >= 4 then
   local lv, plain = {}, {}
   for id, level in pairs(fin) do
     if level ~= '' then

@@ -7,12 +7,16 @@
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
 -- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
+-- KEYS[4]  optional: the shard's debounce HASH (see enqueue.lua)
 -- ARGV[1]  order id
 --
 -- Returns: { due_ms or false, stored value ("<enqueued_ms>:<json>") or false,
---            level ("high" or "low") or false (normal) }
+--            level ("high" or "low") or false (normal),
+--            with KEYS[4]: the debounce record "<first call ms>:<cap ms>" or false }
 -- Read-only; one script so the answer is one consistent snapshot. Cost: O(1) (ZSCORE,
--- HGET). Redis >= 6.2.
+-- HGETs). Redis >= 6.2.
 local level = false
 if KEYS[3] then level = redis.call('HGET', KEYS[3], ARGV[1]) end
-return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]), level }
+local deb = false
+if KEYS[4] then deb = redis.call('HGET', KEYS[4], ARGV[1]) end
+return { redis.call('ZSCORE', KEYS[1], ARGV[1]), redis.call('HGET', KEYS[2], ARGV[1]), level, deb }

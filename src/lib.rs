@@ -96,6 +96,7 @@ pub use engine::outcome::WriteOutcome;
 pub use engine::priority::{Priority, PriorityMode};
 pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
 pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
+pub use engine::time_rules::{Debounce, DebounceState, DedupWindow};
 pub use engine::trace::{ConsumerSpan, TraceContext};
 pub use engine::worker::{
     Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, MultiWorker, NoHooks,

@@ -54,7 +54,7 @@ pub enum Command {
         #[arg(
             long = "in",
             conflicts_with = "at",
-            required_unless_present = "at",
+            required_unless_present_any = ["at", "debounce"],
             allow_hyphen_values = true
         )]
         delay: Option<String>,
@@ -72,6 +72,16 @@ pub enum Command {
         /// Leave an already scheduled id untouched.
         #[arg(long)]
         if_absent: bool,
+        /// Schedule it even if it was dispatched within the queue's dedup window.
+        #[arg(long)]
+        repeat: bool,
+        /// Debounce: due this long after each call (payload replaced), never later than
+        /// --max-wait after the first call; instead of --in/--at.
+        #[arg(long, requires = "max_wait", conflicts_with_all = ["delay", "at", "if_absent"])]
+        debounce: Option<String>,
+        /// The debounce's cap from its first call (at least --debounce).
+        #[arg(long, requires = "debounce")]
+        max_wait: Option<String>,
         /// Priority level: high, normal (the default) or low.
         #[arg(long, value_parser = parse_priority, allow_hyphen_values = true)]
         priority: Option<Priority>,
@@ -273,6 +283,10 @@ pub enum QueueAction {
         /// that group with reason expired.
         #[arg(long, allow_hyphen_values = true)]
         expires_after: Option<String>,
+        /// Dedup window after dispatch (e.g. 24h; 0s: off, the default): scheduling an id
+        /// dispatched within it answers duplicate unless --repeat.
+        #[arg(long)]
+        dedup_window: Option<String>,
     },
     /// List the registered queues, one JSON line each.
     List,

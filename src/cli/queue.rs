@@ -14,6 +14,7 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             shards,
             history_retention,
             expires_after,
+            dedup_window,
         } => {
             QueueName::new(&queue)?;
             let retention = history_retention
@@ -30,9 +31,16 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             if let Some(e) = expires_after {
                 crate::engine::expiry::check_queue_default(e)?;
             }
+            let window = dedup_window
+                .as_deref()
+                .map(|t| parse_duration("--dedup-window", t))
+                .transpose()?;
+            if let Some(w) = window {
+                crate::engine::time_rules::DedupWindow::new(w)?;
+            }
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
             print_json(
-                &a.create_queue(&queue, Some(shards), retention, expires_after)
+                &a.create_queue(&queue, Some(shards), retention, expires_after, window)
                     .await?,
             );
         }

@@ -1,5 +1,5 @@
-//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE]) [--payload JSON] [--if-absent] [--priority P]
-//! [--expires-after D]`.
+//! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
+//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -7,6 +7,7 @@
 use super::{Command, Failure, Global, VerbResult, print_json};
 use crate::engine::duration::parse_duration;
 use crate::engine::message::{Mode, NewOrder, Payload, When};
+use crate::engine::time_rules::Debounce;
 use crate::engine::trace::TraceContext;
 use crate::service::admin::{self, Admin};
 
@@ -20,6 +21,9 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         tz,
         payload,
         if_absent,
+        repeat,
+        debounce,
+        max_wait,
         priority,
         expires_after,
     } = c
@@ -27,13 +31,21 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         return Err(Failure::Runtime("not a schedule command".into()));
     };
     // Validate everything that needs no server before connecting.
-    let when = match (delay, at, tz) {
-        (Some(d), None, None) => When::from(parse_duration("--in", &d)?),
-        (None, Some(t), None) => When::parse_at(&t)?,
-        (None, Some(t), Some(z)) => When::parse_local(&t, &z)?,
+    // The due time: --in, --at (with --tz), or a debounce (clap lets --debounce come only
+    // with --max-wait and without the others).
+    let due = match (debounce, max_wait, delay, at, tz) {
+        (Some(d), Some(m), None, None, None) => Due::Debounced(Debounce::new(
+            parse_duration("--debounce", &d)?,
+            parse_duration("--max-wait", &m)?,
+        )?),
+        (None, None, Some(d), None, None) => Due::At(When::from(parse_duration("--in", &d)?)),
+        (None, None, None, Some(t), None) => Due::At(When::parse_at(&t)?),
+        (None, None, None, Some(t), Some(z)) => Due::At(When::parse_local(&t, &z)?),
         _ => {
             return Err(Failure::Invalid(
-                "give exactly one of --in or --at (--tz goes with --at)".into(),
+                "give exactly one of --in, --at (--tz goes with --at) or --debounce with \
+                 --max-wait"
+                    .into(),
             ));
         }
     };
@@ -44,7 +56,12 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     } else {
         Mode::Upsert
     };
-    let mut order = NewOrder::new(id, when, payload).with_priority(priority.unwrap_or_default());
+    let mut order = match due {
+        Due::At(when) => NewOrder::new(id, when, payload),
+        Due::Debounced(debounce) => NewOrder::debounced(id, debounce, payload),
+    }
+    .with_priority(priority.unwrap_or_default())
+    .repeat(repeat);
     if let Some(e) = expires_after {
         order = order.with_expires_after(parse_duration("--expires-after", &e)?);
     }
@@ -55,6 +72,12 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     let answer = a.schedule(&queue, order, mode).await?;
     print_json(&answer);
     Ok(())
+}
+
+/// When the order is due: a time, or a debounce.
+enum Due {
+    At(When),
+    Debounced(Debounce),
 }
 
 /// The caller's trace context: `TRACEPARENT` (and `TRACESTATE`) from the environment, by

@@ -119,6 +119,8 @@ impl Keyspace {
             stream: format!("{tag}:stream"),
             dead: format!("{tag}:dead"),
             meta: format!("{tag}:meta"),
+            dispatched: format!("{tag}:dispatched"),
+            debounce: format!("{tag}:debounce"),
             level: Priority::Normal,
             lane: tag.clone(),
             tag,
@@ -244,6 +246,11 @@ pub struct ShardKeys {
     /// refuses to write without it), `paused` (dispatch) and `paused:<group>` (a group's
     /// reads), checked inside the scripts that dispatch and read.
     pub meta: String,
+    /// ZSET: order id scored by its last dispatch (unix ms), kept while the queue has a dedup
+    /// window (see [`crate::engine::time_rules`]).
+    pub dispatched: String,
+    /// HASH: order id -> `"<first call ms>:<cap ms>"` of a waiting debounced order.
+    pub debounce: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.

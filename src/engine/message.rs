@@ -3,6 +3,7 @@
 use crate::engine::error::InvalidInput;
 use crate::engine::keys::validate_id;
 use crate::engine::priority::Priority;
+use crate::engine::time_rules::{Debounce, DebounceState};
 use crate::engine::trace::{self, TraceContext};
 use chrono::{DateTime, Datelike, NaiveDateTime, TimeDelta, Timelike, Utc};
 use chrono_tz::Tz;
@@ -385,6 +386,11 @@ pub struct NewOrder {
     /// How long after its due time the order may still be handed to a group, in ms
     /// (`None`: the queue's default, if any); see [`crate::engine::expiry`].
     pub expires_after_ms: Option<i64>,
+    /// Debounce: due at now + its delay, never later than the first call + its max wait
+    /// (see [`crate::engine::time_rules`]); set with [`NewOrder::debounced`].
+    pub debounce: Option<Debounce>,
+    /// Schedule it even if it was dispatched within the queue's dedup window.
+    pub repeat: bool,
 }
 
 impl NewOrder {
@@ -397,6 +403,8 @@ impl NewOrder {
             priority: Priority::Normal,
             trace: None,
             expires_after_ms: None,
+            debounce: None,
+            repeat: false,
         }
     }
 
@@ -404,6 +412,26 @@ impl NewOrder {
     /// (1 ms ..= 10 years; see [`crate::engine::expiry`]).
     pub fn with_expires_after(mut self, expires_after: std::time::Duration) -> Self {
         self.expires_after_ms = Some(crate::engine::duration::ms(expires_after));
+        self
+    }
+
+    /// A debounced order: each call moves it to now + `debounce.delay`, payload replaced,
+    /// but never later than the first call + `debounce.max_wait` (see
+    /// [`crate::engine::time_rules`]).
+    pub fn debounced(
+        id: impl Into<String>,
+        debounce: Debounce,
+        payload: impl Into<Payload>,
+    ) -> Self {
+        let mut o = NewOrder::new(id, When::DelayMs(debounce.delay_ms()), payload);
+        o.debounce = Some(debounce);
+        o
+    }
+
+    /// The same order, scheduled even if it was dispatched within the queue's dedup window
+    /// (`repeat = true`).
+    pub fn repeat(mut self, repeat: bool) -> Self {
+        self.repeat = repeat;
         self
     }
 
@@ -437,6 +465,17 @@ impl NewOrder {
                     "nested {depth} levels deep; at most {MAX_PAYLOAD_DEPTH} levels of arrays and objects"
                 ),
             });
+        }
+        if let Some(d) = &self.debounce {
+            d.validate()?;
+            if self.when != When::DelayMs(d.delay_ms()) {
+                return Err(InvalidInput::Option {
+                    name: "debounce",
+                    reason:
+                        "a debounced order is due its delay after each call: give no other due time"
+                            .into(),
+                });
+            }
         }
         let due = self.when.resolve(now_ms)?;
         if let Some(e) = self.expires_after_ms {
@@ -476,6 +515,9 @@ pub struct ScheduledOrder {
     /// Its priority level.
     #[serde(default)]
     pub priority: Priority,
+    /// A debounced order's first call and cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<DebounceState>,
 }
 
 /// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes

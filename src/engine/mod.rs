@@ -27,6 +27,7 @@
 //! - [`telemetry`]: metric names and label sets (recorded through the `metrics` facade).
 //! - [`trace`]: the W3C trace context carried with orders, and (feature `otel`) the
 //!   OpenTelemetry `send` / `process` spans.
+//! - [`time_rules`]: a queue's dedup window after dispatch, an order's debounce.
 //! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
 
@@ -53,6 +54,7 @@ pub mod schedules;
 pub mod scripts;
 pub mod supervisor;
 pub mod telemetry;
+pub mod time_rules;
 pub mod trace;
 pub mod version;
 mod wake;

@@ -15,6 +15,9 @@ pub enum ScheduleOutcome {
     Updated,
     /// The id was scheduled and `IfAbsent` left it as it was.
     Unchanged,
+    /// The id is not waiting and was dispatched within the queue's dedup window: nothing
+    /// was written (see [`crate::engine::time_rules`]; `repeat` schedules it again).
+    Duplicate,
 }
 
 /// The result of scheduling one order.
@@ -22,11 +25,15 @@ pub enum ScheduleOutcome {
 pub struct Scheduled {
     /// The order id.
     pub id: String,
-    /// The due time that was requested, unix ms. With `Unchanged`, the stored due time
-    /// may differ: see [`Client::get`](crate::Client::get).
+    /// The due time, unix ms: the requested one (a debounced order's as capped by its
+    /// `max_wait`). With `Unchanged` or `Duplicate`, the stored due time may differ: see
+    /// [`Client::get`](crate::Client::get).
     pub due_at_ms: i64,
     /// What happened.
     pub outcome: ScheduleOutcome,
+    /// With `Duplicate`: when the id was last dispatched, unix ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatched_at_ms: Option<i64>,
 }
 
 /// What happened to one order of a batch that failed part way
@@ -40,6 +47,8 @@ pub enum ItemOutcome {
     Updated,
     /// Left as it was (`IfAbsent`).
     Unchanged,
+    /// Not written: dispatched within the queue's dedup window.
+    Duplicate,
     /// Not written: Redis refused its call before writing anything (e.g. out of memory).
     NotWritten,
     /// May or may not have been written (its call timed out or lost its connection).
@@ -52,6 +61,7 @@ impl From<ScheduleOutcome> for ItemOutcome {
             ScheduleOutcome::Created => ItemOutcome::Created,
             ScheduleOutcome::Updated => ItemOutcome::Updated,
             ScheduleOutcome::Unchanged => ItemOutcome::Unchanged,
+            ScheduleOutcome::Duplicate => ItemOutcome::Duplicate,
         }
     }
 }

@@ -35,8 +35,11 @@ pub struct ScheduledAnswer {
     pub id: String,
     /// When it is due, unix ms.
     pub due_at_ms: i64,
-    /// `created`, `updated` or `unchanged`.
+    /// `created`, `updated`, `unchanged` or `duplicate`.
     pub outcome: ScheduleOutcome,
+    /// With `duplicate`: when the id was last dispatched, unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dispatched_at_ms: Option<i64>,
 }
 
 impl ScheduledAnswer {
@@ -46,6 +49,7 @@ impl ScheduledAnswer {
             id: s.id,
             due_at_ms: s.due_at_ms,
             outcome: s.outcome,
+            dispatched_at_ms: s.dispatched_at_ms,
         }
     }
 }
@@ -362,20 +366,24 @@ impl Admin {
 
     /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
     /// its count when none is given). Idempotent; another shard count than the registered
-    /// one is refused. `history_retention` and the default `expires_after` (zero clears
-    /// it), when given, are set on it (checked before anything is written).
+    /// one is refused. `history_retention`, the default `expires_after` (zero clears it)
+    /// and `dedup_window`, when given, are set on it (checked before anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
         shards: Option<u16>,
         history_retention: Option<Duration>,
         expires_after: Option<Duration>,
+        dedup_window: Option<Duration>,
     ) -> Result<QueueCreated> {
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
         }
         if let Some(e) = expires_after {
             crate::engine::expiry::check_queue_default(e)?;
+        }
+        if let Some(w) = dedup_window {
+            crate::engine::time_rules::DedupWindow::new(w)?;
         }
         let shards = match shards {
             Some(n) => n,
@@ -391,6 +399,9 @@ impl Admin {
         }
         if let Some(e) = expires_after {
             self.queues.set_expires_after(queue, e).await?;
+        }
+        if let Some(w) = dedup_window {
+            self.queues.set_dedup_window(queue, w).await?;
         }
         Ok(created)
     }
@@ -515,10 +526,20 @@ mod tests {
             id: "o1".into(),
             due_at_ms: 5,
             outcome: ScheduleOutcome::Created,
+            dispatched_at_ms: None,
         };
         assert_eq!(
             serde_json::to_value(&a).unwrap(),
             serde_json::json!({"queue": "q", "id": "o1", "due_at_ms": 5, "outcome": "created"})
+        );
+        let d = ScheduledAnswer {
+            outcome: ScheduleOutcome::Duplicate,
+            dispatched_at_ms: Some(4),
+            ..a
+        };
+        assert_eq!(
+            serde_json::to_value(&d).unwrap(),
+            serde_json::json!({"queue": "q", "id": "o1", "due_at_ms": 5, "outcome": "duplicate", "dispatched_at_ms": 4})
         );
         let nf = NotFoundAnswer {
             queue: None,

@@ -117,6 +117,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         if let Some(e) = settings.expires_after {
             client.admin().set_expires_after(q, e).await?;
         }
+        if let Some(w) = settings.dedup_window {
+            client.admin().set_dedup_window(q, w).await?;
+        }
     }
     // The configured recurring schedules (created, or replaced by what the file says).
     let schedules = crate::engine::schedules::Schedules::new(&client);

@@ -129,6 +129,7 @@ async fn run_op(w: &World, via: Via, queue: &str, id: &str, kind: &Kind) -> Res 
                         ScheduleOutcome::Created => "created",
                         ScheduleOutcome::Updated => "updated",
                         ScheduleOutcome::Unchanged => "unchanged",
+                        ScheduleOutcome::Duplicate => "duplicate",
                     }
                     .into(),
                 ),

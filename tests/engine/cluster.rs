@@ -209,3 +209,55 @@ async fn a_master_killed_mid_run_loses_no_durably_acknowledged_schedule() {
     hw.await.unwrap().unwrap();
     hd.await.unwrap();
 }
+
+/// Issue 44 on a cluster: the dedup window and debounce live in each shard's hash tag, so
+/// a sharded queue answers duplicate for every dispatched id, whichever master holds it,
+/// and a debounced order keeps its cap there; another client (process) sees the same.
+#[tokio::test]
+async fn the_time_rules_hold_on_a_cluster_across_shards_and_clients() {
+    let cluster = LocalCluster::start();
+    let opts = ClientOptions::default().shards(4);
+    let client = Client::connect_with(&cluster.url(), opts.clone())
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    client
+        .admin()
+        .set_dedup_window(Q, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let orders: Vec<NewOrder> = (0..40)
+        .map(|i| NewOrder::new(format!("o{i}"), When::in_ms(0), json!(i)))
+        .collect();
+    client
+        .schedule_many(Q, &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    let moved = Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap()
+        .moved;
+    assert_eq!(moved, 40);
+    let other = Client::connect_with(&cluster.url(), opts).await.unwrap();
+    let again = other.schedule_many(Q, &orders, Mode::Upsert).await.unwrap();
+    assert!(
+        again.iter().all(
+            |s| s.outcome == delayq::ScheduleOutcome::Duplicate && s.dispatched_at_ms.is_some()
+        ),
+        "{again:?}"
+    );
+    let deb = delayq::Debounce::new(Duration::from_secs(60), Duration::from_secs(60)).unwrap();
+    let a = client
+        .schedule_with(Q, NewOrder::debounced("cart", deb, json!(1)), Mode::Upsert)
+        .await
+        .unwrap();
+    let b = other
+        .schedule_with(Q, NewOrder::debounced("cart", deb, json!(2)), Mode::Upsert)
+        .await
+        .unwrap();
+    assert_eq!(b.due_at_ms, a.due_at_ms, "the cap holds across clients");
+    let got = other.get(Q, "cart").await.unwrap().unwrap();
+    assert_eq!(got.debounce.unwrap().max_due_ms, a.due_at_ms);
+}

@@ -22,3 +22,4 @@ mod priorities;
 mod registry;
 mod schedules;
 mod shards;
+mod time_rules;

@@ -710,7 +710,7 @@ async fn queues_are_created_listed_and_deleted_and_every_verb_sees_every_shard()
         .collect();
     assert!(
         listed.contains(&json!({"queue": "wide", "shards": 8, "paused": false,
-                                "history_retention_ms": 86_400_000})),
+                                "history_retention_ms": 86_400_000, "dedup_window_ms": 0})),
         "{listed:?}"
     );
 
@@ -756,7 +756,7 @@ async fn queues_and_groups_pause_and_resume() {
     let o = run(&url, &["queue", "list"]);
     assert!(
         o.stdout.contains(
-            r#"{"queue":"order-close","shards":1,"paused":true,"history_retention_ms":86400000}"#
+            r#"{"queue":"order-close","shards":1,"paused":true,"history_retention_ms":86400000,"dedup_window_ms":0}"#
         ),
         "{}",
         o.stdout

@@ -18,4 +18,5 @@ mod production;
 mod reference;
 mod schema;
 mod serve;
+mod time_rules;
 mod ui;

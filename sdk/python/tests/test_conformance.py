@@ -18,7 +18,7 @@ OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-    "at_local", "timezone", "expect_due_ms", "expires_after_ms",
+    "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat",
 }
 
 
@@ -57,7 +57,7 @@ def server():
 
 def _when(d: Dict[str, Any]) -> Dict[str, Any]:
     """The case's due-time fields as given (a local time's combination cases give several)."""
-    keys = ("delay_ms", "due_ms", "at_local", "timezone")
+    keys = ("delay_ms", "due_ms", "at_local", "timezone", "debounce", "repeat")
     return {k: d[k] for k in keys if k in d}
 
 

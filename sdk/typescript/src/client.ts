@@ -32,6 +32,7 @@ import {
   payloadText,
   resolveWhen,
   storedBody,
+  rulesArg,
 } from "./message.js";
 import { SCRIPTS, type Script, isNoScript } from "./scripts.js";
 
@@ -73,7 +74,7 @@ export interface ClientOptions {
   clock?: () => number;
 }
 
-export type ScheduleOutcome = "created" | "updated" | "unchanged";
+export type ScheduleOutcome = "created" | "updated" | "unchanged" | "duplicate";
 export type CancelOutcome = "cancelled" | "not_found";
 export type RescheduleOutcome = "rescheduled" | "not_found";
 
@@ -83,6 +84,8 @@ export interface Scheduled {
   /** The requested due time, unix ms (with `unchanged` the stored one may differ: see `get`). */
   dueAtMs: number;
   outcome: ScheduleOutcome;
+  /** With `duplicate`: when the id was last dispatched, unix ms. */
+  dispatchedAtMs?: number;
 }
 
 /** A scheduled order, as read back with `get`. */
@@ -98,6 +101,8 @@ export interface ScheduledOrder {
   payload: unknown;
   /** Its priority level (`normal` for an order scheduled without one). */
   priority: Priority;
+  /** A debounced order's first call and cap (latest due time), unix ms. */
+  debounce?: { firstCallMs: number; maxDueMs: number };
 }
 
 interface QueueRef {
@@ -150,7 +155,8 @@ interface Call {
   idxs: number[];
 }
 
-type CallResult = { ok: ScheduleOutcome[] } | { err: DelayqError };
+type Enqueued = { outcome: ScheduleOutcome; ms: number | null };
+type CallResult = { ok: Enqueued[] } | { err: DelayqError };
 
 function checkDurability(d: unknown): Durability {
   if (d === "leader") return d;
@@ -186,18 +192,22 @@ function checkMode(mode: unknown): Mode {
   throw new InvalidInputError("invalid_option", 'invalid option mode: "upsert" or "if_absent"');
 }
 
-function outcomes(codes: unknown, n: number): ScheduleOutcome[] {
+/** enqueue.lua's reply: a code per order, or `[code, ms]` (a duplicate's last dispatch, a debounced order's due time). */
+function outcomes(codes: unknown, n: number): Enqueued[] {
   if (!Array.isArray(codes) || codes.length !== n) {
     throw new ReplyError("scheduling orders (enqueue.lua)", `${Array.isArray(codes) ? codes.length : "no"} outcomes for ${n} orders`);
   }
-  return codes.map((c) => {
+  return codes.map((raw) => {
+    const [c, ms] = Array.isArray(raw) ? [raw[0], Number(raw[1])] : [raw, null];
     switch (Number(c)) {
       case 1:
-        return "created";
+        return { outcome: "created", ms };
       case 2:
-        return "updated";
+        return { outcome: "updated", ms };
       case 0:
-        return "unchanged";
+        return { outcome: "unchanged", ms };
+      case 3:
+        return { outcome: "duplicate", ms };
       default:
         throw new ReplyError("scheduling orders (enqueue.lua)", `unknown outcome code ${String(c)}`);
     }
@@ -381,6 +391,15 @@ export class Client {
         throw e instanceof InvalidInputError ? e.inBatch(i) : e;
       }
     });
+    if (mode === "if_absent") {
+      const i = orders.findIndex((o) => o.debounce !== undefined && o.debounce !== null);
+      if (i >= 0) {
+        throw new InvalidInputError(
+          "invalid_option",
+          "invalid option debounce: cannot go with if_absent (a debounce moves a waiting order)",
+        ).inBatch(i);
+      }
+    }
     // 5. The registry.
     let ref = await this.queueRef(queue);
     if (orders.length === 0) return [];
@@ -403,6 +422,7 @@ export class Client {
       done = await this.enqueueCalls(queue, ref.epoch as string, calls, orders, dues, payloads, levels, now, mode);
     }
     const results: (ItemOutcome | undefined)[] = new Array(orders.length);
+    const extra: (number | null)[] = new Array(orders.length).fill(null);
     let failed: DelayqError | null = null;
     let succeeded = false;
     calls.forEach((c, k) => {
@@ -410,7 +430,8 @@ export class Client {
       if ("ok" in r) {
         succeeded = true;
         c.idxs.forEach((i, j) => {
-          results[i] = r.ok[j];
+          results[i] = r.ok[j]?.outcome;
+          extra[i] = r.ok[j]?.ms ?? null;
         });
         return;
       }
@@ -434,10 +455,12 @@ export class Client {
     }
     return orders.map((o, i) => {
       const outcome = results[i];
-      if (outcome !== "created" && outcome !== "updated" && outcome !== "unchanged") {
+      if (outcome !== "created" && outcome !== "updated" && outcome !== "unchanged" && outcome !== "duplicate") {
         throw new ReplyError("scheduling orders", "an order got no outcome");
       }
-      return { id: o.id, dueAtMs: dues[i] as number, outcome };
+      const ms = extra[i] ?? null;
+      if (outcome === "duplicate") return { id: o.id, dueAtMs: dues[i] as number, outcome, dispatchedAtMs: ms ?? undefined };
+      return { id: o.id, dueAtMs: ms ?? (dues[i] as number), outcome };
     });
   }
 
@@ -447,7 +470,7 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels], [id], "cancelling an order (cancel.lua)");
+    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels, k.debounce], [id], "cancelling an order (cancel.lua)");
     return Number(n) === 1 ? "cancelled" : "not_found";
   }
 
@@ -481,15 +504,17 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const r = await this.evalScript(SCRIPTS.get, [k.due, k.payload, k.levels], [id], "reading an order (get.lua)");
-    if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("reading an order (get.lua)", "not an array of 3");
-    const [score, raw, stored] = r as [string | null, string | null, string | null];
+    const r = await this.evalScript(SCRIPTS.get, [k.due, k.payload, k.levels, k.debounce], [id], "reading an order (get.lua)");
+    if (!Array.isArray(r) || r.length !== 4) throw new ReplyError("reading an order (get.lua)", "not an array of 4");
+    const [score, raw, stored, deb] = r as [string | null, string | null, string | null, string | null];
     if (score === null || score === undefined) return null;
     const dueAtMs = Math.round(Number(score));
     // Absent, or anything but high / low (a foreign writer's): normal, as the Rust client reads it.
     const priority: Priority = stored === "high" || stored === "low" ? stored : "normal";
+    const m = deb === null || deb === undefined ? null : /^([0-9]+):([0-9]+)$/.exec(String(deb));
+    const debounce = m ? { debounce: { firstCallMs: Number(m[1]), maxDueMs: Number(m[2]) } } : {};
     if (raw === null || raw === undefined) {
-      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority };
+      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, ...debounce };
     }
     const { enqueuedAtMs, json } = decodeStored(String(raw));
     let payload: unknown;
@@ -498,7 +523,7 @@ export class Client {
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, ...debounce };
   }
 
   // ---- internals ----
@@ -552,16 +577,21 @@ export class Client {
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
-    // The form the Rust client sends: the levels HASH as KEYS[4] and one quadruple per
-    // order (id, due, payload, level; "" for normal).
+    // The form the Rust client sends: the levels HASH and the dispatched ZSET as KEYS[4..5]
+    // and one quadruple per order (id, due, payload, level; "" for normal); when an order of
+    // the call carries time rules, the debounce HASH as KEYS[6] and quintuples (..., rules).
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
       const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
+      const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
         args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
+        if (withRules) args.push(rulesArg(o));
       }
-      return { keys: [k.due, k.payload, k.meta, k.levels], args, n: c.idxs.length };
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched];
+      if (withRules) keys.push(k.debounce);
+      return { keys, args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to
     // the node that holds it); on one server every call goes together.

@@ -99,11 +99,15 @@ export interface ShardKeys {
   meta: string;
   /** HASH: order id -> `high` or `low`, for the scheduled orders that are not `normal`. */
   levels: string;
+  /** The ids dispatched within the queue's dedup window (ZSET). */
+  dispatched: string;
+  /** Waiting debounced orders' first call and cap (HASH). */
+  debounce: string;
 }
 
 export function shardKeys(ns: string, queue: string, shard: number): ShardKeys {
   const tag = `{${ns}:${queue}:${shard}}`;
-  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels` };
+  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels`, dispatched: `${tag}:dispatched`, debounce: `${tag}:debounce` };
 }
 
 /** The queue's registry record (HASH: `shards`, `epoch`, ...). */

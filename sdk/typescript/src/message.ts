@@ -121,6 +121,13 @@ export interface NewOrder extends When {
    * instead. Absent: the queue's default, if any (see src/engine/expiry.rs).
    */
   expiresAfterMs?: number;
+  /**
+   * A debounce instead of a due time: due `delayMs` after each call (payload replaced),
+   * never later than `maxWaitMs` after the first call (see the Rust `delayq::Debounce`).
+   */
+  debounce?: Debounce;
+  /** Schedule it even if it was dispatched within the queue's dedup window. */
+  repeat?: boolean;
 }
 
 /**
@@ -142,6 +149,37 @@ export function checkExpiresAfter(ms: unknown): number {
 export function storedBody(order: NewOrder, payload: string): string {
   const e = order.expiresAfterMs;
   return e === undefined || e === null ? payload : `!${e}!${payload}`;
+}
+
+/** An order's debounce: both at least 1 ms and at most 10 years, `maxWaitMs >= delayMs`. */
+export interface Debounce {
+  delayMs: number;
+  maxWaitMs: number;
+}
+
+const optionErr = (name: string, reason: string) => new InvalidInputError("invalid_option", `invalid option ${name}: ${reason}`);
+
+/** A debounce's `[delayMs, maxWaitMs]`, checked as `Debounce::from_ms` does in Rust. */
+export function checkDebounce(d: Debounce): [number, number] {
+  const out: number[] = [];
+  for (const [name, v] of [
+    ["debounce.delay", d?.delayMs],
+    ["debounce.max_wait", d?.maxWaitMs],
+  ] as [string, unknown][]) {
+    if (typeof v !== "number" || !Number.isInteger(v)) throw optionErr(name, "must be an integer number of milliseconds");
+    if (v < 0) throw optionErr(name, `must not be negative, got ${v} ms`);
+    if (v < 1) throw optionErr(name, "must be at least 1ms");
+    if (v > MAX_AHEAD_MS) throw optionErr(name, `${v} ms is more than 10 years`);
+    out.push(v);
+  }
+  const [delay, maxWait] = out as [number, number];
+  if (maxWait < delay) throw optionErr("debounce.max_wait", `${maxWait} ms is shorter than the delay ${delay} ms`);
+  return [delay, maxWait];
+}
+
+/** The per-order time-rules argument of enqueue.lua: `r` for repeat, then the debounce's max wait. */
+export function rulesArg(order: NewOrder): string {
+  return (order.repeat ? "r" : "") + (order.debounce ? String(order.debounce.maxWaitMs) : "");
 }
 
 const dueErr = (reason: string) => new InvalidInputError("invalid_due_time", `invalid due time: ${reason}`);
@@ -488,9 +526,17 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   if (depth > MAX_PAYLOAD_DEPTH) {
     throw payloadErr(`nested ${depth} levels deep; at most ${MAX_PAYLOAD_DEPTH} levels of arrays and objects`);
   }
-  const due = resolveWhen(order, nowMs);
   if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
-  return due;
+  if (order.debounce !== undefined && order.debounce !== null) {
+    const [delay] = checkDebounce(order.debounce);
+    for (const f of [order.delayMs, order.at, order.atLocal, order.timezone]) {
+      if (f !== undefined && f !== null) {
+        throw optionErr("debounce", "a debounced order is due its delay after each call: give no other due time");
+      }
+    }
+    return resolveWhen({ delayMs: delay }, nowMs);
+  }
+  return resolveWhen(order, nowMs);
 }
 
 /**

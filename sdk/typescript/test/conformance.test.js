@@ -15,7 +15,7 @@ const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule",
 const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-  "at_local", "timezone", "expect_due_ms", "expires_after_ms",
+  "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat",
 ]);
 
 let redis;
@@ -48,6 +48,8 @@ function when(o) {
   if ("due_ms" in o) w.at = o.due_ms;
   if ("at_local" in o) w.atLocal = o.at_local;
   if ("timezone" in o) w.timezone = o.timezone;
+  if ("debounce" in o) w.debounce = { delayMs: o.debounce.delay_ms, maxWaitMs: o.debounce.max_wait_ms };
+  if ("repeat" in o) w.repeat = o.repeat;
   return w;
 }
 

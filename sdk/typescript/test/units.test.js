@@ -26,6 +26,8 @@ test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, 
     payload: "{dq:order-close:7}:payload",
     meta: "{dq:order-close:7}:meta",
     levels: "{dq:order-close:7}:levels",
+    dispatched: "{dq:order-close:7}:dispatched",
+    debounce: "{dq:order-close:7}:debounce",
   });
 });
 

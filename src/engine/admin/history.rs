@@ -86,6 +86,9 @@ pub struct OrderHistory {
     pub groups: Vec<GroupHistory>,
     /// The order's priority level (of its first delivery once dispatched).
     pub priority: Priority,
+    /// A waiting debounced order's first call and cap ([`crate::engine::time_rules`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<crate::engine::time_rules::DebounceState>,
 }
 
 /// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
@@ -167,7 +170,20 @@ impl Queues {
             .invoke_async(&mut self.client.connection())
             .await
             .ctx("reading an order's history (history.lua)")?;
-        parse_history(q.as_str(), id, reply)
+        let mut h = parse_history(q.as_str(), id, reply)?;
+        if let Some(h) = h.as_mut().filter(|h| h.state == OrderState::Scheduled) {
+            // A debounced order's record (a separate read: it only adds to the answer).
+            let rec: Option<String> = redis::cmd("HGET")
+                .arg(&keys.debounce)
+                .arg(id)
+                .query_async(&mut self.client.connection())
+                .await
+                .ctx("reading an order's debounce")?;
+            h.debounce = rec
+                .as_deref()
+                .and_then(crate::engine::time_rules::DebounceState::parse);
+        }
+        Ok(h)
     }
 
     /// Sends `orders` straight to consumer group `group` of `queue` (due now; no other
@@ -401,6 +417,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         entry_id: None,
         groups: Vec::new(),
         priority: Priority::Normal,
+        debounce: None,
     };
     if state == "scheduled" {
         let due = parts

@@ -19,6 +19,7 @@ use crate::engine::flow::{PauseState, pause_field};
 use crate::engine::history::{HistoryPolicy, RETENTION_FIELD};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::scripts;
+use crate::engine::time_rules::{DEDUP_FIELD, DedupWindow};
 use serde::Serialize;
 
 /// A registered queue.
@@ -36,6 +37,8 @@ pub struct QueueInfo {
     /// left out of the JSON then).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expires_after_ms: Option<i64>,
+    /// Its dedup window after dispatch, ms (0: none; see [`crate::engine::time_rules`]).
+    pub dedup_window_ms: i64,
 }
 
 /// What is still in a queue: why a delete without `force` was refused.
@@ -129,6 +132,61 @@ impl Queues {
         })
     }
 
+    /// Sets `queue`'s dedup window after dispatch (zero: off; see
+    /// [`crate::engine::time_rules`]). The shards' markers first (the scripts read them, so
+    /// the window holds from the moment this answers), then the record's copy for listings.
+    /// Turning it off also drops the dispatched ids kept for it.
+    pub async fn set_dedup_window(&self, queue: &str, window: std::time::Duration) -> Result<()> {
+        let q = QueueName::new(queue)?;
+        let w = DedupWindow::new(window)?;
+        let keys = self.client.registered_keys(&q).await?;
+        let value = w.as_ms().to_string();
+        self.client
+            .set_marker(&keys, DEDUP_FIELD, w.is_on().then_some(value.as_str()))
+            .await?;
+        let mut pipe = redis::pipe();
+        if w.is_on() {
+            pipe.cmd("HSET")
+                .arg(self.client.queue_meta_key(&q))
+                .arg(DEDUP_FIELD)
+                .arg(w.as_ms())
+                .ignore();
+        } else {
+            pipe.cmd("HDEL")
+                .arg(self.client.queue_meta_key(&q))
+                .arg(DEDUP_FIELD)
+                .ignore();
+        }
+        pipe.cmd("INCR")
+            .arg(self.client.keyspace().registry_version())
+            .ignore();
+        let () = pipe
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("setting the dedup window")?;
+        if !w.is_on() {
+            for k in &keys {
+                let _: i64 = redis::cmd("UNLINK")
+                    .arg(&k.dispatched)
+                    .query_async(&mut self.client.connection())
+                    .await
+                    .ctx("dropping the dispatched ids")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `queue`'s dedup window, as its record says.
+    pub async fn dedup_window(&self, queue: &QueueName) -> Result<DedupWindow> {
+        let ms: Option<i64> = redis::cmd("HGET")
+            .arg(self.client.queue_meta_key(queue))
+            .arg(DEDUP_FIELD)
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("reading the dedup window")?;
+        Ok(DedupWindow::from_ms(ms.unwrap_or(0)))
+    }
+
     /// Whether `queue` (`group` = `None`) or one of its groups is paused.
     pub async fn is_paused(&self, queue: &QueueName, group: Option<&str>) -> Result<bool> {
         let v: Option<String> = redis::cmd("HGET")
@@ -160,6 +218,7 @@ impl Queues {
                     paused: flags.paused,
                     history_retention_ms: flags.history.retention_ms(),
                     expires_after_ms: flags.expires_after_ms,
+                    dedup_window_ms: self.dedup_window(&q).await?.as_ms(),
                 }))
             }
             None => Ok(None),
@@ -180,9 +239,16 @@ impl Queues {
                 .arg("shards")
                 .arg(crate::engine::flow::pause_field(None))
                 .arg(RETENTION_FIELD)
-                .arg(crate::engine::expiry::QUEUE_FIELD);
+                .arg(crate::engine::expiry::QUEUE_FIELD)
+                .arg(DEDUP_FIELD);
         }
-        type Record = (Option<u16>, Option<String>, Option<i64>, Option<i64>);
+        type Record = (
+            Option<u16>,
+            Option<String>,
+            Option<i64>,
+            Option<i64>,
+            Option<i64>,
+        );
         let records: Vec<Record> = pipe
             .query_async(&mut self.client.connection())
             .await
@@ -190,7 +256,7 @@ impl Queues {
         Ok(names
             .into_iter()
             .zip(records)
-            .filter_map(|(queue, (shards, paused, history, expires))| {
+            .filter_map(|(queue, (shards, paused, history, expires, dedup))| {
                 shards.map(|shards| QueueInfo {
                     queue,
                     shards,
@@ -199,6 +265,7 @@ impl Queues {
                         .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms)
                         .retention_ms(),
                     expires_after_ms: expires.filter(|e| *e > 0),
+                    dedup_window_ms: DedupWindow::from_ms(dedup.unwrap_or(0)).as_ms(),
                 })
             })
             .collect())

@@ -110,6 +110,8 @@ impl Client {
             k.due.clone(),
             k.payload.clone(),
             k.levels.clone(),
+            k.dispatched.clone(),
+            k.debounce.clone(),
             k.dead.clone(),
             k.ticks(),
         ];

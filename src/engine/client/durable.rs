@@ -7,8 +7,8 @@ use super::replicas::{ConnFigure, ReplicaCounts};
 use crate::engine::conn::Conn;
 use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::keys::ShardKeys;
-use crate::engine::message::ScheduleOutcome;
 use crate::engine::redact;
+use crate::engine::scripts::Enqueued;
 use crate::engine::scripts::{self, EnqueueArg};
 use futures_util::future::join_all;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,7 +45,7 @@ impl Client {
         if_absent: bool,
         now: i64,
         wait: Wait,
-    ) -> Vec<Result<Vec<ScheduleOutcome>>> {
+    ) -> Vec<Result<Vec<Enqueued>>> {
         let bound = durable_bound(self.inner.opts.response_timeout, wait);
         let deadline = tokio::time::Instant::now() + bound;
         let (slot, cell, durable, wait) = match self.durable_start(wait, deadline).await {
@@ -93,8 +93,7 @@ impl Client {
             );
             slot.discard(&cell);
         }
-        let mut out: Vec<Option<Result<Vec<ScheduleOutcome>>>> =
-            calls.iter().map(|_| None).collect();
+        let mut out: Vec<Option<Result<Vec<Enqueued>>>> = calls.iter().map(|_| None).collect();
         for (g, piped) in groups.iter().zip(done) {
             for (&i, r) in g.iter().zip(piped.results) {
                 out[i] = Some(r);
@@ -336,7 +335,7 @@ impl Wait {
 /// What [`durable_pipeline`] did: one result per invocation, and whether the connection
 /// failed under it (then it is not used again).
 struct Piped {
-    results: Vec<Result<Vec<ScheduleOutcome>>>,
+    results: Vec<Result<Vec<Enqueued>>>,
     broken: bool,
 }
 
@@ -353,7 +352,7 @@ async fn durable_pipeline(
     let timeout_ms = u64::try_from(wait.timeout.min(MAX_WAIT).as_millis())
         .unwrap_or(1000)
         .max(1);
-    let mut out: Vec<Option<Result<Vec<ScheduleOutcome>>>> = invs.iter().map(|_| None).collect();
+    let mut out: Vec<Option<Result<Vec<Enqueued>>>> = invs.iter().map(|_| None).collect();
     for round in 0..2 {
         let todo: Vec<usize> = (0..invs.len()).filter(|&i| out[i].is_none()).collect();
         if todo.is_empty() {
@@ -400,7 +399,7 @@ async fn durable_pipeline(
                 }
                 Err(e) => Some(Err(e).ctx("scheduling orders (enqueue.lua)")),
                 Ok(v) => Some(
-                    redis::from_redis_value::<Vec<i64>>(v)
+                    redis::from_redis_value::<Vec<redis::Value>>(v)
                         .map_err(|e| Error::Reply {
                             context: "scheduling orders (enqueue.lua)",
                             detail: e.to_string(),

@@ -209,7 +209,8 @@ impl Client {
         validate_id(id)?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
         let mut conn = self.inner.conn.clone();
-        let (score, raw, priority) = scripts::get(&mut conn, self.server(), &keys, id).await?;
+        let (score, raw, priority, debounce) =
+            scripts::get(&mut conn, self.server(), &keys, id).await?;
         let Some(score) = score else { return Ok(None) };
         let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
             Some((enq, json)) => (
@@ -224,6 +225,7 @@ impl Client {
             enqueued_at_ms,
             payload,
             priority,
+            debounce,
         }))
     }
 

@@ -10,7 +10,7 @@ use crate::engine::message::{
     BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
 };
 use crate::engine::outcome::WriteOutcome;
-use crate::engine::scripts::{self, EnqueueArg, ScriptRefusal};
+use crate::engine::scripts::{self, EnqueueArg, Enqueued, ScriptRefusal};
 use crate::engine::{redact, telemetry, trace};
 use futures_util::future::join_all;
 use tracing::Instrument;
@@ -77,6 +77,19 @@ impl Client {
                     })
             })
             .collect::<Result<Vec<i64>, InvalidInput>>()?;
+        if mode == Mode::IfAbsent
+            && let Some(index) = orders.iter().position(|o| o.debounce.is_some())
+        {
+            let e = InvalidInput::Option {
+                name: "debounce",
+                reason: "cannot go with if_absent (a debounce moves a waiting order)".into(),
+            };
+            return Err(InvalidInput::InBatch {
+                index,
+                source: Box::new(e),
+            }
+            .into());
+        }
         let mut qref = self.queue_ref(&queue).await?;
         if orders.is_empty() {
             return Ok(Vec::new());
@@ -156,13 +169,16 @@ impl Client {
             })
             .collect();
         let mut results: Vec<Option<ItemOutcome>> = vec![None; orders.len()];
+        // Per order: the due time the script set, and a duplicate's last dispatch.
+        let mut set_by_script: Vec<(Option<i64>, Option<i64>)> = vec![(None, None); orders.len()];
         let (mut failed, mut succeeded): (Option<Error>, bool) = (None, false);
         for ((_, idxs), r) in calls.iter().zip(outcomes) {
             match r {
                 Ok(outs) => {
                     succeeded = true;
                     for (&i, o) in idxs.iter().zip(outs) {
-                        results[i] = Some(o.into());
+                        results[i] = Some(o.outcome.into());
+                        set_by_script[i] = (o.due_ms, o.dispatched_at_ms);
                     }
                 }
                 Err(e) => {
@@ -189,9 +205,9 @@ impl Client {
         };
         let earliest = results
             .iter()
-            .zip(&dues)
+            .zip(dues.iter().zip(&set_by_script))
             .filter(|(o, _)| written(o))
-            .map(|(_, &d)| d)
+            .map(|(_, (&d, (set, _)))| set.unwrap_or(d))
             .min();
         if let Some(due) = earliest {
             self.inner.wake.scheduled(queue.as_str(), due);
@@ -221,12 +237,13 @@ impl Client {
         }
         results
             .into_iter()
-            .zip(orders.iter().zip(dues))
-            .map(|(o, (order, due))| {
+            .zip(orders.iter().zip(dues).zip(set_by_script))
+            .map(|(o, ((order, due), (set_due, dispatched_at_ms)))| {
                 let outcome = match o {
                     Some(ItemOutcome::Created) => ScheduleOutcome::Created,
                     Some(ItemOutcome::Updated) => ScheduleOutcome::Updated,
                     Some(ItemOutcome::Unchanged) => ScheduleOutcome::Unchanged,
+                    Some(ItemOutcome::Duplicate) => ScheduleOutcome::Duplicate,
                     _ => {
                         return Err(Error::Reply {
                             context: "scheduling orders",
@@ -236,8 +253,9 @@ impl Client {
                 };
                 Ok(Scheduled {
                     id: order.id.clone(),
-                    due_at_ms: due,
+                    due_at_ms: set_due.unwrap_or(due),
                     outcome,
+                    dispatched_at_ms,
                 })
             })
             .collect()
@@ -288,7 +306,7 @@ impl Client {
         dues: &[i64],
         now: i64,
         if_absent: bool,
-    ) -> Vec<Result<Vec<ScheduleOutcome>>> {
+    ) -> Vec<Result<Vec<Enqueued>>> {
         let orders = texts.orders;
         let args: Vec<Vec<EnqueueArg<'_>>> = calls
             .iter()
@@ -299,6 +317,10 @@ impl Client {
                         due_ms: dues[i],
                         payload: texts.payload(i),
                         priority: orders[i].priority,
+                        rules: crate::engine::time_rules::enqueue_rules_arg(
+                            orders[i].repeat,
+                            orders[i].debounce.as_ref(),
+                        ),
                     })
                     .collect()
             })

@@ -7,6 +7,7 @@ use crate::engine::keys::ShardKeys;
 use crate::engine::message::ScheduleOutcome;
 use crate::engine::priority::Priority;
 use crate::engine::reply::{score_to_ms, stored_level};
+use crate::engine::time_rules::DebounceState;
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
 
@@ -37,6 +38,19 @@ pub(crate) struct EnqueueArg<'a> {
     pub due_ms: i64,
     pub payload: &'a str,
     pub priority: Priority,
+    /// The time rules argument ([`crate::engine::time_rules::enqueue_rules_arg`]).
+    pub rules: String,
+}
+
+/// What `enqueue.lua` did with one order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Enqueued {
+    pub outcome: ScheduleOutcome,
+    /// The due time the script set (a debounced order's, capped), when it differs from the
+    /// requested one.
+    pub due_ms: Option<i64>,
+    /// A duplicate's last dispatch, unix ms.
+    pub dispatched_at_ms: Option<i64>,
 }
 
 /// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
@@ -52,7 +66,14 @@ pub(crate) fn enqueue_invocation<'a>(
         .key(&keys.payload)
         .key(&keys.meta)
         .key(&keys.levels)
-        .arg(if if_absent { "nx" } else { "upsert" })
+        .key(&keys.dispatched);
+    // Orders without time rules go as quadruples, as before the rules existed: no more
+    // work per order for them.
+    let rules = orders.iter().any(|o| !o.rules.is_empty());
+    if rules {
+        inv.key(&keys.debounce);
+    }
+    inv.arg(if if_absent { "nx" } else { "upsert" })
         .arg(now_ms)
         .arg(epoch);
     for o in orders {
@@ -60,6 +81,9 @@ pub(crate) fn enqueue_invocation<'a>(
             .arg(o.due_ms)
             .arg(o.payload)
             .arg(lane_arg(o.priority));
+        if rules {
+            inv.arg(&o.rules);
+        }
     }
     inv
 }
@@ -80,8 +104,8 @@ pub(crate) async fn enqueue<C: ConnectionLike>(
     if_absent: bool,
     now_ms: i64,
     orders: &[EnqueueArg<'_>],
-) -> Result<Vec<ScheduleOutcome>> {
-    let codes: Vec<i64> = enqueue_invocation(keys, epoch, if_absent, now_ms, orders)
+) -> Result<Vec<Enqueued>> {
+    let codes: Vec<redis::Value> = enqueue_invocation(keys, epoch, if_absent, now_ms, orders)
         .invoke_async(conn)
         .await
         .ctx("scheduling orders (enqueue.lua)")?;
@@ -98,24 +122,40 @@ pub(crate) async fn load_enqueue<C: ConnectionLike>(conn: &mut C) -> Result<()> 
     Ok(())
 }
 
-/// `enqueue.lua`'s reply codes as outcomes, one per order.
-pub(crate) fn enqueue_outcomes(codes: Vec<i64>, orders: usize) -> Result<Vec<ScheduleOutcome>> {
+/// `enqueue.lua`'s reply as outcomes, one per order: a code, or `{code, ms}` (a
+/// duplicate's dispatch time, a debounced order's due time).
+pub(crate) fn enqueue_outcomes(codes: Vec<redis::Value>, orders: usize) -> Result<Vec<Enqueued>> {
+    let bad = |detail: String| Error::Reply {
+        context: "scheduling orders (enqueue.lua)",
+        detail,
+    };
     if codes.len() != orders {
-        return Err(Error::Reply {
-            context: "scheduling orders (enqueue.lua)",
-            detail: format!("{} outcomes for {orders} orders", codes.len()),
-        });
+        return Err(bad(format!("{} outcomes for {orders} orders", codes.len())));
     }
     codes
         .into_iter()
-        .map(|c| match c {
-            1 => Ok(ScheduleOutcome::Created),
-            2 => Ok(ScheduleOutcome::Updated),
-            0 => Ok(ScheduleOutcome::Unchanged),
-            other => Err(Error::Reply {
-                context: "scheduling orders (enqueue.lua)",
-                detail: format!("unknown outcome code {other}"),
-            }),
+        .map(|v| {
+            let (code, ms) = match v {
+                redis::Value::Int(c) => (c, None),
+                other => {
+                    let (c, ms): (i64, i64) =
+                        redis::from_redis_value(other).map_err(|e| bad(e.to_string()))?;
+                    (c, Some(ms))
+                }
+            };
+            let outcome = match code {
+                1 => ScheduleOutcome::Created,
+                2 => ScheduleOutcome::Updated,
+                0 => ScheduleOutcome::Unchanged,
+                3 => ScheduleOutcome::Duplicate,
+                other => return Err(bad(format!("unknown outcome code {other}"))),
+            };
+            let duplicate = outcome == ScheduleOutcome::Duplicate;
+            Ok(Enqueued {
+                outcome,
+                due_ms: ms.filter(|_| !duplicate),
+                dispatched_at_ms: ms.filter(|_| duplicate),
+            })
         })
         .collect()
 }
@@ -152,6 +192,8 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .key(&keys.levels)
         .key(&keys.lane(Priority::High).stream)
         .key(&keys.lane(Priority::Low).stream)
+        .key(&keys.dispatched)
+        .key(&keys.debounce)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -173,6 +215,7 @@ pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::Script
     inv.key(&keys.due)
         .key(&keys.payload)
         .key(&keys.levels)
+        .key(&keys.debounce)
         .arg(id);
     inv
 }
@@ -227,22 +270,28 @@ pub static GET_LUA: LazyLock<String> =
     LazyLock::new(|| super::source(include_str!("../../../lua/get.lua")));
 static GET: LazyLock<super::ReadOnly> = LazyLock::new(|| super::ReadOnly::new(&GET_LUA));
 
+/// One order as `get.lua` reads it: score, stored value, level and debounce state.
+pub(crate) type GotOrder = (Option<f64>, Option<String>, Priority, Option<DebounceState>);
+
 /// Runs `get.lua` (flagged read-only where `server` knows flags): the order's score, stored
-/// value and level, read together.
+/// value, level and debounce record, read together.
 pub(crate) async fn get<C: ConnectionLike>(
     conn: &mut C,
     server: Option<crate::engine::version::ServerInfo>,
     keys: &ShardKeys,
     id: &str,
-) -> Result<(Option<f64>, Option<String>, Priority)> {
-    let (due, stored, level): (Option<f64>, Option<String>, Option<String>) = GET
+) -> Result<GotOrder> {
+    type Reply = (Option<f64>, Option<String>, Option<String>, Option<String>);
+    let (due, stored, level, deb): Reply = GET
         .for_server(server)
         .key(&keys.due)
         .key(&keys.payload)
         .key(&keys.levels)
+        .key(&keys.debounce)
         .arg(id)
         .invoke_async(conn)
         .await
         .ctx("reading an order (get.lua)")?;
-    Ok((due, stored, stored_level(level.as_deref())))
+    let deb = deb.as_deref().and_then(DebounceState::parse);
+    Ok((due, stored, stored_level(level.as_deref()), deb))
 }

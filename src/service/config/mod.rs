@@ -93,6 +93,9 @@ pub struct Settings {
     /// The default `expires_after` set on every queue of the configuration (`Some(0)`
     /// clears it; `None`: leave each queue's as it is).
     pub expires_after: Option<Duration>,
+    /// The dedup window set on every queue created at start-up (`None`: leave each as it
+    /// is).
+    pub dedup_window: Option<Duration>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
     /// Recurring schedules declared at start-up.
@@ -245,6 +248,10 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     if let Some(e) = expires_after {
         crate::engine::expiry::check_queue_default(e).map_err(at_key("expires_after"))?;
     }
+    let dedup_window = duration("dedup_window", config.dedup_window.as_deref())?;
+    if let Some(w) = dedup_window {
+        crate::engine::time_rules::DedupWindow::new(w).map_err(at_key("dedup_window"))?;
+    }
     let handlers = handlers::check_all(&config.handlers, shutdown_grace)?;
     queues.extend(handlers.iter().flat_map(|h| h.queues.iter().cloned()));
     let reconciliation = check_reconciliation(&config.reconciliation, &handlers)?;
@@ -274,6 +281,7 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         startup_timeout,
         history_retention,
         expires_after,
+        dedup_window,
         reconciliation,
         schedules,
     })

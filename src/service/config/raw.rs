@@ -55,6 +55,10 @@ pub struct Config {
     /// an order a group would get later than this past its due time is dead-lettered for
     /// that group with reason `expired`. Set on every queue of the configuration.
     pub expires_after: Option<String>,
+    /// The dedup window after dispatch set on every queue created at start-up (e.g. `24h`;
+    /// `0s`: off; unset: each queue keeps its own, off unless set): scheduling an id
+    /// dispatched within it answers `duplicate` unless the order asks to `repeat`.
+    pub dedup_window: Option<String>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -164,6 +168,7 @@ impl Default for Config {
             startup_timeout: None,
             history_retention: None,
             expires_after: None,
+            dedup_window: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
@@ -206,6 +211,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "startup_timeout",
     "history_retention",
     "expires_after",
+    "dedup_window",
     "http",
     "dispatcher",
     "housekeeping",

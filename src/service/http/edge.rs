@@ -298,7 +298,9 @@ pub(super) async fn read_body(State(st): State<AppState>, req: Request, next: Ne
                     "outcome_unknown",
                     format!(
                         "the request took longer than {took}: a write may or may not have been \
-                         applied; repeating the request is safe (idempotent by id)"
+                         applied; repeating it is safe while the order waits (idempotent by id); \
+                         once it may have been dispatched, a repeat schedules it again unless the \
+                         queue has a dedup_window (then the answer is duplicate)"
                     ),
                 )
             }

@@ -186,8 +186,10 @@ impl From<Error> for ApiError {
                     unavailable,
                     "outcome_unknown",
                     "redis did not answer in time (or the connection broke): a write may or may \
-                     not have been applied; repeating the request is safe (scheduling and \
-                     cancelling by id are idempotent)",
+                     not have been applied; repeating the request is safe while the order waits \
+                     (scheduling and cancelling by id are idempotent); once it may have been \
+                     dispatched, a repeated schedule creates it again unless the queue has a \
+                     dedup_window (then the answer is duplicate, with dispatched_at_ms)",
                 )
             }
             e if e.is_transient() => {

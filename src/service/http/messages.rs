@@ -7,6 +7,7 @@ use crate::engine::admin::history::OrderHistory;
 use crate::engine::error::InvalidInput;
 use crate::engine::message::{DueFields, Mode, NewOrder, Payload, ScheduleOutcome, When};
 use crate::engine::priority::Priority;
+use crate::engine::time_rules::Debounce;
 use crate::engine::trace::TraceContext;
 use crate::service::admin;
 use axum::Json;
@@ -57,9 +58,49 @@ struct MessageBody {
     /// A duration (`"30m"`) or whole ms: see [`crate::engine::expiry`].
     #[serde(default)]
     expires_after: Option<Value>,
+    /// Schedule it even if it was dispatched within the queue's dedup window.
+    #[serde(default)]
+    repeat: bool,
+    /// A debounce instead of a due time ([`crate::engine::time_rules`]).
+    #[serde(default)]
+    debounce: Option<DebounceBody>,
+}
+
+/// `debounce`: `{"delay_ms": ..., "max_wait_ms": ...}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebounceBody {
+    delay_ms: i64,
+    max_wait_ms: i64,
 }
 
 impl MessageBody {
+    /// The order this message asks for: its due time or debounce, payload, priority and
+    /// `repeat`.
+    fn order(&self, id: String) -> Result<NewOrder, InvalidInput> {
+        let order = match &self.debounce {
+            Some(d) => {
+                if self.delay_ms.is_some()
+                    || self.due_at.is_some()
+                    || self.at_local.is_some()
+                    || self.timezone.is_some()
+                {
+                    return Err(InvalidInput::Option {
+                        name: "debounce",
+                        reason: "a debounce is a due time of its own: give it without delay_ms, due_at or at_local".into(),
+                    });
+                }
+                NewOrder::debounced(
+                    id,
+                    Debounce::from_ms(d.delay_ms, d.max_wait_ms)?,
+                    self.payload(),
+                )
+            }
+            None => NewOrder::new(id, self.when()?, self.payload()),
+        };
+        self.expiring(order.with_priority(self.priority()?).repeat(self.repeat))
+    }
+
     fn priority(&self) -> Result<Priority, InvalidInput> {
         self.priority
             .as_ref()
@@ -153,8 +194,7 @@ pub(super) async fn put_message(
             "the id goes in the path, not the body",
         ));
     }
-    let order = NewOrder::new(id, b.when()?, b.payload()).with_priority(b.priority()?);
-    let order = traced(b.expiring(order)?, trace_of(&headers).as_ref());
+    let order = traced(b.order(id)?, trace_of(&headers).as_ref());
     let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
     let status = if a.outcome == ScheduleOutcome::Created {
         StatusCode::CREATED
@@ -216,12 +256,7 @@ pub(super) async fn batch(
             })
             .into());
         }
-        let when = m.when().map_err(in_batch)?;
-        let priority = m.priority().map_err(in_batch)?;
-        let order = m
-            .expiring(NewOrder::new(id, when, m.payload()).with_priority(priority))
-            .map_err(in_batch)?;
-        orders.push(traced(order, trace.as_ref()));
+        orders.push(traced(m.order(id).map_err(in_batch)?, trace.as_ref()));
     }
     let a = st
         .admin

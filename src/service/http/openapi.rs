@@ -76,10 +76,12 @@ fn priority() -> Value {
 }
 
 fn schemas() -> Value {
-    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged"]});
+    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate"],
+        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again)"});
     let scheduled = object(
         &["queue", "id", "due_at_ms", "outcome"],
-        json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome}),
+        json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome,
+               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"}}),
     );
     let group_stats = object(
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
@@ -136,6 +138,11 @@ fn schemas() -> Value {
     // Expiry of stale work (issue 44): per message, over the queue's default.
     let expires_after = json!({"oneOf": [{"type": "string", "example": "30m"}, {"type": "integer", "minimum": 1}],
         "description": "not handed to a consumer group later than this past the due time (a duration such as 30m, or whole ms; 1ms..10 years, else 400 invalid_option): that group dead-letters it with reason expired instead. Default: the queue's expires_after, if any"});
+    // Time rules (issue 44; src/engine/time_rules.rs).
+    let debounce = json!({"type": "object", "additionalProperties": false, "required": ["delay_ms", "max_wait_ms"],
+        "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
+        "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
+    let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -147,7 +154,9 @@ fn schemas() -> Value {
             "payload": {"description": "any JSON value, stored and delivered byte for byte (at most 64 levels deep)"},
             "if_absent": {"type": "boolean"},
             "priority": priority(),
-            "expires_after": expires_after.clone()}},
+            "expires_after": expires_after.clone(),
+            "debounce": debounce.clone(),
+            "repeat": repeat.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -156,7 +165,9 @@ fn schemas() -> Value {
             "timezone": timezone,
             "payload": {},
             "priority": priority(),
-            "expires_after": expires_after}},
+            "expires_after": expires_after,
+            "debounce": debounce,
+            "repeat": repeat}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -168,7 +179,8 @@ fn schemas() -> Value {
         "CreateQueue": {"type": "object", "additionalProperties": false, "properties": {
             "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
             "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"},
-            "expires_after": {"type": "string", "description": "the default expires_after of orders that set none: a duration (30m, 1h); 0s clears it"}}},
+            "expires_after": {"type": "string", "description": "the default expires_after of orders that set none: a duration (30m, 1h); 0s clears it"},
+            "dedup_window": {"type": "string", "description": "a duration (24h; 0s: off, the default): scheduling an id that is not waiting and was dispatched within it answers 200 duplicate and writes nothing, unless the message gives repeat; at most 10 years"}}},
         "QueueCreated": object(&["queue", "shards", "created"], json!({"queue": {"type": "string"}, "shards": int(), "created": {"type": "boolean"}})),
         "QueueDeleted": object(&["queue", "deleted", "scheduled", "unread", "pending", "dead"], json!({"queue": {"type": "string"},
             "deleted": {"type": "boolean"}, "scheduled": int(), "unread": int(), "pending": int(), "dead": int()})),
@@ -287,7 +299,9 @@ fn order_history() -> Value {
                "state": {"type": "string", "enum": ["scheduled", "dispatched"]}, "due_at_ms": int(),
                "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
-               "groups": {"type": "array", "items": group}, "priority": priority()}),
+               "groups": {"type": "array", "items": group}, "priority": priority(),
+               "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
+                   "properties": {"first_call_ms": int(), "max_due_ms": int()}}}),
     )
 }
 
@@ -318,8 +332,8 @@ fn paths() -> Value {
     };
     json!({
         "/v1/queues/{queue}/messages/{id}": {
-            "put": op("Schedule (upsert, or if_absent)", vec![&q, &id], Some("Message"),
-                json!({"201": ok("created", "Scheduled"), "200": ok("updated or unchanged", "Scheduled")})),
+            "put": op("Schedule (upsert, or if_absent). Repeating a request is safe while the order waits; once it was dispatched, the same request schedules it again unless the queue has a dedup_window (then 200 duplicate)", vec![&q, &id], Some("Message"),
+                json!({"201": ok("created", "Scheduled"), "200": ok("updated, unchanged, or duplicate (dispatched within the queue's dedup_window: nothing written)", "Scheduled")})),
             "get": op("What happened to an order: scheduled, or dispatched with each group's state", vec![&q, &id], None,
                 json!({"200": ok("the order's history", "OrderHistory")})),
             "delete": op("Cancel a scheduled order", vec![&q, &id], None, json!({"200": ok("cancelled", "Cancelled")}))

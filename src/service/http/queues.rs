@@ -23,6 +23,9 @@ struct CreateQueueBody {
     history_retention: Option<String>,
     /// The queue's default `expires_after` (`30m`; `0s` clears it).
     expires_after: Option<String>,
+    /// A duration (`24h`, `0s` = off): scheduling an id dispatched within it answers
+    /// `duplicate`.
+    dedup_window: Option<String>,
 }
 
 pub(super) async fn create_queue(
@@ -35,6 +38,7 @@ pub(super) async fn create_queue(
             shards: None,
             history_retention: None,
             expires_after: None,
+            dedup_window: None,
         },
         other => json_body(other)?,
     };
@@ -48,9 +52,14 @@ pub(super) async fn create_queue(
         .as_deref()
         .map(|t| crate::engine::duration::parse_duration(crate::engine::expiry::FIELD, t))
         .transpose()?;
+    let window = b
+        .dedup_window
+        .as_deref()
+        .map(|t| crate::engine::duration::parse_duration("dedup_window", t))
+        .transpose()?;
     let a = st
         .admin
-        .create_queue(&queue, b.shards, retention, expires_after)
+        .create_queue(&queue, b.shards, retention, expires_after, window)
         .await?;
     let status = if a.created {
         StatusCode::CREATED

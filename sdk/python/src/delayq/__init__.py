@@ -14,6 +14,7 @@ engine (``delayq serve``).
 
 from ._core import (
     CancelOutcome,
+    Debounce,
     Durability,
     Leader,
     Mode,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AsyncClient",
     "CancelOutcome",
+    "Debounce",
     "Client",
     "DelayqError",
     "Durability",

@@ -85,6 +85,8 @@ class Outcome(str, enum.Enum):
     CREATED = "created"
     UPDATED = "updated"
     UNCHANGED = "unchanged"
+    #: Not waiting and dispatched within the queue's dedup window: nothing written.
+    DUPLICATE = "duplicate"
 
 
 class CancelOutcome(str, enum.Enum):
@@ -135,6 +137,20 @@ class Order:
     #: Not handed to a consumer group later than this many ms past the due time (that
     #: group dead-letters it with reason ``expired``); None: the queue's default, if any.
     expires_after_ms: Optional[int] = None
+    #: A debounce instead of a due time (:class:`Debounce` or ``{"delay_ms", "max_wait_ms"}``):
+    #: due ``delay_ms`` after each call, never later than ``max_wait_ms`` after the first.
+    debounce: Any = None
+    #: Schedule it even if it was dispatched within the queue's dedup window.
+    repeat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Debounce:
+    """An order's debounce (see the Rust ``delayq::Debounce``): each call moves it to now +
+    ``delay_ms``, payload replaced, never later than the first call + ``max_wait_ms``."""
+
+    delay_ms: int
+    max_wait_ms: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +161,8 @@ class Scheduled:
     id: str
     due_at_ms: int
     outcome: Outcome
+    #: With ``duplicate``: when the id was last dispatched, unix ms.
+    dispatched_at_ms: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,6 +179,8 @@ class ScheduledOrder:
     payload_json: Optional[str]
     #: Its priority level (``normal`` for an order scheduled without one).
     priority: Priority = Priority.NORMAL
+    #: A debounced order's ``(first_call_ms, max_due_ms)``, else None.
+    debounce: Optional[Tuple[int, int]] = None
 
 
 # ---------------------------------------------------------------- options
@@ -369,6 +389,8 @@ class Prepared:
     level: bytes = b""
     #: The order's own expires_after, ms (stored in front of the payload).
     expires_after_ms: Optional[int] = None
+    #: The time rules as enqueue.lua takes them (``rules.rules_arg``).
+    rules: bytes = b""
 
 
 def to_order(o: Any) -> Order:
@@ -384,7 +406,7 @@ def level_of(priority: Any) -> bytes:
     return rules.lane_arg("normal" if priority is None else rules.check_priority(priority))
 
 
-def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: int) -> List[Prepared]:
+def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: int, if_absent: bool = False) -> List[Prepared]:
     """Validates a batch the way ``Client::schedule_many`` does (tests/conformance/README.md,
     "The order of checks"): each order's priority level (as the Rust side parses it before
     the call), the size, the queue name, then each order (id, payload size and depth, due
@@ -405,11 +427,28 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             idb = rules.check_id(o.id)
             p = rules.to_payload(o.payload)
             rules.check_payload(p, max_payload)
-            due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
             expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
+            max_wait = None
+            if o.debounce is not None:
+                delay, max_wait = rules.check_debounce(o.debounce)
+                if any(x is not None for x in (o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)):
+                    raise InvalidInput(
+                        "invalid_option",
+                        "invalid option debounce: a debounced order is due its delay after each call: give no other due time",
+                    )
+                due = rules.resolve_due(now_ms, delay_ms=delay)
+            else:
+                due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i], expires))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait)))
+    if if_absent:
+        for i, o in enumerate(orders):
+            if o.debounce is not None:
+                raise InvalidInput(
+                    "invalid_option",
+                    "invalid option debounce: cannot go with if_absent (a debounce moves a waiting order)",
+                ).in_batch(i)
     return out
 
 
@@ -450,31 +489,40 @@ def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
 
 
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 4 due payload meta levels mode now epoch id due json level ...``: the
-    form with the levels HASH and one quadruple per order (level ``""`` for normal), as the
-    Rust client sends it."""
+    """``EVALSHA <sha> 5 due payload meta levels dispatched mode now epoch id due json level
+    ...``: one quadruple per order (level ``""`` for normal); when an order of the call
+    carries time rules, the debounce HASH as KEYS[6] and quintuples (``..., rules``), as
+    the Rust client sends them."""
+    tag = keys.tag(queue, call.shard)
+    with_rules = any(prepared[i].rules for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 4,
+        "EVALSHA", ENQUEUE.sha, 6 if with_rules else 5,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
-        keys.levels(queue, call.shard),
-        "nx" if if_absent else "upsert", now_ms, epoch,
+        keys.levels(queue, call.shard), tag + ":dispatched",
     ]
+    if with_rules:
+        args.append(tag + ":debounce")
+    args += ["nx" if if_absent else "upsert", now_ms, epoch]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
         data = p.payload.data if p.expires_after_ms is None else b"!%d!" % p.expires_after_ms + p.payload.data
         args += (p.id_bytes, b"%d" % p.due, data, p.level)
+        if with_rules:
+            args.append(p.rules)
     return args
 
 
-_CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED}
+_CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED, 3: Outcome.DUPLICATE}
 
 
-def outcomes(reply: Any, n: int) -> List[Outcome]:
+def outcomes(reply: Any, n: int) -> List[Tuple[Outcome, Optional[int]]]:
+    """One ``(outcome, ms)`` per order: ``ms`` is a duplicate's last dispatch or a debounced
+    order's due time (enqueue.lua answers ``{code, ms}`` for those), else None."""
     if not isinstance(reply, list) or len(reply) != n:
         raise RedisFailure("scheduling orders (enqueue.lua)", ValueError(f"unexpected reply for {n} orders"), NOT_APPLIED, False, False)
     try:
-        return [_CODES[int(c)] for c in reply]
+        return [(_CODES[int(c[0])], int(c[1])) if isinstance(c, list) else (_CODES[int(c)], None) for c in reply]
     except (KeyError, ValueError, TypeError):
         raise RedisFailure("scheduling orders (enqueue.lua)", ValueError("unknown outcome code"), NOT_APPLIED, False, False) from None
 
@@ -528,12 +576,13 @@ def wrap(context: str, e: BaseException) -> DelayqError:
 def assemble(
     queue: str,
     calls: Sequence[Call],
-    results: Sequence[Union[List[Outcome], DelayqError]],
+    results: Sequence[Union[List[Tuple[Outcome, Optional[int]]], DelayqError]],
     prepared: Sequence[Prepared],
 ) -> List[Scheduled]:
     """Per-order results from per-call results; the error the Rust client raises when a call
     failed: the error itself when none succeeded, else :class:`PartialBatch`."""
     per: List[Optional[str]] = [None] * len(prepared)
+    extra: List[Optional[int]] = [None] * len(prepared)
     failed: Optional[DelayqError] = None
     succeeded = False
     for call, r in zip(calls, results):
@@ -546,13 +595,20 @@ def assemble(
                 failed = r
         else:
             succeeded = True
-            for i, o in zip(call.idxs, r):
+            for i, (o, ms) in zip(call.idxs, r):
                 per[i] = o.value
+                extra[i] = ms
     if failed is not None:
         if not succeeded:
             raise failed
         raise PartialBatch([(p.id, o or "unknown") for p, o in zip(prepared, per)], failed)
-    return [Scheduled(p.id, p.due, Outcome(o)) for p, o in zip(prepared, per)]
+    out = []
+    for p, o, ms in zip(prepared, per, extra):
+        if o == Outcome.DUPLICATE.value:
+            out.append(Scheduled(p.id, p.due, Outcome(o), ms))
+        else:
+            out.append(Scheduled(p.id, p.due if ms is None else ms, Outcome(o)))
+    return out
 
 
 def stored_level(v: Any) -> Priority:
@@ -591,21 +647,27 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
 
 
 def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
-    """get.lua's ``{score or false, stored or false, level or false}`` as an order (None:
-    not scheduled)."""
-    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+    """get.lua's ``{score or false, stored or false, level or false, debounce or false}``
+    as an order (None: not scheduled)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) not in (3, 4):
         raise RedisFailure("reading an order (get.lua)", ValueError("unexpected reply"), NOT_APPLIED, False, False)
-    score, raw, level = reply
+    score, raw, level = reply[:3]
     if score is None:
         return None
     due = round(float(score))
     priority = stored_level(level)
+    deb = None
+    if len(reply) == 4 and reply[3] is not None:
+        rec = reply[3].decode() if isinstance(reply[3], (bytes, bytearray)) else str(reply[3])
+        first, _, cap = rec.partition(":")
+        if first.isdigit() and cap.isdigit():
+            deb = (int(first), int(cap))
     if raw is None:
-        return ScheduledOrder(id, due, None, None, None, priority)
+        return ScheduledOrder(id, due, None, None, None, priority, deb)
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
     enq, body = decode_stored(text)
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
         value = body
-    return ScheduledOrder(id, due, enq, value, body, priority)
+    return ScheduledOrder(id, due, enq, value, body, priority, deb)

@@ -219,6 +219,8 @@ class Client:
         at_local: Optional[str] = None,
         timezone: Optional[str] = None,
         expires_after_ms: Optional[int] = None,
+        debounce: Any = None,
+        repeat: bool = False,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -231,7 +233,11 @@ class Client:
         ``"normal"`` (the default) or ``"low"``; anything else is refused with
         ``invalid_priority`` before anything is sent. ``expires_after_ms``: not handed to a
         consumer group later than this past the due time (1 ..= 10 years of ms, else
-        ``invalid_option``); that group dead-letters it with reason ``expired`` instead."""
+        ``invalid_option``); that group dead-letters it with reason ``expired`` instead.
+        ``debounce`` (:class:`Debounce` or ``{"delay_ms", "max_wait_ms"}``) instead of a due
+        time: due ``delay_ms`` after each call, never later than ``max_wait_ms`` after the
+        first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
+        window (otherwise the outcome is ``duplicate`` and nothing is written)."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -243,6 +249,8 @@ class Client:
             at_local=at_local,
             timezone=timezone,
             expires_after_ms=expires_after_ms,
+            debounce=debounce,
+            repeat=repeat,
         )
         try:
             return self.schedule_many(queue, [order], mode=mode)[0]
@@ -259,7 +267,7 @@ class Client:
         orders = list(orders)
         if_absent = c.parse_mode(mode) == c.Mode.IF_ABSENT
         now = self.now_ms()
-        prepared = c.prepare_batch(queue, orders, now, self._opts.max_payload_bytes)
+        prepared = c.prepare_batch(queue, orders, now, self._opts.max_payload_bytes, if_absent)
         ref = self._queue_ref(queue)
         if not prepared:
             return []
@@ -399,13 +407,18 @@ class Client:
 
     # ------------------------------------------------------------ cancel, reschedule, get
 
-    def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str]:
+    def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str]:
         """The due ZSET, payload HASH and levels HASH of the order's shard."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
         ref = self._queue_ref(queue)
         s = rules.shard_of(idb, ref.shards)
-        return self._keys.due(queue, s), self._keys.payload(queue, s), self._keys.levels(queue, s)
+        return (
+            self._keys.due(queue, s),
+            self._keys.payload(queue, s),
+            self._keys.levels(queue, s),
+            self._keys.tag(queue, s) + ":debounce",
+        )
 
     def cancel(self, queue: str, id: str) -> c.CancelOutcome:
         """Cancels a scheduled order (e.g. the customer paid). ``not_found`` when it was
@@ -438,7 +451,7 @@ class Client:
         rules.check_queue(queue)
         rules.check_id(id)
         due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
-        due, _, levels = self._shard_keys(queue, id)
+        due, _, levels, _ = self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
             n = self._evalsha(c.RESCHEDULE, [due, levels], args)

@@ -508,3 +508,35 @@ def resolve_due(
     if due > now_ms + MAX_AHEAD_MS:
         raise InvalidInput("invalid_due_time", f"invalid due time: {due} is more than 10 years ahead")
     return due
+
+
+def check_debounce(debounce: Any) -> "tuple[int, int]":
+    """A debounce's ``(delay_ms, max_wait_ms)``, checked as ``Debounce::from_ms`` does in
+    Rust (src/engine/time_rules.rs): both at least 1 ms and at most 3,653 days, and
+    ``max_wait_ms >= delay_ms``; ``invalid_option`` naming ``debounce.delay`` or
+    ``debounce.max_wait`` otherwise. Takes a ``Debounce`` or a dict with those two keys."""
+    if isinstance(debounce, dict):
+        delay, max_wait = debounce.get("delay_ms"), debounce.get("max_wait_ms")
+    else:
+        delay, max_wait = getattr(debounce, "delay_ms", None), getattr(debounce, "max_wait_ms", None)
+    out = []
+    for name, v in (("debounce.delay", delay), ("debounce.max_wait", max_wait)):
+        ms = _int(v, "invalid_option", f"invalid option {name}")
+        if ms < 0:
+            raise InvalidInput("invalid_option", f"invalid option {name}: must not be negative, got {ms} ms")
+        if ms < 1:
+            raise InvalidInput("invalid_option", f"invalid option {name}: must be at least 1ms")
+        if ms > MAX_AHEAD_MS:
+            raise InvalidInput("invalid_option", f"invalid option {name}: {ms} ms is more than 10 years")
+        out.append(ms)
+    if out[1] < out[0]:
+        raise InvalidInput(
+            "invalid_option", f"invalid option debounce.max_wait: {out[1]} ms is shorter than the delay {out[0]} ms"
+        )
+    return out[0], out[1]
+
+
+def rules_arg(repeat: bool, max_wait_ms: Optional[int]) -> bytes:
+    """The per-order time-rules argument of enqueue.lua: ``r`` for repeat, then the
+    debounce's max wait in ms (empty: neither)."""
+    return (b"r" if repeat else b"") + (b"%d" % max_wait_ms if max_wait_ms is not None else b"")

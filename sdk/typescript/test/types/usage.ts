@@ -22,9 +22,11 @@ export async function usage(): Promise<void> {
     { id: "b", at: "2030-01-01T00:00:00Z", payload: { amount: 10n, raw: jsonText("1.50") } },
     { id: "c", delayMs: 1000 },
     { id: "d", delayMs: 1000, priority: "high" },
+    { id: "e", debounce: { delayMs: 500, maxWaitMs: 2000 }, repeat: true },
   ];
   const many: Scheduled[] = await dq.scheduleMany("order-close", orders, { mode: "if_absent" });
-  const outcome: "created" | "updated" | "unchanged" = many[0]!.outcome;
+  const outcome: "created" | "updated" | "unchanged" | "duplicate" = many[0]!.outcome;
+  const dispatchedAt: number | undefined = many[0]!.dispatchedAtMs;
   const cancelled: "cancelled" | "not_found" = await dq.cancel("order-close", "order-1234");
   const moved: "rescheduled" | "not_found" = await dq.reschedule("order-close", "a", { delayMs: 5 });
   const level: Priority = "low";
@@ -42,6 +44,6 @@ export async function usage(): Promise<void> {
     else if (e instanceof PartialBatchError) console.log(e.results.map((r) => r.outcome));
     else if (e instanceof DelayqError && e.writeOutcome === "unknown") console.log(e.code);
   }
-  console.log(outcome, cancelled, moved, text, priority);
+  console.log(outcome, dispatchedAt, cancelled, moved, text, priority);
   await dq.close();
 }
