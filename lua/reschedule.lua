@@ -22,7 +22,9 @@ if level and not KEYS[2] then
   return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
 end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  wake(KEYS[1], before, due)
   if level == 'normal' then
     redis.call('HDEL', KEYS[2], ARGV[1])
   elseif level then

@@ -158,7 +158,9 @@ end
 if epoch ~= ARGV[3] then
   return redis.error_reply('ERR delayq stale_epoch: the queue was deleted and created again')
 end
+local before = earliest(KEYS[1])
 redis.call('ZADD', KEYS[1], due, id)
+wake(KEYS[1], before, due)
 redis.call('HSET', KEYS[2], id, ARGV[2] .. ':' .. ARGV[9])
 store(tick, fence)
 return 1

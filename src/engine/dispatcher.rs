@@ -3,8 +3,10 @@
 //! Each pass runs `dequeue.lua` once per shard, the calls of one pass in flight together
 //! (pipelined on the multiplexed connection), so a backlog in one shard cannot starve
 //! another. A shard whose last call reported its earliest order due later than now is
-//! skipped until then, unless `max_idle` has passed since it was last called or this process
-//! scheduled something (producers elsewhere are seen within `max_idle`). While any shard
+//! skipped until then, unless the idle look (`idle_poll`, 5 s, while wake-ups are heard;
+//! `max_idle`, 250 ms, while not) has passed since it was last called, this process
+//! scheduled something, or another process published an earlier due time on the shard's
+//! wake channel (`engine::listen`). While any shard
 //! returns a full batch it keeps draining; otherwise it sleeps until the earliest next due
 //! time (capped by `max_idle`), and wakes early when this process schedules an earlier
 //! order. While orders come due steadily, passes are spaced by a share of the lateness
@@ -31,9 +33,16 @@ use tokio_util::sync::CancellationToken;
 pub struct DispatcherOptions {
     /// Orders moved per script call, 1..=1000 (default 1000).
     pub batch: usize,
-    /// Longest sleep between passes when nothing is due soon (default 250 ms). Bounds the
-    /// lateness of orders scheduled by other processes while this one sleeps.
+    /// Longest sleep between passes when nothing is due soon while wake-ups from other
+    /// processes are not heard (default 250 ms): before the listener's subscriptions are
+    /// confirmed, after its connection broke, or outside a tokio runtime. Bounds the
+    /// lateness of orders scheduled elsewhere then.
     pub max_idle: Duration,
+    /// Longest sleep between passes when nothing is due soon while every shard's wake-ups
+    /// are heard (default 5 s, never less than `max_idle`): the fallback look at an idle
+    /// shard, in case a wake-up was lost (an order scheduled elsewhere is then at most this
+    /// late). Idle, a queue costs one script call per shard per `idle_poll` per process.
+    pub idle_poll: Duration,
     /// How often the Redis clock is re-read to bound drift (default 30 s).
     pub clock_sync_every: Duration,
     /// After a pass that moved a few orders (a steady trickle, not a backlog), the next pass
@@ -60,6 +69,12 @@ pub struct DispatcherOptions {
 /// the budget's edge, 4.7–5.5 ms: docs/benchmarks.md).
 pub const BUDGET_SPACING: (u32, u32) = (1, 3);
 
+/// The default [`DispatcherOptions::idle_poll`].
+pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(5);
+
+/// Longest [`DispatcherOptions::idle_poll`].
+pub const MAX_IDLE_POLL: Duration = Duration::from_secs(86_400);
+
 /// Longest lateness budget.
 pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
 
@@ -68,6 +83,7 @@ impl Default for DispatcherOptions {
         DispatcherOptions {
             batch: MAX_DEQUEUE_BATCH,
             max_idle: Duration::from_millis(250),
+            idle_poll: DEFAULT_IDLE_POLL,
             clock_sync_every: Duration::from_secs(30),
             linger: Duration::ZERO,
             lateness_budget: Duration::from_millis(5),
@@ -85,6 +101,12 @@ impl DispatcherOptions {
     /// Sets the longest idle sleep.
     pub fn max_idle(mut self, d: Duration) -> Self {
         self.max_idle = d;
+        self
+    }
+
+    /// Sets the idle look while wake-ups are heard.
+    pub fn idle_poll(mut self, d: Duration) -> Self {
+        self.idle_poll = d;
         self
     }
 
@@ -117,6 +139,12 @@ impl DispatcherOptions {
             return Err(InvalidInput::Option {
                 name: "max_idle",
                 reason: "must be more than zero".into(),
+            });
+        }
+        if self.idle_poll.is_zero() || self.idle_poll > MAX_IDLE_POLL {
+            return Err(InvalidInput::Option {
+                name: "idle_poll",
+                reason: format!("must be more than zero and at most {MAX_IDLE_POLL:?}"),
             });
         }
         if self.linger > Duration::from_millis(50) || self.linger > self.max_idle {
@@ -250,13 +278,20 @@ impl Dispatcher {
         }
         // Which shards to call, and the known next due time of those skipped.
         let mut call = Vec::with_capacity(self.shards.len());
+        let idle = self.idle();
         {
-            let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            // Wake-ups from other processes: the shard's earliest due time is that one.
+            for (i, due) in self.wake.take_pushed() {
+                if let Some(Some(v)) = views.get_mut(i) {
+                    v.next_due_ms = min_opt(v.next_due_ms, Some(due));
+                }
+            }
             for (i, v) in views.iter().enumerate() {
                 match v {
                     Some(v)
                         if v.next_due_ms.is_none_or(|d| d > now)
-                            && started.duration_since(v.at) < self.opts.max_idle =>
+                            && started.duration_since(v.at) < idle =>
                     {
                         pass.next_due_ms = min_opt(pass.next_due_ms, v.next_due_ms);
                     }
@@ -318,6 +353,16 @@ impl Dispatcher {
         Ok(pass)
     }
 
+    /// The longest idle sleep now: `idle_poll` while every shard's wake-ups are heard,
+    /// else `max_idle`.
+    fn idle(&self) -> Duration {
+        if self.wake.listening.load(Ordering::SeqCst) >= self.shards.len() {
+            self.opts.idle_poll.max(self.opts.max_idle)
+        } else {
+            self.opts.max_idle
+        }
+    }
+
     /// Forgets what the shards said: the next pass calls every shard (after a wake-up by a
     /// producer in this process, or an error).
     fn forget(&self) {
@@ -359,6 +404,8 @@ impl Dispatcher {
         let mut pacer = Pacer::new(RetryPolicy::LOOP);
         let mut last_sync = Instant::now();
         let mut rate = ArrivalRate::default();
+        // Hear other processes' wake-ups for this queue while running.
+        let _watch = self.client.listener().watch(&self.wake, &self.shards);
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
             if cancel.is_cancelled() {
@@ -401,9 +448,11 @@ impl Dispatcher {
                 }
             }
             let now = self.client.now_ms();
-            let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
-            let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
-            let look_at = look_at.min(self.wake.early_ms.load(Ordering::SeqCst));
+            let idle_ms = i64::try_from(self.idle().as_millis()).unwrap_or(250);
+            let look_at = next.map_or(now + idle_ms, |d| d.min(now + idle_ms));
+            let look_at = look_at
+                .min(self.wake.early_ms.load(Ordering::SeqCst))
+                .min(self.wake.pushed_ms.load(Ordering::SeqCst));
             // Orders coming due steadily: pass again no sooner than the budget's share (or
             // the linger) after this pass started, so one call moves that much time's worth.
             let mut look_at_us = look_at.saturating_mul(1000);
@@ -414,8 +463,11 @@ impl Dispatcher {
             }
             let look_at = look_at_us.div_euclid(1000);
             self.wake.next_look_ms.store(look_at, Ordering::SeqCst);
-            // Scheduled in between (and earlier): look again rather than sleep.
-            if self.wake.early_ms.load(Ordering::SeqCst) < look_at {
+            // Scheduled in between (and earlier), here or elsewhere: look again rather than
+            // sleep.
+            if self.wake.early_ms.load(Ordering::SeqCst) < look_at
+                || self.wake.pushed_ms.load(Ordering::SeqCst) < look_at
+            {
                 continue;
             }
             // Sleep to the start of the due millisecond (or the linger's end), measured in

@@ -41,6 +41,7 @@ pub mod flow;
 pub mod history;
 pub mod housekeeping;
 pub mod keys;
+pub(crate) mod listen;
 pub mod message;
 pub mod outcome;
 pub mod priority;

@@ -21,3 +21,4 @@ mod priorities;
 mod registry;
 mod schedules;
 mod shards;
+mod wakeups;
