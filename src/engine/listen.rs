@@ -374,3 +374,61 @@ async fn follow(shared: &Arc<Shared>, conn: &mut PubSubConn, lost: &Notify) -> b
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::keys::{Keyspace, QueueName};
+    use crate::engine::wake::WakeRegistry;
+
+    fn push(kind: PushKind, data: &[&str]) -> PushInfo {
+        PushInfo {
+            kind,
+            data: data
+                .iter()
+                .map(|d| Value::BulkString(d.as_bytes().to_vec()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn watches_hold_channels_and_pushes_reach_their_shard() {
+        let target = RedisTarget::open("redis://127.0.0.1:1").unwrap();
+        let l = Listener::new(target, Duration::from_secs(1), Duration::from_secs(1), true);
+        let q = QueueName::new("q").unwrap();
+        let shards = Keyspace::new("dq").unwrap().shards(&q, 2);
+        let reg = WakeRegistry::default();
+        let wake = reg.get("q");
+        let a = l.watch(&wake, &shards);
+        let b = l.watch(&wake, &shards);
+        // Outside a runtime no task starts: the dispatcher keeps its short poll.
+        assert!(!lock(&l.shared.channels).running);
+        let weak = Arc::downgrade(&l.shared);
+        let lost = Notify::new();
+        let ch1 = shards[1].wake_channel();
+        assert_eq!(ch1, "{dq:q:1}:wake");
+        // A confirmation counts once per connection and makes the shard looked at.
+        on_push(&weak, &lost, push(PushKind::SSubscribe, &[&ch1, "1"]));
+        on_push(&weak, &lost, push(PushKind::SSubscribe, &[&ch1, "1"]));
+        assert_eq!(wake.listening.load(Ordering::SeqCst), 1);
+        assert_eq!(wake.take_pushed().get(&1), Some(&i64::MIN));
+        // A message: the shard's earliest due time; junk is ignored.
+        on_push(&weak, &lost, push(PushKind::SMessage, &[&ch1, "1234"]));
+        on_push(&weak, &lost, push(PushKind::SMessage, &[&ch1, "x"]));
+        on_push(
+            &weak,
+            &lost,
+            push(PushKind::SMessage, &["{dq:other:0}:wake", "5"]),
+        );
+        let p = wake.take_pushed();
+        assert_eq!((p.len(), p.get(&1)), (1, Some(&1234)));
+        // The connection's end: nothing is confirmed any more.
+        l.shared.lost_all();
+        assert_eq!(wake.listening.load(Ordering::SeqCst), 0);
+        // Channels live while a watch holds them.
+        drop(a);
+        assert_eq!(lock(&l.shared.channels).by_name.len(), 2);
+        drop(b);
+        assert!(lock(&l.shared.channels).by_name.is_empty());
+    }
+}

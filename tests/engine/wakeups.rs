@@ -10,8 +10,8 @@
 use crate::support;
 
 use delayq::{
-    Client, ClientOptions, Dispatcher, DispatcherOptions, Supervisor, SupervisorOptions, When,
-    Worker, WorkerOptions,
+    Client, ClientOptions, Dispatcher, DispatcherOptions, Housekeeper, HousekeepingOptions,
+    Supervisor, SupervisorOptions, When, Worker, WorkerOptions,
 };
 use serde_json::json;
 use std::time::Duration;
@@ -159,7 +159,10 @@ async fn an_order_scheduled_by_a_raw_evalsha_wakes_the_dispatcher() {
 async fn shard_subscribers(client: &Client) -> Vec<String> {
     let list: String = raw(client, &["CLIENT", "LIST"]).await;
     list.lines()
-        .filter(|l| l.split(' ').any(|f| f.starts_with("ssub=") && f != "ssub=0"))
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.starts_with("ssub=") && f != "ssub=0")
+        })
         .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
         .map(str::to_owned)
         .collect()
@@ -253,4 +256,43 @@ async fn an_idle_supervisor_makes_a_bounded_number_of_script_calls() {
     assert!(calls >= QUEUES as u64 * u64::from(SHARDS), "{calls}");
     cancel.cancel();
     sh.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn the_safety_sweep_probes_idle_shards_without_a_script_call() {
+    let (_server, client) = start_with(ClientOptions::default().shards(SHARDS)).await;
+    for i in 0..10 {
+        client
+            .admin()
+            .create_queue(&format!("s{i}"), SHARDS)
+            .await
+            .unwrap();
+    }
+    client
+        .schedule("s3", "later", When::in_ms(3_600_000), json!(null))
+        .await
+        .unwrap();
+    let hk = Housekeeper::for_registry(&client, HousekeepingOptions::default()).unwrap();
+    let before = script_calls(&client).await;
+    assert_eq!(hk.sweep().await.unwrap().count, 0);
+    assert_eq!(
+        script_calls(&client).await,
+        before,
+        "nothing due: no script call"
+    );
+    // One order due now in one queue: only that queue is dispatched (one pass over its
+    // shards), and the order moves.
+    client
+        .schedule("s7", "due", When::in_ms(0), json!(null))
+        .await
+        .unwrap();
+    let before = script_calls(&client).await;
+    assert_eq!(hk.sweep().await.unwrap().count, 1);
+    // (On this fresh server each shard's first `EVALSHA` of dequeue.lua answers NOSCRIPT
+    // and is sent again: at most two calls per shard.)
+    let calls = script_calls(&client).await - before;
+    assert!(
+        calls <= 2 * u64::from(SHARDS),
+        "{calls} script calls for one due queue"
+    );
 }

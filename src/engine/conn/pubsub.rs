@@ -57,7 +57,11 @@ impl PubSubConn {
     /// Subscribes to `channels` (sharded or not). A plain connection sends the commands and
     /// returns: the server confirms each channel with a push. A cluster connection awaits
     /// each channel's node.
-    pub(crate) async fn subscribe(&mut self, channels: &[String], sharded: bool) -> RedisResult<()> {
+    pub(crate) async fn subscribe(
+        &mut self,
+        channels: &[String],
+        sharded: bool,
+    ) -> RedisResult<()> {
         self.send(channels, if sharded { "SSUBSCRIBE" } else { "SUBSCRIBE" })
             .await
     }
@@ -70,7 +74,11 @@ impl PubSubConn {
     ) -> RedisResult<()> {
         self.send(
             channels,
-            if sharded { "SUNSUBSCRIBE" } else { "UNSUBSCRIBE" },
+            if sharded {
+                "SUNSUBSCRIBE"
+            } else {
+                "UNSUBSCRIBE"
+            },
         )
         .await
     }
