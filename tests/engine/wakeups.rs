@@ -296,3 +296,38 @@ async fn the_safety_sweep_probes_idle_shards_without_a_script_call() {
         "{calls} script calls for one due queue"
     );
 }
+
+#[tokio::test]
+async fn dispatch_calls_are_sized_by_time() {
+    let (_server, client) = start_with(ClientOptions::default()).await;
+    let orders: Vec<delayq::NewOrder> = (0..1000)
+        .map(|i| delayq::NewOrder::new(format!("t{i}"), When::in_ms(0), json!(null)))
+        .collect();
+    client
+        .schedule_many(Q, &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    let zpopmin = |info: String| {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_zpopmin:calls="))
+            .and_then(|r| r.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let before = zpopmin(raw(&client, &["INFO", "commandstats"]).await);
+    // A call may hold Redis 1 µs: whatever the measured time per order, each call takes
+    // the fewest orders a sized call takes (MIN_CALL_BATCH), never the whole batch.
+    let d = Dispatcher::new(
+        &client,
+        Q,
+        DispatcherOptions::default().max_call(Duration::from_micros(1)),
+    )
+    .unwrap();
+    assert_eq!(d.drain().await.unwrap().moved, 1000);
+    let calls = zpopmin(raw(&client, &["INFO", "commandstats"]).await) - before;
+    let min = delayq::engine::dispatcher::MIN_CALL_BATCH as u64;
+    assert_eq!(
+        calls,
+        1000_u64.div_ceil(min),
+        "one ZPOPMIN per dequeue call"
+    );
+}

@@ -308,6 +308,9 @@ pub struct DispatcherConfig {
     /// Longest idle sleep while every shard's wake-ups are heard: the fallback look at an
     /// idle shard (default 5 s).
     pub idle_poll: Option<String>,
+    /// How long one dispatch call should hold Redis at most: calls are sized to fit
+    /// (default `4ms`; `0s`: off, every call takes up to `batch`).
+    pub max_call: Option<String>,
     /// A fixed least time between two passes that moved a few orders (default off:
     /// `lateness_budget` spaces them from the arrival rate).
     pub linger: Option<String>,
