@@ -14,8 +14,9 @@
 //! confirmation of a subscription, the first one and those after a reconnect, makes the
 //! dispatcher look at that shard once, so messages published while nobody listened cost
 //! one call, never an order. The connection's end (a killed client, a failover, a broken
-//! socket: a `Disconnection` push, or a `PING` every [`PING_EVERY`] that fails) opens a new
-//! one, through the target's own resolution (the master the sentinels name now); a
+//! socket: a `Disconnection` push, or a `PING` every [`PING_EVERY`] that fails; with
+//! Sentinel, the sentinels naming another master while the old one still answers) opens a
+//! new one, through the target's own resolution (the master the sentinels name now); a
 //! cluster's connection subscribes again by itself after reconnects and slot moves.
 //!
 //! The listener's task runs while some dispatcher watches a queue, and ends with the last
@@ -35,6 +36,10 @@ use tokio::sync::Notify;
 /// How often an idle listener checks its connection with a `PING` (a socket that died
 /// without a reset is found within this plus the response timeout).
 pub const PING_EVERY: Duration = Duration::from_secs(5);
+
+/// How often the listener checks whether the sentinels named another master (an atomic
+/// read; the target's watcher asks them every 500 ms).
+const MASTER_CHECK_EVERY: Duration = Duration::from_millis(250);
 
 /// Tells every dispatcher listening on `shards`' wake channels to look at them now (a
 /// resume: their paused shards have orders due). Best effort: a dispatcher that misses it
@@ -339,6 +344,7 @@ async fn run(shared: Arc<Shared>) {
 /// (true).
 async fn follow(shared: &Arc<Shared>, conn: &mut PubSubConn, lost: &Notify) -> bool {
     let mut subscribed = HashSet::new();
+    let mut last_ping = tokio::time::Instant::now();
     loop {
         let changed = shared.changed.notified();
         tokio::pin!(changed);
@@ -366,9 +372,15 @@ async fn follow(shared: &Arc<Shared>, conn: &mut PubSubConn, lost: &Notify) -> b
         tokio::select! {
             _ = &mut changed => {}
             _ = lost.notified() => return false,
-            _ = tokio::time::sleep(PING_EVERY) => {
-                if conn.ping().await.is_err() {
+            _ = tokio::time::sleep(MASTER_CHECK_EVERY) => {
+                if conn.is_stale() {
                     return false;
+                }
+                if last_ping.elapsed() >= PING_EVERY {
+                    last_ping = tokio::time::Instant::now();
+                    if conn.ping().await.is_err() {
+                        return false;
+                    }
                 }
             }
         }

@@ -331,3 +331,79 @@ async fn dispatch_calls_are_sized_by_time() {
         "one ZPOPMIN per dequeue call"
     );
 }
+
+/// Subscribers of each of `queue`'s wake channels on the server at `url`.
+#[cfg(feature = "cli")]
+async fn subscribers_at(url: &str, queue: &str) -> Vec<i64> {
+    let mut args = vec!["PUBSUB".to_owned(), "SHARDNUMSUB".to_owned()];
+    args.extend(channels(queue));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let flat: Vec<redis::Value> = support::sentinel::raw(url, &args).await.unwrap_or_default();
+    flat.chunks(2)
+        .filter_map(|c| match c.get(1) {
+            Some(redis::Value::Int(n)) => Some(*n),
+            _ => None,
+        })
+        .collect()
+}
+
+#[cfg(feature = "cli")]
+#[tokio::test]
+async fn a_wake_up_works_after_a_sentinel_failover() {
+    use support::sentinel::{MASTER, master_port, raw as sraw, sentinel_group};
+    let (master, replica, sentinels, url) = sentinel_group().await;
+    let opts = ClientOptions::default().shards(SHARDS);
+    let client = Client::connect_with(&url, opts.clone()).await.unwrap();
+    support::declare_queues(&client).await;
+    let rec = Recorder::default();
+    let cancel = CancellationToken::new();
+    let dh = tokio::spawn(
+        Dispatcher::new(&client, Q, sleepy())
+            .unwrap()
+            .run(cancel.clone()),
+    );
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let wc = cancel.clone();
+    let wh = tokio::spawn(async move { w.run(wc).await.unwrap() });
+    let m_url = master.url();
+    wait_for("subscribed on the master", WAIT, || async {
+        let n = subscribers_at(&m_url, Q).await;
+        n.len() == usize::from(SHARDS) && n.iter().all(|n| *n >= 1)
+    })
+    .await;
+    let ok: String = sraw(&sentinels[0].url(), &["SENTINEL", "FAILOVER", MASTER])
+        .await
+        .unwrap();
+    assert_eq!(ok, "OK");
+    let (s0, new_port) = (sentinels[0].url(), replica.port);
+    wait_for("the sentinels name the new master", WAIT, || async {
+        master_port(&s0).await == Some(new_port)
+    })
+    .await;
+    // The listener follows the sentinels to the new master and subscribes there.
+    let r_url = replica.url();
+    wait_for("subscribed on the new master", WAIT, || async {
+        let n = subscribers_at(&r_url, Q).await;
+        n.len() == usize::from(SHARDS) && n.iter().all(|n| *n >= 1)
+    })
+    .await;
+    let other = Client::connect_with(&url, opts).await.unwrap();
+    for i in 0..8 {
+        other
+            .schedule(Q, &format!("f{i}"), When::in_ms(50), json!(null))
+            .await
+            .unwrap();
+    }
+    rec.wait_len(8, WAIT).await;
+    cancel.cancel();
+    dh.await.unwrap();
+    wh.await.unwrap();
+}

@@ -10,7 +10,7 @@
 //! `ssubscribe` sends each channel to the node owning its slot and subscribes again by
 //! itself after reconnects and slot moves.
 
-use super::RedisTarget;
+use super::{RedisTarget, SentinelTarget};
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -47,8 +47,9 @@ pub(super) fn with_push(
 /// A subscriber's connection.
 #[derive(Clone)]
 pub(crate) enum PubSubConn {
-    /// One server or a Sentinel master.
-    Plain(MultiplexedConnection),
+    /// One server, or a Sentinel master (with its target and the watcher's epoch when it
+    /// was opened: the sentinels naming another master makes it stale).
+    Plain(MultiplexedConnection, Option<(Arc<SentinelTarget>, u64)>),
     /// A cluster.
     Cluster(ClusterConnection),
 }
@@ -85,7 +86,7 @@ impl PubSubConn {
 
     async fn send(&mut self, channels: &[String], command: &str) -> RedisResult<()> {
         match self {
-            PubSubConn::Plain(c) => {
+            PubSubConn::Plain(c, _) => {
                 // One command per channel: a cluster-mode server refuses channels of several
                 // slots in one; each confirmed by a push.
                 for ch in channels {
@@ -112,9 +113,18 @@ impl PubSubConn {
     /// A round trip: fails when the connection is gone.
     pub(crate) async fn ping(&mut self) -> RedisResult<()> {
         match self {
-            PubSubConn::Plain(c) => redis::cmd("PING").query_async(c).await,
+            PubSubConn::Plain(c, _) => redis::cmd("PING").query_async(c).await,
             // The cluster client reconnects and subscribes again by itself.
             PubSubConn::Cluster(_) => Ok(()),
+        }
+    }
+
+    /// True when the sentinels have named another master since this connection opened
+    /// (the old master may still answer, but writes go to the new one).
+    pub(crate) fn is_stale(&self) -> bool {
+        match self {
+            PubSubConn::Plain(_, Some((target, epoch))) => target.epoch() != *epoch,
+            _ => false,
         }
     }
 
@@ -143,15 +153,16 @@ impl RedisTarget {
                 client
                     .get_multiplexed_async_connection_with_config(&config)
                     .await
-                    .map(PubSubConn::Plain)
+                    .map(|c| PubSubConn::Plain(c, None))
             }
             RedisTarget::Sentinel(target) => {
                 target.watch(connect_timeout.min(response_timeout));
+                let epoch = target.epoch();
                 target
                     .clone()
                     .connect_master(response_timeout, connect_timeout, Some(&push))
                     .await
-                    .map(PubSubConn::Plain)
+                    .map(|c| PubSubConn::Plain(c, Some((target.clone(), epoch))))
             }
             RedisTarget::Cluster(seeds) => {
                 let push = push.clone();
