@@ -245,7 +245,7 @@ async fn an_idle_supervisor_makes_a_bounded_number_of_script_calls() {
     let after = script_calls(&client).await;
     let span = start.elapsed();
     // Each shard is looked at once per idle poll (plus one look in flight at each end).
-    let looks = (span.as_secs_f64() / POLL.as_secs_f64()).ceil() as u64 + 1;
+    let looks = u64::try_from(span.as_millis().div_ceil(POLL.as_millis())).unwrap() + 1;
     let bound = QUEUES as u64 * u64::from(SHARDS) * looks;
     let calls = after - before;
     assert!(
