@@ -28,6 +28,8 @@
 //!   OpenTelemetry `send` / `process` spans.
 //! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
+//! - `listen` (private): cross-process wake-ups, the Pub/Sub listener of a client's
+//!   dispatchers.
 
 pub mod admin;
 pub mod backoff;
