@@ -407,3 +407,45 @@ async fn a_wake_up_works_after_a_sentinel_failover() {
     dh.await.unwrap();
     wh.await.unwrap();
 }
+
+#[tokio::test]
+async fn a_wake_up_reaches_a_dispatcher_on_a_cluster() {
+    let cluster = support::cluster::LocalCluster::start();
+    let opts = ClientOptions::default().shards(SHARDS);
+    let client = Client::connect_with(&cluster.url(), opts.clone())
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    let rec = Recorder::default();
+    let cancel = CancellationToken::new();
+    let dh = tokio::spawn(
+        Dispatcher::new(&client, Q, sleepy())
+            .unwrap()
+            .run(cancel.clone()),
+    );
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let wc = cancel.clone();
+    let wh = tokio::spawn(async move { w.run(wc).await.unwrap() });
+    // Each shard's channel is on its slot's master: whether an order is scheduled before
+    // or after the subscriptions, only the listener (a message, or the look each
+    // confirmation makes) can deliver it within the wait.
+    let other = Client::connect_with(&cluster.url(), opts).await.unwrap();
+    for i in 0..8 {
+        other
+            .schedule(Q, &format!("c{i}"), When::in_ms(50), json!(null))
+            .await
+            .unwrap();
+    }
+    rec.wait_len(8, WAIT).await;
+    cancel.cancel();
+    dh.await.unwrap();
+    wh.await.unwrap();
+}
