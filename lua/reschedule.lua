@@ -10,6 +10,8 @@
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the check and the writes go together, so a dispatched order is never
 -- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
+-- A move before the shard's earliest due time is published on its wake channel (prelude
+-- `wake`). Cost: O(log n) in the shard's scheduled orders.
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')

@@ -47,7 +47,9 @@
 -- tick at most once, and none enqueues a tick for a version of the schedule that an update,
 -- a pause or a removal has already fenced out of this shard: once every shard is synced
 -- (before the API answers), the old version can never fire.
--- Cost: O(log n) in the shard's scheduled orders (HGET, GET, ZSCORE, ZADD or ZREM).
+-- Cost: O(log n) in the shard's scheduled orders (HGET, GET, ZSCORE, ZADD or ZREM; a fired
+-- tick due before the shard's earliest order is published on its wake channel, prelude
+-- `wake`).
 -- Every argument is checked before anything is written.
 local mode = ARGV[1]
 if mode ~= 'fire' and mode ~= 'unfire' and mode ~= 'sync' then

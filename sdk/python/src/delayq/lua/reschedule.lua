@@ -10,6 +10,8 @@
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the check and the writes go together, so a dispatched order is never
 -- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
+-- A move before the shard's earliest due time is published on its wake channel (prelude
+-- `wake`). Cost: O(log n) in the shard's scheduled orders.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
