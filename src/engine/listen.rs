@@ -25,6 +25,7 @@
 use crate::engine::conn::{PubSubConn, Push, RedisTarget};
 use crate::engine::keys::ShardKeys;
 use crate::engine::retry::{Pacer, RetryPolicy};
+use crate::engine::telemetry;
 use crate::engine::wake::Wake;
 use redis::{PushInfo, PushKind, Value};
 use std::collections::{HashMap, HashSet};
@@ -154,6 +155,7 @@ impl Listener {
                 });
                 e.holders += 1;
             }
+            telemetry::wake_channels(c.by_name.len());
             let start = !c.running && tokio::runtime::Handle::try_current().is_ok();
             c.running |= start;
             start
@@ -184,6 +186,7 @@ impl Drop for Watch {
                     }
                 }
             }
+            telemetry::wake_channels(c.by_name.len());
         }
         for e in gone {
             if e.confirmed
@@ -336,6 +339,7 @@ async fn run(shared: Arc<Shared>) {
             return;
         }
         shared.lost_all();
+        telemetry::wake_reconnected();
         tracing::info!("the wake-up listener lost its connection; reconnecting");
     }
 }
