@@ -34,22 +34,16 @@ pub struct DispatcherOptions {
     /// Most orders moved per script call, 1..=1000 (default 1000); `max_call` may make
     /// calls smaller.
     pub batch: usize,
-    /// How long one dispatch call should hold Redis at most (default 4 ms; zero: off, every
-    /// call takes up to `batch`). Redis runs one script at a time, so every other client
-    /// of the server waits behind a long call. The dispatcher measures the time per order
-    /// of its full passes (the pass's wall time over the orders it moved, an upper bound of
-    /// the scripts' own time) and sizes each call to fit this, from [`MIN_CALL_BATCH`] up
-    /// to `batch`.
+    /// How long one dispatch call should hold Redis at most (default 4 ms; zero: off): every
+    /// other client waits behind a script. Calls are sized to fit at the time per order
+    /// measured over full passes, from [`MIN_CALL_BATCH`] up to `batch`.
     pub max_call: Duration,
-    /// Longest sleep between passes when nothing is due soon while wake-ups from other
-    /// processes are not heard (default 250 ms): before the listener's subscriptions are
-    /// confirmed, after its connection broke, or outside a tokio runtime. Bounds the
-    /// lateness of orders scheduled elsewhere then.
+    /// Longest idle sleep while other processes' wake-ups are not heard (default 250 ms:
+    /// before the listener's subscriptions are confirmed, after its connection broke).
     pub max_idle: Duration,
-    /// Longest sleep between passes when nothing is due soon while every shard's wake-ups
-    /// are heard (default 5 s, never less than `max_idle`): the fallback look at an idle
-    /// shard, in case a wake-up was lost (an order scheduled elsewhere is then at most this
-    /// late). Idle, a queue costs one script call per shard per `idle_poll` per process.
+    /// Longest idle sleep while every shard's wake-ups are heard (default 5 s, never less
+    /// than `max_idle`): the look at an idle shard in case a wake-up was lost, one script
+    /// call per shard per `idle_poll` per process.
     pub idle_poll: Duration,
     /// How often the Redis clock is re-read to bound drift (default 30 s).
     pub clock_sync_every: Duration,
@@ -91,11 +85,9 @@ pub const MIN_CALL_BATCH: usize = 64;
 /// per order of `dequeue.lua`, on the high side.
 const FIRST_NS_PER_ORDER: u64 = 8_000;
 
-/// The range the measured time per order is kept in (ns). The measure is the pass's wall
-/// time, which on a busy host also holds this process's scheduling delays: unbounded, a
-/// loaded client would shrink its calls to a few dozen orders and lose most of its drain
-/// rate (measured: 112 orders per call, a third of the rate). `dequeue.lua` itself costs
-/// 4–10 µs per order (1M to 10M pending, history on).
+/// The range the measured time per order is kept in (ns): the pass's wall time also holds
+/// a busy host's scheduling delays (unbounded: 112 orders per call, a third of the drain
+/// rate); `dequeue.lua` itself costs 4–10 µs per order.
 const NS_PER_ORDER_RANGE: (u64, u64) = (2_000, 12_000);
 
 /// Longest [`DispatcherOptions::max_call`].
@@ -240,6 +232,9 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
+    /// Set by [`Dispatcher::run`]: only a running dispatcher takes its queue's wake-ups (the
+    /// safety sweep's, which only drains, shares the signal).
+    runs: std::sync::atomic::AtomicBool,
     /// The measured time per dispatched order (ns, smoothed; see
     /// [`DispatcherOptions::max_call`]).
     ns_per_order: AtomicU64,
@@ -285,6 +280,7 @@ impl Dispatcher {
             register,
             views: std::sync::Mutex::new(vec![None; shards.len()]),
             ns_per_order: AtomicU64::new(FIRST_NS_PER_ORDER),
+            runs: std::sync::atomic::AtomicBool::new(false),
             hgetdel: client.server().is_some_and(|s| s.has_hgetdel()),
             watch: QueueWatch::new(queue.clone(), None),
             shards,
@@ -325,7 +321,12 @@ impl Dispatcher {
         {
             let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
             // Wake-ups from other processes: the shard's earliest due time is that one.
-            for (i, due) in self.wake.take_pushed() {
+            let pushed = if self.runs.load(Ordering::Relaxed) {
+                self.wake.take_pushed()
+            } else {
+                Default::default()
+            };
+            for (i, due) in pushed {
                 if let Some(Some(v)) = views.get_mut(i) {
                     v.next_due_ms = min_opt(v.next_due_ms, Some(due));
                 }
@@ -408,9 +409,8 @@ impl Dispatcher {
         fit.clamp(MIN_CALL_BATCH.min(self.opts.batch), self.opts.batch)
     }
 
-    /// Records a pass that took `elapsed` to move `moved` orders in calls of up to `n`:
-    /// only a pass with a full call counts (a few orders say little about the time per
-    /// order; the per-call cost would dominate).
+    /// Records a pass that took `elapsed` to move `moved` orders in calls of up to `n` (only
+    /// passes with a full call: with a few orders the per-call cost would dominate).
     fn measure(&self, elapsed: Duration, moved: usize, n: usize) {
         if moved < n || moved < MIN_CALL_BATCH {
             return;
@@ -422,8 +422,7 @@ impl Dispatcher {
         self.ns_per_order.store(new, Ordering::Relaxed);
     }
 
-    /// The longest idle sleep now: `idle_poll` while every shard's wake-ups are heard,
-    /// else `max_idle`.
+    /// The longest idle sleep now: `idle_poll` while wake-ups are heard, else `max_idle`.
     fn idle(&self) -> Duration {
         if self.wake.listening.load(Ordering::SeqCst) >= self.shards.len() {
             self.opts.idle_poll.max(self.opts.max_idle)
@@ -475,6 +474,7 @@ impl Dispatcher {
         let mut rate = ArrivalRate::default();
         // Hear other processes' wake-ups for this queue while running.
         let _watch = self.client.listener().watch(&self.wake, &self.shards);
+        self.runs.store(true, Ordering::Relaxed);
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
             if cancel.is_cancelled() {
