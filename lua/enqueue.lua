@@ -47,7 +47,9 @@
 --          into a deleted queue, because the delete removes the epoch first.
 --
 -- Every argument is checked before anything is written, so a rejected call changes nothing
--- (Redis does not roll back a script that fails half way).
+-- (Redis does not roll back a script that fails half way). When the call makes the shard's
+-- earliest due time earlier, it publishes that time on the shard's wake channel (prelude
+-- `wake`): dispatchers in other processes look at the shard then.
 local mode = ARGV[1]
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')
@@ -177,6 +179,8 @@ for k = 1, n do
     end
   end
 end
+local before, first = earliest(KEYS[1]), nil
+for s = 1, #z, 2 do first = math.min(first or math.huge, tonumber(z[s])) end
 for s = 1, #z, 1000 do
   redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 999, #z)))
   redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 999, #h)))
@@ -204,4 +208,5 @@ if w >= 4 then
     redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
   end
 end
+wake(KEYS[1], before, first)
 return out

@@ -9,8 +9,9 @@
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the check and the writes go together, so a dispatched order is never
--- scheduled again by a reschedule. Every argument is checked first. Cost: O(log N) in the
--- shard's scheduled orders (ZADD XX). Redis >= 6.2.
+-- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
+-- A move before the shard's earliest due time is published on its wake channel (prelude
+-- `wake`). Cost: O(log n) in the shard's scheduled orders.
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
@@ -23,7 +24,9 @@ if level and not KEYS[2] then
   return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
 end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  wake(KEYS[1], before, due)
   if level == 'normal' then
     redis.call('HDEL', KEYS[2], ARGV[1])
   elseif level then

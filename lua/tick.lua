@@ -47,7 +47,9 @@
 -- tick at most once, and none enqueues a tick for a version of the schedule that an update,
 -- a pause or a removal has already fenced out of this shard: once every shard is synced
 -- (before the API answers), the old version can never fire.
--- Cost: O(log n) in the shard's scheduled orders (HGET, GET, ZSCORE, ZADD or ZREM).
+-- Cost: O(log n) in the shard's scheduled orders (HGET, GET, ZSCORE, ZADD or ZREM; a fired
+-- tick due before the shard's earliest order is published on its wake channel, prelude
+-- `wake`).
 -- Every argument is checked before anything is written.
 local mode = ARGV[1]
 if mode ~= 'fire' and mode ~= 'unfire' and mode ~= 'sync' then
@@ -158,7 +160,9 @@ end
 if epoch ~= ARGV[3] then
   return redis.error_reply('ERR delayq stale_epoch: the queue was deleted and created again')
 end
+local before = earliest(KEYS[1])
 redis.call('ZADD', KEYS[1], due, id)
+wake(KEYS[1], before, due)
 redis.call('HSET', KEYS[2], id, ARGV[2] .. ':' .. ARGV[9])
 store(tick, fence)
 return 1

@@ -3,8 +3,10 @@
 //! Each pass runs `dequeue.lua` once per shard, the calls of one pass in flight together
 //! (pipelined on the multiplexed connection), so a backlog in one shard cannot starve
 //! another. A shard whose last call reported its earliest order due later than now is
-//! skipped until then, unless `max_idle` has passed since it was last called or this process
-//! scheduled something (producers elsewhere are seen within `max_idle`). While any shard
+//! skipped until then, unless the idle look (`idle_poll`, 5 s, while wake-ups are heard;
+//! `max_idle`, 250 ms, while not) has passed since it was last called, this process
+//! scheduled something, or another process published an earlier due time on the shard's
+//! wake channel (`engine::listen`). While any shard
 //! returns a full batch it keeps draining; otherwise it sleeps until the earliest next due
 //! time (capped by `max_idle`), and wakes early when this process schedules an earlier
 //! order. While orders come due steadily, passes are spaced by a share of the lateness
@@ -20,7 +22,7 @@ use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,11 +31,20 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DispatcherOptions {
-    /// Orders moved per script call, 1..=1000 (default 1000).
+    /// Most orders moved per script call, 1..=1000 (default 1000); `max_call` may make
+    /// calls smaller.
     pub batch: usize,
-    /// Longest sleep between passes when nothing is due soon (default 250 ms). Bounds the
-    /// lateness of orders scheduled by other processes while this one sleeps.
+    /// How long one dispatch call should hold Redis at most (default 4 ms; zero: off): every
+    /// other client waits behind a script. Calls are sized to fit at the time per order
+    /// measured over full passes, from [`MIN_CALL_BATCH`] up to `batch`.
+    pub max_call: Duration,
+    /// Longest idle sleep while other processes' wake-ups are not heard (default 250 ms:
+    /// before the listener's subscriptions are confirmed, after its connection broke).
     pub max_idle: Duration,
+    /// Longest idle sleep while every shard's wake-ups are heard (default 5 s, never less
+    /// than `max_idle`): the look at an idle shard in case a wake-up was lost, one script
+    /// call per shard per `idle_poll` per process.
+    pub idle_poll: Duration,
     /// How often the Redis clock is re-read to bound drift (default 30 s).
     pub clock_sync_every: Duration,
     /// After a pass that moved a few orders (a steady trickle, not a backlog), the next pass
@@ -60,6 +71,28 @@ pub struct DispatcherOptions {
 /// the budget's edge, 4.7–5.5 ms: docs/benchmarks.md).
 pub const BUDGET_SPACING: (u32, u32) = (1, 3);
 
+/// The default [`DispatcherOptions::idle_poll`].
+pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(5);
+
+/// Longest [`DispatcherOptions::idle_poll`].
+pub const MAX_IDLE_POLL: Duration = Duration::from_secs(86_400);
+
+/// The fewest orders a call sized by [`DispatcherOptions::max_call`] asks for (below, the
+/// per-call cost would outweigh the orders').
+pub const MIN_CALL_BATCH: usize = 64;
+
+/// The time per order a dispatcher assumes before it has measured one (ns): FACTS' 4–10 µs
+/// per order of `dequeue.lua`, on the high side.
+const FIRST_NS_PER_ORDER: u64 = 8_000;
+
+/// The range the measured time per order is kept in (ns): the pass's wall time also holds
+/// a busy host's scheduling delays (unbounded: 112 orders per call, a third of the drain
+/// rate); `dequeue.lua` itself costs 4–10 µs per order.
+const NS_PER_ORDER_RANGE: (u64, u64) = (2_000, 12_000);
+
+/// Longest [`DispatcherOptions::max_call`].
+pub const MAX_CALL: Duration = Duration::from_secs(1);
+
 /// Longest lateness budget.
 pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
 
@@ -68,6 +101,8 @@ impl Default for DispatcherOptions {
         DispatcherOptions {
             batch: MAX_DEQUEUE_BATCH,
             max_idle: Duration::from_millis(250),
+            idle_poll: DEFAULT_IDLE_POLL,
+            max_call: Duration::from_millis(4),
             clock_sync_every: Duration::from_secs(30),
             linger: Duration::ZERO,
             lateness_budget: Duration::from_millis(5),
@@ -85,6 +120,18 @@ impl DispatcherOptions {
     /// Sets the longest idle sleep.
     pub fn max_idle(mut self, d: Duration) -> Self {
         self.max_idle = d;
+        self
+    }
+
+    /// Sets the idle look while wake-ups are heard.
+    pub fn idle_poll(mut self, d: Duration) -> Self {
+        self.idle_poll = d;
+        self
+    }
+
+    /// Sets the longest time one dispatch call should hold Redis (zero: off).
+    pub fn max_call(mut self, d: Duration) -> Self {
+        self.max_call = d;
         self
     }
 
@@ -117,6 +164,18 @@ impl DispatcherOptions {
             return Err(InvalidInput::Option {
                 name: "max_idle",
                 reason: "must be more than zero".into(),
+            });
+        }
+        if self.idle_poll.is_zero() || self.idle_poll > MAX_IDLE_POLL {
+            return Err(InvalidInput::Option {
+                name: "idle_poll",
+                reason: format!("must be more than zero and at most {MAX_IDLE_POLL:?}"),
+            });
+        }
+        if self.max_call > MAX_CALL {
+            return Err(InvalidInput::Option {
+                name: "max_call",
+                reason: format!("must be at most {MAX_CALL:?} (zero: off)"),
             });
         }
         if self.linger > Duration::from_millis(50) || self.linger > self.max_idle {
@@ -173,6 +232,12 @@ pub struct Dispatcher {
     wake: Arc<Wake>,
     /// Per shard, what its last call said (`None` = never called or must be called).
     views: std::sync::Mutex<Vec<Option<ShardView>>>,
+    /// Set by [`Dispatcher::run`]: only a running dispatcher takes its queue's wake-ups (the
+    /// safety sweep's, which only drains, shares the signal).
+    runs: std::sync::atomic::AtomicBool,
+    /// The measured time per dispatched order (ns, smoothed; see
+    /// [`DispatcherOptions::max_call`]).
+    ns_per_order: AtomicU64,
     /// The server has `HGETDEL` (one command instead of `HMGET` + `HDEL` per batch).
     hgetdel: bool,
     /// The queue's history retention, as this process last saw it.
@@ -214,6 +279,8 @@ impl Dispatcher {
         Ok(Dispatcher {
             register,
             views: std::sync::Mutex::new(vec![None; shards.len()]),
+            ns_per_order: AtomicU64::new(FIRST_NS_PER_ORDER),
+            runs: std::sync::atomic::AtomicBool::new(false),
             hgetdel: client.server().is_some_and(|s| s.has_hgetdel()),
             watch: QueueWatch::new(queue.clone(), None),
             shards,
@@ -250,13 +317,25 @@ impl Dispatcher {
         }
         // Which shards to call, and the known next due time of those skipped.
         let mut call = Vec::with_capacity(self.shards.len());
+        let idle = self.idle();
         {
-            let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            // Wake-ups from other processes: the shard's earliest due time is that one.
+            let pushed = if self.runs.load(Ordering::Relaxed) {
+                self.wake.take_pushed()
+            } else {
+                Default::default()
+            };
+            for (i, due) in pushed {
+                if let Some(Some(v)) = views.get_mut(i) {
+                    v.next_due_ms = min_opt(v.next_due_ms, Some(due));
+                }
+            }
             for (i, v) in views.iter().enumerate() {
                 match v {
                     Some(v)
                         if v.next_due_ms.is_none_or(|d| d > now)
-                            && started.duration_since(v.at) < self.opts.max_idle =>
+                            && started.duration_since(v.at) < idle =>
                     {
                         pass.next_due_ms = min_opt(pass.next_due_ms, v.next_due_ms);
                     }
@@ -264,14 +343,13 @@ impl Dispatcher {
                 }
             }
         }
+        let n = self.call_size();
         let results = futures_util::future::try_join_all(call.iter().map(|&i| {
             let mut conn = self.client.connection();
             let keys = &self.shards[i];
             let history = &history;
             let hgetdel = self.hgetdel;
-            async move {
-                scripts::dequeue(&mut conn, keys, now, self.opts.batch, history, hgetdel).await
-            }
+            async move { scripts::dequeue(&mut conn, keys, now, n, history, hgetdel).await }
         }))
         .await;
         let results = match results {
@@ -295,7 +373,7 @@ impl Dispatcher {
                 continue;
             }
             pass.moved += r.moved;
-            let full = r.moved >= self.opts.batch;
+            let full = r.moved >= n;
             pass.more |= full;
             pass.next_due_ms = min_opt(pass.next_due_ms, r.next_due_ms);
             // A full shard has more due now: call it again next pass.
@@ -305,6 +383,7 @@ impl Dispatcher {
             });
         }
         drop(views);
+        self.measure(started.elapsed(), pass.moved, n);
         if gone && self.register {
             // The queue vanished under a dispatcher the application made (deleted, or Redis
             // lost its data): it declares its queue again on the next pass, as at start.
@@ -316,6 +395,40 @@ impl Dispatcher {
             telemetry::dispatched(self.queue.as_str(), pass.moved as u64);
         }
         Ok(pass)
+    }
+
+    /// Orders per call now: what fits [`DispatcherOptions::max_call`] at the measured time
+    /// per order, within [`MIN_CALL_BATCH`]..=`batch`.
+    fn call_size(&self) -> usize {
+        let max_ns = u64::try_from(self.opts.max_call.as_nanos()).unwrap_or(u64::MAX);
+        if max_ns == 0 {
+            return self.opts.batch;
+        }
+        let per = self.ns_per_order.load(Ordering::Relaxed).max(1);
+        let fit = usize::try_from(max_ns / per).unwrap_or(usize::MAX);
+        fit.clamp(MIN_CALL_BATCH.min(self.opts.batch), self.opts.batch)
+    }
+
+    /// Records a pass that took `elapsed` to move `moved` orders in calls of up to `n` (only
+    /// passes with a full call: with a few orders the per-call cost would dominate).
+    fn measure(&self, elapsed: Duration, moved: usize, n: usize) {
+        if moved < n || moved < MIN_CALL_BATCH {
+            return;
+        }
+        let sample = u64::try_from(elapsed.as_nanos() / moved as u128).unwrap_or(u64::MAX);
+        let old = self.ns_per_order.load(Ordering::Relaxed);
+        // Smoothed over a few passes, so one stall of this process does not shrink calls.
+        let new = ((old * 3 + sample) / 4).clamp(NS_PER_ORDER_RANGE.0, NS_PER_ORDER_RANGE.1);
+        self.ns_per_order.store(new, Ordering::Relaxed);
+    }
+
+    /// The longest idle sleep now: `idle_poll` while wake-ups are heard, else `max_idle`.
+    fn idle(&self) -> Duration {
+        if self.wake.listening.load(Ordering::SeqCst) >= self.shards.len() {
+            self.opts.idle_poll.max(self.opts.max_idle)
+        } else {
+            self.opts.max_idle
+        }
     }
 
     /// Forgets what the shards said: the next pass calls every shard (after a wake-up by a
@@ -359,6 +472,9 @@ impl Dispatcher {
         let mut pacer = Pacer::new(RetryPolicy::LOOP);
         let mut last_sync = Instant::now();
         let mut rate = ArrivalRate::default();
+        // Hear other processes' wake-ups for this queue while running.
+        let _watch = self.client.listener().watch(&self.wake, &self.shards);
+        self.runs.store(true, Ordering::Relaxed);
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
             if cancel.is_cancelled() {
@@ -401,9 +517,11 @@ impl Dispatcher {
                 }
             }
             let now = self.client.now_ms();
-            let max_idle_ms = i64::try_from(self.opts.max_idle.as_millis()).unwrap_or(250);
-            let look_at = next.map_or(now + max_idle_ms, |d| d.min(now + max_idle_ms));
-            let look_at = look_at.min(self.wake.early_ms.load(Ordering::SeqCst));
+            let idle_ms = i64::try_from(self.idle().as_millis()).unwrap_or(250);
+            let look_at = next.map_or(now + idle_ms, |d| d.min(now + idle_ms));
+            let look_at = look_at
+                .min(self.wake.early_ms.load(Ordering::SeqCst))
+                .min(self.wake.pushed_ms.load(Ordering::SeqCst));
             // Orders coming due steadily: pass again no sooner than the budget's share (or
             // the linger) after this pass started, so one call moves that much time's worth.
             let mut look_at_us = look_at.saturating_mul(1000);
@@ -414,8 +532,11 @@ impl Dispatcher {
             }
             let look_at = look_at_us.div_euclid(1000);
             self.wake.next_look_ms.store(look_at, Ordering::SeqCst);
-            // Scheduled in between (and earlier): look again rather than sleep.
-            if self.wake.early_ms.load(Ordering::SeqCst) < look_at {
+            // Scheduled in between (and earlier), here or elsewhere: look again rather than
+            // sleep.
+            if self.wake.early_ms.load(Ordering::SeqCst) < look_at
+                || self.wake.pushed_ms.load(Ordering::SeqCst) < look_at
+            {
                 continue;
             }
             // Sleep to the start of the due millisecond (or the linger's end), measured in

@@ -9,9 +9,12 @@
 //! - **dead letters**: deletes dead letters past the retention, then beyond the per-queue cap;
 //! - **idle consumers** (`consumers.lua`): deletes consumers idle for long with nothing
 //!   pending, and heartbeats older than an hour;
-//! - **safety sweep**: runs the dispatch script every second in addition to the dispatchers'
-//!   own adaptive loops, so a missed wake-up can never stall dispatch; only over the queues
-//!   the process dispatches ([`Housekeeper::sweep_only`]).
+//! - **safety sweep** (every 5 s by default): probes each shard's earliest due time (one
+//!   `ZRANGE 0 0` per shard, the reads of a pass pipelined, no dispatcher built) and
+//!   dispatches only the queues with a shard due now, in addition to the dispatchers' own
+//!   loops, so a missed wake-up can never stall dispatch; only over the queues the process
+//!   dispatches ([`Housekeeper::sweep_only`]). Idle, it costs one read per shard per pass
+//!   and no script call.
 //!
 //! tokio-cron-scheduler has one-second resolution, spawns jobs without overlap protection and
 //! does not wait for running jobs on shutdown. So the fast dispatch path stays out of it,
@@ -34,6 +37,13 @@ use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
+/// The safety sweep's default schedule: every 5 s. Idle, each pass costs one `ZRANGE` per
+/// shard of the process's queues (pipelined), and no script call.
+pub const DEFAULT_SWEEP_CRON: &str = "*/5 * * * * *";
+
+/// Most shard probes in flight at once in one sweep pass.
+const PROBE_CHUNK: usize = 1000;
+
 /// Options of the [`Housekeeper`]. Cron expressions have six fields, seconds first, UTC.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -44,7 +54,8 @@ pub struct HousekeepingOptions {
     pub consumers_cron: String,
     /// A consumer idle this long with nothing pending is deleted (default 1 h).
     pub consumer_max_idle: Duration,
-    /// When to run the safety sweep (default every second: `* * * * * *`).
+    /// When to run the safety sweep (default every 5 s: `*/5 * * * * *`; see
+    /// [`DEFAULT_SWEEP_CRON`]).
     pub sweep_cron: String,
     /// Dead letters older than this are deleted (default 14 days); trimmed with the streams.
     pub dead_retention: Duration,
@@ -59,7 +70,7 @@ impl Default for HousekeepingOptions {
             trim_cron: "*/10 * * * * *".into(),
             consumers_cron: "0 * * * * *".into(),
             consumer_max_idle: Duration::from_secs(3600),
-            sweep_cron: "* * * * * *".into(),
+            sweep_cron: DEFAULT_SWEEP_CRON.into(),
             dead_retention: Duration::from_secs(14 * 24 * 3600),
             dead_max_per_queue: 100_000,
         }
@@ -291,9 +302,9 @@ impl Housekeeper {
         Ok(ChoreReport { count })
     }
 
-    /// Runs the dispatch script over every queue of the sweep's selection
-    /// ([`sweep_only`](Housekeeper::sweep_only)) until nothing is due; returns the orders
-    /// moved.
+    /// Probes every shard of the queues of the sweep's selection
+    /// ([`sweep_only`](Housekeeper::sweep_only)) and runs the dispatch script over those
+    /// with a shard due now until nothing is due; returns the orders moved.
     pub async fn sweep(&self) -> Result<ChoreReport> {
         self.sweep_until(&CancellationToken::new()).await
     }
@@ -306,11 +317,14 @@ impl Housekeeper {
         if self.sweep == DispatchSelection::None {
             return Ok(ChoreReport { count });
         }
-        for (q, keys) in self.queues().await? {
+        let mut queues = self.queues().await?;
+        queues.retain(|(q, _)| self.sweep.includes(q.as_str()));
+        let due = self.probe(&queues).await?;
+        for ((q, keys), due) in queues.into_iter().zip(due) {
             if cancel.is_cancelled() {
                 break;
             }
-            if !self.sweep.includes(q.as_str()) {
+            if !due {
                 continue;
             }
             let shards = u16::try_from(keys.len()).unwrap_or(1);
@@ -323,6 +337,42 @@ impl Housekeeper {
             count += d.drain_until(cancel).await?.moved as u64;
         }
         Ok(ChoreReport { count })
+    }
+
+    /// For each queue, whether one of its shards has an order due now: one `ZRANGE 0 0` per
+    /// shard, sent together (at most [`PROBE_CHUNK`] in flight; the multiplexed connection
+    /// pipelines them, and a cluster routes each to its node).
+    async fn probe(&self, queues: &[Tended]) -> Result<Vec<bool>> {
+        let now = self.client.now_ms();
+        let shards: Vec<(usize, &crate::engine::keys::ShardKeys)> = queues
+            .iter()
+            .enumerate()
+            .flat_map(|(i, (_, keys))| keys.iter().map(move |k| (i, k)))
+            .collect();
+        let mut due = vec![false; queues.len()];
+        for chunk in shards.chunks(PROBE_CHUNK) {
+            let firsts = futures_util::future::try_join_all(chunk.iter().map(|(_, k)| {
+                let mut conn = self.client.connection();
+                async move {
+                    let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
+                        .arg(&k.due)
+                        .arg(0)
+                        .arg(0)
+                        .arg("WITHSCORES")
+                        .query_async(&mut conn)
+                        .await
+                        .ctx("probing a shard's earliest due time")?;
+                    Ok::<_, crate::engine::error::Error>(first)
+                }
+            }))
+            .await?;
+            for ((i, _), first) in chunk.iter().zip(firsts) {
+                if first.first().is_some_and(|(_, score)| *score <= now as f64) {
+                    due[*i] = true;
+                }
+            }
+        }
+        Ok(due)
     }
 
     /// Schedules the chores and runs them until `cancel`; then waits for running chores.

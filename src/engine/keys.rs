@@ -283,6 +283,13 @@ impl ShardKeys {
         Priority::ALL.map(|p| self.lane(p))
     }
 
+    /// The shard's wake-up channel, `{tag}:wake` (the due key with `wake` for `due`: the
+    /// scripts derive it that way, `lua/prelude.lua` `wake`): writers that make the shard's
+    /// earliest due time earlier publish that time there (`SPUBLISH`, `PUBLISH` on 6.2).
+    pub fn wake_channel(&self) -> String {
+        format!("{}:wake", self.tag)
+    }
+
     /// The marker field (of [`ShardKeys::meta`]) `dequeue.lua` sets once it has made this
     /// lane's stream: readers learn from it that the lane is in use.
     pub fn lane_marker(&self) -> String {

@@ -30,6 +30,8 @@
 //! - [`time_rules`]: a queue's dedup window after dispatch, an order's debounce.
 //! - [`version`]: the server version check at connect.
 //! - `wake` (private): in-process wake-ups of sleeping dispatchers.
+//! - `listen` (private): cross-process wake-ups, the Pub/Sub listener of a client's
+//!   dispatchers.
 
 pub mod admin;
 pub mod backoff;
@@ -44,6 +46,7 @@ pub mod flow;
 pub mod history;
 pub mod housekeeping;
 pub mod keys;
+pub(crate) mod listen;
 pub mod message;
 pub mod outcome;
 pub mod priority;

@@ -29,6 +29,8 @@
 //! | `delayq_maintenance_removed_total` | counter | service, what (entries, dead letters, consumers, heartbeats, ...) |
 //! | `delayq_supervised_queues` | gauge | (none): queues a supervisor dispatches in this process |
 //! | `delayq_dispatcher_restarts_total` | counter | queue: dispatchers a supervisor started again after they stopped on their own (a panic, a refusal) |
+//! | `delayq_wake_channels` | gauge | (none): wake channels this process's listener holds (one per shard of each queue a dispatcher here runs) |
+//! | `delayq_wake_reconnects_total` | counter | (none): times the wake-up listener's connection ended and was opened again |
 //! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
 //! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
 //! | `delayq_http_connections_cut_total` | counter | deadline (idle, header, write): HTTP connections the server closed past a deadline |
@@ -342,6 +344,17 @@ pub fn maintenance_pass(service: &'static str, ok: bool, removed: &[(&'static st
 /// A supervisor started `queue`'s dispatcher again after it stopped on its own.
 pub fn dispatcher_restarted(queue: &str) {
     metrics::counter!("delayq_dispatcher_restarts_total", "queue" => queue.to_owned()).increment(1);
+}
+
+/// How many wake channels this process's listener holds.
+#[allow(clippy::cast_precision_loss)]
+pub fn wake_channels(n: usize) {
+    metrics::gauge!("delayq_wake_channels").set(n as f64);
+}
+
+/// The wake-up listener's connection ended (it opens a new one).
+pub fn wake_reconnected() {
+    metrics::counter!("delayq_wake_reconnects_total").increment(1);
 }
 
 /// How many queues this process's supervisor dispatches.

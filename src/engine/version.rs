@@ -46,6 +46,12 @@ impl ServerInfo {
         self.name == "valkey" || self.at_least((7, 0, 0))
     }
 
+    /// Whether the server has sharded Pub/Sub (`SPUBLISH`, `SSUBSCRIBE`: Redis 7.0, every
+    /// Valkey): wake-ups then go out on shard channels, else on plain ones (6.2).
+    pub fn has_spublish(&self) -> bool {
+        self.name == "valkey" || self.at_least((7, 0, 0))
+    }
+
     /// Whether the server has `HGETDEL` (Redis 8.0, Valkey 9.0): the dispatcher then reads
     /// and deletes the payloads of a batch in one command instead of `HMGET` + `HDEL`.
     pub fn has_hgetdel(&self) -> bool {

@@ -6,7 +6,7 @@
 //! registry never grows with queue names seen once (deleted queues, one-off producers).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use tokio::sync::Notify;
 
@@ -23,6 +23,16 @@ pub(crate) struct Wake {
     /// calls every shard once this comes due.
     pub(crate) early_ms: AtomicI64,
     pub(crate) notify: Notify,
+    /// Wake-ups heard from other processes (`engine::listen`) since the dispatcher's last
+    /// pass: shard index -> the earliest due time heard (unix ms; `i64::MIN`: look now).
+    /// At most one entry per shard.
+    pushed: Mutex<HashMap<usize, i64>>,
+    /// The earliest time in `pushed` (`i64::MAX` = none), for the dispatcher's check
+    /// after it stores its next look (as `early_ms`).
+    pub(crate) pushed_ms: AtomicI64,
+    /// How many of the queue's shard channels the listener is subscribed to now: with all
+    /// of them, the dispatcher's idle sleep is its `idle_poll`, else its `max_idle`.
+    pub(crate) listening: AtomicUsize,
     /// Fired when this process resumes the queue or one of its groups: paused readers and
     /// dispatchers look again at once.
     pub(crate) resume: Notify,
@@ -48,6 +58,30 @@ impl Drop for Wake {
     }
 }
 
+impl Wake {
+    /// Another process made shard `shard`'s earliest due time `due_ms` (or the listener
+    /// subscribed again, `i64::MIN`: messages may have been missed): the dispatcher looks at
+    /// that shard then, woken now if it would otherwise look later. Record first, then look
+    /// (see [`WakeRegistry::scheduled`]).
+    pub(crate) fn pushed(&self, shard: usize, due_ms: i64) {
+        {
+            let mut p = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+            let e = p.entry(shard).or_insert(due_ms);
+            *e = (*e).min(due_ms);
+        }
+        self.pushed_ms.fetch_min(due_ms, Ordering::SeqCst);
+        if due_ms < self.next_look_ms.load(Ordering::SeqCst) {
+            self.notify.notify_one();
+        }
+    }
+
+    /// Takes the wake-ups heard since the last call.
+    pub(crate) fn take_pushed(&self) -> HashMap<usize, i64> {
+        self.pushed_ms.store(i64::MAX, Ordering::SeqCst);
+        std::mem::take(&mut *self.pushed.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 fn lock(map: &Map) -> MutexGuard<'_, HashMap<String, Weak<Wake>>> {
     map.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -69,6 +103,9 @@ impl WakeRegistry {
             next_look_ms: AtomicI64::new(0),
             early_ms: AtomicI64::new(i64::MAX),
             notify: Notify::new(),
+            pushed: Mutex::new(HashMap::new()),
+            pushed_ms: AtomicI64::new(i64::MAX),
+            listening: AtomicUsize::new(0),
             resume: Notify::new(),
             #[cfg(feature = "test-util")]
             kill: std::sync::atomic::AtomicBool::new(false),

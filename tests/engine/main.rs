@@ -23,3 +23,4 @@ mod registry;
 mod schedules;
 mod shards;
 mod time_rules;
+mod wakeups;

@@ -122,8 +122,12 @@ impl Queues {
             .await
             .ctx("setting the pause flag")?;
         if !paused {
-            // Resumed: this process's dispatchers and readers look again at once.
+            // Resumed: this process's dispatchers and readers look again at once; those of
+            // other processes when they hear it.
             self.client.wake().resumed(queue);
+            if group.is_none() {
+                crate::engine::listen::publish_now(&self.client, &keys).await;
+            }
         }
         Ok(PauseState {
             queue: queue.to_owned(),

@@ -54,6 +54,8 @@ struct Inner {
     redis_clock: Option<Arc<RedisClock>>,
     /// Wakes this process's dispatchers when an earlier order is scheduled.
     wake: WakeRegistry,
+    /// Hears other processes' wake-ups for this process's dispatchers (`engine::listen`).
+    listener: crate::engine::listen::Listener,
     /// What the server said it is at connect (`None`: it refused `INFO`).
     server: Option<crate::engine::version::ServerInfo>,
     /// The connections durable schedules use (`WAIT` blocks its connection, so they get
@@ -116,6 +118,12 @@ impl Client {
             }
         };
         let durability = opts.durability;
+        let listener = crate::engine::listen::Listener::new(
+            redis.clone(),
+            opts.response_timeout,
+            opts.connect_timeout,
+            server.is_none_or(|s| s.has_spublish()),
+        );
         Ok(Client {
             durability,
             inner: Arc::new(Inner {
@@ -126,6 +134,7 @@ impl Client {
                 clock,
                 redis_clock,
                 wake: WakeRegistry::default(),
+                listener,
                 server,
                 durable_conns: durable::DurableConns::default(),
                 known_queues: Mutex::new(HashMap::new()),
@@ -362,6 +371,10 @@ impl Client {
 
     pub(crate) fn wake(&self) -> &WakeRegistry {
         &self.inner.wake
+    }
+
+    pub(crate) fn listener(&self) -> &crate::engine::listen::Listener {
+        &self.inner.listener
     }
 
     /// How many queues have an in-process wake-up signal (held by a dispatcher or reader

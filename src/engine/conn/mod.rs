@@ -28,10 +28,12 @@
 //! server whose certificate the CA does not vouch for fails the connect with a clear,
 //! non-transient error; nothing ever falls back to plain TCP.
 
+mod pubsub;
 mod sentinel;
 mod tls;
 mod url;
 
+pub(crate) use pubsub::{PubSubConn, Push};
 pub use sentinel::{SentinelConn, SentinelTarget};
 pub use tls::{TlsFile, TlsFileError, TlsFiles, is_tls_url, url_with_tls_files};
 use url::UrlParts;

@@ -106,6 +106,7 @@ impl SentinelTarget {
         port: u16,
         response_timeout: Duration,
         connect_timeout: Duration,
+        push: Option<&super::pubsub::Push>,
     ) -> RedisResult<MultiplexedConnection> {
         let what = format!("master {host}:{port}");
         let addr = if self.tls {
@@ -118,12 +119,14 @@ impl SentinelTarget {
         } else {
             ConnectionAddr::Tcp(host, port)
         };
-        let client = self.client(self.master.clone().set_addr(addr))?;
+        let (info, config) = super::pubsub::with_push(
+            self.master.clone().set_addr(addr),
+            Self::config(response_timeout, connect_timeout),
+            push,
+        );
+        let client = self.client(info)?;
         let mut c = client
-            .get_multiplexed_async_connection_with_config(&Self::config(
-                response_timeout,
-                connect_timeout,
-            ))
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(|e| explain_tls(e, self.tls, &what))?;
         // A sentinel may still name a demoted master for a moment: ask the server itself.
@@ -252,6 +255,7 @@ impl SentinelTarget {
         self: Arc<Self>,
         response_timeout: Duration,
         connect_timeout: Duration,
+        push: Option<&super::pubsub::Push>,
     ) -> RedisResult<MultiplexedConnection> {
         let ask_timeout = connect_timeout.min(response_timeout);
         let mut last: Option<RedisError> = None;
@@ -288,7 +292,7 @@ impl SentinelTarget {
             }
             tried.push((host.clone(), port));
             match self
-                .open_master(host, port, response_timeout, connect_timeout)
+                .open_master(host, port, response_timeout, connect_timeout, push)
                 .await
             {
                 Ok(c) => {
@@ -429,7 +433,7 @@ impl SentinelConn {
     ) -> Connecting {
         target
             .clone()
-            .connect_master(response_timeout, connect_timeout)
+            .connect_master(response_timeout, connect_timeout, None)
             .boxed()
             .shared()
     }

@@ -315,8 +315,15 @@ impl std::fmt::Debug for HttpConfig {
 pub struct DispatcherConfig {
     /// Orders per dequeue call, 1..=1000 (default 1000).
     pub batch: Option<usize>,
-    /// Longest idle sleep (default 250 ms).
+    /// Longest idle sleep while wake-ups from other processes are not heard (default
+    /// 250 ms).
     pub max_idle: Option<String>,
+    /// Longest idle sleep while every shard's wake-ups are heard: the fallback look at an
+    /// idle shard (default 5 s).
+    pub idle_poll: Option<String>,
+    /// How long one dispatch call should hold Redis at most: calls are sized to fit
+    /// (default `4ms`; `0s`: off, every call takes up to `batch`).
+    pub max_call: Option<String>,
     /// A fixed least time between two passes that moved a few orders (default off:
     /// `lateness_budget` spaces them from the arrival rate).
     pub linger: Option<String>,
@@ -335,7 +342,7 @@ pub struct HousekeepingConfig {
     pub consumers_cron: Option<String>,
     /// Idle time after which a consumer with nothing pending is deleted (default 1 h).
     pub consumer_max_idle: Option<String>,
-    /// Safety sweep (default every second).
+    /// Safety sweep: a probe of each shard's earliest due time (default every 5 s).
     pub sweep_cron: Option<String>,
 }
 

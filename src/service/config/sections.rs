@@ -172,6 +172,12 @@ pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptio
     if let Some(m) = duration("dispatcher.max_idle", d.max_idle.as_deref())? {
         o = o.max_idle(m);
     }
+    if let Some(p) = duration("dispatcher.idle_poll", d.idle_poll.as_deref())? {
+        o = o.idle_poll(p);
+    }
+    if let Some(m) = duration("dispatcher.max_call", d.max_call.as_deref())? {
+        o = o.max_call(m);
+    }
     if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
         o = o.linger(l);
     }

@@ -147,10 +147,19 @@ fn config_and_library_agree() {
         (
             s.dispatcher.batch,
             s.dispatcher.max_idle,
+            s.dispatcher.idle_poll,
+            s.dispatcher.max_call,
             s.dispatcher.linger,
             s.dispatcher.lateness_budget
         ),
-        (dd.batch, dd.max_idle, dd.linger, dd.lateness_budget)
+        (
+            dd.batch,
+            dd.max_idle,
+            dd.idle_poll,
+            dd.max_call,
+            dd.linger,
+            dd.lateness_budget
+        )
     );
     let c = crate::engine::client::ClientOptions::default();
     assert_eq!(
@@ -188,6 +197,8 @@ fn config_and_library_agree() {
         ("max_payload_bytes = 0\n", "max_payload_bytes"),
         ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
         ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
+        ("[dispatcher]\nidle_poll = \"0s\"\n", "dispatcher.idle_poll"),
+        ("[dispatcher]\nmax_call = \"2s\"\n", "dispatcher.max_call"),
         ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
         (
             "[dispatcher]\nlateness_budget = \"2s\"\n",

@@ -38,6 +38,25 @@ local function int(s)
   return n
 end
 
+-- Cross-process wake-ups. `earliest(due)` is a shard's earliest due time (nil: none). After
+-- a write that scheduled orders, the earliest of them due at `due_ms`, `wake(due, before,
+-- due_ms)` publishes `due_ms` on the shard's wake channel (its due key with `wake` for
+-- `due`: `{tag}:wake`) when it is earlier than the shard's earliest before the write:
+-- every dispatcher of the queue listens there and looks at the shard then. Sharded
+-- (`SPUBLISH`, Redis 7) where the server has it, `PUBLISH` on 6.2. Cost: O(1) + one
+-- `ZRANGE 0 0`, O(log n), per call.
+local function earliest(due)
+  local f = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  return tonumber(f[2])
+end
+local function wake(due, before, due_ms)
+  if due_ms and (not before or due_ms < before) then
+    local channel = string.sub(due, 1, -4) .. 'wake'
+    local r = redis.pcall('SPUBLISH', channel, due_ms)
+    if type(r) == 'table' and r.err then redis.call('PUBLISH', channel, due_ms) end
+  end
+end
+
 -- A stream id's two parts ("<ms>-<seq>") as numbers.
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')

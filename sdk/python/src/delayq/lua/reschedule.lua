@@ -9,8 +9,9 @@
 --
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the check and the writes go together, so a dispatched order is never
--- scheduled again by a reschedule. Every argument is checked first. Cost: O(log N) in the
--- shard's scheduled orders (ZADD XX). Redis >= 6.2.
+-- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
+-- A move before the shard's earliest due time is published on its wake channel (prelude
+-- `wake`). Cost: O(log n) in the shard's scheduled orders.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -24,6 +25,25 @@ local function int(s)
   local n = tonumber(s)
   if n > 9007199254740991 or n < -9007199254740991 then return nil end
   return n
+end
+
+-- Cross-process wake-ups. `earliest(due)` is a shard's earliest due time (nil: none). After
+-- a write that scheduled orders, the earliest of them due at `due_ms`, `wake(due, before,
+-- due_ms)` publishes `due_ms` on the shard's wake channel (its due key with `wake` for
+-- `due`: `{tag}:wake`) when it is earlier than the shard's earliest before the write:
+-- every dispatcher of the queue listens there and looks at the shard then. Sharded
+-- (`SPUBLISH`, Redis 7) where the server has it, `PUBLISH` on 6.2. Cost: O(1) + one
+-- `ZRANGE 0 0`, O(log n), per call.
+local function earliest(due)
+  local f = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  return tonumber(f[2])
+end
+local function wake(due, before, due_ms)
+  if due_ms and (not before or due_ms < before) then
+    local channel = string.sub(due, 1, -4) .. 'wake'
+    local r = redis.pcall('SPUBLISH', channel, due_ms)
+    if type(r) == 'table' and r.err then redis.call('PUBLISH', channel, due_ms) end
+  end
 end
 
 -- A stream id's two parts ("<ms>-<seq>") as numbers.
@@ -96,7 +116,9 @@ if level and not KEYS[2] then
   return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
 end
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  wake(KEYS[1], before, due)
   if level == 'normal' then
     redis.call('HDEL', KEYS[2], ARGV[1])
   elseif level then
