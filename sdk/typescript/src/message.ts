@@ -526,7 +526,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   if (depth > MAX_PAYLOAD_DEPTH) {
     throw payloadErr(`nested ${depth} levels deep; at most ${MAX_PAYLOAD_DEPTH} levels of arrays and objects`);
   }
-  if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
+  let due: number;
   if (order.debounce !== undefined && order.debounce !== null) {
     const [delay] = checkDebounce(order.debounce);
     for (const f of [order.delayMs, order.at, order.atLocal, order.timezone]) {
@@ -534,9 +534,12 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
         throw optionErr("debounce", "a debounced order is due its delay after each call: give no other due time");
       }
     }
-    return resolveWhen({ delayMs: delay }, nowMs);
+    due = resolveWhen({ delayMs: delay }, nowMs);
+  } else {
+    due = resolveWhen(order, nowMs);
   }
-  return resolveWhen(order, nowMs);
+  if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
+  return due;
 }
 
 /**

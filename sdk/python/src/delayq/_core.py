@@ -427,7 +427,6 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             idb = rules.check_id(o.id)
             p = rules.to_payload(o.payload)
             rules.check_payload(p, max_payload)
-            expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
             max_wait = None
             if o.debounce is not None:
                 delay, max_wait = rules.check_debounce(o.debounce)
@@ -439,6 +438,7 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
                 due = rules.resolve_due(now_ms, delay_ms=delay)
             else:
                 due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
+            expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
         except InvalidInput as e:
             raise e.in_batch(i) from None
         out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait)))

@@ -138,7 +138,9 @@ export class LocalRedis {
   }
   /** One command on a short-lived connection. */
   async cmd(...args) {
-    const c = new Redis({ port: this.port, host: "127.0.0.1", lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, connectTimeout: 2000 });
+    // A reply timeout too: a port taken by another process that accepts and never answers
+    // (a test's stalled receiver, say) fails the check instead of hanging the suite.
+    const c = new Redis({ port: this.port, host: "127.0.0.1", lazyConnect: true, retryStrategy: () => null, maxRetriesPerRequest: 0, connectTimeout: 2000, commandTimeout: 2000 });
     c.on("error", () => {});
     try {
       await c.connect();
@@ -149,7 +151,7 @@ export class LocalRedis {
   }
   /** A connection for the test's own inspection. */
   async connect() {
-    const c = new Redis({ port: this.port, host: "127.0.0.1", lazyConnect: true });
+    const c = new Redis({ port: this.port, host: "127.0.0.1", lazyConnect: true, connectTimeout: 5000, commandTimeout: 30_000 });
     c.on("error", () => {});
     await c.connect();
     return c;
@@ -180,7 +182,7 @@ export async function createQueue(url, queue, shards = 1, namespace = "dq") {
   const r = await delayq(["--redis-url", url, "--namespace", namespace, "queue", "create", queue, "--shards", String(shards)]);
   if (r.code !== 0) throw new Error(`delayq queue create ${queue} failed (${r.code}): ${r.stderr}`);
   if (url.startsWith("redis://")) {
-    const c = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0 });
+    const c = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 5000, commandTimeout: 30_000 });
     c.on("error", () => {});
     try {
       await c.connect();
