@@ -6,7 +6,8 @@
 //! - [`clock`]: the one clock ("now" is the Redis server's `TIME`), replaceable in tests.
 //! - [`retry`]: the one transient-error retry helper every Redis loop uses.
 //! - [`message`]: what producers send ([`NewOrder`](message::NewOrder),
-//!   [`When`](message::When), [`Payload`](message::Payload)) and get back.
+//!   [`When`](message::When), [`Payload`](message::Payload)) and get back; [`when`]: when an
+//!   order is due and the due-time rules.
 //! - [`priority`]: order priority levels and how a reader picks among them.
 //! - [`scripts`]: the Lua scripts of `lua/`, one typed wrapper each.
 //! - [`client`]: the producer API ([`Client`](client::Client): schedule, cancel,
@@ -61,4 +62,5 @@ pub mod time_rules;
 pub mod trace;
 pub mod version;
 mod wake;
+pub mod when;
 pub mod worker;
