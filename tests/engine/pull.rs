@@ -22,9 +22,7 @@ const WAIT: Duration = Duration::from_secs(10);
 const LONG: Duration = Duration::from_secs(60);
 
 fn puller(client: &Client, consumer: &str, opts: WorkerOptions) -> Puller {
-    let mut opts = opts;
-    opts.consumer = Some(consumer.to_owned());
-    Puller::new(client, Q, G, opts).unwrap()
+    Puller::new(client, Q, G, opts.consumer(consumer)).unwrap()
 }
 
 /// Schedules `n` orders due now and moves them into the stream.

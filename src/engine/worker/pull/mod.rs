@@ -177,6 +177,12 @@ impl Puller {
         self
     }
 
+    /// 32 random bytes from the operating system: a key for [`with_key`](Puller::with_key)
+    /// that several pullers of this process share.
+    pub fn random_key() -> std::io::Result<Vec<u8>> {
+        random_key()
+    }
+
     /// The consumer name.
     pub fn consumer(&self) -> &str {
         &self.s.consumer
