@@ -261,3 +261,49 @@ async fn bad_pull_requests_are_refused_naming_the_field_and_change_nothing() {
         (StatusCode::OK, Some("acked"))
     );
 }
+
+#[tokio::test]
+async fn a_deleted_queue_or_group_is_404_and_never_created_again_by_a_receive() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let (st, v) = post(&r, "receive", json!({})).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    // The group deleted on purpose: not created again over its entries.
+    client
+        .admin()
+        .delete_group("order-close", "close", true)
+        .await
+        .unwrap();
+    let (st, v) = post(&r, "receive", json!({})).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::NOT_FOUND, "group_not_found"),
+        "{v}"
+    );
+    // The queue deleted: 404, and the receive does not register it again.
+    client
+        .admin()
+        .delete_queue("order-close", true)
+        .await
+        .unwrap();
+    let (st, v) = post(&r, "receive", json!({})).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::NOT_FOUND, "queue_not_found"),
+        "{v}"
+    );
+    let (st, v) = post(&r, "receive", json!({})).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::NOT_FOUND, "queue_not_found"),
+        "{v}"
+    );
+    assert!(
+        client
+            .admin()
+            .queue_info("order-close")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

@@ -87,7 +87,7 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Arc<Puller
         .into());
     }
     let opts = WorkerOptions::default().consumer(CONSUMER);
-    let mut p = Puller::new(client, queue, group, opts)?;
+    let mut p = Puller::for_registered(client, queue, group, opts)?;
     if !st.pullers.key.is_empty() {
         p = p.with_key(st.pullers.key.clone());
     }

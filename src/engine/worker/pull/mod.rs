@@ -19,7 +19,7 @@
 
 mod settle;
 
-use super::entry::{Taken, to_taken};
+use super::entry::{Taken, is_nogroup, to_taken};
 use super::receipt::{Receipt, Signer, random_key};
 use super::settle::{
     delivery_metrics, exhausted, handled_metric, settle_dead, settle_expired, settle_missing,
@@ -103,6 +103,9 @@ pub struct Puller {
     signer: Signer,
     /// The queue is registered and the group joined.
     joined: AtomicBool,
+    /// Whether joining registers the queue when it is not (as a starting worker does), or
+    /// refuses ([`Error::QueueNotFound`]): [`Puller::for_registered`].
+    registers: bool,
     /// The last heartbeat, unix ms.
     beat_at: AtomicI64,
     /// Where the next read starts among a level's lanes, so small receives rotate over
@@ -160,8 +163,23 @@ impl Puller {
             s: Arc::new(s),
             signer,
             joined: AtomicBool::new(false),
+            registers: true,
             beat_at: AtomicI64::new(0),
             rotate: AtomicUsize::new(0),
+        })
+    }
+
+    /// A pull consumer of a queue that must already be registered: receiving from a queue
+    /// that is not (or was deleted) is [`Error::QueueNotFound`], never a new registration.
+    pub fn for_registered(
+        client: &Client,
+        queue: &str,
+        group: &str,
+        opts: WorkerOptions,
+    ) -> Result<Self> {
+        Ok(Puller {
+            registers: false,
+            ..Puller::new(client, queue, group, opts)?
         })
     }
 
@@ -194,12 +212,36 @@ impl Puller {
         self.s.stats.clone()
     }
 
-    /// Registers the queue and creates the group where it is new, as a starting worker
-    /// does; `receive` does it on its first call.
+    /// Registers the queue (refused instead for [`for_registered`](Puller::for_registered))
+    /// and creates the group where it is new, from the start of the stream, as a starting
+    /// worker does; `receive` does it on its first call.
     pub async fn ensure_groups(&self) -> Result<()> {
         let s = &self.s;
-        s.client.register(&s.queue).await?;
+        if self.registers {
+            s.client.register(&s.queue).await?;
+        }
         ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, false).await?;
+        s.remember_epoch().await;
+        self.joined.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A read found no group: the queue was deleted ([`Error::QueueNotFound`]; the next
+    /// receive joins again), or deleted and created again (joined now, from the start of the
+    /// new streams), or the group was deleted on purpose ([`Error::GroupDeleted`], as a
+    /// worker stops then: it is not created again over the entries it had).
+    async fn lost_group(&self) -> Result<()> {
+        let s = &self.s;
+        self.joined.store(false, Ordering::Relaxed);
+        if s.queue_replaced().await {
+            if s.client.lookup(&s.queue).await?.is_none() {
+                return Err(Error::QueueNotFound {
+                    queue: s.queue.as_str().to_owned(),
+                });
+            }
+            return self.ensure_groups().await;
+        }
+        ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, true).await?;
         self.joined.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -241,6 +283,15 @@ impl Puller {
             let r = self.read_new(lease_until, budget - taken.len()).await;
             match r {
                 Ok(t) => taken.extend(t),
+                Err(e) if is_nogroup(&e) => {
+                    self.refund(budget - taken.len().min(budget)).await;
+                    let lost = self.lost_group().await;
+                    // What the reclaim took is leased: hand it out (or dead-letter it).
+                    if taken.is_empty() {
+                        lost?;
+                    }
+                    return Ok(self.hand_off_all(taken, lease_until).await);
+                }
                 Err(e) if taken.is_empty() => {
                     self.refund(budget).await;
                     return Err(e);
@@ -251,13 +302,18 @@ impl Puller {
             }
         }
         self.refund(budget - taken.len().min(budget)).await;
+        Ok(self.hand_off_all(taken, lease_until).await)
+    }
+
+    /// [`hand_off`](Puller::hand_off) of every taken entry, in order.
+    async fn hand_off_all(&self, taken: Vec<Taken>, lease_until: i64) -> Vec<PullDelivery> {
         let mut out = Vec::with_capacity(taken.len());
         for t in taken {
             if let Some(d) = self.hand_off(t, lease_until).await {
                 out.push(d);
             }
         }
-        Ok(out)
+        out
     }
 
     /// Gives rate-limit permits taken for entries not returned back.
