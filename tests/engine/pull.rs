@@ -186,8 +186,25 @@ async fn an_extended_lease_gets_a_new_receipt_and_the_old_one_is_stale() {
         vec![Settled::LeaseLost]
     );
     assert_eq!(pending(&client, STREAM, G).await, 1);
-    assert_eq!(a.ack(&[new]).await.unwrap(), vec![Settled::Done]);
+    // The same receipt twice extends once; both copies get the one new receipt.
+    let twice = a.extend(&[new, new], LONG).await.unwrap();
+    assert!(matches!(&twice[0], Extended::Receipt(_)), "{twice:?}");
+    assert_eq!(twice[0], twice[1]);
+    let Extended::Receipt(newest) = &twice[0] else {
+        unreachable!()
+    };
+    // The stale receipt beside the live one, and the live one twice, in one call: each
+    // answers for itself and the entry is acknowledged once.
+    let settled = a.ack(&[new, newest, newest]).await.unwrap();
+    assert_eq!(
+        settled,
+        vec![Settled::LeaseLost, Settled::Done, Settled::Done]
+    );
     assert_eq!(pending(&client, STREAM, G).await, 0);
+    assert_eq!(
+        a.stats().acked.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }
 
 #[tokio::test]

@@ -46,16 +46,37 @@ impl Puller {
     /// end (the visibility timeout from now, never equal to a receipt's) while it still
     /// holds the receipt's. Returns which did.
     async fn fence(&self, lane: u16, rs: &[&Receipt]) -> Result<Vec<bool>> {
-        let mut until = self.s.client.now_ms() + ms(self.s.opts.visibility_timeout);
-        while rs.iter().any(|r| r.lease_until == until) {
-            until += 1;
-        }
         let held: Vec<(String, i64)> = rs
             .iter()
             .map(|r| (r.entry_id.clone(), r.lease_until))
             .collect();
-        let moved = self.cas_leases(lane, until, &held).await?;
-        Ok(rs.iter().map(|r| moved.contains(&r.entry_id)).collect())
+        let until = fresh_end(
+            self.s.client.now_ms() + ms(self.s.opts.visibility_timeout),
+            &held,
+        );
+        self.cas_each(lane, until, &held).await
+    }
+
+    /// Which of the distinct `held` (entry id, lease end) pairs of one lane still held
+    /// their lease and now hold `until` (which none of them holds): each pair answers for
+    /// itself, also when several name one entry (an older receipt beside a newer one), with
+    /// one `extend.lua` call per round of distinct entries.
+    async fn cas_each(&self, lane: u16, until: i64, held: &[(String, i64)]) -> Result<Vec<bool>> {
+        let mut out = vec![false; held.len()];
+        let mut left: Vec<usize> = (0..held.len()).collect();
+        while !left.is_empty() {
+            let mut ids = std::collections::HashSet::new();
+            let (round, rest): (Vec<usize>, Vec<usize>) = left
+                .into_iter()
+                .partition(|&i| ids.insert(held[i].0.as_str()));
+            let pairs: Vec<(String, i64)> = round.iter().map(|&i| held[i].clone()).collect();
+            let moved = self.cas_leases(lane, until, &pairs).await?;
+            for i in round {
+                out[i] = moved.contains(&held[i].0);
+            }
+            left = rest;
+        }
+        Ok(out)
     }
 
     /// Acknowledges entries of one lane this consumer holds (the worker's ack pipeline);
@@ -225,25 +246,30 @@ impl Puller {
     pub async fn extend(&self, receipts: &[&str], lease: Duration) -> Result<Vec<Extended>> {
         check_lease(lease)?;
         let opened = self.open_all(receipts)?;
-        let until = self.s.client.now_ms() + ms(lease);
+        // Each distinct receipt once, by lane.
         let mut by_lane: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
         for r in &opened {
             let held = by_lane.entry(r.lane).or_default();
-            if !held.iter().any(|(id, _)| *id == r.entry_id) {
-                held.push((r.entry_id.clone(), r.lease_until));
+            let pair = (r.entry_id.clone(), r.lease_until);
+            if !held.contains(&pair) {
+                held.push(pair);
             }
         }
-        let mut moved: HashMap<u16, Vec<String>> = HashMap::new();
+        let all: Vec<(String, i64)> = by_lane.values().flatten().cloned().collect();
+        let until = fresh_end(self.s.client.now_ms() + ms(lease), &all);
+        let mut extended: std::collections::HashSet<(u16, String, i64)> = Default::default();
         for (lane, held) in by_lane {
-            moved.insert(lane, self.cas_leases(lane, until, &held).await?);
+            let moved = self.cas_each(lane, until, &held).await?;
+            for ((id, l), m) in held.into_iter().zip(moved) {
+                if m {
+                    extended.insert((lane, id, l));
+                }
+            }
         }
         Ok(opened
             .into_iter()
             .map(|r| {
-                if moved
-                    .get(&r.lane)
-                    .is_some_and(|ids| ids.contains(&r.entry_id))
-                {
+                if extended.contains(&(r.lane, r.entry_id.clone(), r.lease_until)) {
                     Extended::Receipt(self.signer.sign(&Receipt {
                         lease_until: until,
                         ..r
@@ -254,4 +280,14 @@ impl Puller {
             })
             .collect())
     }
+}
+
+/// `wanted`, or the next millisecond after it that no pair of `held` has as its lease end:
+/// a lease moved by compare-and-set always gets a value no other receipt of it carries.
+fn fresh_end(wanted: i64, held: &[(String, i64)]) -> i64 {
+    let mut until = wanted;
+    while held.iter().any(|(_, l)| *l == until) {
+        until += 1;
+    }
+    until
 }
