@@ -280,6 +280,15 @@ async fn a_deleted_queue_or_group_is_404_and_never_created_again_by_a_receive() 
         (StatusCode::NOT_FOUND, "group_not_found"),
         "{v}"
     );
+    // And stays so: a receive does not create it again from the start of the stream.
+    let (st, v) = post(&r, "receive", json!({})).await;
+    assert_eq!(
+        (st, code(&v)),
+        (StatusCode::NOT_FOUND, "group_not_found"),
+        "{v}"
+    );
+    let groups: redis::Value = support::raw(&client, &["XINFO", "GROUPS", STREAM]).await;
+    assert_eq!(groups, redis::Value::Array(vec![]), "no group made again");
     // The queue deleted: 404, and the receive does not register it again.
     client
         .admin()

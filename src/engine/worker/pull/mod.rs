@@ -228,8 +228,9 @@ impl Puller {
 
     /// A read found no group: the queue was deleted ([`Error::QueueNotFound`]; the next
     /// receive joins again), or deleted and created again (joined now, from the start of the
-    /// new streams), or the group was deleted on purpose ([`Error::GroupDeleted`], as a
-    /// worker stops then: it is not created again over the entries it had).
+    /// new streams), or the group was deleted on purpose ([`Error::GroupDeleted`] on this
+    /// and every later receive, as a worker stops then: a receive never creates it again
+    /// over the entries it had; [`ensure_groups`](Puller::ensure_groups) does).
     async fn lost_group(&self) -> Result<()> {
         let s = &self.s;
         self.joined.store(false, Ordering::Relaxed);
@@ -241,9 +242,13 @@ impl Puller {
             }
             return self.ensure_groups().await;
         }
-        ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, true).await?;
-        self.joined.store(true, Ordering::Relaxed);
-        Ok(())
+        let r = ensure_groups(&s.client, &s.queue, &s.lanes, &s.group, true).await;
+        // Joined again (the group vanished with its stream), or deleted on purpose: the
+        // next receives keep answering so; only `ensure_groups` creates it again.
+        if matches!(r, Ok(()) | Err(Error::GroupDeleted { .. })) {
+            self.joined.store(true, Ordering::Relaxed);
+        }
+        r
     }
 
     /// Up to `max` (1..=[`MAX_RECEIVE`]) deliveries, each leased for `lease`
