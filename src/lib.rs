@@ -27,7 +27,8 @@
 //!   - administration: [`Queues`] (from [`Client::admin`]): queues and groups, pause,
 //!     statistics, order history and redelivery, dead letters;
 //!   - the loops: the [`Dispatcher`] and the [`Supervisor`] that runs one per registered
-//!     queue, the [`Worker`] (and [`MultiWorker`] over several queues), recurring
+//!     queue, the [`Worker`] (and [`MultiWorker`] over several queues), the [`Puller`] (a
+//!     group consumed by receive and ack, with receipts), recurring
 //!     [`Schedules`] and their [`Scheduler`], the maintenance services. No loop imports
 //!     another.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
@@ -99,8 +100,8 @@ pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, S
 pub use engine::time_rules::{Debounce, DebounceState, DedupWindow};
 pub use engine::trace::{ConsumerSpan, TraceContext};
 pub use engine::worker::{
-    Delivery, DeliveryFlag, Handler, HandlerError, HandlerResult, Hooks, MultiWorker, NoHooks,
-    Worker, WorkerOptions, WorkerStats,
+    Delivery, DeliveryFlag, Extended, Handler, HandlerError, HandlerResult, Hooks, MultiWorker,
+    Nack, NoHooks, PullDelivery, Puller, Settled, Worker, WorkerOptions, WorkerStats,
 };
 #[cfg(feature = "orders")]
 pub use orders::close::OrderClose;

@@ -420,6 +420,13 @@ pub enum InvalidInput {
         /// Why it was refused.
         reason: String,
     },
+    /// A pull receipt that this puller did not issue (malformed, altered, forged, or of
+    /// another group or puller).
+    #[error("invalid receipt: {reason}")]
+    Receipt {
+        /// Why it was refused.
+        reason: &'static str,
+    },
     /// A batch with more messages than one call accepts.
     #[error("{size} messages; at most {limit} per call")]
     BatchTooLarge {
@@ -457,6 +464,7 @@ impl InvalidInput {
             InvalidInput::Option { .. } => "invalid_option",
             InvalidInput::Selection { .. } => "invalid_body",
             InvalidInput::Priority { .. } => "invalid_priority",
+            InvalidInput::Receipt { .. } => "invalid_receipt",
             InvalidInput::BatchTooLarge { .. } => "batch_too_large",
             InvalidInput::InBatch { source, .. } => source.code(),
         }

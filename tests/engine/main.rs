@@ -19,6 +19,7 @@ mod history;
 mod housekeeping;
 mod ownership;
 mod priorities;
+mod pull;
 mod registry;
 mod schedules;
 mod shards;

@@ -15,6 +15,7 @@ mod http;
 mod observability;
 mod orders;
 mod production;
+mod pull;
 mod reference;
 mod schema;
 mod serve;

@@ -23,7 +23,9 @@ mod expire;
 mod handler;
 mod multi;
 mod options;
+mod pull;
 mod reader;
+mod receipt;
 mod reclaim;
 mod settle;
 
@@ -33,6 +35,9 @@ pub use handler::{
 };
 pub use multi::{MAX_QUEUES_PER_HANDLER, MultiWorker, check_queues};
 pub use options::WorkerOptions;
+pub use pull::{
+    Extended, MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MIN_LEASE, Nack, PullDelivery, Puller, Settled,
+};
 
 use crate::engine::client::Client;
 use crate::engine::error::{Error, Result};
@@ -99,6 +104,47 @@ pub(super) fn lane_index(shard: u16, p: Priority) -> u16 {
 }
 
 impl<H> Shared<H> {
+    /// What a worker (or a [`Puller`]) of group `group` on `queue` shares, with the
+    /// arguments checked.
+    fn new(
+        client: &Client,
+        queue: &str,
+        group: &str,
+        handler: H,
+        opts: WorkerOptions,
+    ) -> Result<Self> {
+        let queue = QueueName::new(queue)?;
+        validate_member_name("group", group)?;
+        let consumer = opts.consumer.clone().unwrap_or_else(default_consumer_name);
+        validate_member_name("consumer", &consumer)?;
+        opts.validate()?;
+        let pause = crate::engine::flow::QueueWatch::new(queue.clone(), Some(group.to_owned()));
+        Ok(Shared {
+            lanes: client
+                .queue_keys(&queue)
+                .iter()
+                .flat_map(ShardKeys::lanes)
+                .collect(),
+            client: client.clone(),
+            queue,
+            group: group.to_owned(),
+            consumer,
+            handler,
+            hooks: Arc::new(NoHooks),
+            has_hooks: false,
+            metrics: std::sync::OnceLock::new(),
+            sem: Arc::new(Semaphore::new(opts.concurrency)),
+            taken: Arc::new(Semaphore::new(opts.taken_limit())),
+            opts,
+            stats: Arc::new(WorkerStats::default()),
+            leases: Arc::default(),
+            stopping: CancellationToken::new(),
+            pause,
+            epoch: std::sync::Mutex::new(None),
+            gate: None,
+        })
+    }
+
     /// The keys of shard `shard`'s lane of level `p`.
     fn lane(&self, shard: u16, p: Priority) -> &ShardKeys {
         &self.lanes[usize::from(lane_index(shard, p))]
@@ -164,37 +210,8 @@ impl<H: Handler> Worker<H> {
         handler: H,
         opts: WorkerOptions,
     ) -> Result<Self> {
-        let queue = QueueName::new(queue)?;
-        validate_member_name("group", group)?;
-        let consumer = opts.consumer.clone().unwrap_or_else(default_consumer_name);
-        validate_member_name("consumer", &consumer)?;
-        opts.validate()?;
-        let pause = crate::engine::flow::QueueWatch::new(queue.clone(), Some(group.to_owned()));
         Ok(Worker {
-            shared: Arc::new(Shared {
-                lanes: client
-                    .queue_keys(&queue)
-                    .iter()
-                    .flat_map(ShardKeys::lanes)
-                    .collect(),
-                client: client.clone(),
-                queue,
-                group: group.to_owned(),
-                consumer,
-                handler,
-                hooks: Arc::new(NoHooks),
-                has_hooks: false,
-                metrics: std::sync::OnceLock::new(),
-                sem: Arc::new(Semaphore::new(opts.concurrency)),
-                taken: Arc::new(Semaphore::new(opts.taken_limit())),
-                opts,
-                stats: Arc::new(WorkerStats::default()),
-                leases: Arc::default(),
-                stopping: CancellationToken::new(),
-                pause,
-                epoch: std::sync::Mutex::new(None),
-                gate: None,
-            }),
+            shared: Arc::new(Shared::new(client, queue, group, handler, opts)?),
         })
     }
 

@@ -138,7 +138,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
 
 /// The shards whose earliest timer is due at `now` (one `ZRANGE ... 0 0` each, in flight
 /// together, no permit held); lowers `next_look` to the earliest timer not yet due.
-async fn due_shards<H>(s: &Shared<H>, now: i64, next_look: &mut i64) -> Vec<usize> {
+pub(super) async fn due_shards<H>(s: &Shared<H>, now: i64, next_look: &mut i64) -> Vec<usize> {
     let firsts = futures_util::future::join_all(s.lanes.iter().map(|k| {
         let mut conn = s.client.connection();
         let key = k.timers(&s.group);
@@ -232,7 +232,7 @@ async fn give_back<H>(s: &Shared<H>, keys: &ShardKeys, entry_id: &str, lease_unt
 /// What one `reclaim.lua` call returns: the claimed entries, the shard's next due timer
 /// (unix ms), the pending entries whose stream entry is gone, and the held entries leased
 /// again.
-type Claim = (
+pub(super) type Claim = (
     Vec<(String, Fields, u32)>,
     Option<i64>,
     Vec<(String, String, u32)>,
@@ -241,7 +241,7 @@ type Claim = (
 
 /// Claims up to `count` due timers of one shard, leasing again those of `held` that are
 /// due. `None` (logged) when the call failed.
-async fn claim<H>(
+pub(super) async fn claim<H>(
     s: &Shared<H>,
     keys: &ShardKeys,
     now: i64,

@@ -96,20 +96,7 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         });
         return;
     }
-    // The on-time promise is measured on first deliveries only; redeliveries (a retry or a
-    // reclaim, a replay, a reconciliation) have their own histogram, by reason.
-    let late_us = s.client.clock().now_us() - d.due_at_ms * 1000;
-    let late_s = late_us as f64 / 1e6;
-    match (&for_group, d.attempt) {
-        (None, 1) => s.metrics().lateness(d.priority, late_s),
-        (None, _) => s.metrics().redelivery_age(Redelivery::Retry, late_s),
-        // A reconciliation sends an order due at the moment it sends it; a replay keeps
-        // the order's due time.
-        (Some(_), _) if d.due_at_ms >= d.dispatched_at_ms => {
-            s.metrics().redelivery_age(Redelivery::Reconcile, late_s);
-        }
-        (Some(_), _) => s.metrics().redelivery_age(Redelivery::Replay, late_s),
-    }
+    let late_us = delivery_metrics(s, &d, for_group.is_some());
     // The delivery's `process` span (free when nothing records it): the handler, its SQL
     // and its webhook call, and the settlement run inside it.
     let span = trace::process_span(&trace::Process {
@@ -127,6 +114,26 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         .await;
 }
 
+/// Records how late `d` is handed to the group (`replayed`: a dead-letter replay or a
+/// reconciliation); returns the lateness, µs. The on-time promise is measured on first
+/// deliveries only; redeliveries (a retry or a reclaim, a replay, a reconciliation) have
+/// their own histogram, by reason.
+pub(super) fn delivery_metrics<H>(s: &Shared<H>, d: &Delivery, replayed: bool) -> i64 {
+    let late_us = s.client.clock().now_us() - d.due_at_ms * 1000;
+    let late_s = late_us as f64 / 1e6;
+    match (replayed, d.attempt) {
+        (false, 1) => s.metrics().lateness(d.priority, late_s),
+        (false, _) => s.metrics().redelivery_age(Redelivery::Retry, late_s),
+        // A reconciliation sends an order due at the moment it sends it; a replay keeps
+        // the order's due time.
+        (true, _) if d.due_at_ms >= d.dispatched_at_ms => {
+            s.metrics().redelivery_age(Redelivery::Reconcile, late_s);
+        }
+        (true, _) => s.metrics().redelivery_age(Redelivery::Replay, late_s),
+    }
+    late_us
+}
+
 /// Runs the handler on `d` and settles its entry: ack, retry or dead letter; the outcome
 /// is recorded on `span`.
 async fn handle_and_settle<H: Handler>(
@@ -140,10 +147,7 @@ async fn handle_and_settle<H: Handler>(
     // the few fields that name the entry.
     let (d, outcome) = if d.attempt > s.opts.max_attempts {
         // Delivered more often than allowed without a result: its consumers kept dying.
-        let e = HandlerError::permanent(format!(
-            "delivered {} times without a result (consumers crashed or lost their lease)",
-            d.attempt
-        ));
+        let e = HandlerError::permanent(exhausted(d.attempt));
         (d, Err(e))
     } else if s.has_hooks {
         let r = run_handler(&s.handler, d.clone(), s.opts.handler_timeout, &s.stats).await;
@@ -180,6 +184,12 @@ async fn handle_and_settle<H: Handler>(
     }
 }
 
+/// Why an entry delivered `attempt` times, more than the group's `max_attempts`, is
+/// dead-lettered without being handled.
+pub(super) fn exhausted(attempt: u32) -> String {
+    format!("delivered {attempt} times without a result (consumers crashed or lost their lease)")
+}
+
 /// Runs a hook; a panic in it is logged and otherwise ignored (the entry is settled all the
 /// same).
 fn hook<H>(s: &Shared<H>, name: &'static str, f: impl FnOnce()) {
@@ -190,8 +200,13 @@ fn hook<H>(s: &Shared<H>, name: &'static str, f: impl FnOnce()) {
 }
 
 /// A failed attempt with attempts left: `retry.lua` moves the entry's timer to the next
-/// attempt. The caller released the lease.
-async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Duration) {
+/// attempt. The caller released the lease. True when the retry was scheduled.
+pub(super) async fn settle_retry<H>(
+    s: &Shared<H>,
+    d: &Delivery,
+    message: &str,
+    delay: Duration,
+) -> bool {
     handled_metric(s, "retry");
     hook(s, "on_failure", || {
         s.hooks.on_failure(d, message, Some(delay))
@@ -210,17 +225,29 @@ async fn settle_retry<H>(s: &Shared<H>, d: &Delivery, message: &str, delay: Dura
         Ok(true) => {
             s.stats.retried.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(id = ?d.id, attempt = d.attempt, ?delay, "retry scheduled");
+            true
         }
-        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
+        Ok(false) => {
+            tracing::debug!(id = ?d.id, "entry taken over by another consumer");
+            false
+        }
         // The lease stays as it was: the entry is retried when it runs out.
-        Err(e) => tracing::warn!(id = ?d.id, error = %e, "could not schedule the retry"),
+        Err(e) => {
+            tracing::warn!(id = ?d.id, error = %e, "could not schedule the retry");
+            false
+        }
     }
 }
 
 /// A permanent failure, the last attempt, or an entry that cannot be handled: `dead.lua`
 /// moves the entry to the dead-letter stream and acknowledges it. Hooks run only for
-/// entries a handler saw. The caller released the lease.
-async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool) {
+/// entries a handler saw. The caller released the lease. True when it was dead-lettered.
+pub(super) async fn settle_dead<H>(
+    s: &Shared<H>,
+    d: &Delivery,
+    message: &str,
+    hooks: bool,
+) -> bool {
     if hooks {
         hook(s, "on_failure", || s.hooks.on_failure(d, message, None));
     }
@@ -232,10 +259,15 @@ async fn settle_dead<H>(s: &Shared<H>, d: &Delivery, message: &str, hooks: bool)
             if hooks {
                 hook(s, "on_dead", || s.hooks.on_dead(d, message));
             }
+            true
         }
-        Ok(false) => tracing::debug!(id = ?d.id, "entry taken over by another consumer"),
+        Ok(false) => {
+            tracing::debug!(id = ?d.id, "entry taken over by another consumer");
+            false
+        }
         Err(e) => {
-            tracing::warn!(id = ?d.id, error = %e, "could not dead-letter; it stays pending")
+            tracing::warn!(id = ?d.id, error = %e, "could not dead-letter; it stays pending");
+            false
         }
     }
 }
@@ -280,7 +312,7 @@ async fn dead_letter<H>(
 /// reason `expired`, and counts it; the handler never sees it. A dead-lettering that fails
 /// leaves the entry pending: its lease runs out and the next hand-off judges it again. The
 /// caller released the lease.
-async fn settle_expired<H>(s: &Shared<H>, d: &Delivery, late_ms: i64, limit_ms: i64) {
+pub(super) async fn settle_expired<H>(s: &Shared<H>, d: &Delivery, late_ms: i64, limit_ms: i64) {
     let error = crate::engine::expiry::error_text(late_ms, limit_ms);
     let lane = s.lane(d.shard, d.priority);
     let owner = &s.consumer;
@@ -333,7 +365,7 @@ pub(super) async fn settle_missing<H>(
     }
 }
 
-fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
+pub(super) fn handled_metric<H>(s: &Shared<H>, outcome: &'static str) {
     s.metrics().handled(outcome);
 }
 
@@ -473,7 +505,7 @@ const OWNED_SLACK: usize = 256;
 /// timers' `ZREM` and the error records' `HDEL` (plain commands cost less Redis time than a
 /// script call; a crash between them only leaves a stale timer, which `reclaim.lua` drops).
 /// Entries that needed several attempts also leave the history marker `a<attempts>`.
-fn ack_pipeline(
+pub(super) fn ack_pipeline(
     keys: &ShardKeys,
     group: &str,
     consumer: &str,
@@ -532,7 +564,7 @@ fn id_range<'a>(ids: &[&'a str]) -> (&'a str, &'a str) {
 /// ownership check's reply (its pending entries over the batch's range, in id order). When
 /// the reply was cut at its count, ids past its last one are not judged (never counted
 /// late without proof).
-fn late_acks(entries: &[(String, u32)], owned: Option<redis::Value>) -> u64 {
+pub(super) fn late_acks(entries: &[(String, u32)], owned: Option<redis::Value>) -> u64 {
     let Some(redis::Value::Array(rows)) = owned else {
         return 0;
     };

@@ -125,7 +125,7 @@ impl From<Error> for ApiError {
             e @ Error::ShardMismatch { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "shard_mismatch", e.to_string())
             }
-            e @ Error::GroupNotFound { .. } => {
+            e @ (Error::GroupNotFound { .. } | Error::GroupDeleted { .. }) => {
                 ApiError::new(StatusCode::NOT_FOUND, "group_not_found", e.to_string())
             }
             e @ Error::GroupBusy { .. } => {

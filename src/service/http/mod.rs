@@ -9,6 +9,8 @@
 //! - [`edge`]: the envelope for framework rejections, size limits, bearer tokens, body and
 //!   request deadlines.
 //! - [`messages`], [`queues`]: the handlers.
+//! - `pull`: pull consumption (`/v1/queues/{queue}/groups/{group}:receive`, `:ack`,
+//!   `:nack`, `:extend`) over the library's `Puller`.
 //! - `schedules`: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
 //! - [`clients`]: who is calling, and failed authentications per client.
 //! - [`limits`]: [`HttpLimits`], the edge's limits and their one set of defaults.
@@ -21,6 +23,7 @@ pub mod error;
 pub mod limits;
 mod messages;
 mod openapi;
+mod pull;
 mod queues;
 mod schedules;
 pub mod server;
@@ -58,6 +61,8 @@ pub struct AppState {
     /// The last rendered `/metrics` text and when it was made: refreshed at most once per
     /// second whatever the scrape rate, and served to every scraper as shared bytes.
     metrics_cache: Arc<MetricsCache>,
+    /// The pull consumers of this process, one per (queue, group), and the receipt key.
+    pullers: Arc<pull::Pullers>,
 }
 
 /// What a dashboard session cookie is worth now (see [`AppState::session_ok`]).
@@ -126,6 +131,7 @@ impl AppState {
         AppState {
             admin: Admin::new(client),
             sessions: Arc::new(crate::service::ui::session::Sessions::new(&tokens)),
+            pullers: Arc::new(pull::Pullers::new(&tokens)),
             tokens: Arc::new(tokens),
             limits: Arc::new(HttpLimits::default()),
             timing: None,
@@ -226,7 +232,7 @@ pub fn app(state: AppState) -> Router {
         )
         .route(
             "/v1/queues/{queue}/groups/{group}",
-            delete(queues::delete_group),
+            delete(queues::delete_group).post(pull::group_action),
         )
         .route(
             "/v1/queues/{queue}/messages/{id}",

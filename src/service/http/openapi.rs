@@ -208,8 +208,69 @@ fn schemas() -> Value {
             "points": {"type": "array", "items": object(
                 &["at_ms", "scheduled_per_s", "dispatched_per_s", "acked_per_s", "late_p50_ms", "late_p99_ms"],
                 json!({"at_ms": int(), "scheduled_per_s": {"type": "number"}, "dispatched_per_s": {"type": "number"},
-                       "acked_per_s": {"type": "number"}, "late_p50_ms": nullable("number"), "late_p99_ms": nullable("number")}))}}))
+                       "acked_per_s": {"type": "number"}, "late_p50_ms": nullable("number"), "late_p99_ms": nullable("number")}))}})),
+        "PullAction": pull_action(),
+        "PullAnswer": pull_answer()
     })
+}
+
+/// The bodies of `POST /v1/queues/{queue}/groups/{group}:receive`, `:ack`, `:nack` and
+/// `:extend` (one per action), with the engine's limits.
+fn pull_action() -> Value {
+    use crate::engine::worker::{MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MIN_LEASE};
+    let lease = json!({"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis()});
+    let receipts = json!({"type": "array", "minItems": 1, "maxItems": MAX_RECEIPTS, "items": {"type": "string"}});
+    let strict = |mut o: Value| {
+        if let Some(m) = o.as_object_mut() {
+            m.insert("additionalProperties".into(), json!(false));
+        }
+        o
+    };
+    json!({"oneOf": [
+        strict(object(&[], json!({
+            "max": {"type": "integer", "minimum": 1, "maximum": MAX_RECEIVE, "description": ":receive: most deliveries (default 1)"},
+            "wait_ms": {"type": "integer", "minimum": 0, "maximum": 0, "description": "long polling is not implemented yet: 0 or absent"},
+            "lease_ms": {"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis(),
+                "description": format!("the lease (default {} ms)", crate::service::http::pull::DEFAULT_LEASE_MS)}}))),
+        strict(object(&["receipts"], json!({"receipts": receipts.clone()}))),
+        strict(object(&["receipt"], json!({"receipt": {"type": "string"},
+            "retry_in_ms": {"type": "integer", "minimum": 0, "maximum": MAX_LEASE.as_millis(), "description": "default: the group's backoff"},
+            "dead": {"type": "boolean", "description": "straight to the dead letters (not with retry_in_ms)"},
+            "error": {"type": "string"}}))),
+        strict(object(&["receipts", "lease_ms"], json!({"receipts": receipts, "lease_ms": lease})))
+    ]})
+}
+
+/// The answers of the pull actions: deliveries (`:receive`), one result per receipt
+/// (`:ack`, `:extend`), or a status (`:nack`).
+fn pull_answer() -> Value {
+    let delivery = object(
+        &[
+            "id",
+            "payload",
+            "priority",
+            "attempt",
+            "due_at_ms",
+            "dispatched_at_ms",
+            "receipt",
+            "lease_until_ms",
+        ],
+        json!({"id": {"type": "string"}, "payload": {"description": "byte for byte as scheduled"},
+               "priority": priority(), "attempt": int(), "due_at_ms": int(), "dispatched_at_ms": int(),
+               "enqueued_at_ms": int(), "traceparent": {"type": "string"}, "tracestate": {"type": "string"},
+               "receipt": {"type": "string", "description": "opaque; settles this delivery while its lease holds"},
+               "lease_until_ms": int()}),
+    );
+    let result = object(
+        &["status"],
+        json!({"status": {"type": "string", "enum": ["acked", "extended", "lease_lost"]},
+        "receipt": {"type": "string", "description": "the new receipt (extended)"}}),
+    );
+    json!({"oneOf": [
+        object(&["deliveries"], json!({"deliveries": {"type": "array", "items": delivery}})),
+        object(&["results"], json!({"results": {"type": "array", "items": result}})),
+        object(&["status"], json!({"status": {"type": "string", "enum": ["settled"]}}))
+    ]})
 }
 
 /// The body of `PUT /v1/queues/{queue}/schedules/{id}`: exactly one of `cron` and `every`.
@@ -353,7 +414,9 @@ fn paths() -> Value {
         },
         "/v1/queues/{queue}/groups/{group}": {
             "delete": op("Delete a consumer group (409 group_busy while a consumer read in the last minute, unless forced)", vec![&q, &g, &force], None,
-                json!({"200": ok("deleted", "GroupDeleted")}))
+                json!({"200": ok("deleted", "GroupDeleted")})),
+            "post": op("Pull consumption: `{group}:receive` (up to `max` deliveries, each leased for `lease_ms`, with a receipt; the group is joined on its first receive), `{group}:ack` (`receipts`), `{group}:nack` (`receipt`; retried after `retry_in_ms` or the group's backoff, or `dead` with `error`), `{group}:extend` (`receipts`, `lease_ms`: new receipts). 409 lease_lost when no receipt's lease holds any more (ran out and taken over, or settled); 400 invalid_receipt for a receipt this deployment did not issue for this group",
+                vec![&q, &g], Some("PullAction"), json!({"200": ok("deliveries, one result per receipt, or a status", "PullAnswer")}))
         },
         "/v1/queues/{queue}/stats": {"get": op("Statistics", vec![&q], None, json!({"200": ok("as delayq stats --json", "Stats")}))},
         "/v1/stats": {"get": op("Statistics of every registered queue, paged by name, with totals", vec![&stats_limit, &after], None, json!({"200": ok("as delayq stats --json", "Stats")}))},

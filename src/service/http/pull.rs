@@ -1,0 +1,332 @@
+//! Pull consumption over HTTP: `POST /v1/queues/{queue}/groups/{group}:receive`, `:ack`,
+//! `:nack` and `:extend`, each a call of the library's [`Puller`] (the worker's own scripts:
+//! see `engine::worker::pull`).
+//!
+//! Every `delayq serve` process consumes as the consumer `http` and signs receipts with a
+//! key derived from the API tokens, so a receipt issued by one process of a deployment is
+//! honoured by the others. The queue must be registered (404 otherwise); the group is
+//! joined on its first receive, as a starting worker joins it. Long polling (`wait_ms`
+//! above 0) is not implemented yet: such a receive is refused (400).
+
+use super::AppState;
+use super::error::{ApiError, ApiResult};
+use super::messages::json_body;
+use crate::engine::error::Error;
+use crate::engine::keys::QueueName;
+use crate::engine::worker::{
+    Extended, MAX_LEASE, MAX_RECEIVE, MIN_LEASE, Nack, PullDelivery, Puller, Settled, WorkerOptions,
+};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The consumer name of every HTTP pull (one per deployment: receipts move between
+/// processes).
+pub const CONSUMER: &str = "http";
+/// The lease of a receive that names none.
+pub const DEFAULT_LEASE_MS: u64 = 30_000;
+/// Most (queue, group) pullers kept; past it the map starts again (a puller holds no
+/// state a receipt needs: any puller of the same group takes its receipts).
+const MAX_PULLERS: usize = 1024;
+
+/// The pullers of this process, one per (queue, group), made on first use.
+pub(crate) struct Pullers {
+    map: Mutex<HashMap<(String, String), Arc<Puller>>>,
+    /// The receipt key: derived from the API tokens (random without tokens; empty only
+    /// when the operating system gave no random bytes, then each puller keeps its own).
+    key: Vec<u8>,
+}
+
+impl Pullers {
+    /// Pullers signing with a key derived from `tokens`.
+    pub(crate) fn new(tokens: &[String]) -> Self {
+        let key = if tokens.is_empty() {
+            // This process's pullers' own random key (receipts then stay with it).
+            Puller::random_key().unwrap_or_default()
+        } else {
+            let mut h = Sha256::new();
+            h.update(b"delayq-pull-receipts\0");
+            for t in tokens {
+                h.update(t.as_bytes());
+                h.update(b"\0");
+            }
+            h.finalize().to_vec()
+        };
+        Pullers {
+            map: Mutex::default(),
+            key,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Puller>>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The puller of `queue`/`group`: 404 when the queue is not registered. No lock is held
+/// across the registry lookup.
+async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Arc<Puller>> {
+    let k = (queue.to_owned(), group.to_owned());
+    if let Some(p) = st.pullers.lock().get(&k) {
+        return Ok(p.clone());
+    }
+    let client = st.admin.client();
+    let q = QueueName::new(queue).map_err(Error::from)?;
+    if client.lookup(&q).await?.is_none() {
+        return Err(Error::QueueNotFound {
+            queue: queue.to_owned(),
+        }
+        .into());
+    }
+    let opts = WorkerOptions::default().consumer(CONSUMER);
+    let mut p = Puller::for_registered(client, queue, group, opts)?;
+    if !st.pullers.key.is_empty() {
+        p = p.with_key(st.pullers.key.clone());
+    }
+    let p = Arc::new(p);
+    let mut map = st.pullers.lock();
+    if map.len() >= MAX_PULLERS {
+        map.clear();
+    }
+    Ok(map.entry(k).or_insert(p).clone())
+}
+
+/// `POST .../{group}:receive` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReceiveBody {
+    max: Option<usize>,
+    wait_ms: Option<u64>,
+    lease_ms: Option<u64>,
+}
+
+/// `POST .../{group}:ack` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBody {
+    receipts: Vec<String>,
+}
+
+/// `POST .../{group}:nack` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NackBody {
+    receipt: String,
+    retry_in_ms: Option<u64>,
+    #[serde(default)]
+    dead: bool,
+    error: Option<String>,
+}
+
+/// `POST .../{group}:extend` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    receipts: Vec<String>,
+    lease_ms: u64,
+}
+
+/// One delivery as `:receive` answers it.
+#[derive(Serialize)]
+struct DeliveryOut {
+    id: String,
+    /// Byte for byte as scheduled.
+    payload: Box<serde_json::value::RawValue>,
+    priority: &'static str,
+    attempt: u32,
+    due_at_ms: i64,
+    dispatched_at_ms: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enqueued_at_ms: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tracestate: Option<String>,
+    receipt: String,
+    lease_until_ms: i64,
+}
+
+impl From<PullDelivery> for DeliveryOut {
+    fn from(p: PullDelivery) -> Self {
+        let d = p.delivery;
+        DeliveryOut {
+            payload: crate::engine::message::raw_json(&d.payload_text),
+            id: d.id,
+            priority: d.priority.as_str(),
+            attempt: d.attempt,
+            due_at_ms: d.due_at_ms,
+            dispatched_at_ms: d.dispatched_at_ms,
+            enqueued_at_ms: d.enqueued_at_ms,
+            traceparent: d.trace.as_ref().map(|t| t.traceparent().to_owned()),
+            tracestate: d
+                .trace
+                .as_ref()
+                .and_then(|t| t.tracestate().map(str::to_owned)),
+            receipt: p.receipt,
+            lease_until_ms: p.lease_until_ms,
+        }
+    }
+}
+
+/// One receipt's result in an `:ack` or `:extend` answer.
+#[derive(Serialize)]
+struct ReceiptResult {
+    /// `acked`, `extended` or `lease_lost`.
+    status: &'static str,
+    /// The delivery's new receipt (extended only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    receipt: Option<String>,
+}
+
+fn lease_lost() -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "lease_lost",
+        "the receipt's lease ran out and the delivery was taken over (or it was settled already); nothing was changed",
+    )
+}
+
+fn bad_option(field: &'static str, reason: String) -> ApiError {
+    Error::from(crate::engine::error::InvalidInput::Option {
+        name: field,
+        reason,
+    })
+    .into()
+}
+
+fn ms_of(field: &'static str, ms: u64) -> ApiResult<Duration> {
+    let d = Duration::from_millis(ms);
+    if d < MIN_LEASE || d > MAX_LEASE {
+        return Err(bad_option(
+            field,
+            format!(
+                "{ms} ms is outside {}..={} ms",
+                MIN_LEASE.as_millis(),
+                MAX_LEASE.as_millis()
+            ),
+        ));
+    }
+    Ok(d)
+}
+
+/// `POST /v1/queues/{queue}/groups/{group}:receive|:ack|:nack|:extend`.
+pub(super) async fn group_action(
+    State(st): State<AppState>,
+    Path((queue, target)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let Some((group, action)) = target.rsplit_once(':') else {
+        return Err(no_route());
+    };
+    match action {
+        "receive" => receive(&st, &queue, group, json_body(body)?).await,
+        "ack" => ack(&st, &queue, group, json_body(body)?).await,
+        "nack" => nack(&st, &queue, group, json_body(body)?).await,
+        "extend" => extend(&st, &queue, group, json_body(body)?).await,
+        _ => Err(no_route()),
+    }
+}
+
+fn no_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such route (POST /v1/queues/{queue}/groups/{group}:receive, :ack, :nack or :extend)",
+    )
+}
+
+async fn receive(st: &AppState, queue: &str, group: &str, b: ReceiveBody) -> ApiResult<Response> {
+    let max = b.max.unwrap_or(1);
+    if max == 0 || max > MAX_RECEIVE {
+        return Err(bad_option("max", format!("{max}; 1..={MAX_RECEIVE}")));
+    }
+    if b.wait_ms.is_some_and(|w| w > 0) {
+        return Err(bad_option(
+            "wait_ms",
+            "long polling is not implemented yet: send 0 (or leave it out) and poll".into(),
+        ));
+    }
+    let lease = ms_of("lease_ms", b.lease_ms.unwrap_or(DEFAULT_LEASE_MS))?;
+    let p = puller(st, queue, group).await?;
+    let got = p.receive(max, lease).await?;
+    let deliveries: Vec<DeliveryOut> = got.into_iter().map(DeliveryOut::from).collect();
+    Ok(Json(serde_json::json!({ "deliveries": deliveries })).into_response())
+}
+
+async fn ack(st: &AppState, queue: &str, group: &str, b: AckBody) -> ApiResult<Response> {
+    let p = puller(st, queue, group).await?;
+    let receipts: Vec<&str> = b.receipts.iter().map(String::as_str).collect();
+    let settled = p.ack(&receipts).await?;
+    if settled.iter().all(|s| *s == Settled::LeaseLost) {
+        return Err(lease_lost());
+    }
+    let results: Vec<ReceiptResult> = settled
+        .iter()
+        .map(|s| ReceiptResult {
+            status: if *s == Settled::Done {
+                "acked"
+            } else {
+                "lease_lost"
+            },
+            receipt: None,
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "results": results })).into_response())
+}
+
+async fn nack(st: &AppState, queue: &str, group: &str, b: NackBody) -> ApiResult<Response> {
+    let error = b
+        .error
+        .unwrap_or_else(|| "nacked by the consumer".to_owned());
+    let how = if b.dead {
+        if b.retry_in_ms.is_some() {
+            return Err(bad_option(
+                "retry_in_ms",
+                "not with dead: a dead letter is not retried".into(),
+            ));
+        }
+        Nack::Dead { error }
+    } else {
+        Nack::Retry {
+            after: b.retry_in_ms.map(Duration::from_millis),
+            error,
+        }
+    };
+    let p = puller(st, queue, group).await?;
+    match p.nack(&b.receipt, how).await? {
+        Settled::LeaseLost => Err(lease_lost()),
+        _ => Ok(Json(serde_json::json!({ "status": "settled" })).into_response()),
+    }
+}
+
+async fn extend(st: &AppState, queue: &str, group: &str, b: ExtendBody) -> ApiResult<Response> {
+    let lease = ms_of("lease_ms", b.lease_ms)?;
+    let p = puller(st, queue, group).await?;
+    let receipts: Vec<&str> = b.receipts.iter().map(String::as_str).collect();
+    let extended = p.extend(&receipts, lease).await?;
+    if extended.iter().all(|e| *e == Extended::LeaseLost) {
+        return Err(lease_lost());
+    }
+    let results: Vec<ReceiptResult> = extended
+        .into_iter()
+        .map(|e| match e {
+            Extended::Receipt(r) => ReceiptResult {
+                status: "extended",
+                receipt: Some(r),
+            },
+            _ => ReceiptResult {
+                status: "lease_lost",
+                receipt: None,
+            },
+        })
+        .collect();
+    Ok(Json(serde_json::json!({ "results": results })).into_response())
+}

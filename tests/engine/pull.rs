@@ -1,0 +1,346 @@
+//! Pull consumption ([`Puller`]): receive with a lease, ack/nack/extend by receipt, through
+//! the worker's own scripts (reclaim of a lease that ran out, retries, `max_attempts`, dead
+//! letters); stale and forged receipts are refused.
+#![allow(clippy::unwrap_used)]
+
+use crate::support;
+
+use delayq::{
+    Client, Dispatcher, DispatcherOptions, Extended, Nack, PullDelivery, Puller, Settled, When,
+    WorkerOptions,
+};
+use serde_json::json;
+use std::time::Duration;
+use support::{pending, poll, raw, snapshot, start};
+
+const Q: &str = "order-close";
+const G: &str = "close";
+const STREAM: &str = "{dq:order-close:0}:stream";
+const TIMERS: &str = "{dq:order-close:0}:timers:close";
+/// How long a condition may take to come true before a test fails.
+const WAIT: Duration = Duration::from_secs(10);
+const LONG: Duration = Duration::from_secs(60);
+
+fn puller(client: &Client, consumer: &str, opts: WorkerOptions) -> Puller {
+    Puller::new(client, Q, G, opts.consumer(consumer)).unwrap()
+}
+
+/// Schedules `n` orders due now and moves them into the stream.
+async fn due_now(client: &Client, n: usize) {
+    for i in 0..n {
+        client
+            .schedule(
+                Q,
+                &format!("o-{i}"),
+                When::in_ms(0),
+                json!({"n": i, "s": "é ✓"}),
+            )
+            .await
+            .unwrap();
+    }
+    Dispatcher::new(client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+}
+
+/// Receives until one delivery comes (a retry or a taken-over lease comes due when its
+/// timer does).
+async fn receive_one(p: &Puller, lease: Duration) -> PullDelivery {
+    poll(WAIT, || async {
+        p.receive(1, lease).await.unwrap().into_iter().next()
+    })
+    .await
+    .expect("a delivery")
+}
+
+async fn timers(client: &Client) -> i64 {
+    raw(client, &["ZCARD", TIMERS]).await
+}
+
+#[tokio::test]
+async fn receive_then_ack_empties_the_pending_list_and_nothing_is_acked_twice() {
+    let (_s, client) = start().await;
+    let p = puller(&client, "a", WorkerOptions::default());
+    p.ensure_groups().await.unwrap();
+    due_now(&client, 5).await;
+    let got = p.receive(10, LONG).await.unwrap();
+    assert_eq!(got.len(), 5);
+    let mut ids: Vec<&str> = got.iter().map(|d| d.delivery.id.as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["o-0", "o-1", "o-2", "o-3", "o-4"]);
+    for d in &got {
+        let n: u64 = d.delivery.id[2..].parse().unwrap();
+        assert_eq!(
+            d.delivery.payload_text,
+            json!({"n": n, "s": "é ✓"}).to_string(),
+            "the payload byte for byte"
+        );
+        assert_eq!(d.delivery.attempt, 1);
+        assert!(d.lease_until_ms > client.now_ms());
+    }
+    assert_eq!(pending(&client, STREAM, G).await, 5);
+    assert_eq!(timers(&client).await, 5, "each delivery is leased");
+    assert!(
+        p.receive(10, LONG).await.unwrap().is_empty(),
+        "nothing else is due"
+    );
+
+    let receipts: Vec<&str> = got.iter().map(|d| d.receipt.as_str()).collect();
+    let settled = p.ack(&receipts).await.unwrap();
+    assert_eq!(settled, vec![Settled::Done; 5]);
+    assert_eq!(pending(&client, STREAM, G).await, 0);
+    assert_eq!(timers(&client).await, 0);
+    assert_eq!(
+        p.stats().acked.load(std::sync::atomic::Ordering::Relaxed),
+        5
+    );
+    // Acknowledged already: refused, not acknowledged again.
+    let again = p.ack(&receipts[..1]).await.unwrap();
+    assert_eq!(again, vec![Settled::LeaseLost]);
+    assert_eq!(
+        p.stats().acked.load(std::sync::atomic::Ordering::Relaxed),
+        5
+    );
+}
+
+#[tokio::test]
+async fn a_lease_that_runs_out_goes_to_another_consumer_and_the_first_receipt_is_lease_lost() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    let b = puller(&client, "b", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    due_now(&client, 1).await;
+    let first = a.receive(1, Duration::from_millis(200)).await.unwrap();
+    assert_eq!(first.len(), 1);
+    let first = &first[0];
+    // B gets it once A's lease has run out: attempt 2.
+    let second = receive_one(&b, LONG).await;
+    assert_eq!(second.delivery.id, "o-0");
+    assert_eq!(second.delivery.attempt, 2);
+    let owner: redis::Value = raw(&client, &["XPENDING", STREAM, G, "-", "+", "10"]).await;
+    assert!(format!("{owner:?}").contains("\"b\""), "{owner:?}");
+
+    // A's receipt no longer settles anything.
+    assert_eq!(
+        a.ack(&[&first.receipt]).await.unwrap(),
+        vec![Settled::LeaseLost]
+    );
+    assert_eq!(
+        a.stats()
+            .late_acks
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the late ack is counted"
+    );
+    let dead = Nack::Dead {
+        error: "late".into(),
+    };
+    assert_eq!(
+        a.nack(&first.receipt, dead).await.unwrap(),
+        Settled::LeaseLost
+    );
+    assert_eq!(
+        a.extend(&[&first.receipt], LONG).await.unwrap(),
+        vec![Extended::LeaseLost]
+    );
+    assert_eq!(pending(&client, STREAM, G).await, 1, "B still holds it");
+    assert!(
+        client
+            .admin()
+            .dead_list(Q, Some(G), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    assert_eq!(
+        b.ack(&[&second.receipt]).await.unwrap(),
+        vec![Settled::Done]
+    );
+    assert_eq!(pending(&client, STREAM, G).await, 0);
+    let h = client.admin().history(Q, "o-0").await.unwrap();
+    assert!(h.is_some(), "the history knows the order");
+}
+
+#[tokio::test]
+async fn an_extended_lease_gets_a_new_receipt_and_the_old_one_is_stale() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    due_now(&client, 1).await;
+    let d = a
+        .receive(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .remove(0);
+    let ext = a.extend(&[&d.receipt], LONG).await.unwrap();
+    let Extended::Receipt(new) = &ext[0] else {
+        panic!("not extended: {ext:?}");
+    };
+    let score: f64 = raw(&client, &["ZSCORE", TIMERS, &d.delivery.entry_id]).await;
+    assert!(score > d.lease_until_ms as f64, "the timer moved");
+    assert_eq!(
+        a.ack(&[&d.receipt]).await.unwrap(),
+        vec![Settled::LeaseLost]
+    );
+    assert_eq!(pending(&client, STREAM, G).await, 1);
+    // The same receipt twice extends once; both copies get the one new receipt.
+    let twice = a.extend(&[new, new], LONG).await.unwrap();
+    assert!(matches!(&twice[0], Extended::Receipt(_)), "{twice:?}");
+    assert_eq!(twice[0], twice[1]);
+    let Extended::Receipt(newest) = &twice[0] else {
+        unreachable!()
+    };
+    // The stale receipt beside the live one, and the live one twice, in one call: each
+    // answers for itself and the entry is acknowledged once.
+    let settled = a.ack(&[new, newest, newest]).await.unwrap();
+    assert_eq!(
+        settled,
+        vec![Settled::LeaseLost, Settled::Done, Settled::Done]
+    );
+    assert_eq!(pending(&client, STREAM, G).await, 0);
+    assert_eq!(
+        a.stats().acked.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn nack_dead_lands_in_the_dead_letters_with_the_error_text() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    due_now(&client, 1).await;
+    let d = a.receive(1, LONG).await.unwrap().remove(0);
+    let how = Nack::Dead {
+        error: "card declined: insufficient funds".into(),
+    };
+    assert_eq!(a.nack(&d.receipt, how).await.unwrap(), Settled::Done);
+    let dead = client.admin().dead_list(Q, Some(G), 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, "o-0");
+    assert_eq!(dead[0].last_error, "card declined: insufficient funds");
+    assert_eq!(dead[0].attempts, 1);
+    assert_eq!(pending(&client, STREAM, G).await, 0);
+    assert_eq!(timers(&client).await, 0);
+}
+
+#[tokio::test]
+async fn nacks_up_to_max_attempts_dead_letter_the_order() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default().max_attempts(3));
+    a.ensure_groups().await.unwrap();
+    due_now(&client, 1).await;
+    for attempt in 1..=3u32 {
+        let d = receive_one(&a, LONG).await;
+        assert_eq!(d.delivery.id, "o-0");
+        assert_eq!(d.delivery.attempt, attempt);
+        let how = Nack::Retry {
+            after: Some(Duration::ZERO),
+            error: format!("boom {attempt}"),
+        };
+        assert_eq!(a.nack(&d.receipt, how).await.unwrap(), Settled::Done);
+        let dead = client.admin().dead_list(Q, Some(G), 10).await.unwrap();
+        assert_eq!(
+            dead.len(),
+            usize::from(attempt == 3),
+            "after attempt {attempt}"
+        );
+    }
+    let dead = client.admin().dead_list(Q, Some(G), 10).await.unwrap();
+    assert_eq!(dead[0].last_error, "boom 3");
+    assert_eq!(dead[0].attempts, 3);
+    assert_eq!(pending(&client, STREAM, G).await, 0);
+    assert!(a.receive(1, LONG).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn forged_altered_and_foreign_receipts_are_refused_and_change_nothing() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    // Same consumer name, another key: a puller that did not issue the receipt.
+    let other = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    due_now(&client, 1).await;
+    let d = a.receive(1, LONG).await.unwrap().remove(0);
+    let (body, mac) = d.receipt.rsplit_once('.').unwrap();
+    let lease = d.lease_until_ms.to_string();
+    let altered = format!(
+        "{}.{mac}",
+        body.replacen(&lease, &(d.lease_until_ms + 1).to_string(), 1)
+    );
+    let flipped = format!(
+        "{body}.{}{}",
+        if mac.starts_with('0') { '1' } else { '0' },
+        &mac[1..]
+    );
+    let before = snapshot(&client).await;
+    for forged in [
+        altered.as_str(),
+        flipped.as_str(),
+        "",
+        "0.1-0.1.1.00",
+        "junk",
+    ] {
+        let e = a.ack(&[forged]).await.unwrap_err();
+        assert_eq!(
+            e.as_invalid().unwrap().code(),
+            "invalid_receipt",
+            "{forged:?}"
+        );
+        let how = Nack::Dead { error: "x".into() };
+        assert!(a.nack(forged, how).await.is_err(), "{forged:?}");
+        assert!(a.extend(&[forged], LONG).await.is_err(), "{forged:?}");
+    }
+    // One bad receipt refuses the whole call.
+    assert!(a.ack(&[&d.receipt, "junk"]).await.is_err());
+    let e = other.ack(&[&d.receipt]).await.unwrap_err();
+    assert_eq!(e.as_invalid().unwrap().code(), "invalid_receipt");
+    // Bad arguments name the field.
+    let e = a.receive(0, LONG).await.unwrap_err();
+    assert!(e.to_string().contains("max"), "{e}");
+    let e = a.receive(1, Duration::ZERO).await.unwrap_err();
+    assert!(e.to_string().contains("lease"), "{e}");
+    assert_eq!(snapshot(&client).await, before, "nothing changed");
+    assert_eq!(a.ack(&[&d.receipt]).await.unwrap(), vec![Settled::Done]);
+}
+
+#[tokio::test]
+async fn an_expired_order_is_dead_lettered_on_hand_off_not_received() {
+    let (_s, client) = start().await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    let past = client.now_ms() - 5_000;
+    let orders = [
+        delayq::NewOrder::new("stale", When::at_ms(past), json!({"n": 1}))
+            .with_expires_after(Duration::from_millis(1000)),
+        delayq::NewOrder::new("fresh", When::at_ms(past), json!({"n": 2})),
+    ];
+    client
+        .schedule_many(Q, &orders, delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let got = a.receive(10, LONG).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|d| d.delivery.id.as_str()).collect();
+    assert_eq!(ids, ["fresh"]);
+    let dead = client.admin().dead_list(Q, Some(G), 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, "stale");
+    assert_eq!(dead[0].reason.as_deref(), Some("expired"));
+    assert_eq!(
+        a.stats().expired.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert_eq!(
+        pending(&client, STREAM, G).await,
+        1,
+        "only the fresh one is held"
+    );
+}
