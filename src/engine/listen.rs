@@ -333,14 +333,22 @@ async fn run(shared: Arc<Shared>) {
                 continue;
             }
         };
-        pacer.reset();
         tracing::debug!("the wake-up listener connected");
+        let since = tokio::time::Instant::now();
         if follow(&shared, &mut conn, &lost).await {
             return;
         }
         shared.lost_all();
         telemetry::wake_reconnected();
         tracing::info!("the wake-up listener lost its connection; reconnecting");
+        // A connection that held a while starts the backoff afresh; one that ends at once
+        // (a subscription refused, e.g. by an ACL without the wake channels) waits longer
+        // each time instead of reconnecting in a tight loop.
+        if since.elapsed() >= PING_EVERY {
+            pacer.reset();
+        } else {
+            pacer.wait(None).await;
+        }
     }
 }
 

@@ -449,3 +449,43 @@ async fn a_wake_up_reaches_a_dispatcher_on_a_cluster() {
     dh.await.unwrap();
     wh.await.unwrap();
 }
+
+/// A user whose ACL grants no Pub/Sub (a least-privilege set-up from before wake-ups) still
+/// schedules and reschedules: the refused publish is skipped, never the write's failure (the
+/// dispatchers' fallback poll finds the order).
+#[tokio::test]
+async fn a_user_without_pubsub_rights_still_schedules() {
+    let (s, admin) = start_with(ClientOptions::default().shards(SHARDS)).await;
+    let _: () = raw(
+        &admin,
+        &[
+            "ACL",
+            "SETUSER",
+            "nopubsub",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "+@all",
+        ],
+    )
+    .await;
+    let url = s.url().replacen("redis://", "redis://nopubsub:pw@", 1);
+    let client = Client::connect_with(&url, ClientOptions::default().shards(SHARDS))
+        .await
+        .unwrap();
+    client
+        .schedule(Q, "o1", When::in_ms(60_000), json!({"n": 1}))
+        .await
+        .unwrap();
+    client
+        .reschedule(Q, "o1", When::in_ms(1_000))
+        .await
+        .unwrap();
+    assert!(client.get(Q, "o1").await.unwrap().is_some());
+    let denied: Vec<redis::Value> = raw(&admin, &["ACL", "LOG"]).await;
+    assert!(
+        !denied.is_empty(),
+        "the publish was not refused: the test proves nothing"
+    );
+}

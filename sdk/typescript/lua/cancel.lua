@@ -38,8 +38,10 @@ end
 local function wake(due, before, due_ms)
   if due_ms and (not before or due_ms < before) then
     local channel = string.sub(due, 1, -4) .. 'wake'
+    -- A refused publish (no SPUBLISH on 6.2; an ACL without the channel) never fails the
+    -- write: the dispatchers' fallback poll finds the order.
     local r = redis.pcall('SPUBLISH', channel, due_ms)
-    if type(r) == 'table' and r.err then redis.call('PUBLISH', channel, due_ms) end
+    if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
   end
 end
 
