@@ -316,3 +316,47 @@ async fn a_deleted_queue_or_group_is_404_and_never_created_again_by_a_receive() 
             .is_none()
     );
 }
+
+/// A received payload is the scheduled text byte for byte (key order, spacing, `1.50`),
+/// never a re-printed value.
+#[tokio::test]
+async fn a_received_payload_is_byte_for_byte_what_was_scheduled() {
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let text = r#"{"user": 42,  "items": [1.50,"é"]}"#;
+    client
+        .schedule(
+            "order-close",
+            "exact",
+            When::in_ms(0),
+            delayq::Payload::from_json(text).unwrap(),
+        )
+        .await
+        .unwrap();
+    let (st, v) = post(&r, "receive", json!({"max": 1})).await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    Dispatcher::new(&client, "order-close", DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let req = axum::http::Request::builder()
+        .method("POST")
+        .uri(format!("{BASE}:receive"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"max": 1}).to_string()))
+        .unwrap();
+    let resp = r.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let body = String::from_utf8(bytes.to_vec()).unwrap();
+    assert!(
+        body.contains(&format!(r#""payload":{text}"#)),
+        "the payload was re-printed: {body}"
+    );
+}

@@ -134,6 +134,12 @@ struct ExtendBody {
     lease_ms: u64,
 }
 
+/// What `:receive` answers.
+#[derive(Serialize)]
+struct ReceiveAnswer {
+    deliveries: Vec<DeliveryOut>,
+}
+
 /// One delivery as `:receive` answers it.
 #[derive(Serialize)]
 struct DeliveryOut {
@@ -257,8 +263,10 @@ async fn receive(st: &AppState, queue: &str, group: &str, b: ReceiveBody) -> Api
     let lease = ms_of("lease_ms", b.lease_ms.unwrap_or(DEFAULT_LEASE_MS))?;
     let p = puller(st, queue, group).await?;
     let got = p.receive(max, lease).await?;
+    // Serialized as a struct, not through `json!` (a `Value` would re-print each payload:
+    // keys sorted, numbers rewritten), so every payload goes out byte for byte.
     let deliveries: Vec<DeliveryOut> = got.into_iter().map(DeliveryOut::from).collect();
-    Ok(Json(serde_json::json!({ "deliveries": deliveries })).into_response())
+    Ok(Json(ReceiveAnswer { deliveries }).into_response())
 }
 
 async fn ack(st: &AppState, queue: &str, group: &str, b: AckBody) -> ApiResult<Response> {
