@@ -34,7 +34,8 @@ from .errors import ApiError, ApiUnreachable, InvalidInput, LeaseLost
 
 log = logging.getLogger("delayq.consumer")
 
-#: The lease of a receive unless one is given (the server's default too).
+#: The lease of a receive or an extension unless one is given (the server's own default
+#: for a receive, DEFAULT_LEASE_MS in src/service/http/pull.rs).
 DEFAULT_LEASE_MS = 30_000
 #: Seconds every HTTP call may take at most, unless the consumer is given another.
 DEFAULT_TIMEOUT = 10.0
