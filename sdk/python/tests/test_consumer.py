@@ -73,6 +73,46 @@ def test_receive_and_ack_empty_the_group(serve, redis_server, ns):
     assert c.receive() == []
 
 
+def test_run_waits_longer_and_longer_while_nothing_is_due_and_stops_when_asked(serve):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+
+    class Stop(threading.Event):
+        """Records each pause the loop asks for (without waiting it out); set after 8."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.pauses = []
+
+        def wait(self, timeout=None):
+            self.pauses.append(timeout)
+            if len(self.pauses) == 8:
+                self.set()
+            return self.is_set()
+
+    stop = Stop()
+    report = c.run(lambda d: None, concurrency=3, stop=stop)
+    assert report == delayq.RunReport(0, 0, 0)
+    assert stop.pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+
+
+def test_the_trace_context_of_a_traced_order_comes_with_it(serve):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    req = urllib.request.Request(
+        f"{serve.base_url}/v1/queues/{QUEUE}/messages/traced", method="PUT",
+        data=json.dumps({"delay_ms": 0, "payload": {"user": 42}}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+                 "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01", "tracestate": "shop=eu"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (200, 201)
+    [d] = _receive_all(c, 1)
+    assert d.id == "traced" and d.payload == {"user": 42}
+    assert d.traceparent is not None and d.traceparent.split("-")[1] == trace_id, d
+    assert d.tracestate == "shop=eu"
+    assert c.ack(d) == ["acked"]
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "server bug, not the SDK's: src/service/http/pull.rs receive() answers "
     "json!({\"deliveries\": deliveries}), which turns each RawValue payload into a Value "
@@ -170,7 +210,8 @@ def test_a_receipt_whose_lease_ran_out_is_lease_lost(serve, redis_server, ns):
     # The live one extends (a new receipt, set on the delivery) and acks.
     [new] = c.extend(again, lease_ms=60_000)
     assert new is not None and again.receipt == new
-    assert c.ack(again) == ["acked"]
+    # Several at once: one result each, in order (409 only when every lease was lost).
+    assert c.ack([first, again]) == ["lease_lost", "acked"]
     assert _pending(redis_server, ns) == 0
 
 
