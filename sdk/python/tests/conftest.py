@@ -230,16 +230,21 @@ class Webhook:
 class Serve:
     """``delayq serve --config FILE`` as a process of the test's own."""
 
-    def __init__(self, redis_url: str, namespace: str, queue: str, hook_url: str, shards: int = 1):
+    def __init__(self, redis_url: str, namespace: str, queue: str, hook_url: Optional[str], shards: int = 1,
+                 tokens: "tuple[str, ...]" = ()):
+        """With ``hook_url``, the group ``hook`` of ``queue`` is a webhook; with ``tokens``,
+        ``/v1/...`` wants one of them (``base_url``: this server's address)."""
         self.dir = tempfile.mkdtemp(prefix="delayq-py-serve-")
         self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
         cfg = os.path.join(self.dir, "delayq.toml")
         with open(cfg, "w") as f:
             f.write(
                 f'redis_url = "{redis_url}"\nnamespace = "{namespace}"\nshards = {shards}\n'
-                f'[http]\nlisten = "127.0.0.1:{self.port}"\n'
-                f'[[handlers]]\nqueue = "{queue}"\ngroup = "hook"\nkind = "webhook"\nurl = "{hook_url}"\n'
+                f'[http]\nlisten = "127.0.0.1:{self.port}"\ntokens = {json.dumps(list(tokens))}\n'
             )
+            if hook_url:
+                f.write(f'[[handlers]]\nqueue = "{queue}"\ngroup = "hook"\nkind = "webhook"\nurl = "{hook_url}"\n')
         self.log_path = os.path.join(self.dir, "serve.log")
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYQ_")}
         env["RUST_LOG"] = "info"

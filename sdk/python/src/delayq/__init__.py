@@ -10,6 +10,9 @@ engine (``delayq serve``).
     client.schedule("order-close", "order-1234", delay_ms=15 * 60_000, payload={"user": 42})
     client.schedule("order-close", "order-vip", delay_ms=15 * 60_000, priority="high")
     client.cancel("order-close", "order-1234")
+
+Orders can also be consumed here, over the HTTP pull API of ``delayq serve``:
+:class:`Consumer` and :class:`AsyncConsumer` (receive, ack, nack, extend, run).
 """
 
 from ._core import (
@@ -28,9 +31,13 @@ from ._core import (
 )
 from .aio import AsyncClient
 from .client import Client
+from .consumer import AsyncConsumer, Consumer, Delivery, RunReport
 from .errors import (
+    ApiError,
+    ApiUnreachable,
     DelayqError,
     InvalidInput,
+    LeaseLost,
     NotReplicated,
     PartialBatch,
     QueueNotFound,
@@ -41,14 +48,20 @@ from .rules import RawJson, shard_of
 __version__ = "0.1.0"
 
 __all__ = [
+    "ApiError",
+    "ApiUnreachable",
     "AsyncClient",
+    "AsyncConsumer",
     "CancelOutcome",
     "Debounce",
     "Client",
+    "Consumer",
     "DelayqError",
+    "Delivery",
     "Durability",
     "InvalidInput",
     "Leader",
+    "LeaseLost",
     "Mode",
     "NotReplicated",
     "Order",
@@ -60,6 +73,7 @@ __all__ = [
     "RedisFailure",
     "Replicated",
     "RescheduleOutcome",
+    "RunReport",
     "Scheduled",
     "ScheduledOrder",
     "shard_of",

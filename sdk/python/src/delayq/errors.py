@@ -130,3 +130,43 @@ class PartialBatch(DelayqError):
     @property
     def write_outcome(self) -> str:
         return UNKNOWN
+
+
+class ApiError(DelayqError):
+    """The HTTP API answered with an error (a :class:`delayq.Consumer` call). ``status`` is
+    the HTTP status, ``code`` the API's ``error.code`` (``invalid_option``,
+    ``queue_not_found``, ``unauthorized``, ...), ``message`` its text. A 4xx changed
+    nothing; a 5xx may have (``write_outcome``). The token is never part of it."""
+
+    def __init__(self, action: str, status: int, code: str, message: str):
+        self.action = action
+        self.status = status
+        self.code = code
+        self.message = message
+        super().__init__(f"{action}: HTTP {status} {code}: {message}")
+
+    @property
+    def write_outcome(self) -> str:
+        return NOT_APPLIED if self.status < 500 else UNKNOWN
+
+
+class LeaseLost(ApiError):
+    """409 ``lease_lost``: the receipt's lease ran out and the delivery was taken over (or
+    it was settled already); nothing was changed. The order is another consumer's now."""
+
+
+class ApiUnreachable(DelayqError):
+    """The HTTP API could not be reached, or did not answer within the call's timeout.
+    ``code`` is ``api_unreachable``; a call that was sent may have been applied."""
+
+    code = "api_unreachable"
+
+    def __init__(self, action: str, cause: BaseException, sent: bool):
+        self.action = action
+        self.cause = cause
+        self._sent = sent
+        super().__init__(f"{action}: the API did not answer: {type(cause).__name__}: {cause}")
+
+    @property
+    def write_outcome(self) -> str:
+        return UNKNOWN if self._sent else NOT_APPLIED

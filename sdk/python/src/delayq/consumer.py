@@ -1,0 +1,486 @@
+"""Pull consumers over HTTP: receive due orders of a group from ``delayq serve``, handle
+them here, and settle each by its receipt (``ack``, ``nack``, ``extend``).
+
+Talks to the HTTP pull API only (``POST /v1/queues/{q}/groups/{g}:receive``, ``:ack``,
+``:nack``, ``:extend``; see the top-level README, "Consumers in other languages"); no
+Redis access is needed. Limits (``max``, ``lease_ms``, ``retry_in_ms``) are the server's:
+a value out of range is answered 400 ``invalid_option`` naming the field and changes
+nothing. Retries, ``max_attempts``, dead letters, history and metrics are the engine's own.
+
+    consumer = delayq.Consumer("http://127.0.0.1:8080", token, "order-close", "close")
+    for d in consumer.receive(max=10):
+        close_order(d.id, d.payload)
+        consumer.ack(d)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import re
+import socket
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+
+from .errors import ApiError, ApiUnreachable, InvalidInput, LeaseLost
+
+log = logging.getLogger("delayq.consumer")
+
+#: The lease of a receive or an extension unless one is given (the server's own default
+#: for a receive, DEFAULT_LEASE_MS in src/service/http/pull.rs).
+DEFAULT_LEASE_MS = 30_000
+#: Seconds every HTTP call may take at most, unless the consumer is given another.
+DEFAULT_TIMEOUT = 10.0
+#: ``run``: the first and the longest pause between receives that found nothing due, and
+#: the longest pause after a transient failure (seconds).
+IDLE_MIN = 0.05
+IDLE_MAX = 1.0
+FAILURE_MAX = 5.0
+
+
+@dataclass
+class Delivery:
+    """One order handed out by :meth:`Consumer.receive`."""
+
+    id: str
+    #: The payload, parsed.
+    payload: Any
+    #: The payload's JSON text, byte for byte as scheduled.
+    payload_json: str
+    priority: str
+    #: 1 on the first delivery, 2 on the first retry, ...
+    attempt: int
+    due_at_ms: int
+    dispatched_at_ms: int
+    #: Opaque; settles this delivery. :meth:`Consumer.extend` replaces it.
+    receipt: str = field(repr=False)
+    #: When the lease given by the receive ends (unix ms, the server's clock).
+    lease_until_ms: int = 0
+    enqueued_at_ms: Optional[int] = None
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
+
+
+ReceiptLike = Union[Delivery, str]
+
+
+class RunReport(NamedTuple):
+    """What :meth:`Consumer.run` did: deliveries acknowledged, nacked (the handler raised),
+    and settlements refused because the lease had been lost meanwhile."""
+
+    acked: int
+    nacked: int
+    lease_lost: int
+
+
+# --- the raw payload text of each delivery -------------------------------------------
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _value_spans(s: str, i: int) -> Tuple[List[Tuple[Optional[str], int, int]], int]:
+    """The members of the JSON object or array starting at ``s[i]``: (key or None, start,
+    end) of each value, and the index past the closing bracket."""
+    close = {"{": "}", "[": "]"}[s[i]]
+    out: List[Tuple[Optional[str], int, int]] = []
+    i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
+    if s[i] == close:
+        return out, i + 1
+    while True:
+        key = None
+        if close == "}":
+            key, i = scanstring(s, i + 1)
+            i = _WS.match(s, i).end()  # type: ignore[union-attr]
+            if s[i] != ":":
+                raise ValueError(f"':' expected at {i}")
+            i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
+        _, end = _DECODER.raw_decode(s, i)
+        out.append((key, i, end))
+        i = _WS.match(s, end).end()  # type: ignore[union-attr]
+        if s[i] == close:
+            return out, i + 1
+        if s[i] != ",":
+            raise ValueError(f"',' expected at {i}")
+        i = _WS.match(s, i + 1).end()  # type: ignore[union-attr]
+
+
+def _deliveries(text: str) -> List[Delivery]:
+    """The deliveries of a ``:receive`` answer, each payload kept as its exact text."""
+    start = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    top, _ = _value_spans(text, start)
+    spans = [(a, b) for k, a, b in top if k == "deliveries"]
+    if not spans:
+        raise ValueError("no 'deliveries' in the answer")
+    items, _ = _value_spans(text, spans[0][0])
+    out = []
+    for _, a, b in items:
+        obj = json.loads(text[a:b])
+        raw = next(text[x:y] for k, x, y in _value_spans(text, a)[0] if k == "payload")
+        out.append(
+            Delivery(
+                id=obj["id"],
+                payload=obj["payload"],
+                payload_json=raw,
+                priority=obj.get("priority", "normal"),
+                attempt=obj["attempt"],
+                due_at_ms=obj["due_at_ms"],
+                dispatched_at_ms=obj["dispatched_at_ms"],
+                receipt=obj["receipt"],
+                lease_until_ms=obj.get("lease_until_ms", 0),
+                enqueued_at_ms=obj.get("enqueued_at_ms"),
+                traceparent=obj.get("traceparent"),
+                tracestate=obj.get("tracestate"),
+            )
+        )
+    return out
+
+
+def _receipts(what: Union[ReceiptLike, Iterable[ReceiptLike]]) -> List[ReceiptLike]:
+    if isinstance(what, (Delivery, str)):
+        return [what]
+    out = list(what)
+    for r in out:
+        if not isinstance(r, (Delivery, str)):
+            raise InvalidInput("invalid_option", f"receipts: {type(r).__name__} is neither a Delivery nor a receipt string")
+    return out
+
+
+def _receipt(r: ReceiptLike) -> str:
+    return r.receipt if isinstance(r, Delivery) else r
+
+
+def _fatal(e: BaseException) -> bool:
+    """A receive failure asking again will not cure: a 4xx other than 429."""
+    return isinstance(e, ApiError) and e.status < 500 and e.status != 429
+
+
+def _error_text(e: BaseException) -> str:
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class Consumer:
+    """A pull consumer of one group of one queue, over the HTTP API (synchronous; every
+    call bounded by ``timeout`` seconds). ``token`` is sent as ``Authorization: Bearer``
+    and appears in no error, log line or repr. Thread-safe: each call is its own request.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: Optional[str],
+        queue: str,
+        group: str,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidInput("invalid_option", f"base_url: {base_url!r} is not an http(s) URL")
+        if parts.username is not None or parts.password is not None:
+            raise InvalidInput("invalid_option", "base_url: credentials in the URL are not accepted (pass token)")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise InvalidInput("invalid_option", f"timeout: {timeout!r} is not a positive number of seconds")
+        for name, v in (("queue", queue), ("group", group)):
+            if not isinstance(v, str) or not v:
+                raise InvalidInput("invalid_option", f"{name}: {v!r} is not a name")
+        self.base_url = base_url.rstrip("/")
+        self.queue = queue
+        self.group = group
+        self.lease_ms = lease_ms
+        self.timeout = float(timeout)
+        self.__token = token
+        self._prefix = (
+            f"{self.base_url}/v1/queues/{urllib.parse.quote(queue, safe='')}"
+            f"/groups/{urllib.parse.quote(group, safe='')}"
+        )
+
+    def __repr__(self) -> str:
+        return f"Consumer(base_url={self.base_url!r}, queue={self.queue!r}, group={self.group!r}, lease_ms={self.lease_ms})"
+
+    def _call(self, action: str, body: Dict[str, Any]) -> str:
+        """POSTs ``body`` to ``.../{group}:{action}``; the answer's text, or an error."""
+        what = f"{action} on {self.queue}/{self.group}"
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.__token:
+            headers["Authorization"] = f"Bearer {self.__token}"
+        req = urllib.request.Request(
+            f"{self._prefix}:{action}", data=json.dumps(body).encode(), headers=headers, method="POST"
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return r.read().decode("utf-8")
+        except urllib.error.HTTPError as e:
+            status = e.code
+            try:
+                env = json.loads(e.read().decode("utf-8", "replace"))["error"]
+                code, message = str(env["code"]), str(env["message"])
+            except (ValueError, KeyError, TypeError, OSError):
+                code, message = ("internal" if status >= 500 else "invalid_request"), str(e.reason)
+            finally:
+                e.close()
+            cls = LeaseLost if (status, code) == (409, "lease_lost") else ApiError
+            raise cls(what, status, code, message) from None
+        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
+            cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
+            raise ApiUnreachable(what, cause, sent=not isinstance(cause, ConnectionRefusedError)) from None
+
+    def receive(self, max: int = 10, lease_ms: Optional[int] = None) -> List[Delivery]:  # noqa: A002
+        """Up to ``max`` due deliveries of the group (none when nothing is due), each leased
+        for ``lease_ms`` (default: the consumer's). Does not wait for orders to become due."""
+        body = {"max": max, "lease_ms": self.lease_ms if lease_ms is None else lease_ms}
+        return _deliveries(self._call("receive", body))
+
+    def ack(self, what: Union[ReceiptLike, Iterable[ReceiptLike]]) -> List[str]:
+        """Acknowledges deliveries (``Delivery`` objects or receipts): their status in order,
+        ``"acked"`` or ``"lease_lost"``. Raises :class:`LeaseLost` when every lease was lost."""
+        rs = _receipts(what)
+        if not rs:
+            return []
+        text = self._call("ack", {"receipts": [_receipt(r) for r in rs]})
+        return [r["status"] for r in json.loads(text)["results"]]
+
+    def nack(
+        self,
+        delivery: ReceiptLike,
+        retry_in_ms: Optional[int] = None,
+        dead: bool = False,
+        error: Optional[str] = None,
+    ) -> None:
+        """Gives a delivery back: retried after ``retry_in_ms`` (default: the group's
+        backoff; dead-lettered once ``max_attempts`` is reached), or with ``dead=True``
+        straight to the dead letters. ``error`` is kept as the failure's text. Raises
+        :class:`LeaseLost` when the lease was lost."""
+        body: Dict[str, Any] = {"receipt": _receipt(delivery)}
+        if retry_in_ms is not None:
+            body["retry_in_ms"] = retry_in_ms
+        if dead:
+            body["dead"] = True
+        if error is not None:
+            body["error"] = error
+        self._call("nack", body)
+
+    def extend(
+        self, what: Union[ReceiptLike, Iterable[ReceiptLike]], lease_ms: Optional[int] = None
+    ) -> List[Optional[str]]:
+        """Extends leases to ``lease_ms`` from now (default: the consumer's). Each extended
+        delivery gets a new receipt (the old one no longer settles it): ``Delivery`` objects
+        are updated in place; the new receipts are returned in order, ``None`` where the
+        lease was lost. Raises :class:`LeaseLost` when every lease was lost."""
+        rs = _receipts(what)
+        if not rs:
+            return []
+        lease = self.lease_ms if lease_ms is None else lease_ms
+        text = self._call("extend", {"receipts": [_receipt(r) for r in rs], "lease_ms": lease})
+        out: List[Optional[str]] = []
+        for r, res in zip(rs, json.loads(text)["results"]):
+            new = res.get("receipt") if res.get("status") == "extended" else None
+            if new is not None and isinstance(r, Delivery):
+                r.receipt = new
+            out.append(new)
+        return out
+
+    def handle(self, handler: Callable[[Delivery], Any], d: Delivery) -> str:
+        """Runs ``handler(d)`` and settles ``d``: acked when it returns, nacked with the
+        exception's text when it raises. ``"acked"``, ``"nacked"`` or ``"lease_lost"``."""
+        try:
+            handler(d)
+        except Exception as e:  # the handler's failure is the order's, not the loop's
+            try:
+                self.nack(d, error=_error_text(e))
+                return "nacked"
+            except LeaseLost:
+                return "lease_lost"
+        try:
+            return "acked" if self.ack(d) == ["acked"] else "lease_lost"
+        except LeaseLost:
+            return "lease_lost"
+
+    def run(
+        self,
+        handler: Callable[[Delivery], Any],
+        concurrency: int = 1,
+        stop: Optional[threading.Event] = None,
+    ) -> RunReport:
+        """Receives and handles deliveries until ``stop`` is set: ``handler(delivery)`` on
+        up to ``concurrency`` threads, acked when it returns, nacked with the exception's
+        text when it raises (retried with the group's backoff). When nothing is due it
+        waits (50 ms, doubling to 1 s) before asking again. Once ``stop`` is set no new
+        receive is made and the running handlers finish. A 4xx on receive (bad token,
+        unknown queue) is raised; transient failures are logged and retried with backoff.
+        Handlers must finish within the lease (``extend`` for longer work)."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput("invalid_option", f"concurrency: {concurrency!r} is not a positive integer")
+        stop = stop or threading.Event()
+        counts = {"acked": 0, "nacked": 0, "lease_lost": 0}
+        lock = threading.Lock()
+        slots = threading.Semaphore(concurrency)
+        idle = IDLE_MIN
+
+        def one(d: Delivery) -> None:
+            try:
+                try:
+                    outcome = self.handle(handler, d)
+                except Exception as e:  # ack/nack could not be sent: the lease expires
+                    log.warning("settling %s failed, its lease will run out: %s", d.id, e)
+                    return
+                with lock:
+                    counts[outcome] += 1
+            finally:
+                slots.release()
+
+        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="delayq-consumer") as pool:
+            while not stop.is_set():
+                slots.acquire()
+                free = 1
+                while free < concurrency and slots.acquire(blocking=False):
+                    free += 1
+                failed = False
+                try:
+                    got = [] if stop.is_set() else self.receive(max=free)
+                except (ApiError, ApiUnreachable) as e:
+                    if _fatal(e):
+                        for _ in range(free):
+                            slots.release()
+                        raise
+                    log.warning("receive failed, asking again in %.2f s: %s", idle, e)
+                    got, failed = [], True
+                for _ in range(free - len(got)):
+                    slots.release()
+                for d in got:
+                    pool.submit(one, d)
+                if got:
+                    idle = IDLE_MIN
+                    continue
+                stop.wait(idle)
+                idle = min(idle * 2, FAILURE_MAX if failed else IDLE_MAX)
+        return RunReport(counts["acked"], counts["nacked"], counts["lease_lost"])
+
+
+class AsyncConsumer:
+    """The asyncio :class:`Consumer`: the same calls, each HTTP request run in a worker
+    thread (``asyncio.to_thread``) so the event loop never blocks; the same timeout."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: Optional[str],
+        queue: str,
+        group: str,
+        lease_ms: int = DEFAULT_LEASE_MS,
+        timeout: float = DEFAULT_TIMEOUT,
+    ):
+        self.sync = Consumer(base_url, token, queue, group, lease_ms=lease_ms, timeout=timeout)
+
+    def __repr__(self) -> str:
+        return "Async" + repr(self.sync)
+
+    async def receive(self, max: int = 10, lease_ms: Optional[int] = None) -> List[Delivery]:  # noqa: A002
+        """As :meth:`Consumer.receive`."""
+        return await asyncio.to_thread(self.sync.receive, max, lease_ms)
+
+    async def ack(self, what: Union[ReceiptLike, Iterable[ReceiptLike]]) -> List[str]:
+        """As :meth:`Consumer.ack`."""
+        return await asyncio.to_thread(self.sync.ack, what)
+
+    async def nack(
+        self,
+        delivery: ReceiptLike,
+        retry_in_ms: Optional[int] = None,
+        dead: bool = False,
+        error: Optional[str] = None,
+    ) -> None:
+        """As :meth:`Consumer.nack`."""
+        await asyncio.to_thread(self.sync.nack, delivery, retry_in_ms, dead, error)
+
+    async def extend(
+        self, what: Union[ReceiptLike, Iterable[ReceiptLike]], lease_ms: Optional[int] = None
+    ) -> List[Optional[str]]:
+        """As :meth:`Consumer.extend`."""
+        return await asyncio.to_thread(self.sync.extend, what, lease_ms)
+
+    async def handle(self, handler: Callable[[Delivery], Any], d: Delivery) -> str:
+        """As :meth:`Consumer.handle`; ``handler`` may be a coroutine function."""
+        try:
+            r = handler(d)
+            if inspect.isawaitable(r):
+                await r
+        except Exception as e:
+            try:
+                await self.nack(d, error=_error_text(e))
+                return "nacked"
+            except LeaseLost:
+                return "lease_lost"
+        try:
+            return "acked" if await self.ack(d) == ["acked"] else "lease_lost"
+        except LeaseLost:
+            return "lease_lost"
+
+    async def run(
+        self,
+        handler: Callable[[Delivery], Any],
+        concurrency: int = 1,
+        stop: Optional[asyncio.Event] = None,
+    ) -> RunReport:
+        """As :meth:`Consumer.run`, with up to ``concurrency`` handlers running as tasks
+        (``handler`` may be a coroutine function), until ``stop`` is set."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidInput("invalid_option", f"concurrency: {concurrency!r} is not a positive integer")
+        stop = stop or asyncio.Event()
+        counts = {"acked": 0, "nacked": 0, "lease_lost": 0}
+        slots = asyncio.Semaphore(concurrency)
+        running: "set[asyncio.Task[None]]" = set()
+        idle = IDLE_MIN
+
+        async def one(d: Delivery) -> None:
+            try:
+                counts[await self.handle(handler, d)] += 1
+            except Exception as e:
+                log.warning("settling %s failed, its lease will run out: %s", d.id, e)
+            finally:
+                slots.release()
+
+        try:
+            while not stop.is_set():
+                await slots.acquire()
+                free = 1
+                while free < concurrency and not slots.locked():
+                    await slots.acquire()
+                    free += 1
+                failed = False
+                try:
+                    got = [] if stop.is_set() else await self.receive(max=free)
+                except (ApiError, ApiUnreachable) as e:
+                    if _fatal(e):
+                        for _ in range(free):
+                            slots.release()
+                        raise
+                    log.warning("receive failed, asking again in %.2f s: %s", idle, e)
+                    got, failed = [], True
+                for _ in range(free - len(got)):
+                    slots.release()
+                for d in got:
+                    t = asyncio.ensure_future(one(d))
+                    running.add(t)
+                    t.add_done_callback(running.discard)
+                if got:
+                    idle = IDLE_MIN
+                    continue
+                try:
+                    await asyncio.wait_for(stop.wait(), idle)
+                except asyncio.TimeoutError:
+                    pass
+                idle = min(idle * 2, FAILURE_MAX if failed else IDLE_MAX)
+        finally:
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        return RunReport(counts["acked"], counts["nacked"], counts["lease_lost"])

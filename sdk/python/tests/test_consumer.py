@@ -1,0 +1,246 @@
+"""The pull consumers (issue 45): ``delayq.Consumer`` and ``delayq.AsyncConsumer`` against
+a ``delayq serve`` of the test's own (with an API token) over the HTTP pull API: receive and
+ack empty the group, a failing handler is nacked and the order comes back at attempt 2, an
+explicit dead nack keeps the error text, a receipt whose lease ran out is ``LeaseLost``,
+and the token appears in no error or repr."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.request
+
+import pytest
+
+import delayq
+from conftest import Serve, create_queue, poll
+
+TOKEN = "py-consumer-secret-token-3f9c"
+QUEUE = "pulled"
+GROUP = "close"
+
+
+@pytest.fixture
+def serve(redis_server, ns):
+    create_queue(redis_server.url, ns, QUEUE)
+    s = Serve(redis_server.url, ns, QUEUE, None, tokens=(TOKEN,))
+    poll("delayq serve to answer /readyz", lambda: s.http("GET", "/readyz")[0] == 200)
+    yield s
+    s.stop()
+
+
+def _pending(redis_server, ns: str) -> int:
+    """The group's pending entries (XPENDING) over the queue's one shard's three lanes."""
+    n = 0
+    for lane in (":high:stream", ":stream", ":low:stream"):
+        key = "{%s:%s:0}%s" % (ns, QUEUE, lane)
+        if redis_server.client.exists(key):
+            n += redis_server.client.xpending(key, GROUP)["pending"]
+    return n
+
+
+def _joined(c: delayq.Consumer) -> None:
+    """Joins the group (its first receive) before anything is due."""
+    assert c.receive() == []
+
+
+def _receive_all(c: delayq.Consumer, n: int, **kw):
+    got = []
+    poll(f"{n} deliveries", lambda: got.extend(c.receive(**kw)) or len(got) >= n)
+    return got
+
+
+def test_receive_and_ack_empty_the_group(serve, redis_server, ns):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    producer = delayq.Client(redis_server.url, namespace=ns)
+    raw = '{"user": 42,  "items": [1.50, "é"]}'
+    producer.schedule(QUEUE, "raw", delay_ms=0, payload=delayq.RawJson(raw))
+    for i in range(4):
+        producer.schedule(QUEUE, f"o{i}", delay_ms=0, payload={"n": i}, priority="high" if i == 0 else None)
+    producer.close()
+    got = _receive_all(c, 5)
+    assert sorted(d.id for d in got) == ["o0", "o1", "o2", "o3", "raw"]
+    by_id = {d.id: d for d in got}
+    assert json.loads(by_id["raw"].payload_json) == by_id["raw"].payload
+    assert by_id["raw"].payload == {"user": 42, "items": [1.5, "é"]}
+    assert by_id["o2"].payload == {"n": 2} and by_id["o0"].priority == "high"
+    assert all(d.attempt == 1 and d.dispatched_at_ms >= d.due_at_ms > 0 for d in got)
+    assert _pending(redis_server, ns) == 5
+    assert c.ack(got) == ["acked"] * 5
+    assert _pending(redis_server, ns) == 0
+    assert c.receive() == []
+
+
+def test_run_waits_longer_and_longer_while_nothing_is_due_and_stops_when_asked(serve):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+
+    class Stop(threading.Event):
+        """Records each pause the loop asks for (without waiting it out); set after 8."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.pauses = []
+
+        def wait(self, timeout=None):
+            self.pauses.append(timeout)
+            if len(self.pauses) == 8:
+                self.set()
+            return self.is_set()
+
+    stop = Stop()
+    report = c.run(lambda d: None, concurrency=3, stop=stop)
+    assert report == delayq.RunReport(0, 0, 0)
+    assert stop.pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+
+
+def test_the_trace_context_of_a_traced_order_comes_with_it(serve):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    req = urllib.request.Request(
+        f"{serve.base_url}/v1/queues/{QUEUE}/messages/traced", method="PUT",
+        data=json.dumps({"delay_ms": 0, "payload": {"user": 42}}).encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
+                 "traceparent": f"00-{trace_id}-00f067aa0ba902b7-01", "tracestate": "shop=eu"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status in (200, 201)
+    [d] = _receive_all(c, 1)
+    assert d.id == "traced" and d.payload == {"user": 42}
+    assert d.traceparent is not None and d.traceparent.split("-")[1] == trace_id, d
+    assert d.tracestate == "shop=eu"
+    assert c.ack(d) == ["acked"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "server bug, not the SDK's: src/service/http/pull.rs receive() answers "
+    "json!({\"deliveries\": deliveries}), which turns each RawValue payload into a Value "
+    "(keys sorted, numbers re-printed); answering a #[derive(Serialize)] struct keeps the bytes"))
+def test_the_payload_arrives_byte_for_byte(serve, redis_server, ns):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    raw = '{"user": 42,  "items": [1.50, "é"]}'
+    with delayq.Client(redis_server.url, namespace=ns) as producer:
+        producer.schedule(QUEUE, "raw", delay_ms=0, payload=delayq.RawJson(raw))
+    [d] = _receive_all(c, 1)
+    c.ack(d)
+    assert d.payload_json == raw
+
+
+def test_a_failing_handler_is_nacked_and_comes_back_at_attempt_2(serve, redis_server, ns):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    seen = []
+    done = threading.Event()
+
+    def handler(d: delayq.Delivery) -> None:
+        seen.append((d.id, d.attempt))
+        if d.attempt == 1:
+            raise RuntimeError("the shop is closed")
+        done.set()
+
+    stop = threading.Event()
+    report = {}
+    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop)))
+    t.start()
+    try:
+        with delayq.Client(redis_server.url, namespace=ns) as producer:
+            producer.schedule(QUEUE, "flaky", delay_ms=0, payload={"x": 1})
+        poll("the retry to be handled", done.is_set)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive()
+    assert seen == [("flaky", 1), ("flaky", 2)]
+    assert report["r"] == delayq.RunReport(acked=1, nacked=1, lease_lost=0)
+    assert _pending(redis_server, ns) == 0
+
+
+def test_the_async_consumer_runs_a_coroutine_handler_and_dead_letters_with_the_text(serve, redis_server, ns):
+    async def scenario():
+        c = delayq.AsyncConsumer(serve.base_url, TOKEN, QUEUE, GROUP)
+        assert await c.receive() == []
+        with delayq.Client(redis_server.url, namespace=ns) as producer:
+            producer.schedule(QUEUE, "ok", delay_ms=0, payload={"v": 1})
+            producer.schedule(QUEUE, "bad", delay_ms=0, payload={"v": 2})
+        handled = []
+        stop = asyncio.Event()
+
+        async def handler(d: delayq.Delivery) -> None:
+            if d.id == "bad":
+                # Straight to the dead letters, then the loop's ack finds the lease gone.
+                await c.nack(d, dead=True, error="no such order in the shop")
+                return
+            handled.append(d.id)
+
+        async def stopper():
+            while _pending(redis_server, ns) or not handled:
+                await asyncio.sleep(0.02)
+            stop.set()
+
+        report, _ = await asyncio.wait_for(asyncio.gather(c.run(handler, concurrency=4, stop=stop), stopper()), 30)
+        return handled, report
+
+    handled, report = asyncio.run(scenario())
+    assert handled == ["ok"]
+    assert report == delayq.RunReport(acked=1, nacked=0, lease_lost=1)
+    req = urllib.request.Request(f"{serve.base_url}/v1/queues/{QUEUE}/dead?group={GROUP}",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        dead = json.loads(r.read())["dead_letters"]
+    assert [(d["id"], d["last_error"]) for d in dead] == [("bad", "no such order in the shop")]
+
+
+def test_a_receipt_whose_lease_ran_out_is_lease_lost(serve, redis_server, ns):
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP, lease_ms=200)
+    _joined(c)
+    with delayq.Client(redis_server.url, namespace=ns) as producer:
+        producer.schedule(QUEUE, "slow", delay_ms=0, payload={})
+    [first] = _receive_all(c, 1)
+    old_receipt = first.receipt
+    # Another receive takes it over once the lease ran out: attempt 2.
+    [again] = _receive_all(c, 1, lease_ms=60_000)
+    assert (again.id, again.attempt) == ("slow", 2)
+    for settle in (lambda: c.ack(first), lambda: c.nack(first, retry_in_ms=0), lambda: c.extend(first)):
+        with pytest.raises(delayq.LeaseLost) as e:
+            settle()
+        assert (e.value.status, e.value.code) == (409, "lease_lost")
+    assert first.receipt == old_receipt
+    # The live one extends (a new receipt, set on the delivery) and acks.
+    [new] = c.extend(again, lease_ms=60_000)
+    assert new is not None and again.receipt == new
+    # Several at once: one result each, in order (409 only when every lease was lost).
+    assert c.ack([first, again]) == ["lease_lost", "acked"]
+    assert _pending(redis_server, ns) == 0
+
+
+def test_errors_carry_the_api_code_and_never_the_token(serve, redis_server, ns):
+    wrong = "wrong-token-never-shown-7b1e"
+    bad = delayq.Consumer(serve.base_url, wrong, QUEUE, GROUP)
+    with pytest.raises(delayq.ApiError) as e:
+        bad.receive()
+    assert e.value.status == 401 and e.value.code and e.value.write_outcome == "not_applied"
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    with pytest.raises(delayq.ApiError) as e2:
+        c.receive(max=0)
+    assert (e2.value.status, e2.value.code) == (400, "invalid_option") and "max" in str(e2.value)
+    with pytest.raises(delayq.ApiError) as e3:
+        delayq.Consumer(serve.base_url, TOKEN, "no-such-queue", GROUP).receive()
+    assert (e3.value.status, e3.value.code) == (404, "queue_not_found")
+    with pytest.raises(delayq.ApiError) as e4:
+        c.ack("not-a-receipt")
+    assert e4.value.status == 400
+    # The run loop raises what asking again will not cure (a refused token).
+    with pytest.raises(delayq.ApiError) as e6:
+        bad.run(lambda d: None, stop=threading.Event())
+    assert e6.value.status == 401
+    gone = delayq.Consumer(f"http://127.0.0.1:{serve.port}", TOKEN, QUEUE, GROUP, timeout=5)
+    serve.stop()
+    with pytest.raises(delayq.ApiUnreachable) as e5:
+        gone.receive()
+    for err in (e, e2, e3, e4, e5):
+        for text in (str(err.value), repr(err.value)):
+            assert TOKEN not in text and wrong not in text, text
+    for obj in (bad, c, delayq.AsyncConsumer(serve.base_url, TOKEN, QUEUE, GROUP)):
+        assert TOKEN not in repr(obj) and wrong not in repr(obj)
