@@ -113,10 +113,6 @@ def test_the_trace_context_of_a_traced_order_comes_with_it(serve):
     assert c.ack(d) == ["acked"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "server bug, not the SDK's: src/service/http/pull.rs receive() answers "
-    "json!({\"deliveries\": deliveries}), which turns each RawValue payload into a Value "
-    "(keys sorted, numbers re-printed); answering a #[derive(Serialize)] struct keeps the bytes"))
 def test_the_payload_arrives_byte_for_byte(serve, redis_server, ns):
     c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
     _joined(c)
