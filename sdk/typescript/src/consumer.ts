@@ -68,6 +68,8 @@ export interface RunOptions {
   signal?: AbortSignal;
   /** The longest pause between empty receives in ms (default 1000; it starts at 50 and doubles). */
   maxIdleMs?: number;
+  /** Extend the lease of a running handler's delivery every `leaseMs / 2` (default true). */
+  extendLeases?: boolean;
   /** The retry delay of a failed handler's nack (default: the group's backoff). */
   retryInMs?: number;
   /** Told of every failure the loop survives (a lost lease, a refused ack, an unreachable server). Default: `console.error`. */
@@ -192,7 +194,7 @@ export class Consumer {
    * cannot fix (a 4xx of `receive`, e.g. a wrong token or an unknown queue).
    */
   async run(handler: Handler, options: RunOptions = {}): Promise<void> {
-    const { concurrency = 1, signal, maxIdleMs = 1000, retryInMs } = options;
+    const { concurrency = 1, signal, maxIdleMs = 1000, retryInMs, extendLeases = true } = options;
     const onError = options.onError ?? ((e: unknown) => console.error(`delayq consumer ${this.queue}/${this.group}:`, e));
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) {
       throw new DelayqError("invalid_option", `concurrency: must be a whole number of at least 1, not ${String(concurrency)}`);
@@ -201,11 +203,24 @@ export class Consumer {
     const settle = async (d: PullDelivery): Promise<void> => {
       let failure: unknown;
       let ok = false;
+      // A long handler keeps its lease: extended at half of it, the delivery taking each new
+      // receipt; the settling call waits for an extension in flight (it spends the receipt).
+      let extending: Promise<unknown> | undefined;
+      const timer = extendLeases
+        ? setInterval(() => {
+            extending ??= this.extend(d)
+              .catch((e) => onError(e, d))
+              .finally(() => (extending = undefined));
+          }, Math.max(1, Math.floor(this.leaseMs / 2)))
+        : undefined;
       try {
         await handler(d);
         ok = true;
       } catch (e) {
         failure = e;
+      } finally {
+        clearInterval(timer);
+        await extending;
       }
       try {
         if (ok) await this.ack(d);

@@ -15,7 +15,7 @@ let client;
 
 before(async () => {
   redis = await LocalRedis.start();
-  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact"]) await createQueue(redis.url, q);
+  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact", "pull-long"]) await createQueue(redis.url, q);
   serve = await Serve.start(`
 redis_url = "${redis.url}"
 namespace = "dq"
@@ -134,6 +134,34 @@ test("run: a throwing handler is nacked with its text and comes back at attempt 
     await loop;
   }
   assert.deepEqual(seen, [["r1", 1], ["r1", 2]]);
+  assert.deepEqual(errors, []);
+  assert.deepEqual(await c.receive(10), []);
+});
+
+test("run: a handler running past its lease keeps it (extended), is acked once and not redelivered", async () => {
+  const c = consumer("pull-long", { leaseMs: 1000 });
+  await c.receive(1);
+  await client.schedule("pull-long", { id: "long1", delayMs: 0, payload: {} });
+  const seen = [];
+  const receipts = new Set();
+  const errors = [];
+  const stop = new AbortController();
+  const loop = c.run(
+    async (d) => {
+      seen.push([d.id, d.attempt]);
+      // Runs until the lease was extended twice (three receipts): past the first lease.
+      await waitFor("two extensions", () => receipts.add(d.receipt).size >= 3);
+    },
+    // concurrency 2: the loop keeps receiving, so an expired lease would be taken over.
+    { concurrency: 2, signal: stop.signal, onError: (e) => errors.push(e) },
+  );
+  try {
+    await waitFor("long1 acked", async () => seen.length === 1 && (await pending("pull-long")) === 0);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(seen, [["long1", 1]]);
   assert.deepEqual(errors, []);
   assert.deepEqual(await c.receive(10), []);
 });
