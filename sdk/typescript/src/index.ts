@@ -44,3 +44,15 @@ export {
   type When,
 } from "./message.js";
 export { LUA_DIR, SCRIPTS, SCRIPT_NAMES, type Script, type ScriptName } from "./scripts.js";
+export {
+  Consumer,
+  ConsumerApiError,
+  LeaseLostError,
+  type AckStatus,
+  type ConsumerOptions,
+  type ExtendResult,
+  type Handler,
+  type NackOptions,
+  type PullDelivery,
+  type RunOptions,
+} from "./consumer.js";

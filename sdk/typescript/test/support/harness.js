@@ -290,7 +290,8 @@ export class Serve {
     try {
       await waitFor("delayq serve to answer /readyz", async () => {
         if (child.exitCode !== null) throw new Error(`serve exited with ${child.exitCode}: ${s.log()}`);
-        const r = await fetch(`${s.base}/readyz`).catch(() => null);
+        // A timeout on each try: a connection made while serve starts may never be answered.
+        const r = await fetch(`${s.base}/readyz`, { signal: AbortSignal.timeout(2000) }).catch(() => null);
         return r !== null && r.status === 200;
       }, 60_000, 50);
     } catch (e) {

@@ -2,6 +2,10 @@
 // published declarations (dist/index.d.ts).
 import {
   Client,
+  Consumer,
+  ConsumerApiError,
+  LeaseLostError,
+  type PullDelivery,
   DelayqError,
   InvalidInputError,
   NotReplicatedError,
@@ -46,4 +50,25 @@ export async function usage(): Promise<void> {
   }
   console.log(outcome, dispatchedAt, cancelled, moved, text, priority);
   await dq.close();
+}
+
+export async function consume(): Promise<void> {
+  const c = new Consumer({ baseUrl: "http://127.0.0.1:8080", token: "t0ken-123", queue: "order-close", group: "close", leaseMs: 30_000, timeoutMs: 5000 });
+  const got: PullDelivery[] = await c.receive(10);
+  const first = got[0];
+  if (first) {
+    const text: string = first.payloadJson;
+    const [ext] = await c.extend(first, 60_000);
+    if (ext?.status === "extended") console.log(ext.receipt, text);
+    try {
+      const statuses: ("acked" | "lease_lost")[] = await c.ack([first]);
+      console.log(statuses);
+    } catch (e) {
+      if (e instanceof LeaseLostError) console.log(e.code);
+      else if (e instanceof ConsumerApiError) console.log(e.status, e.code);
+    }
+    await c.nack(first.receipt, { retryInMs: 1000, error: "shop down" });
+  }
+  const stop = new AbortController();
+  await c.run(async (d: PullDelivery) => console.log(d.id, d.attempt), { concurrency: 4, signal: stop.signal, onError: (e, d) => console.log(e, d?.id) });
 }

@@ -1,0 +1,451 @@
+// Consumer: pulls due orders of one queue's group from `delayq serve` over HTTP
+// (`POST /v1/queues/{queue}/groups/{group}:receive|:ack|:nack|:extend`), runs a handler on
+// each and settles it by its receipt. HTTP only: the consumer needs no Redis access.
+
+import { DelayqError } from "./errors.js";
+import type { Priority } from "./message.js";
+
+/** The consumer's settings. */
+export interface ConsumerOptions {
+  /** Where `delayq serve` answers, e.g. `http://127.0.0.1:8080`. */
+  baseUrl: string;
+  /** An API token, sent as `Authorization: Bearer <token>` (none: an open API). */
+  token?: string;
+  /** The registered queue. */
+  queue: string;
+  /** The consumer group (joined on its first receive). */
+  group: string;
+  /** Each delivery's lease in ms (default 30000; the server checks the range). */
+  leaseMs?: number;
+  /** Every HTTP call's timeout in ms (default 10000). */
+  timeoutMs?: number;
+}
+
+/** One leased delivery, as `:receive` answers it. */
+export interface PullDelivery {
+  /** The order id. */
+  id: string;
+  /** The payload, parsed (`JSON.parse`; see `payloadJson` for numbers beyond a double). */
+  payload: unknown;
+  /** The payload's JSON text, byte for byte as scheduled. */
+  payloadJson: string;
+  priority: Priority;
+  /** 1 for the first delivery, 2 for the first retry, ... */
+  attempt: number;
+  dueAtMs: number;
+  dispatchedAtMs: number;
+  enqueuedAtMs?: number;
+  /** The W3C trace context of the schedule call, when it had one. */
+  traceparent?: string;
+  tracestate?: string;
+  /** Settles this delivery while its lease holds (replaced by `extend`). */
+  receipt: string;
+  /** When the lease runs out (server time, ms). */
+  leaseUntilMs: number;
+}
+
+/** What `nack` does with a delivery. */
+export interface NackOptions {
+  /** Retry after this many ms (default: the group's backoff). Not with `dead`. */
+  retryInMs?: number;
+  /** Straight to the dead letters, not retried. */
+  dead?: boolean;
+  /** Why: kept as the delivery's last error (the dead letter's text). */
+  error?: string;
+}
+
+/** One receipt's result of `ack`. */
+export type AckStatus = "acked" | "lease_lost";
+
+/** One receipt's result of `extend`: the new receipt when extended. */
+export type ExtendResult = { status: "extended"; receipt: string } | { status: "lease_lost" };
+
+/** How `run` consumes. */
+export interface RunOptions {
+  /** Handlers running at once (default 1). */
+  concurrency?: number;
+  /** Stops the loop: no new receives; running handlers finish and are settled. */
+  signal?: AbortSignal;
+  /** The longest pause between empty receives in ms (default 1000; it starts at 50 and doubles). */
+  maxIdleMs?: number;
+  /** Extend the lease of a running handler's delivery every `leaseMs / 2` (default true). */
+  extendLeases?: boolean;
+  /** The retry delay of a failed handler's nack (default: the group's backoff). */
+  retryInMs?: number;
+  /** Told of every failure the loop survives (a lost lease, a refused ack, an unreachable server). Default: `console.error`. */
+  onError?: (error: unknown, delivery?: PullDelivery) => void;
+}
+
+/** A handler of one delivery: resolving acks it, throwing nacks it with the error's message. */
+export type Handler = (delivery: PullDelivery) => unknown | Promise<unknown>;
+
+/** The receipt's lease ran out and the delivery was taken over (or it was settled already); nothing was changed. */
+export class LeaseLostError extends DelayqError {
+  constructor(message: string) {
+    super("lease_lost", message);
+  }
+}
+
+/**
+ * `delayq serve` refused a call (`status` and the API's `error.code` as `code`), or could not
+ * be reached (`code` `unavailable`, `status` undefined) or did not answer in time (`code`
+ * `timeout`: an ack or nack may then have been applied).
+ */
+export class ConsumerApiError extends DelayqError {
+  /** The HTTP status, when the server answered. */
+  readonly status?: number;
+  constructor(code: string, message: string, status?: number, options?: { cause?: unknown }) {
+    super(code, message, options);
+    if (status !== undefined) this.status = status;
+  }
+}
+
+type Settleable = PullDelivery | string;
+
+/** Pulls one group of one queue from `delayq serve`. */
+export class Consumer {
+  readonly queue: string;
+  readonly group: string;
+  readonly leaseMs: number;
+  readonly timeoutMs: number;
+  private readonly base: string;
+  private readonly token: string | undefined;
+
+  constructor(options: ConsumerOptions) {
+    const { baseUrl, token, queue, group, leaseMs = 30_000, timeoutMs = 10_000 } = options;
+    let url: URL;
+    try {
+      url = new URL(baseUrl);
+    } catch {
+      throw new DelayqError("invalid_option", `baseUrl: not a URL: ${JSON.stringify(String(baseUrl))}`);
+    }
+    if (url.protocol !== "http:" && url.protocol !== "https:") {
+      throw new DelayqError("invalid_option", `baseUrl: ${url.protocol} is not http: or https:`);
+    }
+    for (const [name, v] of [["queue", queue], ["group", group]] as const) {
+      if (typeof v !== "string" || v.length === 0) {
+        throw new DelayqError("invalid_option", `${name}: must be a non-empty string`);
+      }
+    }
+    for (const [name, v] of [["leaseMs", leaseMs], ["timeoutMs", timeoutMs]] as const) {
+      if (!Number.isSafeInteger(v) || v <= 0) {
+        throw new DelayqError("invalid_option", `${name}: must be a positive whole number of ms, not ${String(v)}`);
+      }
+    }
+    if (token !== undefined && (typeof token !== "string" || token.length === 0)) {
+      throw new DelayqError("invalid_option", "token: must be a non-empty string when given");
+    }
+    this.base = `${url.origin}${url.pathname.replace(/\/+$/, "")}`;
+    this.token = token;
+    this.queue = queue;
+    this.group = group;
+    this.leaseMs = leaseMs;
+    this.timeoutMs = timeoutMs;
+  }
+
+  /** Up to `max` due deliveries (none when nothing is due), each leased for `leaseMs`. */
+  async receive(max = 10, leaseMs = this.leaseMs): Promise<PullDelivery[]> {
+    const text = await this.call("receive", { max, lease_ms: leaseMs });
+    return parseDeliveries(text);
+  }
+
+  /**
+   * Acknowledges deliveries (or their receipts): one status per receipt, in order. Throws
+   * `LeaseLostError` when no receipt's lease holds any more.
+   */
+  async ack(deliveriesOrReceipts: Settleable | Settleable[]): Promise<AckStatus[]> {
+    const receipts = receiptsOf(deliveriesOrReceipts);
+    if (receipts.length === 0) return [];
+    const body = JSON.parse(await this.call("ack", { receipts })) as { results: { status: AckStatus }[] };
+    return body.results.map((r) => r.status);
+  }
+
+  /** Gives a delivery back: retried (after `retryInMs` or the group's backoff) or dead-lettered. */
+  async nack(delivery: Settleable, options: NackOptions = {}): Promise<void> {
+    const body: Record<string, unknown> = { receipt: receiptOf(delivery) };
+    if (options.retryInMs !== undefined) body.retry_in_ms = options.retryInMs;
+    if (options.dead !== undefined) body.dead = options.dead;
+    if (options.error !== undefined) body.error = options.error;
+    await this.call("nack", body);
+  }
+
+  /**
+   * Extends the leases of deliveries (or receipts) to `leaseMs` from now: one result per
+   * receipt, each extended one with its new receipt (a delivery passed in gets it too).
+   * Throws `LeaseLostError` when no receipt's lease holds any more.
+   */
+  async extend(deliveriesOrReceipts: Settleable | Settleable[], leaseMs = this.leaseMs): Promise<ExtendResult[]> {
+    const items = Array.isArray(deliveriesOrReceipts) ? deliveriesOrReceipts : [deliveriesOrReceipts];
+    const receipts = receiptsOf(items);
+    if (receipts.length === 0) return [];
+    const body = JSON.parse(await this.call("extend", { receipts, lease_ms: leaseMs })) as { results: ExtendResult[] };
+    body.results.forEach((r, i) => {
+      const item = items[i];
+      if (r.status === "extended" && typeof item === "object") item.receipt = r.receipt;
+    });
+    return body.results;
+  }
+
+  /**
+   * Receives and handles deliveries until `signal` aborts: each delivery is acked when
+   * `handler` resolves and nacked with the error's message when it throws. Pauses (50 ms
+   * doubling to `maxIdleMs`) while nothing is due or the server is unreachable. Resolves
+   * once stopped and every running handler is settled; rejects on a refusal that repeating
+   * cannot fix (a 4xx of `receive`, e.g. a wrong token or an unknown queue).
+   */
+  async run(handler: Handler, options: RunOptions = {}): Promise<void> {
+    const { concurrency = 1, signal, maxIdleMs = 1000, retryInMs, extendLeases = true } = options;
+    const onError = options.onError ?? ((e: unknown) => console.error(`delayq consumer ${this.queue}/${this.group}:`, e));
+    if (!Number.isSafeInteger(concurrency) || concurrency < 1) {
+      throw new DelayqError("invalid_option", `concurrency: must be a whole number of at least 1, not ${String(concurrency)}`);
+    }
+    const running = new Set<Promise<void>>();
+    const settle = async (d: PullDelivery): Promise<void> => {
+      let failure: unknown;
+      let ok = false;
+      // A long handler keeps its lease: extended at half of it, the delivery taking each new
+      // receipt; the settling call waits for an extension in flight (it spends the receipt).
+      let extending: Promise<unknown> | undefined;
+      const timer = extendLeases
+        ? setInterval(() => {
+            extending ??= this.extend(d)
+              .catch((e) => onError(e, d))
+              .finally(() => (extending = undefined));
+          }, Math.max(1, Math.floor(this.leaseMs / 2)))
+        : undefined;
+      try {
+        await handler(d);
+        ok = true;
+      } catch (e) {
+        failure = e;
+      } finally {
+        clearInterval(timer);
+        await extending;
+      }
+      try {
+        if (ok) await this.ack(d);
+        else await this.nack(d, { error: errorText(failure), ...(retryInMs === undefined ? {} : { retryInMs }) });
+      } catch (e) {
+        onError(e, d);
+      }
+    };
+    let idle = 0;
+    try {
+      while (!signal?.aborted) {
+        const free = concurrency - running.size;
+        if (free === 0) {
+          await Promise.race(running);
+          continue;
+        }
+        let batch: PullDelivery[];
+        try {
+          batch = await this.receive(free);
+        } catch (e) {
+          const status = (e as ConsumerApiError).status;
+          if (status !== undefined && status >= 400 && status < 500 && status !== 429) throw e;
+          onError(e);
+          batch = [];
+        }
+        if (batch.length === 0) {
+          idle = Math.min(idle === 0 ? 50 : idle * 2, maxIdleMs);
+          await pause(idle, signal);
+          continue;
+        }
+        idle = 0;
+        for (const d of batch) {
+          const p: Promise<void> = settle(d).finally(() => running.delete(p));
+          running.add(p);
+        }
+      }
+    } finally {
+      await Promise.all(running);
+    }
+  }
+
+  /** One POST of `action`: the answer's text, or the error. */
+  private async call(action: string, body: unknown): Promise<string> {
+    const url = `${this.base}/v1/queues/${encodeURIComponent(this.queue)}/groups/${encodeURIComponent(this.group)}:${action}`;
+    const what = `POST ${url}`;
+    const headers: Record<string, string> = { "content-type": "application/json" };
+    if (this.token !== undefined) headers.authorization = `Bearer ${this.token}`;
+    let res: Response;
+    let text: string;
+    try {
+      res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(this.timeoutMs) });
+      text = await res.text();
+    } catch (e) {
+      const timedOut = (e as { name?: string })?.name === "TimeoutError";
+      const reason = timedOut
+        ? `no answer within ${this.timeoutMs} ms (an ack or nack may have been applied)`
+        : `${errorText(e)}${causeText(e)}`;
+      throw new ConsumerApiError(timedOut ? "timeout" : "unavailable", this.scrub(`${what}: ${reason}`));
+    }
+    if (res.ok) return text;
+    let code = `http_${res.status}`;
+    let message = text.slice(0, 500);
+    try {
+      const err = (JSON.parse(text) as { error?: { code?: unknown; message?: unknown } }).error;
+      if (typeof err?.code === "string") code = err.code;
+      if (typeof err?.message === "string") message = err.message;
+    } catch {
+      // Not the API's envelope (a proxy's page): its text, shortened.
+    }
+    if (res.status === 409 && code === "lease_lost") throw new LeaseLostError(this.scrub(`${what}: ${message}`));
+    throw new ConsumerApiError(code, this.scrub(`${what}: ${res.status} ${code}: ${message}`), res.status);
+  }
+
+  /** `text` with the token cut out (it never reaches an error). */
+  private scrub(text: string): string {
+    return this.token === undefined ? text : text.split(this.token).join("<token>");
+  }
+}
+
+function receiptOf(x: Settleable): string {
+  const r = typeof x === "string" ? x : x?.receipt;
+  if (typeof r !== "string" || r.length === 0) {
+    throw new DelayqError("invalid_option", "receipt: pass a delivery from receive() or its receipt string");
+  }
+  return r;
+}
+
+function receiptsOf(x: Settleable | Settleable[]): string[] {
+  return (Array.isArray(x) ? x : [x]).map(receiptOf);
+}
+
+function errorText(e: unknown): string {
+  if (e instanceof Error) return e.message || e.name;
+  return String(e);
+}
+
+function causeText(e: unknown): string {
+  const c = (e as { cause?: unknown })?.cause;
+  return c === undefined ? "" : ` (${errorText(c)})`;
+}
+
+/** Waits `ms`, or less when `signal` aborts. */
+function pause(ms: number, signal?: AbortSignal): Promise<void> {
+  if (signal?.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(t);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const t = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
+
+/**
+ * The deliveries of a `:receive` answer, each payload kept as its exact JSON text: the
+ * answer is walked member by member and the payload's span cut out of the text (parsing it
+ * would round numbers beyond a double).
+ */
+export function parseDeliveries(text: string): PullDelivery[] {
+  const top = members(text, 0);
+  const list = top.get("deliveries");
+  if (list === undefined) throw new DelayqError("internal", `unexpected :receive answer: ${text.slice(0, 200)}`);
+  return elements(text, list[0]).map(([start]) => {
+    const m = members(text, start);
+    const raw = (k: string): string | undefined => {
+      const s = m.get(k);
+      return s === undefined ? undefined : text.slice(s[0], s[1]);
+    };
+    const val = (k: string): unknown => {
+      const r = raw(k);
+      return r === undefined ? undefined : JSON.parse(r);
+    };
+    const payloadJson = raw("payload") ?? "null";
+    const d: PullDelivery = {
+      id: val("id") as string,
+      payload: JSON.parse(payloadJson),
+      payloadJson,
+      priority: val("priority") as Priority,
+      attempt: val("attempt") as number,
+      dueAtMs: val("due_at_ms") as number,
+      dispatchedAtMs: val("dispatched_at_ms") as number,
+      receipt: val("receipt") as string,
+      leaseUntilMs: val("lease_until_ms") as number,
+    };
+    const enqueued = val("enqueued_at_ms");
+    if (typeof enqueued === "number") d.enqueuedAtMs = enqueued;
+    const tp = val("traceparent");
+    if (typeof tp === "string") d.traceparent = tp;
+    const ts = val("tracestate");
+    if (typeof ts === "string") d.tracestate = ts;
+    return d;
+  });
+}
+
+type Span = [number, number];
+
+function skipWs(text: string, i: number): number {
+  while (i < text.length && " \t\r\n".includes(text[i]!)) i++;
+  return i;
+}
+
+/** The end of the JSON value starting at `i` (after whitespace): [start, end). */
+function valueSpan(text: string, i: number): Span {
+  const start = skipWs(text, i);
+  let j = start;
+  const c = text[j];
+  if (c === '"') {
+    j++;
+    while (j < text.length && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
+    return [start, j + 1];
+  }
+  if (c === "{" || c === "[") {
+    let depth = 0;
+    for (; j < text.length; j++) {
+      const ch = text[j];
+      if (ch === '"') {
+        j = valueSpan(text, j)[1] - 1;
+      } else if (ch === "{" || ch === "[") {
+        depth++;
+      } else if (ch === "}" || ch === "]") {
+        if (--depth === 0) return [start, j + 1];
+      }
+    }
+    throw new DelayqError("internal", "unexpected end of a :receive answer");
+  }
+  while (j < text.length && !",}] \t\r\n".includes(text[j]!)) j++;
+  if (j === start) throw new DelayqError("internal", `unexpected :receive answer at ${start}`);
+  return [start, j];
+}
+
+/** The members of the object starting at `i`: key -> value span. */
+function members(text: string, i: number): Map<string, Span> {
+  const out = new Map<string, Span>();
+  let j = skipWs(text, i);
+  if (text[j] !== "{") throw new DelayqError("internal", `expected an object in a :receive answer at ${j}`);
+  j = skipWs(text, j + 1);
+  if (text[j] === "}") return out;
+  for (;;) {
+    const key = valueSpan(text, j);
+    j = skipWs(text, key[1]);
+    if (text[j] !== ":") throw new DelayqError("internal", `expected ':' in a :receive answer at ${j}`);
+    const v = valueSpan(text, j + 1);
+    out.set(JSON.parse(text.slice(key[0], key[1])) as string, v);
+    j = skipWs(text, v[1]);
+    if (text[j] === "}") return out;
+    if (text[j] !== ",") throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
+    j++;
+  }
+}
+
+/** The element spans of the array starting at `i`. */
+function elements(text: string, i: number): Span[] {
+  const out: Span[] = [];
+  let j = skipWs(text, i);
+  if (text[j] !== "[") throw new DelayqError("internal", `expected an array in a :receive answer at ${j}`);
+  j = skipWs(text, j + 1);
+  if (text[j] === "]") return out;
+  for (;;) {
+    const v = valueSpan(text, j);
+    out.push(v);
+    j = skipWs(text, v[1]);
+    if (text[j] === "]") return out;
+    if (text[j] !== ",") throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
+    j++;
+  }
+}
