@@ -100,9 +100,7 @@ test("payloadJson is the answer's payload text, byte for byte (numbers beyond a 
   assert.deepEqual(parseDeliveries('{"deliveries":[]}'), []);
 });
 
-test("serve answers :receive with the payload byte for byte", {
-  todo: "src/service/http/pull.rs answers through serde_json::json! (a Value): big numbers are rounded and keys sorted; serialize a struct holding the RawValue instead",
-}, async () => {
+test("serve answers :receive with the payload byte for byte", { timeout: 90_000 }, async () => {
   const c = consumer("pull-exact");
   await c.receive(1);
   const text = '{"z":123456789012345678901234567890,"a":1}';
