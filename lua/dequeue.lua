@@ -47,7 +47,10 @@
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
--- Every argument is checked before the first write. Redis >= 6.2.
+-- Every argument is checked before the first write.
+-- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
+-- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
+-- Redis >= 6.2.
 local now = int(ARGV[1])
 local limit = int(ARGV[2])
 local hist_at = int(ARGV[3])

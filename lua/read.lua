@@ -26,6 +26,8 @@
 -- XREADGROUP (which puts the entries in the consumer's pending list) and the lease (ZADD into
 -- the timers ZSET) happen together, so no crash can leave a pending entry without a timer:
 -- every pending entry is reclaimed in O(log n) through the timers, never by scanning.
+-- Cost: O(c log t) for c entries read (XREADGROUP, at most ARGV[3]) and leased in a timers
+-- ZSET of t; nothing to read: the marker's HMGET and one XREADGROUP. Redis >= 6.2.
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq read: lease end must be unix milliseconds')
 end

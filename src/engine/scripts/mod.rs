@@ -216,6 +216,29 @@ mod tests {
         out
     }
 
+    /// Every script's header (its leading `--` lines) states its cost in the sizes that
+    /// matter and the oldest Redis it runs on (STYLE: a lookup whose cost grows with a
+    /// setting must be seen before it ships).
+    #[test]
+    fn every_script_header_states_its_cost_and_its_minimum_redis() {
+        for (name, text) in flagged() {
+            let header: Vec<&str> = text
+                .lines()
+                .skip_while(|l| l.starts_with("#!"))
+                .take_while(|l| l.starts_with("--"))
+                .collect();
+            let header = header.join("\n");
+            assert!(
+                header.contains("Cost:"),
+                "{name}.lua: no Cost: line in its header"
+            );
+            assert!(
+                header.contains("Redis >="),
+                "{name}.lua: no minimum Redis version in its header"
+            );
+        }
+    }
+
     #[test]
     fn every_read_only_script_is_flagged_no_writes_and_only_those() {
         let mut read_only = Vec::new();
