@@ -361,11 +361,35 @@ async fn every_replica_durability_waits_for_each_replica_and_covers_cancels_and_
     let master = LocalRedis::start().unwrap();
     let (first, first_client) = synced_replica(&master).await;
     let (second, second_client) = synced_replica(&master).await;
+    // The master counts both replicas in sync (what the durable writes learn their count
+    // from) before the first write: a replica's own link can be up a moment before.
+    let probe = Client::connect(&master.url()).await.unwrap();
+    wait_for(
+        "the master to count two replicas online",
+        Duration::from_secs(60),
+        || {
+            let c = probe.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c.connection())
+                    .await
+                    .unwrap();
+                info.matches("state=online").count() == 2
+            }
+        },
+    )
+    .await;
+    // A generous WAIT where both replicas must confirm (a loaded machine may be slow); a
+    // short one below, where one of them cannot.
     let every = match Durability::replicated() {
         Durability::EveryReplica { .. } => Durability::EveryReplica {
-            timeout: Duration::from_millis(300),
+            timeout: Duration::from_secs(30),
         },
         other => panic!("replicated() is {other:?}"),
+    };
+    let short = Durability::EveryReplica {
+        timeout: Duration::from_millis(300),
     };
     let client = Client::connect_with(&master.url(), ClientOptions::default().durability(every))
         .await
@@ -411,6 +435,7 @@ async fn every_replica_durability_waits_for_each_replica_and_covers_cancels_and_
     // One of the two hangs: every kind of write is refused as not replicated (it may be on
     // the leader), where a WAIT for one replica acknowledges.
     second.suspend().unwrap();
+    let slow = client.with_durability(short);
     let not_replicated = |r: Result<(), Error>| match r {
         Err(Error::NotReplicated {
             acked: 1,
@@ -420,21 +445,19 @@ async fn every_replica_durability_waits_for_each_replica_and_covers_cancels_and_
         other => panic!("expected NotReplicated 1 of 2, got {other:?}"),
     };
     not_replicated(
-        client
-            .schedule("q", "c", When::in_ms(60_000), json!(3))
+        slow.schedule("q", "c", When::in_ms(60_000), json!(3))
             .await
             .map(drop),
     );
     not_replicated(
-        client
-            .reschedule("q", "b", When::in_ms(120_000))
+        slow.reschedule("q", "b", When::in_ms(120_000))
             .await
             .map(drop),
     );
-    not_replicated(client.cancel("q", "b").await.map(drop));
+    not_replicated(slow.cancel("q", "b").await.map(drop));
     let one = client.with_durability(Durability::Replicated {
         replicas: 1,
-        timeout: Duration::from_millis(300),
+        timeout: Duration::from_secs(30),
     });
     one.schedule("q", "d", When::in_ms(60_000), json!(4))
         .await
