@@ -37,6 +37,15 @@ impl RedisClock {
         })
     }
 
+    /// How long ago (host monotonic time) the anchor was read.
+    pub fn age(&self) -> std::time::Duration {
+        self.base
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .elapsed()
+    }
+
     /// Reads `TIME` again and re-anchors (bounds drift between host and server clocks).
     pub async fn sync<C: redis::aio::ConnectionLike>(&self, conn: &mut C) -> Result<()> {
         let base = read_time(conn).await?;

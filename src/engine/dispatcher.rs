@@ -3,7 +3,7 @@
 //! Each pass runs `dequeue.lua` once per shard, the calls of one pass in flight together
 //! (pipelined on the multiplexed connection), so a backlog in one shard cannot starve
 //! another. A shard whose last call reported its earliest order due later than now is
-//! skipped until then, unless the idle look (`idle_poll`, 5 s, while wake-ups are heard;
+//! skipped until then, unless the idle look (`idle_poll`, 30 s, while wake-ups are heard;
 //! `max_idle`, 250 ms, while not) has passed since it was last called, this process
 //! scheduled something, or another process published an earlier due time on the shard's
 //! wake channel (`engine::listen`). While any shard
@@ -14,7 +14,7 @@
 //! The script is atomic, so any number of dispatchers may run on one queue at once.
 
 use crate::engine::client::Client;
-use crate::engine::error::{Error, InvalidInput, Result};
+use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
 use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::retry::{Pacer, RetryPolicy};
@@ -41,7 +41,7 @@ pub struct DispatcherOptions {
     /// Longest idle sleep while other processes' wake-ups are not heard (default 250 ms:
     /// before the listener's subscriptions are confirmed, after its connection broke).
     pub max_idle: Duration,
-    /// Longest idle sleep while every shard's wake-ups are heard (default 5 s, never less
+    /// Longest idle sleep while every shard's wake-ups are heard (default 30 s, never less
     /// than `max_idle`): the look at an idle shard in case a wake-up was lost, one script
     /// call per shard per `idle_poll` per process.
     pub idle_poll: Duration,
@@ -72,7 +72,7 @@ pub struct DispatcherOptions {
 pub const BUDGET_SPACING: (u32, u32) = (1, 3);
 
 /// The default [`DispatcherOptions::idle_poll`].
-pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(5);
+pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(30);
 
 /// Longest [`DispatcherOptions::idle_poll`].
 pub const MAX_IDLE_POLL: Duration = Duration::from_secs(86_400);
@@ -317,6 +317,7 @@ impl Dispatcher {
         }
         // Which shards to call, and the known next due time of those skipped.
         let mut call = Vec::with_capacity(self.shards.len());
+        let mut probe = Vec::new();
         let idle = self.idle();
         {
             let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
@@ -333,13 +334,48 @@ impl Dispatcher {
             }
             for (i, v) in views.iter().enumerate() {
                 match v {
-                    Some(v)
-                        if v.next_due_ms.is_none_or(|d| d > now)
-                            && started.duration_since(v.at) < idle =>
-                    {
-                        pass.next_due_ms = min_opt(pass.next_due_ms, v.next_due_ms);
+                    Some(v) if v.next_due_ms.is_none_or(|d| d > now) => {
+                        if started.duration_since(v.at) < idle {
+                            pass.next_due_ms = min_opt(pass.next_due_ms, v.next_due_ms);
+                        } else {
+                            probe.push(i);
+                        }
                     }
                     _ => call.push(i),
+                }
+            }
+        }
+        // The idle look: one `ZRANGE 0 0` of the shard's due set (a plain read, a quarter of
+        // a script call's commands); the script runs only when the shard has orders due.
+        if !probe.is_empty() {
+            let heads = futures_util::future::try_join_all(probe.iter().map(|&i| {
+                let mut conn = self.client.connection();
+                let due = &self.shards[i].due;
+                async move {
+                    redis::cmd("ZRANGE")
+                        .arg(due)
+                        .arg(0)
+                        .arg(0)
+                        .arg("WITHSCORES")
+                        .query_async::<Vec<(String, f64)>>(&mut conn)
+                        .await
+                        .ctx("probing a shard's earliest due time")
+                }
+            }))
+            .await?;
+            let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            for (&i, head) in probe.iter().zip(heads) {
+                let next = head
+                    .first()
+                    .map(|(_, score)| crate::engine::reply::score_to_ms(*score));
+                if next.is_some_and(|d| d <= now) {
+                    call.push(i);
+                } else {
+                    views[i] = Some(ShardView {
+                        next_due_ms: next,
+                        at: started,
+                    });
+                    pass.next_due_ms = min_opt(pass.next_due_ms, next);
                 }
             }
         }
@@ -373,6 +409,10 @@ impl Dispatcher {
                 continue;
             }
             pass.moved += r.moved;
+            if r.moved > 0 {
+                // Its stream grew: the trim chore looks at it until it is clean again.
+                self.client.touched().mark(&self.shards[i]);
+            }
             let full = r.moved >= n;
             pass.more |= full;
             pass.next_due_ms = min_opt(pass.next_due_ms, r.next_due_ms);
@@ -512,7 +552,11 @@ impl Dispatcher {
             };
             if last_sync.elapsed() >= self.opts.clock_sync_every {
                 last_sync = Instant::now();
-                if let Err(e) = self.client.sync_clock().await {
+                if let Err(e) = self
+                    .client
+                    .sync_clock_if_older(self.opts.clock_sync_every)
+                    .await
+                {
                     tracing::warn!(error = %e, "clock sync failed");
                 }
             }

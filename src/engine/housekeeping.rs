@@ -5,11 +5,16 @@
 //!
 //! - **trim** (`trim.lua`): trims each stream below the minimum over groups of (oldest
 //!   pending id, last-delivered id), so the stream stays short under steady load and never
-//!   loses an entry some group has not acknowledged;
-//! - **dead letters**: deletes dead letters past the retention, then beyond the per-queue cap;
+//!   loses an entry some group has not acknowledged. A pass (every 10 s) looks only at the
+//!   shards this process dispatched into since a pass last found them clean (every group
+//!   has read and acknowledged everything: `client::touched`); every [`FULL_TRIM_EVERY`] (15 min)
+//!   a pass looks at every shard, for what other processes (replays, a library worker
+//!   whose process runs no housekeeper) left. An idle queue costs no trim call;
+//! - **dead letters**: deletes dead letters past the retention, then beyond the per-queue
+//!   cap, in the same passes and over the same shards;
 //! - **idle consumers** (`consumers.lua`): deletes consumers idle for long with nothing
 //!   pending, and heartbeats older than an hour;
-//! - **safety sweep** (every 5 s by default): probes each shard's earliest due time (one
+//! - **safety sweep** (every minute by default): probes each shard's earliest due time (one
 //!   `ZRANGE 0 0` per shard, the reads of a pass pipelined, no dispatcher built) and
 //!   dispatches only the queues with a shard due now, in addition to the dispatchers' own
 //!   loops, so a missed wake-up can never stall dispatch; only over the queues the process
@@ -37,9 +42,15 @@ use tokio::sync::Mutex;
 use tokio_cron_scheduler::{Job, JobScheduler};
 use tokio_util::sync::CancellationToken;
 
-/// The safety sweep's default schedule: every 5 s. Idle, each pass costs one `ZRANGE` per
-/// shard of the process's queues (pipelined), and no script call.
-pub const DEFAULT_SWEEP_CRON: &str = "*/5 * * * * *";
+/// The safety sweep's default schedule: every minute. Idle, each pass costs one `ZRANGE` per
+/// shard of the process's queues (pipelined), and no script call. It is the net under the
+/// dispatchers (which the supervisor restarts when one stops, and which look at every idle
+/// shard every `idle_poll` besides the wake-ups), so it can be slow.
+pub const DEFAULT_SWEEP_CRON: &str = "0 * * * * *";
+
+/// How often the trim chore looks at every shard, not only the ones this process
+/// dispatched into (see the module documentation).
+pub const FULL_TRIM_EVERY: Duration = Duration::from_secs(15 * 60);
 
 /// Most shard probes in flight at once in one sweep pass.
 const PROBE_CHUNK: usize = 1000;
@@ -48,13 +59,14 @@ const PROBE_CHUNK: usize = 1000;
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct HousekeepingOptions {
-    /// When to trim streams (default every 10 s: `*/10 * * * * *`).
+    /// When to trim streams (default every 10 s: `*/10 * * * * *`; a pass looks only at the
+    /// shards that need it, see the module documentation).
     pub trim_cron: String,
-    /// When to delete idle consumers (default every minute: `0 * * * * *`).
+    /// When to delete idle consumers (default every 15 minutes: `0 */15 * * * *`).
     pub consumers_cron: String,
     /// A consumer idle this long with nothing pending is deleted (default 1 h).
     pub consumer_max_idle: Duration,
-    /// When to run the safety sweep (default every 5 s: `*/5 * * * * *`; see
+    /// When to run the safety sweep (default every minute: `0 * * * * *`; see
     /// [`DEFAULT_SWEEP_CRON`]).
     pub sweep_cron: String,
     /// Dead letters older than this are deleted (default 14 days); trimmed with the streams.
@@ -68,7 +80,7 @@ impl Default for HousekeepingOptions {
     fn default() -> Self {
         HousekeepingOptions {
             trim_cron: "*/10 * * * * *".into(),
-            consumers_cron: "0 * * * * *".into(),
+            consumers_cron: "0 */15 * * * *".into(),
             consumer_max_idle: Duration::from_secs(3600),
             sweep_cron: DEFAULT_SWEEP_CRON.into(),
             dead_retention: Duration::from_secs(14 * 24 * 3600),
@@ -140,6 +152,14 @@ pub struct ChoreReport {
     pub count: u64,
 }
 
+/// See [`Housekeeper::last_full_trim`].
+fn first_full_trim() -> Arc<std::sync::Mutex<Option<std::time::Instant>>> {
+    let back = FULL_TRIM_EVERY.mul_f64(fastrand::f64());
+    Arc::new(std::sync::Mutex::new(
+        std::time::Instant::now().checked_sub(back),
+    ))
+}
+
 /// A queue a pass tends, with the keys of every shard as registered.
 type Tended = (QueueName, Vec<crate::engine::keys::ShardKeys>);
 
@@ -152,6 +172,10 @@ pub struct Housekeeper {
     opts: HousekeepingOptions,
     /// The queues the safety sweep dispatches (the process's dispatch selection).
     sweep: DispatchSelection,
+    /// When the trim chore last looked at every shard, or as if it had: a new housekeeper
+    /// makes its first full pass at a random point of its first [`FULL_TRIM_EVERY`], so
+    /// processes started together (or restarted) do not all pass at once.
+    last_full_trim: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Housekeeper {
@@ -167,6 +191,7 @@ impl Housekeeper {
             queues: Some(queues),
             opts,
             sweep: DispatchSelection::All,
+            last_full_trim: first_full_trim(),
         })
     }
 
@@ -179,6 +204,7 @@ impl Housekeeper {
             queues: None,
             opts,
             sweep: DispatchSelection::All,
+            last_full_trim: first_full_trim(),
         })
     }
 
@@ -223,15 +249,63 @@ impl Housekeeper {
         self.trim_streams(&self.queues().await?).await
     }
 
-    /// [`trim`](Housekeeper::trim) over `queues` (read once per pass).
+    /// Trims the shards this process dispatched into since a pass last found them clean
+    /// (what the trim chore does between its full passes); returns the entries removed. With
+    /// none, it makes no Redis call at all.
+    pub async fn trim_dispatched(&self) -> Result<ChoreReport> {
+        if self.client.touched().is_empty() {
+            return Ok(ChoreReport { count: 0 });
+        }
+        let queues = self.trim_targets(self.queues().await?, false);
+        self.trim_streams(&queues).await
+    }
+
+    /// [`trim`](Housekeeper::trim) over `queues` (read once per pass). A shard that is not
+    /// clean afterwards (some group has not read or acknowledged everything) is looked at
+    /// again by the next pass.
     async fn trim_streams(&self, queues: &[Tended]) -> Result<ChoreReport> {
+        let touched = self.client.touched();
         let mut count = 0;
         for (_, keys) in queues {
             for k in keys {
-                count += scripts::trim(&mut self.client.connection(), k).await?;
+                // Taken before the call, so a dispatch during it marks the shard again.
+                touched.clear(k);
+                match scripts::trim(&mut self.client.connection(), k).await {
+                    Ok(t) => {
+                        count += t.removed;
+                        if !t.clean {
+                            touched.mark(k);
+                        }
+                    }
+                    Err(e) => {
+                        touched.mark(k);
+                        return Err(e);
+                    }
+                }
             }
         }
         Ok(ChoreReport { count })
+    }
+
+    /// The shards a trim pass looks at: every shard of `queues` when `full` (and the
+    /// touched set forgets shards of queues that are gone), else the touched ones.
+    fn trim_targets(&self, queues: Vec<Tended>, full: bool) -> Vec<Tended> {
+        let touched = self.client.touched();
+        if full {
+            let live = queues
+                .iter()
+                .flat_map(|(_, keys)| keys.iter().map(|k| k.tag.as_str()))
+                .collect();
+            touched.retain(&live);
+            return queues;
+        }
+        queues
+            .into_iter()
+            .filter_map(|(q, keys)| {
+                let keys: Vec<_> = keys.into_iter().filter(|k| touched.contains(k)).collect();
+                (!keys.is_empty()).then_some((q, keys))
+            })
+            .collect()
     }
 
     /// Deletes dead letters past the retention, then the oldest beyond the per-queue cap;
@@ -375,6 +449,47 @@ impl Housekeeper {
         Ok(due)
     }
 
+    /// One pass of the trim chore: the streams and dead letters of the shards this process
+    /// dispatched into (nothing at all, not even a registry read, when there are none), or
+    /// of every shard once every [`FULL_TRIM_EVERY`].
+    async fn trim_pass(&self) -> Result<ChoreReport> {
+        let full = {
+            let mut last = self
+                .last_full_trim
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let due = last.is_none_or(|t| t.elapsed() >= FULL_TRIM_EVERY);
+            if due {
+                *last = Some(std::time::Instant::now());
+            }
+            due
+        };
+        if !full && self.client.touched().is_empty() {
+            telemetry::maintenance_pass("trim", true, &[("entries", 0), ("dead_letters", 0)]);
+            return Ok(ChoreReport { count: 0 });
+        }
+        // One read of the registry for both passes.
+        let queues = match self.queues().await {
+            Ok(q) => self.trim_targets(q, full),
+            Err(e) => {
+                telemetry::maintenance_pass("trim", false, &[]);
+                return Err(e);
+            }
+        };
+        let streams = self.trim_streams(&queues).await;
+        let dead = self.trim_dead_letters(&queues).await;
+        let (s, d) = (
+            streams.as_ref().map_or(0, |r| r.count),
+            dead.as_ref().map_or(0, |r| r.count),
+        );
+        telemetry::maintenance_pass(
+            "trim",
+            streams.is_ok() && dead.is_ok(),
+            &[("entries", s), ("dead_letters", d)],
+        );
+        streams.and(dead).map(|_| ChoreReport { count: s + d })
+    }
+
     /// Schedules the chores and runs them until `cancel`; then waits for running chores.
     pub async fn run(self, cancel: CancellationToken) -> Result<()> {
         let this = Arc::new(self);
@@ -389,29 +504,7 @@ impl Housekeeper {
                 let (this, cancel) = (this.clone(), cancel.clone());
                 async move {
                     let (r, what) = match name {
-                        "trim" => {
-                            // One read of the registry for both passes.
-                            let queues = match this.queues().await {
-                                Ok(q) => q,
-                                Err(e) => {
-                                    telemetry::maintenance_pass("trim", false, &[]);
-                                    return Err(e);
-                                }
-                            };
-                            let streams = this.trim_streams(&queues).await;
-                            let dead = this.trim_dead_letters(&queues).await;
-                            let ok = streams.is_ok() && dead.is_ok();
-                            let (s, d) = (
-                                streams.as_ref().map_or(0, |r| r.count),
-                                dead.as_ref().map_or(0, |r| r.count),
-                            );
-                            telemetry::maintenance_pass(
-                                "trim",
-                                ok,
-                                &[("entries", s), ("dead_letters", d)],
-                            );
-                            return streams.and(dead).map(|_| ChoreReport { count: s + d });
-                        }
+                        "trim" => return this.trim_pass().await,
                         "consumers" => (this.remove_idle_consumers().await, "consumers"),
                         _ => (this.sweep_until(&cancel).await, "orders"),
                     };

@@ -10,7 +10,7 @@
 //!
 //! **Nothing is lost for good.** While a queue's channels are not all subscribed (before
 //! the first confirmation, after the connection broke) its dispatcher polls every
-//! `max_idle` (250 ms) as before; once they are, every `idle_poll` (5 s). Each
+//! `max_idle` (250 ms) as before; once they are, every `idle_poll` (30 s, a one-command read of the shard's earliest due time). Each
 //! confirmation of a subscription, the first one and those after a reconnect, makes the
 //! dispatcher look at that shard once, so messages published while nobody listened cost
 //! one call, never an order. The connection's end (a killed client, a failover, a broken

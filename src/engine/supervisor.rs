@@ -57,7 +57,9 @@ pub struct SupervisorOptions {
     pub dispatch: DispatchSelection,
     /// How often the registry's version is read (default 250 ms).
     pub refresh: Duration,
-    /// How often the queue list is read even when the version did not change (default 5 s).
+    /// How often the queue list is read even when the version did not change (default 60 s:
+    /// every change bumps the version, and a version lost or rolled back with Redis' data
+    /// reads as a change too).
     pub full_every: Duration,
     /// Every dispatcher's options.
     pub dispatcher: DispatcherOptions,
@@ -72,7 +74,7 @@ impl Default for SupervisorOptions {
         SupervisorOptions {
             dispatch: DispatchSelection::All,
             refresh: Duration::from_millis(250),
-            full_every: Duration::from_secs(5),
+            full_every: Duration::from_secs(60),
             dispatcher: DispatcherOptions::default(),
             declare: Vec::new(),
         }

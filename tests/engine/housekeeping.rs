@@ -131,6 +131,64 @@ async fn trimming_bounds_the_stream_and_keeps_what_a_slow_group_has_not_acked() 
     hs.await.unwrap().unwrap();
 }
 
+/// Script calls so far (`INFO commandstats`).
+async fn script_calls(client: &delayq::Client) -> u64 {
+    let info: String = raw(client, &["INFO", "commandstats"]).await;
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .filter_map(|r| r.split(',').next())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+#[tokio::test]
+async fn the_trim_chore_looks_only_at_shards_dispatched_into_until_they_are_clean() {
+    let (_s, client) = start().await;
+    client.admin().create_queue("quiet", 4).await.unwrap();
+    let hk = Housekeeper::new(&client, &[Q, "quiet"], HousekeepingOptions::default()).unwrap();
+    let w = Worker::new(&client, Q, "g", |_d: Delivery| async { Ok(()) }, opts()).unwrap();
+    w.ensure_groups().await.unwrap();
+    // Nothing dispatched: a pass makes no script call.
+    let before = script_calls(&client).await;
+    assert_eq!(hk.trim_dispatched().await.unwrap().count, 0);
+    assert_eq!(script_calls(&client).await - before, 0, "idle trim pass");
+
+    let orders: Vec<NewOrder> = (0..100)
+        .map(|i| NewOrder::new(format!("o{i}"), When::in_ms(0), json!(i)))
+        .collect();
+    client
+        .schedule_many(Q, &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    let d = Dispatcher::new(&client, Q, DispatcherOptions::default()).unwrap();
+    assert_eq!(d.drain().await.unwrap().moved, 100);
+    // Dispatched, not read yet: nothing to trim, and the shard stays watched.
+    assert_eq!(hk.trim_dispatched().await.unwrap().count, 0);
+    assert_eq!(xlen(&client).await, 100);
+
+    let cancel = CancellationToken::new();
+    let stats = w.stats();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    wait_for("100 acks", WAIT, || {
+        let n = stats.acked.load(Ordering::SeqCst);
+        async move { n == 100 }
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    // Read and acknowledged: the next pass trims it.
+    assert!(hk.trim_dispatched().await.unwrap().count >= 99);
+    assert!(xlen(&client).await <= 1);
+    // Clean: no more calls for it.
+    let before = script_calls(&client).await;
+    assert_eq!(hk.trim_dispatched().await.unwrap().count, 0);
+    assert_eq!(
+        script_calls(&client).await - before,
+        0,
+        "trim pass after clean"
+    );
+}
+
 #[tokio::test]
 async fn idle_consumers_go_but_never_one_with_pending_entries() {
     let (_s, client) = start().await;

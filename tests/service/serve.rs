@@ -973,7 +973,9 @@ async fn the_safety_sweep_dispatches_only_the_selected_queues() {
         std::fs::write(
             &cfg,
             format!(
-                "redis_url = \"{}\"\ndispatch = {dispatch}\n[http]\nlisten = \"127.0.0.1:{port}\"\n",
+                // A sweep every second (the default is every minute): the test watches
+                // which queues the sweeps dispatch.
+                "redis_url = \"{}\"\ndispatch = {dispatch}\n[http]\nlisten = \"127.0.0.1:{port}\"\n[housekeeping]\nsweep_cron = \"* * * * * *\"\n",
                 redis.url()
             ),
         )

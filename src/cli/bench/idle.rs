@@ -106,6 +106,41 @@ impl Serves {
     }
 }
 
+/// Waits until every serve's listener holds the wake channel of every shard (start-up over
+/// many queues takes a while; until then dispatchers poll fast), at most [`STARTUP`].
+async fn wait_subscribed(client: &Client, opts: &BenchOptions) -> anyhow::Result<()> {
+    let mut channels = Vec::new();
+    // The queues this scenario declared (the bench's own queue is left out).
+    for i in 0..opts.queues.saturating_sub(1) {
+        let q = crate::engine::keys::QueueName::new(&format!("idle-{i}"))?;
+        for k in client.keyspace().shards(&q, opts.shards) {
+            channels.push(k.wake_channel());
+        }
+    }
+    let want = channels.len() * opts.processes;
+    let sharded = client.server().is_none_or(|s| s.has_spublish());
+    let deadline = Instant::now() + STARTUP;
+    loop {
+        let mut have = 0;
+        for chunk in channels.chunks(1000) {
+            let counts: Vec<(String, usize)> = redis::cmd("PUBSUB")
+                .arg(if sharded { "SHARDNUMSUB" } else { "NUMSUB" })
+                .arg(chunk)
+                .query_async(&mut client.connection())
+                .await?;
+            have += counts.iter().map(|(_, n)| n).sum::<usize>();
+        }
+        if have >= want {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "the serves hold {have} of {want} wake subscriptions after {STARTUP:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `s` as a TOML basic string.
 fn toml_string(s: &str) -> String {
     serde_json::Value::String(s.to_owned()).to_string()
@@ -125,6 +160,7 @@ pub(super) async fn idle(
     let (mut serves, ports) = Serves::start(client, url, opts.processes).await?;
     let measured = async {
         serves.wait_ready(&ports).await?;
+        wait_subscribed(client, opts).await?;
         tokio::time::sleep(SETTLE).await;
         let cmds0: f64 = info_field(client, "stats", "total_commands_processed").await?;
         let cpu0 = redis_cpu_s(client).await?;

@@ -11,6 +11,7 @@ mod durable_call;
 mod options;
 mod replicas;
 mod schedule;
+mod touched;
 
 pub(crate) use catalog::HEARTBEAT_KEPT_MS;
 pub use catalog::{HEARTBEAT_EVERY, QueueCreated};
@@ -65,6 +66,9 @@ struct Inner {
     /// Shard counts and epochs of queues this client found in the registry (or
     /// registered); an entry is dropped when a script says the queue changed.
     pub(crate) known_queues: Mutex<HashMap<String, catalog::QueueRef>>,
+    /// Shards whose streams this process wrote to and that the trim chore has not yet
+    /// found clean (see [`crate::engine::housekeeping`]).
+    pub(crate) touched: touched::Touched,
 }
 
 impl std::fmt::Debug for Client {
@@ -138,6 +142,7 @@ impl Client {
                 server,
                 durable_conns: durable::DurableConns::default(),
                 known_queues: Mutex::new(HashMap::new()),
+                touched: Default::default(),
             }),
         })
     }
@@ -262,7 +267,17 @@ impl Client {
 
     /// Re-anchors the Redis clock on `TIME` (no-op for a clock supplied by the caller).
     pub async fn sync_clock(&self) -> Result<()> {
+        self.sync_clock_if_older(std::time::Duration::ZERO).await
+    }
+
+    /// [`sync_clock`](Client::sync_clock) unless the clock was anchored less than `age`
+    /// ago: every dispatcher of a process shares the client's clock, so one `TIME` serves
+    /// them all.
+    pub(crate) async fn sync_clock_if_older(&self, age: std::time::Duration) -> Result<()> {
         if let Some(rc) = &self.inner.redis_clock {
+            if !age.is_zero() && rc.age() < age {
+                return Ok(());
+            }
             let mut conn = self.inner.conn.clone();
             rc.sync(&mut conn).await?;
         }
@@ -329,6 +344,12 @@ impl Client {
     /// The key namespace.
     pub fn keyspace(&self) -> &Keyspace {
         &self.inner.keyspace
+    }
+
+    /// The shards whose streams this process wrote to since the trim chore last found
+    /// them clean.
+    pub(crate) fn touched(&self) -> &touched::Touched {
+        &self.inner.touched
     }
 
     /// The keys of every shard of `queue`, with this client's configured shard count (the

@@ -261,18 +261,32 @@ static TRIM: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TRIM
 static CONSUMERS: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&CONSUMERS_LUA));
 
 /// Runs `trim.lua` on each priority lane of the shard; returns how many entries were
-/// removed.
-pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<u64> {
-    let mut removed = 0;
+/// removed and whether the shard is left clean.
+pub(crate) async fn trim<C: ConnectionLike>(conn: &mut C, keys: &ShardKeys) -> Result<Trimmed> {
+    let mut t = Trimmed {
+        removed: 0,
+        clean: true,
+    };
     for lane in keys.lanes() {
-        let (n, _point): (u64, Option<String>) = TRIM
+        let (n, _point, len): (u64, Option<String>, u64) = TRIM
             .key(&lane.stream)
             .invoke_async(conn)
             .await
             .ctx("trimming the stream (trim.lua)")?;
-        removed += n;
+        t.removed += n;
+        // One entry stays at the trim point (XTRIM MINID keeps it).
+        t.clean &= len <= 1;
     }
-    Ok(removed)
+    Ok(t)
+}
+
+/// What [`trim`] did to a shard's lanes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Trimmed {
+    /// Entries removed.
+    pub(crate) removed: u64,
+    /// Every lane is read and acknowledged by every group (nothing left to trim later).
+    pub(crate) clean: bool,
 }
 
 /// Runs `consumers.lua`; returns how many consumers were deleted.

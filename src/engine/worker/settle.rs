@@ -301,6 +301,8 @@ async fn dead_letter<H>(
     })
     .await;
     if matches!(r, Ok(true)) {
+        // The dead letters grew: the trim chore holds them to the cap at its next pass.
+        s.client.touched().mark(keys);
         s.stats.dead_lettered.fetch_add(1, Ordering::Relaxed);
         handled_metric(s, "dead");
         s.metrics().dead_lettered();

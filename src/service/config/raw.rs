@@ -319,7 +319,7 @@ pub struct DispatcherConfig {
     /// 250 ms).
     pub max_idle: Option<String>,
     /// Longest idle sleep while every shard's wake-ups are heard: the fallback look at an
-    /// idle shard (default 5 s).
+    /// idle shard, one read of its earliest due time (default 30 s).
     pub idle_poll: Option<String>,
     /// How long one dispatch call should hold Redis at most: calls are sized to fit
     /// (default `4ms`; `0s`: off, every call takes up to `batch`).
@@ -336,13 +336,14 @@ pub struct DispatcherConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HousekeepingConfig {
-    /// Stream trimming (default every 10 s).
+    /// Stream trimming (default every 10 s; a pass calls only the shards this process
+    /// dispatched into until they are clean, and every shard once every 15 minutes).
     pub trim_cron: Option<String>,
-    /// Idle consumer cleanup (default every minute).
+    /// Idle consumer cleanup (default every 15 minutes).
     pub consumers_cron: Option<String>,
     /// Idle time after which a consumer with nothing pending is deleted (default 1 h).
     pub consumer_max_idle: Option<String>,
-    /// Safety sweep: a probe of each shard's earliest due time (default every 5 s).
+    /// Safety sweep: a probe of each shard's earliest due time (default every minute).
     pub sweep_cron: Option<String>,
 }
 
