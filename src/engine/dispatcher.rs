@@ -17,12 +17,14 @@ use crate::engine::client::Client;
 use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
 use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::pacing::{ArrivalRate, CallSizer};
+pub use crate::engine::pacing::{BUDGET_SPACING, MIN_CALL_BATCH};
 use crate::engine::retry::{Pacer, RetryPolicy};
 use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -65,30 +67,11 @@ pub struct DispatcherOptions {
     pub lateness_budget: Duration,
 }
 
-/// The share of the lateness budget the dispatcher spends waiting for more due orders
-/// (1/3: with 5 ms, passes about 1.7 ms apart under load); the rest covers the read and the
-/// handler's start, which take 2–3 ms at p99 on a 2-core machine (with 2/5 the p99 was at
-/// the budget's edge, 4.7–5.5 ms: docs/benchmarks.md).
-pub const BUDGET_SPACING: (u32, u32) = (1, 3);
-
 /// The default [`DispatcherOptions::idle_poll`].
 pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(30);
 
 /// Longest [`DispatcherOptions::idle_poll`].
 pub const MAX_IDLE_POLL: Duration = Duration::from_secs(86_400);
-
-/// The fewest orders a call sized by [`DispatcherOptions::max_call`] asks for (below, the
-/// per-call cost would outweigh the orders').
-pub const MIN_CALL_BATCH: usize = 64;
-
-/// The time per order a dispatcher assumes before it has measured one (ns): FACTS' 4–10 µs
-/// per order of `dequeue.lua`, on the high side.
-const FIRST_NS_PER_ORDER: u64 = 8_000;
-
-/// The range the measured time per order is kept in (ns): the pass's wall time also holds
-/// a busy host's scheduling delays (unbounded: 112 orders per call, a third of the drain
-/// rate); `dequeue.lua` itself costs 4–10 µs per order.
-const NS_PER_ORDER_RANGE: (u64, u64) = (2_000, 12_000);
 
 /// Longest [`DispatcherOptions::max_call`].
 pub const MAX_CALL: Duration = Duration::from_secs(1);
@@ -145,11 +128,6 @@ impl DispatcherOptions {
     pub fn lateness_budget(mut self, d: Duration) -> Self {
         self.lateness_budget = d;
         self
-    }
-
-    /// The wait between passes the budget allows: its [`BUDGET_SPACING`] share.
-    fn budget_spacing(&self) -> Duration {
-        self.lateness_budget * BUDGET_SPACING.0 / BUDGET_SPACING.1
     }
 
     /// Checks every option's range (the one place they are written).
@@ -237,7 +215,7 @@ pub struct Dispatcher {
     runs: std::sync::atomic::AtomicBool,
     /// The measured time per dispatched order (ns, smoothed; see
     /// [`DispatcherOptions::max_call`]).
-    ns_per_order: AtomicU64,
+    sizer: CallSizer,
     /// The server has `HGETDEL` (one command instead of `HMGET` + `HDEL` per batch).
     hgetdel: bool,
     /// The queue's history retention, as this process last saw it.
@@ -279,7 +257,7 @@ impl Dispatcher {
         Ok(Dispatcher {
             register,
             views: std::sync::Mutex::new(vec![None; shards.len()]),
-            ns_per_order: AtomicU64::new(FIRST_NS_PER_ORDER),
+            sizer: CallSizer::default(),
             runs: std::sync::atomic::AtomicBool::new(false),
             hgetdel: client.server().is_some_and(|s| s.has_hgetdel()),
             watch: QueueWatch::new(queue.clone(), None),
@@ -379,7 +357,7 @@ impl Dispatcher {
                 }
             }
         }
-        let n = self.call_size();
+        let n = self.sizer.size(self.opts.max_call, self.opts.batch);
         let results = futures_util::future::try_join_all(call.iter().map(|&i| {
             let mut conn = self.client.connection();
             let keys = &self.shards[i];
@@ -423,7 +401,7 @@ impl Dispatcher {
             });
         }
         drop(views);
-        self.measure(started.elapsed(), pass.moved, n);
+        self.sizer.measure(started.elapsed(), pass.moved, n);
         if gone && self.register {
             // The queue vanished under a dispatcher the application made (deleted, or Redis
             // lost its data): it declares its queue again on the next pass, as at start.
@@ -435,31 +413,6 @@ impl Dispatcher {
             telemetry::dispatched(self.queue.as_str(), pass.moved as u64);
         }
         Ok(pass)
-    }
-
-    /// Orders per call now: what fits [`DispatcherOptions::max_call`] at the measured time
-    /// per order, within [`MIN_CALL_BATCH`]..=`batch`.
-    fn call_size(&self) -> usize {
-        let max_ns = u64::try_from(self.opts.max_call.as_nanos()).unwrap_or(u64::MAX);
-        if max_ns == 0 {
-            return self.opts.batch;
-        }
-        let per = self.ns_per_order.load(Ordering::Relaxed).max(1);
-        let fit = usize::try_from(max_ns / per).unwrap_or(usize::MAX);
-        fit.clamp(MIN_CALL_BATCH.min(self.opts.batch), self.opts.batch)
-    }
-
-    /// Records a pass that took `elapsed` to move `moved` orders in calls of up to `n` (only
-    /// passes with a full call: with a few orders the per-call cost would dominate).
-    fn measure(&self, elapsed: Duration, moved: usize, n: usize) {
-        if moved < n || moved < MIN_CALL_BATCH {
-            return;
-        }
-        let sample = u64::try_from(elapsed.as_nanos() / moved as u128).unwrap_or(u64::MAX);
-        let old = self.ns_per_order.load(Ordering::Relaxed);
-        // Smoothed over a few passes, so one stall of this process does not shrink calls.
-        let new = ((old * 3 + sample) / 4).clamp(NS_PER_ORDER_RANGE.0, NS_PER_ORDER_RANGE.1);
-        self.ns_per_order.store(new, Ordering::Relaxed);
     }
 
     /// The longest idle sleep now: `idle_poll` while wake-ups are heard, else `max_idle`.
@@ -569,7 +522,12 @@ impl Dispatcher {
             // Orders coming due steadily: pass again no sooner than the budget's share (or
             // the linger) after this pass started, so one call moves that much time's worth.
             let mut look_at_us = look_at.saturating_mul(1000);
-            let spacing = rate.spacing(started_us, moved, &self.opts);
+            let spacing = rate.spacing(
+                started_us,
+                moved,
+                self.opts.linger,
+                self.opts.lateness_budget,
+            );
             if moved > 0 && moved < self.opts.batch {
                 let spacing_us = i64::try_from(spacing.as_micros()).unwrap_or(0);
                 look_at_us = look_at_us.max(started_us.saturating_add(spacing_us));
@@ -600,42 +558,6 @@ impl Dispatcher {
             }
         }
         tracing::info!(queue = %self.queue, "dispatcher stopped");
-    }
-}
-
-/// The rate at which orders come due, as the passes saw it (orders moved per ms between
-/// pass starts, smoothed), and the wait between passes it calls for.
-#[derive(Debug, Default)]
-struct ArrivalRate {
-    /// Orders per millisecond.
-    per_ms: f64,
-    /// When the previous pass started, unix µs.
-    last_us: Option<i64>,
-}
-
-impl ArrivalRate {
-    /// Records a pass that started at `started_us` and moved `moved`; returns how long the
-    /// next pass should wait after it: the linger when one is set; else the budget's share
-    /// when at least one more order is expected in that time, zero otherwise (a trickle
-    /// goes out as soon as due, a backlog in full batches anyway).
-    fn spacing(&mut self, started_us: i64, moved: usize, opts: &DispatcherOptions) -> Duration {
-        if let Some(last) = self.last_us {
-            let ms = ((started_us - last) as f64 / 1000.0).max(0.001);
-            let now = moved as f64 / ms;
-            // Smoothed over a few passes, so one empty or one full pass does not swing it.
-            self.per_ms = 0.7 * self.per_ms + 0.3 * now;
-        }
-        self.last_us = Some(started_us);
-        if !opts.linger.is_zero() {
-            return opts.linger;
-        }
-        let spacing = opts.budget_spacing();
-        let expected = self.per_ms * spacing.as_secs_f64() * 1000.0;
-        if expected >= 1.0 {
-            spacing
-        } else {
-            Duration::ZERO
-        }
     }
 }
 

@@ -50,6 +50,7 @@ pub mod keys;
 pub(crate) mod listen;
 pub mod message;
 pub mod outcome;
+pub(crate) mod pacing;
 pub mod priority;
 pub mod redact;
 pub(crate) mod reply;
