@@ -503,3 +503,48 @@ async fn a_user_without_pubsub_rights_still_schedules() {
         "the publish was not refused: the test proves nothing"
     );
 }
+
+#[tokio::test]
+async fn an_idle_worker_blocks_and_does_not_read_every_lane_each_block() {
+    const BLOCK: Duration = Duration::from_millis(100);
+    let (_server, client) = start_with(ClientOptions::default().shards(SHARDS)).await;
+    let cancel = CancellationToken::new();
+    let rec = Recorder::default();
+    let w = Worker::new(
+        &client,
+        "quiet",
+        "close",
+        rec.handler(),
+        WorkerOptions::default().block(BLOCK),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let wh = tokio::spawn(w.run(cancel.clone()));
+    // Past the start (the first read of every lane, the first heartbeat), idle for ten
+    // block times.
+    let settle = tokio::time::Instant::now();
+    wait_for("the worker's start", WAIT, || async {
+        settle.elapsed() >= 5 * BLOCK
+    })
+    .await;
+    let before = script_calls(&client).await;
+    let start = tokio::time::Instant::now();
+    wait_for("ten block times of idling", WAIT, || async {
+        start.elapsed() >= 10 * BLOCK
+    })
+    .await;
+    let calls = script_calls(&client).await - before;
+    // A read of every lane after each block time would be 10 x 4 shards = 40 script calls;
+    // a heartbeat may fall in the span.
+    assert!(calls <= 1, "{calls} script calls while idle");
+    // And it still delivers what comes.
+    client
+        .schedule("quiet", "late", When::in_ms(0), json!(null))
+        .await
+        .unwrap();
+    let d = Dispatcher::new(&client, "quiet", DispatcherOptions::default()).unwrap();
+    d.drain().await.unwrap();
+    rec.wait_len(1, WAIT).await;
+    cancel.cancel();
+    wh.await.unwrap().unwrap();
+}

@@ -407,6 +407,9 @@ impl Queues {
                 .await
                 .ctx("deleting the group's timers")?;
         }
+        // Its idle workers look at their lanes when the registry changes: they find the
+        // group gone and stop.
+        self.client.bump_registry().await?;
         Ok(g.pending)
     }
 

@@ -212,8 +212,18 @@ struct Reader<'a, H> {
     paused: bool,
     /// The last read found the queue deleted.
     gone: bool,
+    /// When an idle wait last ended in a read of every lane.
+    full_read_at: tokio::time::Instant,
+    /// The registry's version at the last idle wait's end (one `GET`): a change makes the
+    /// reader read every lane (its queue or group may be gone).
+    version: Option<i64>,
     pacer: Pacer,
 }
+
+/// How often an idle reader reads every lane although its blocking wait reported nothing
+/// new: a net (the wait follows each lane's last id, so it misses no entry), paid once per
+/// 30 s per lane instead of once per `block`.
+const IDLE_FULL_READ: Duration = Duration::from_secs(30);
 
 /// What reading some lanes gave.
 #[derive(Default)]
@@ -237,6 +247,8 @@ impl<'a, H: Handler> Reader<'a, H> {
             rotation: Rotation::default(),
             paused: false,
             gone: false,
+            full_read_at: tokio::time::Instant::now(),
+            version: None,
             pacer: Pacer::new(RetryPolicy::LOOP),
         }
     }
@@ -258,8 +270,10 @@ impl<'a, H: Handler> Reader<'a, H> {
         (0..self.lanes.len()).collect()
     }
 
-    /// Nothing known to be waiting: block until a lane has a new entry (or the block time
-    /// passes: then look at every lane once, e.g. after a restart of Redis).
+    /// Nothing known to be waiting: block until a lane has a new entry. When the block time
+    /// passes with none, block again, unless the registry changed (one `GET`) or
+    /// [`IDLE_FULL_READ`] passed: then look at every lane once (`XREAD` after the last ids
+    /// seen misses no entry, so this is for deleted queues and groups, and a net).
     async fn wait(&mut self, cancel: &CancellationToken) {
         let waited = tokio::select! {
             r = wait_for_new(self.s, self.lanes, &mut self.conn, &self.last_ids) => r,
@@ -268,7 +282,17 @@ impl<'a, H: Handler> Reader<'a, H> {
             _ = cancel.cancelled() => return,
         };
         match waited {
-            Ok(ready) if ready.is_empty() => self.to_read = self.all(),
+            Ok(ready) if ready.is_empty() => {
+                // A queue or group deleted (or changed) meanwhile: the registry's version
+                // moved, and a read of every lane finds out at once.
+                let version = self.s.client.registry_version().await.ok();
+                let changed = version.is_none() || version != self.version;
+                self.version = version;
+                if changed || self.full_read_at.elapsed() >= IDLE_FULL_READ {
+                    self.full_read_at = tokio::time::Instant::now();
+                    self.to_read = self.all();
+                }
+            }
             Ok(ready) => self.to_read = ready,
             Err(e) => {
                 tracing::warn!(queue = %self.s.queue, error = %e, "blocking read failed");
