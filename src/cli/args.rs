@@ -89,6 +89,10 @@ pub enum Command {
         /// default: the queue's): that group dead-letters it with reason expired instead.
         #[arg(long, allow_hyphen_values = true)]
         expires_after: Option<String>,
+        /// A tag (customer:42, order:1234); repeat for more (at most 10): cancel, list or
+        /// reschedule every order with a tag at once.
+        #[arg(long = "tag", value_name = "TAG", allow_hyphen_values = true)]
+        tags: Vec<String>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {

@@ -73,7 +73,8 @@ pub fn validate_member_name(field: &'static str, name: &str) -> Result<(), Inval
     validate_text(name, 128).map_err(|reason| InvalidInput::Name { field, reason })
 }
 
-fn validate_text(s: &str, max: usize) -> Result<(), String> {
+/// The rule of ids and names: 1..=`max` bytes, no control characters; the reason when not.
+pub(crate) fn validate_text(s: &str, max: usize) -> Result<(), String> {
     if s.is_empty() {
         return Err("must not be empty".into());
     }

@@ -32,6 +32,7 @@ import {
   payloadText,
   resolveWhen,
   storedBody,
+  storedTags,
   rulesArg,
 } from "./message.js";
 import { SCRIPTS, type Script, isNoScript } from "./scripts.js";
@@ -103,6 +104,8 @@ export interface ScheduledOrder {
   priority: Priority;
   /** A debounced order's first call and cap (latest due time), unix ms. */
   debounce?: { firstCallMs: number; maxDueMs: number };
+  /** Its tags (empty when it has none). */
+  tags: string[];
 }
 
 interface QueueRef {
@@ -514,7 +517,7 @@ export class Client {
     const m = deb === null || deb === undefined ? null : /^([0-9]+):([0-9]+)$/.exec(String(deb));
     const debounce = m ? { debounce: { firstCallMs: Number(m[1]), maxDueMs: Number(m[2]) } } : {};
     if (raw === null || raw === undefined) {
-      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, ...debounce };
+      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, tags: [], ...debounce };
     }
     const { enqueuedAtMs, json } = decodeStored(String(raw));
     let payload: unknown;
@@ -523,7 +526,7 @@ export class Client {
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, ...debounce };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, tags: storedTags(String(raw)), ...debounce };
   }
 
   // ---- internals ----

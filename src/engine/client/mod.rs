@@ -228,6 +228,10 @@ impl Client {
             ),
             None => (None, serde_json::Value::Null),
         };
+        let tags = raw
+            .as_deref()
+            .map(crate::engine::tags::of_stored)
+            .unwrap_or_default();
         Ok(Some(ScheduledOrder {
             id: id.to_owned(),
             due_at_ms: crate::engine::reply::score_to_ms(score),
@@ -235,6 +239,7 @@ impl Client {
             payload,
             priority,
             debounce,
+            tags,
         }))
     }
 

@@ -124,7 +124,7 @@ fn schemas() -> Value {
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
                "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
-               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int()}),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int(), "tags": tags_schema()}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -143,6 +143,8 @@ fn schemas() -> Value {
         "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
         "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
     let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
+    // Tags (issue 43; src/engine/tags.rs).
+    let tags = tags_schema();
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -156,7 +158,8 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after.clone(),
             "debounce": debounce.clone(),
-            "repeat": repeat.clone()}},
+            "repeat": repeat.clone(),
+            "tags": tags.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -167,7 +170,8 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after,
             "debounce": debounce,
-            "repeat": repeat}},
+            "repeat": repeat,
+            "tags": tags}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -362,8 +366,19 @@ fn order_history() -> Value {
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
                "groups": {"type": "array", "items": group}, "priority": priority(),
                "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
-                   "properties": {"first_call_ms": int(), "max_due_ms": int()}}}),
+                   "properties": {"first_call_ms": int(), "max_due_ms": int()}},
+               "tags": tags_schema()}),
     )
+}
+
+/// An order's `tags` (`engine::tags`): at most 10, each 1..=128 bytes without control
+/// characters, none twice.
+fn tags_schema() -> Value {
+    use crate::engine::tags::{MAX_TAG_LEN, MAX_TAGS};
+    json!({"type": "array", "maxItems": MAX_TAGS, "uniqueItems": true,
+        "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_LEN, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"},
+        "example": ["order:1234", "customer:42"],
+        "description": "the order's tags (list, count, cancel or reschedule every order with a tag); at most 10, each 1..=128 bytes without control characters, none twice (else 400 invalid_option naming tags); an upsert replaces the set; left out of answers when none"})
 }
 
 fn paths() -> Value {

@@ -142,6 +142,9 @@ class Order:
     debounce: Any = None
     #: Schedule it even if it was dispatched within the queue's dedup window.
     repeat: bool = False
+    #: Its tags (at most 10, each 1..=128 bytes without control characters): list, count,
+    #: cancel or reschedule every order with a tag at once. An upsert replaces the set.
+    tags: Optional[Sequence[str]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +184,8 @@ class ScheduledOrder:
     priority: Priority = Priority.NORMAL
     #: A debounced order's ``(first_call_ms, max_due_ms)``, else None.
     debounce: Optional[Tuple[int, int]] = None
+    #: Its tags (empty when it has none).
+    tags: Tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- options
@@ -391,6 +396,8 @@ class Prepared:
     expires_after_ms: Optional[int] = None
     #: The time rules as enqueue.lua takes them (``rules.rules_arg``).
     rules: bytes = b""
+    #: The stored tag prefix (``rules.encode_tags``; b"" without tags).
+    tags: bytes = b""
 
 
 def to_order(o: Any) -> Order:
@@ -439,9 +446,10 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             else:
                 due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
             expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
+            tags = rules.encode_tags(rules.check_tags(o.tags))
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait)))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags))
     if if_absent:
         for i, o in enumerate(orders):
             if o.debounce is not None:
@@ -506,7 +514,10 @@ def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        data = p.payload.data if p.expires_after_ms is None else b"!%d!" % p.expires_after_ms + p.payload.data
+        # The stored prefixes in their order (src/engine/message.rs): expiry, tags, payload.
+        data = p.tags + p.payload.data if p.tags else p.payload.data
+        if p.expires_after_ms is not None:
+            data = b"!%d!" % p.expires_after_ms + data
         args += (p.id_bytes, b"%d" % p.due, data, p.level)
         if with_rules:
             args.append(p.rules)
@@ -639,6 +650,11 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
         m = re.match(r"!([1-9][0-9]*)!", rest)
         if m:
             rest = rest[m.end():]
+    if rest.startswith("\x1d"):
+        # The order's tags ("\x1d<t1>\x1f<t2>\x1d", src/engine/tags.rs) come next.
+        end = rest.find("\x1d", 1)
+        if end > 0:
+            rest = rest[end + 1:]
     if rest.startswith("~"):
         end = rest.find("~", 1)
         if end > 0:
@@ -670,4 +686,16 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
         value = json.loads(body)
     except (ValueError, RecursionError):
         value = body
-    return ScheduledOrder(id, due, enq, value, body, priority, deb)
+    return ScheduledOrder(id, due, enq, value, body, priority, deb, stored_tags(text))
+
+
+def stored_tags(text: str) -> Tuple[str, ...]:
+    """The tags of a stored value: the list between its first two GS (none: empty)."""
+    start = text.find("\x1d")
+    if start < 0:
+        return ()
+    end = text.find("\x1d", start + 1)
+    if end < 0:
+        return ()
+    inner = text[start + 1:end]
+    return tuple(inner.split("\x1f")) if inner else ()

@@ -226,6 +226,7 @@ class AsyncClient:
         expires_after_ms: Optional[int] = None,
         debounce: Any = None,
         repeat: bool = False,
+        tags: Optional[Sequence[str]] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -242,7 +243,9 @@ class AsyncClient:
         ``debounce`` (:class:`Debounce` or ``{"delay_ms", "max_wait_ms"}``) instead of a due
         time: due ``delay_ms`` after each call, never later than ``max_wait_ms`` after the
         first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
-        window (otherwise the outcome is ``duplicate`` and nothing is written)."""
+        window (otherwise the outcome is ``duplicate`` and nothing is written). ``tags``: at
+        most 10 strings, each 1..=128 bytes without control characters, none twice (else
+        ``invalid_option``); an upsert replaces the set."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -256,6 +259,7 @@ class AsyncClient:
             expires_after_ms=expires_after_ms,
             debounce=debounce,
             repeat=repeat,
+            tags=tags,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
