@@ -232,6 +232,10 @@ pub enum Command {
         /// Every order carries a W3C trace context (stored and decoded; nothing exported).
         #[arg(long)]
         traced: bool,
+        /// Tags per order (0..=10; spread and storm): each order carries this many tags
+        /// (`t<k>:<i mod 100>`), kept in the shard's tag index.
+        #[arg(long, default_value_t = 0)]
+        tags: usize,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

@@ -122,6 +122,7 @@ impl Keyspace {
             meta: format!("{tag}:meta"),
             dispatched: format!("{tag}:dispatched"),
             debounce: format!("{tag}:debounce"),
+            tags: format!("{tag}:tags"),
             level: Priority::Normal,
             lane: tag.clone(),
             tag,
@@ -252,6 +253,9 @@ pub struct ShardKeys {
     pub dispatched: String,
     /// HASH: order id -> `"<first call ms>:<cap ms>"` of a waiting debounced order.
     pub debounce: String,
+    /// ZSET, score 0: the tag index, one member `<tag>\x1f<id>` per tag of each scheduled
+    /// order (see [`crate::engine::tags`]); absent while the shard has no tagged order.
+    pub tags: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.

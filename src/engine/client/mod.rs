@@ -11,6 +11,7 @@ mod durable_call;
 mod options;
 mod replicas;
 mod schedule;
+pub mod tags;
 
 pub(crate) use catalog::HEARTBEAT_KEPT_MS;
 pub use catalog::{HEARTBEAT_EVERY, QueueCreated};

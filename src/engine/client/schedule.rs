@@ -331,6 +331,7 @@ impl Client {
                             orders[i].repeat,
                             orders[i].debounce.as_ref(),
                         ),
+                        tagged: !orders[i].tags.is_empty(),
                     })
                     .collect()
             })

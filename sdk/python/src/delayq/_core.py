@@ -47,7 +47,11 @@ RESCHEDULE = Script("reschedule")
 GET = Script("get")
 CREATE_QUEUE = Script("create_queue")
 #: Every vendored script, by name.
-SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE)}
+TAG_BULK = Script("tag_bulk")
+SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE, TAG_BULK)}
+
+#: Orders per tag_bulk.lua call (src/engine/client/tags.rs ``TAG_BATCH``).
+TAG_BATCH = 200
 
 # ---------------------------------------------------------------- public types
 
@@ -496,21 +500,37 @@ def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
     return calls
 
 
+def tag_bulk_step(reply: Any) -> Tuple[int, Optional[bytes], bool]:
+    """tag_bulk.lua's ``{affected, last id or false, more}``."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+        raise RedisFailure("cancelling the orders of a tag (tag_bulk.lua)", ValueError("unexpected reply"), NOT_APPLIED, False, False)
+    return int(reply[0]), reply[1], int(reply[2]) == 1 and reply[1] is not None
+
+
+def tags_key(due: str) -> str:
+    """The shard's tag index ZSET (src/engine/keys.rs ``ShardKeys::tags``) beside its due
+    ZSET ``{tag}:due``."""
+    return due[: -len("due")] + "tags"
+
+
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 5 due payload meta levels dispatched mode now epoch id due json level
-    ...``: one quadruple per order (level ``""`` for normal); when an order of the call
-    carries time rules, the debounce HASH as KEYS[6] and quintuples (``..., rules``), as
-    the Rust client sends them."""
+    """``EVALSHA <sha> 6 due payload meta levels dispatched tags mode now epoch id due json
+    level ...``: one quadruple per order (level ``""`` for normal); when an order of the
+    call carries time rules, the debounce HASH as KEYS[7] and quintuples (``..., rules``);
+    mode ``upsert+tags`` / ``nx+tags`` when one carries tags, as the Rust client sends
+    them."""
     tag = keys.tag(queue, call.shard)
     with_rules = any(prepared[i].rules for i in call.idxs)
+    # The tag index is KEYS[6]; a call with tagged orders says so in its mode.
+    tagged = any(prepared[i].tags for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 6 if with_rules else 5,
+        "EVALSHA", ENQUEUE.sha, 7 if with_rules else 6,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
-        keys.levels(queue, call.shard), tag + ":dispatched",
+        keys.levels(queue, call.shard), tag + ":dispatched", tag + ":tags",
     ]
     if with_rules:
         args.append(tag + ":debounce")
-    args += ["nx" if if_absent else "upsert", now_ms, epoch]
+    args += [("nx" if if_absent else "upsert") + ("+tags" if tagged else ""), now_ms, epoch]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]

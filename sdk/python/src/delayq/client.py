@@ -429,10 +429,36 @@ class Client:
         never scheduled, was already cancelled, or was already dispatched."""
         keys = self._shard_keys(queue, id)
         try:
-            n = self._evalsha(c.CANCEL, list(keys), [id])
+            # The tag index as KEYS[5]: a tagged order's tags leave it (cancel.lua).
+            n = self._evalsha(c.CANCEL, list(keys) + [c.tags_key(keys[0])], [id])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
+
+    def cancel_tag(self, queue: str, tag: str) -> int:
+        """Cancels every scheduled order of ``queue`` that carries ``tag``: tag_bulk.lua over
+        each shard, at most 200 orders per call (each call atomic with dispatch: an order is
+        cancelled or dispatched, never both), looped until none is left. Returns how many
+        were cancelled; repeating it returns 0."""
+        rules.check_queue(queue)
+        rules.check_tags([tag])
+        ref = self._queue_ref(queue)
+        total = 0
+        for s in range(ref.shards):
+            due = self._keys.due(queue, s)
+            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due)]
+            cursor: Any = b""
+            while True:
+                try:
+                    reply = self._evalsha(c.TAG_BULK, keys, [tag, c.TAG_BATCH, "cancel", "", cursor])
+                except redis.RedisError as e:
+                    raise c.wrap("cancelling the orders of a tag (tag_bulk.lua)", e) from None
+                n, last, more = c.tag_bulk_step(reply)
+                total += n
+                if not more:
+                    break
+                cursor = last
+        return total
 
     def reschedule(
         self,
