@@ -101,12 +101,56 @@ pub enum Command {
         /// Order id.
         id: String,
     },
-    /// Cancel a scheduled order (exit 1 when not found).
+    /// Cancel a scheduled order (exit 1 when not found), or with --tag every scheduled order
+    /// that carries the tag, in --queue or in every queue (answers how many).
     Cancel {
         /// Queue name.
-        queue: String,
+        #[arg(required_unless_present = "tag")]
+        queue: Option<String>,
         /// Order id.
-        id: String,
+        #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+        id: Option<String>,
+        /// Cancel every scheduled order with this tag instead of one order.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: Option<String>,
+        /// With --tag: only this queue (default: every queue of the namespace).
+        #[arg(long = "queue", requires = "tag", conflicts_with = "queue")]
+        tag_queue: Option<String>,
+    },
+    /// List the scheduled orders that carry a tag, one JSON line each (queue, id,
+    /// due_at_ms), then a line with the cursor of the next page when there is one.
+    List {
+        /// The tag.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: String,
+        /// Only this queue (default: every queue of the namespace).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Orders per page (1..=1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Move every scheduled order that carries a tag: to a new due time (--in, --at) or by
+    /// a shift (--shift 1h, --shift -10m); answers how many.
+    Reschedule {
+        /// The tag.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: String,
+        /// Only this queue (default: every queue of the namespace).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Due this long from now (30s, 15m, 1h).
+        #[arg(long = "in", conflicts_with_all = ["at", "shift"], required_unless_present_any = ["at", "shift"])]
+        delay: Option<String>,
+        /// Due at this time: RFC 3339 with an offset, or unix milliseconds.
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "shift")]
+        at: Option<String>,
+        /// Move each order's due time by this much (1h later, -10m earlier).
+        #[arg(long, allow_hyphen_values = true)]
+        shift: Option<String>,
     },
     /// Run the service: dispatchers, housekeeping, handlers and the HTTP API, as configured.
     /// Redis URL and namespace come from the file (or DELAYQ_REDIS_URL / DELAYQ_NAMESPACE).

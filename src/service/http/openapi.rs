@@ -47,10 +47,64 @@ pub fn openapi() -> Value {
                  "description": "Order-expiry delay queue on Redis. Scheduling and cancelling by id are idempotent: a request that failed with a 503 is safe to repeat."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": schemas()
+            "schemas": merged(schemas(), tag_schemas())
         },
         "security": [{"bearer": []}],
-        "paths": paths()
+        "paths": merged(paths(), tag_paths())
+    })
+}
+
+/// The `{queue}` path parameter.
+fn queue_param() -> Value {
+    json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")}})
+}
+
+/// `a` with the fields of `b` (both objects).
+fn merged(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+/// The schemas of the tag routes (issue 43; `engine::client::tags`).
+fn tag_schemas() -> Value {
+    json!({
+        "TagCounts": object(&["total", "queues"], json!({"total": int(), "queues": {"type": "object", "additionalProperties": int(), "description": "per queue (queues with none left out)"}})),
+        "TagPage": object(&["orders", "next"], json!({"orders": {"type": "array", "items": object(&["queue", "id", "due_at_ms"], json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int()}))}, "next": nullable("string")})),
+        "TagAction": {"type": "object", "additionalProperties": false,
+            "description": ":cancel takes {} (or no body); :reschedule exactly one of due_at (RFC 3339 or unix ms), delay_ms (from now) or shift_ms (added to each order's due time, may be negative)",
+            "properties": {"due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]}, "delay_ms": {"type": "integer", "minimum": 0}, "shift_ms": {"type": "integer"}}}
+    })
+}
+
+/// The tag routes (issue 43; `service::http::tags`).
+fn tag_paths() -> Value {
+    // Tags (issue 43): a tag, or a tag with its action (`customer:42:cancel`).
+    let tag = json!({"name": "tag", "in": "path", "required": true, "example": "customer:42",
+        "schema": {"type": "string", "minLength": 1, "maxLength": crate::engine::tags::MAX_TAG_LEN, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"}});
+    let tag_action = json!({"name": "tag", "in": "path", "required": true, "example": "customer:42:cancel",
+        "schema": {"type": "string", "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,128}:(cancel|reschedule)$"}});
+    let tag_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::engine::client::tags::MAX_TAG_PAGE}});
+    let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}, "description": "a page's next cursor"});
+    let q = queue_param();
+    json!({
+        "/v1/tags/{tag}": {
+            "get": op("How many scheduled orders carry the tag, in total and per queue, over every queue of the namespace", vec![&tag], None,
+                json!({"200": ok("the counts", "TagCounts")})),
+            "post": op("`{tag}:cancel` (every scheduled order with the tag, in every queue: worked in bounded batches, each atomic with dispatch; repeating it answers 0) or `{tag}:reschedule` (body: exactly one of due_at, delay_ms, shift_ms)", vec![&tag_action], Some("TagAction"),
+                json!({"200": ok("how many orders were cancelled or moved, in total and per queue", "TagCounts")}))
+        },
+        "/v1/tags/{tag}/messages": {"get": op("The scheduled orders with the tag in every queue, by queue then id, paged (`next` is the next page's `after`)", vec![&tag, &tag_limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "TagPage")}))},
+        "/v1/queues/{queue}/tags/{tag}": {
+            "get": op("How many scheduled orders of the queue carry the tag", vec![&q, &tag], None,
+                json!({"200": ok("the count", "TagCounts")})),
+            "post": op("`{tag}:cancel` or `{tag}:reschedule`, as /v1/tags/{tag}, in this queue only", vec![&q, &tag_action], Some("TagAction"),
+                json!({"200": ok("how many orders were cancelled or moved", "TagCounts")}))
+        },
+        "/v1/queues/{queue}/tags/{tag}/messages": {"get": op("The queue's scheduled orders with the tag, by id, paged", vec![&q, &tag, &tag_limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "TagPage")}))}
     })
 }
 
@@ -382,7 +436,7 @@ fn tags_schema() -> Value {
 }
 
 fn paths() -> Value {
-    let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")}});
+    let q = queue_param();
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN}});
     let g = json!({"name": "group", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 128}});
     let force = json!({"name": "force", "in": "query", "schema": {"type": "boolean"}});
