@@ -10,6 +10,7 @@
 -- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
 -- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
 -- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
+-- KEYS[11] optional (with KEYS[10]): the shard's tag index ZSET (enqueue.lua)
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -47,6 +48,9 @@
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
+-- Tags (issue 43): while the marker has `tags` (the shard has had tagged orders), the moved
+-- orders' index members are removed (their tags read from the values this call already
+-- holds: one ZREM per call); a shard without it does no work for tags.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
@@ -72,7 +76,7 @@ if not hist_at or hist_at < 0 then
 end
 
 -- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce')
+local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags')
 local window = tonumber(marker[3] or '0') or 0
 local gone = 0
 if not marker[1] then gone = 1 end
@@ -142,6 +146,16 @@ if n > 0 then
     redis.call('PEXPIRE', KEYS[9], window)
   end
   if marker[4] and KEYS[10] then redis.call('HDEL', KEYS[10], unpack(ids)) end
+  if marker[5] and KEYS[11] then
+    local members = {}
+    for i = 1, n do
+      local list = tag_list(vals[i])
+      if list then each_tag(list, ids[i], members, true) end
+    end
+    local rm = {}
+    for m in pairs(members) do rm[#rm + 1] = m end
+    if #rm > 0 then redis.call('ZREM', KEYS[11], unpack(rm)) end
+  end
 end
 if window > 0 and KEYS[9] then
   local old = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. (now - window))

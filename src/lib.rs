@@ -82,6 +82,7 @@ pub use engine::admin::dead::{DeadLetter, Selection};
 pub use engine::admin::history::{GroupHistory, GroupState, OrderHistory, OrderState};
 pub use engine::admin::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::backoff::Backoff;
+pub use engine::client::tags::{TagCounts, TagMove, TagPage, TaggedOrder};
 pub use engine::client::{Client, ClientOptions, Durability};
 #[cfg(feature = "test-util")]
 pub use engine::clock::ManualClock;

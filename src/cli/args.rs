@@ -89,6 +89,10 @@ pub enum Command {
         /// default: the queue's): that group dead-letters it with reason expired instead.
         #[arg(long, allow_hyphen_values = true)]
         expires_after: Option<String>,
+        /// A tag (customer:42, order:1234); repeat for more (at most 10): cancel, list or
+        /// reschedule every order with a tag at once.
+        #[arg(long = "tag", value_name = "TAG", allow_hyphen_values = true)]
+        tags: Vec<String>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {
@@ -97,12 +101,56 @@ pub enum Command {
         /// Order id.
         id: String,
     },
-    /// Cancel a scheduled order (exit 1 when not found).
+    /// Cancel a scheduled order (exit 1 when not found), or with --tag every scheduled order
+    /// that carries the tag, in --queue or in every queue (answers how many).
     Cancel {
         /// Queue name.
-        queue: String,
+        #[arg(required_unless_present = "tag")]
+        queue: Option<String>,
         /// Order id.
-        id: String,
+        #[arg(required_unless_present = "tag", conflicts_with = "tag")]
+        id: Option<String>,
+        /// Cancel every scheduled order with this tag instead of one order.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: Option<String>,
+        /// With --tag: only this queue (default: every queue of the namespace).
+        #[arg(long = "queue", requires = "tag", conflicts_with = "queue")]
+        tag_queue: Option<String>,
+    },
+    /// List the scheduled orders that carry a tag, one JSON line each (queue, id,
+    /// due_at_ms), then a line with the cursor of the next page when there is one.
+    List {
+        /// The tag.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: String,
+        /// Only this queue (default: every queue of the namespace).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Orders per page (1..=1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// The cursor a previous page printed.
+        #[arg(long)]
+        after: Option<String>,
+    },
+    /// Move every scheduled order that carries a tag: to a new due time (--in, --at) or by
+    /// a shift (--shift 1h, --shift -10m); answers how many.
+    Reschedule {
+        /// The tag.
+        #[arg(long, allow_hyphen_values = true)]
+        tag: String,
+        /// Only this queue (default: every queue of the namespace).
+        #[arg(long)]
+        queue: Option<String>,
+        /// Due this long from now (30s, 15m, 1h).
+        #[arg(long = "in", conflicts_with_all = ["at", "shift"], required_unless_present_any = ["at", "shift"])]
+        delay: Option<String>,
+        /// Due at this time: RFC 3339 with an offset, or unix milliseconds.
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "shift")]
+        at: Option<String>,
+        /// Move each order's due time by this much (1h later, -10m earlier).
+        #[arg(long, allow_hyphen_values = true)]
+        shift: Option<String>,
     },
     /// Run the service: dispatchers, housekeeping, handlers and the HTTP API, as configured.
     /// Redis URL and namespace come from the file (or DELAYQ_REDIS_URL / DELAYQ_NAMESPACE).
@@ -228,6 +276,10 @@ pub enum Command {
         /// Every order carries a W3C trace context (stored and decoded; nothing exported).
         #[arg(long)]
         traced: bool,
+        /// Tags per order (0..=10; spread and storm): each order carries this many tags
+        /// (`t<k>:<i mod 100>`), kept in the shard's tag index.
+        #[arg(long, default_value_t = 0)]
+        tags: usize,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

@@ -30,6 +30,7 @@ mod schedule;
 mod scripts;
 mod serve;
 mod stats;
+mod tags;
 mod telemetry;
 
 pub use args::{Cli, Command, CronAction, DeadAction, GroupAction, QueueAction, ScriptsAction};
@@ -202,7 +203,31 @@ async fn dispatch(cli: Cli) -> VerbResult {
     match cli.command {
         c @ Command::Schedule { .. } => schedule::run(&g, c).await,
         Command::Get { queue, id } => get::run(&g, &queue, &id).await,
-        Command::Cancel { queue, id } => cancel::run(&g, &queue, &id).await,
+        Command::Cancel {
+            queue,
+            id,
+            tag,
+            tag_queue,
+        } => match (tag, queue, id) {
+            (Some(tag), q, None) => tags::cancel(&g, tag_queue.or(q).as_deref(), &tag).await,
+            (None, Some(queue), Some(id)) => cancel::run(&g, &queue, &id).await,
+            _ => Err(Failure::Invalid(
+                "give QUEUE ID, or --tag TAG [--queue QUEUE]".into(),
+            )),
+        },
+        Command::List {
+            tag,
+            queue,
+            limit,
+            after,
+        } => tags::list(&g, queue.as_deref(), &tag, limit, after.as_deref()).await,
+        Command::Reschedule {
+            tag,
+            queue,
+            delay,
+            at,
+            shift,
+        } => tags::reschedule(&g, queue.as_deref(), &tag, delay, at, shift).await,
         Command::Stats { queue, json, watch } => {
             stats::run(&g, queue.as_deref(), json, watch).await
         }

@@ -1,5 +1,5 @@
 //! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
-//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D]`.
+//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D] [--tag T]...`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -26,6 +26,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         max_wait,
         priority,
         expires_after,
+        tags,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -65,6 +66,8 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     if let Some(e) = expires_after {
         order = order.with_expires_after(parse_duration("--expires-after", &e)?);
     }
+    crate::engine::tags::validate(&tags)?;
+    order = order.with_tags(tags);
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }

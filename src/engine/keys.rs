@@ -73,7 +73,8 @@ pub fn validate_member_name(field: &'static str, name: &str) -> Result<(), Inval
     validate_text(name, 128).map_err(|reason| InvalidInput::Name { field, reason })
 }
 
-fn validate_text(s: &str, max: usize) -> Result<(), String> {
+/// The rule of ids and names: 1..=`max` bytes, no control characters; the reason when not.
+pub(crate) fn validate_text(s: &str, max: usize) -> Result<(), String> {
     if s.is_empty() {
         return Err("must not be empty".into());
     }
@@ -121,6 +122,7 @@ impl Keyspace {
             meta: format!("{tag}:meta"),
             dispatched: format!("{tag}:dispatched"),
             debounce: format!("{tag}:debounce"),
+            tags: format!("{tag}:tags"),
             level: Priority::Normal,
             lane: tag.clone(),
             tag,
@@ -251,6 +253,9 @@ pub struct ShardKeys {
     pub dispatched: String,
     /// HASH: order id -> `"<first call ms>:<cap ms>"` of a waiting debounced order.
     pub debounce: String,
+    /// ZSET, score 0: the tag index, one member `<tag>\x1f<id>` per tag of each scheduled
+    /// order (see [`crate::engine::tags`]); absent while the shard has no tagged order.
+    pub tags: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.

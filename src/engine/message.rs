@@ -113,6 +113,8 @@ pub struct NewOrder {
     pub debounce: Option<Debounce>,
     /// Schedule it even if it was dispatched within the queue's dedup window.
     pub repeat: bool,
+    /// Its tags (see [`crate::engine::tags`]); an upsert replaces the set.
+    pub tags: Vec<String>,
 }
 
 impl NewOrder {
@@ -127,7 +129,15 @@ impl NewOrder {
             expires_after_ms: None,
             debounce: None,
             repeat: false,
+            tags: Vec::new(),
         }
+    }
+
+    /// The same order with tags `tags` (at most 10, each 1..=128 bytes without control
+    /// characters; see [`crate::engine::tags`]).
+    pub fn with_tags<T: Into<String>>(mut self, tags: impl IntoIterator<Item = T>) -> Self {
+        self.tags = tags.into_iter().map(Into::into).collect();
+        self
     }
 
     /// The same order, not handed to a group later than `expires_after` past its due time
@@ -203,6 +213,7 @@ impl NewOrder {
         if let Some(e) = self.expires_after_ms {
             crate::engine::expiry::check_ms(e)?;
         }
+        crate::engine::tags::validate(&self.tags)?;
         Ok(due)
     }
 }
@@ -240,6 +251,9 @@ pub struct ScheduledOrder {
     /// A debounced order's first call and cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce: Option<DebounceState>,
+    /// Its tags (none: left out of the JSON).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 /// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes
@@ -290,16 +304,25 @@ pub(crate) fn decode_stored(raw: &str) -> (Option<i64>, &str) {
 /// [`decode_stored`] with the order's trace context. A value without the `<ms>:` prefix is
 /// returned whole, with no context.
 pub(crate) fn decode_stored_traced(raw: &str) -> (Option<i64>, Option<TraceContext>, &str) {
+    let (ms, _, ctx, json) = decode_stored_tagged(raw);
+    (ms, ctx, json)
+}
+
+/// [`decode_stored_traced`] with the order's tags (see [`crate::engine::tags`]).
+pub(crate) fn decode_stored_tagged(
+    raw: &str,
+) -> (Option<i64>, Vec<String>, Option<TraceContext>, &str) {
     match raw.split_once(':') {
         Some((ms, rest)) => match ms.parse::<i64>() {
             Ok(ms) => {
                 let (_, rest) = crate::engine::expiry::split_stored(rest);
+                let (tags, rest) = crate::engine::tags::split_stored(rest);
                 let (ctx, json) = trace::split_stored(rest);
-                (Some(ms), ctx, json)
+                (Some(ms), tags, ctx, json)
             }
-            Err(_) => (None, None, raw),
+            Err(_) => (None, Vec::new(), None, raw),
         },
-        None => (None, None, raw),
+        None => (None, Vec::new(), None, raw),
     }
 }
 
@@ -483,6 +506,9 @@ mod tests {
         assert_eq!((ms, json), (Some(12), "{\"a\":1}"));
         let ctx = ctx.unwrap();
         assert_eq!((ctx.traceparent(), ctx.tracestate()), (tp, Some("k=v")));
+        let tagged = format!("12:!5!\u{1d}a\u{1f}b\u{1d}~{tp}~{{\"a\":1}}");
+        let (ms, ctx, json) = decode_stored_traced(&tagged);
+        assert_eq!((ms, json, ctx.is_some()), (Some(12), "{\"a\":1}", true));
         // Only after the `<ms>:` prefix: a foreign value is left whole.
         assert_eq!(decode_stored_traced("~x~1"), (None, None, "~x~1"));
     }

@@ -58,6 +58,7 @@ pub mod retry;
 pub mod schedules;
 pub mod scripts;
 pub mod supervisor;
+pub mod tags;
 pub mod telemetry;
 pub mod time_rules;
 pub mod trace;

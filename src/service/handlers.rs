@@ -125,6 +125,9 @@ struct Body<'a> {
     due_at_ms: i64,
     payload: &'a RawValue,
     attempt: u32,
+    /// The order's tags (untagged: left out, so the body is the one it always was).
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    tags: &'a [String],
 }
 
 impl Webhook {
@@ -178,6 +181,7 @@ impl Webhook {
             due_at_ms: d.due_at_ms,
             payload: &raw,
             attempt: d.attempt,
+            tags: &d.tags,
         })
         .unwrap_or_default()
     }
@@ -370,6 +374,7 @@ mod tests {
             attempt: 3,
             flag: None,
             trace: None,
+            tags: Vec::new(),
         }
     }
 
@@ -499,6 +504,13 @@ mod tests {
         d.payload_text = "not json".into();
         let body = String::from_utf8(Webhook::body(&d)).unwrap();
         assert!(body.contains(r#""payload":"not json""#), "{body}");
+        assert!(!body.contains("tags"), "{body}");
+        d.tags = vec!["customer:42".into(), "order:1".into()];
+        let body = String::from_utf8(Webhook::body(&d)).unwrap();
+        assert!(
+            body.contains(r#""tags":["customer:42","order:1"]"#),
+            "{body}"
+        );
     }
 
     #[test]

@@ -30,8 +30,8 @@ const OPS: [&str; 6] = [
     "connect",
 ];
 
-/// Every key a case may have (README, format 4); another key means the file changed format.
-const CASE_KEYS: [&str; 22] = [
+/// Every key a case may have (README, format 5); another key means the file changed format.
+const CASE_KEYS: [&str; 23] = [
     "name",
     "op",
     "queue",
@@ -54,29 +54,49 @@ const CASE_KEYS: [&str; 22] = [
     "expires_after_ms",
     "debounce",
     "repeat",
+    "tags",
 ];
 
 /// Every key an order of a batch may have.
-const ORDER_KEYS: [&str; 6] = [
+const ORDER_KEYS: [&str; 7] = [
     "id",
     "delay_ms",
     "due_ms",
     "payload",
     "priority",
     "expires_after_ms",
+    "tags",
 ];
 
 /// The stored body the case's (or batch order's) payload text must have: the text, after
-/// `!<expires_after_ms>!` when the order has its own expiry (src/engine/expiry.rs).
+/// `\x1d<tags>\x1d` when it has tags (src/engine/tags.rs), after `!<expires_after_ms>!`
+/// when the order has its own expiry (src/engine/expiry.rs).
 fn stored_body(o: &serde_json::Map<String, Value>, payload: &str) -> String {
+    let tagged = match tags_of(o) {
+        Some(t) if !t.is_empty() => format!("\u{1d}{}\u{1d}{payload}", t.join("\u{1f}")),
+        _ => payload.to_owned(),
+    };
     match o.get("expires_after_ms").and_then(Value::as_i64) {
-        Some(e) => format!("!{e}!{payload}"),
-        None => payload.to_owned(),
+        Some(e) => format!("!{e}!{tagged}"),
+        None => tagged,
     }
 }
 
-/// `order` with the case's (or batch order's) `expires_after_ms`, as given.
+/// The case's (or batch order's) `tags`, as given (strings).
+fn tags_of(o: &serde_json::Map<String, Value>) -> Option<Vec<String>> {
+    o.get("tags").and_then(Value::as_array).map(|a| {
+        a.iter()
+            .map(|t| t.as_str().unwrap_or_default().to_owned())
+            .collect()
+    })
+}
+
+/// `order` with the case's (or batch order's) `expires_after_ms` and `tags`, as given.
 fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOrder, String> {
+    let order = match tags_of(o) {
+        Some(t) => order.with_tags(t),
+        None => order,
+    };
     Ok(match o.get("expires_after_ms") {
         Some(v) => NewOrder {
             expires_after_ms: Some(int(v, "expires_after_ms")?),
@@ -88,7 +108,7 @@ fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOr
 
 fn doc() -> Value {
     let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
-    assert_eq!(doc["format"], 4, "inputs.json: unknown format");
+    assert_eq!(doc["format"], 5, "inputs.json: unknown format");
     doc
 }
 

@@ -23,5 +23,6 @@ mod pull;
 mod registry;
 mod schedules;
 mod shards;
+mod tags;
 mod time_rules;
 mod wakeups;

@@ -19,5 +19,6 @@ mod pull;
 mod reference;
 mod schema;
 mod serve;
+mod tags;
 mod time_rules;
 mod ui;

@@ -154,6 +154,9 @@ class AsyncFacade:
     def reschedule(self, *a: Any, **k: Any) -> Any:
         return self._run(self.inner.reschedule(*a, **k))
 
+    def cancel_tag(self, *a: Any, **k: Any) -> Any:
+        return self._run(self.inner.cancel_tag(*a, **k))
+
     def get(self, *a: Any, **k: Any) -> Any:
         return self._run(self.inner.get(*a, **k))
 

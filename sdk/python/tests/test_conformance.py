@@ -18,12 +18,12 @@ OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-    "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat",
+    "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
 }
 
 
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 4, "a conformance format this reader does not know"
+    assert DOC["format"] == 5, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
@@ -67,8 +67,9 @@ def _scheduled_count(server: RedisServer) -> int:
 
 
 def _expiry(d: Dict[str, Any]) -> Dict[str, Any]:
-    """The order's own ``expires_after_ms`` exactly as the file has it (absent: none)."""
-    return {"expires_after_ms": d["expires_after_ms"]} if "expires_after_ms" in d else {}
+    """The order's own ``expires_after_ms`` and ``tags`` exactly as the file has them
+    (absent: none)."""
+    return {k: d[k] for k in ("expires_after_ms", "tags") if k in d}
 
 
 def _level(d: Dict[str, Any]) -> Dict[str, Any]:
@@ -120,6 +121,7 @@ def _check_levels(client: Any, case: Dict[str, Any], out: Any) -> None:
     elif op == "schedule" and out.outcome != delayq.Outcome.UNCHANGED:
         got = client.get(q, case["id"])
         assert got.priority == case.get("priority", "normal"), f"{case['name']}: stored {got.priority.value}"
+        assert list(got.tags) == case.get("tags", []), f"{case['name']}: stored tags {got.tags}"
     elif op == "schedule_many" and "orders" in case:
         # An id repeated in the batch: its last write.
         last = {}

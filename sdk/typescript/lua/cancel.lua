@@ -4,11 +4,14 @@
 -- KEYS[2]  the shard's payload HASH
 -- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
 -- KEYS[4]  optional: the shard's debounce HASH (see enqueue.lua)
+-- KEYS[5]  optional (with KEYS[4]): the shard's tag index ZSET (see enqueue.lua)
 -- ARGV[1]  order id
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the three go together, so no crash leaves a payload or level without its
--- schedule entry. Cost: O(log N) in the shard's scheduled orders (ZREM). Redis >= 6.2.
+-- schedule entry, nor an index member without its order. With the tag index, the value is
+-- read before it is deleted (HGET: its tags leave the index). Cost: O(log N) in the shard's
+-- scheduled orders (ZREM), + O(t log T) for t tags in an index of T members. Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -43,6 +46,22 @@ local function wake(due, before, due_ms)
     local r = redis.pcall('SPUBLISH', channel, due_ms)
     if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
   end
+end
+
+-- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
+-- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
+-- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
+-- a JSON text holds none). `each_tag(list, id, set, v)`: set[<tag>\31<id>] = v for each tag.
+local function tag_list(v)
+  if type(v) ~= 'string' then return false end
+  local a = string.find(v, '\29', 1, true)
+  if not a then return false end
+  local b = string.find(v, '\29', a + 1, true)
+  if not b or b == a + 1 then return false end
+  return string.sub(v, a + 1, b - 1)
+end
+local function each_tag(list, id, set, v)
+  for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
 end
 
 -- A stream id's two parts ("<ms>-<seq>") as numbers.
@@ -104,6 +123,15 @@ local function open_lane(lane, normal, meta, marker)
 end
 
 local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+if removed == 1 and KEYS[5] then
+  local list = tag_list(redis.call('HGET', KEYS[2], ARGV[1]))
+  if list then
+    local members, rm = {}, {}
+    each_tag(list, ARGV[1], members, true)
+    for m in pairs(members) do rm[#rm + 1] = m end
+    redis.call('ZREM', KEYS[5], unpack(rm))
+  end
+end
 redis.call('HDEL', KEYS[2], ARGV[1])
 if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end
 if KEYS[4] then redis.call('HDEL', KEYS[4], ARGV[1]) end

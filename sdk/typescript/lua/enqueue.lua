@@ -10,11 +10,16 @@
 -- KEYS[5]  optional (with KEYS[4]): the shard's dispatched ZSET (order id scored by its last
 --          dispatch, unix ms; written by dequeue.lua while the queue has a dedup window);
 --          needed when the queue has one
--- KEYS[6]  optional (with KEYS[5]): the shard's debounce HASH (order id -> "<first call
+-- KEYS[6]  optional (with KEYS[5]): the shard's tag index ZSET (score 0, member
+--          "<tag>\x1f<id>" per tag of each scheduled order; src/engine/tags.rs); needed when
+--          the call carries tags or the shard has had tagged orders (marker field `tags`)
+-- KEYS[7]  optional (with KEYS[6]): the shard's debounce HASH (order id -> "<first call
 --          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
 --          whose orders carry no time rules leaves it out and sends quadruples.
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
---                or "nx" (a known id is left untouched)
+--                or "nx" (a known id is left untouched); "upsert+tags" / "nx+tags" when
+--                some order of the call has tags (its payload argument then holds
+--                "\x1d<tag1>\x1f<tag2>\x1d" after an optional "!<ms>!" and key prefix)
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record
 -- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
@@ -31,6 +36,11 @@
 --          { 3, dispatched_ms } = duplicate (not waiting, dispatched within the queue's dedup
 --          window: nothing written); a debounced order written: { 1 or 2, due_ms }.
 --
+-- Tags (issue 43; src/engine/tags.rs): the index is kept exact in this call: a written order's
+-- tags are added, an upsert's old tags (parsed from the old stored value) removed. The
+-- marker's field `tags` says the shard has had tagged orders: while it is absent and the
+-- call carries none, nothing more is done (an untagged call on an untagged shard pays one
+-- more field in the marker's HMGET, nothing per order).
 -- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard marker's field `dedup_ms` (read in
 -- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
 -- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
@@ -84,6 +94,22 @@ local function wake(due, before, due_ms)
     local r = redis.pcall('SPUBLISH', channel, due_ms)
     if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
   end
+end
+
+-- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
+-- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
+-- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
+-- a JSON text holds none). `each_tag(list, id, set, v)`: set[<tag>\31<id>] = v for each tag.
+local function tag_list(v)
+  if type(v) ~= 'string' then return false end
+  local a = string.find(v, '\29', 1, true)
+  if not a then return false end
+  local b = string.find(v, '\29', a + 1, true)
+  if not b or b == a + 1 then return false end
+  return string.sub(v, a + 1, b - 1)
+end
+local function each_tag(list, id, set, v)
+  for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
 end
 
 -- A stream id's two parts ("<ms>-<seq>") as numbers.
@@ -145,8 +171,16 @@ local function open_lane(lane, normal, meta, marker)
 end
 
 local mode = ARGV[1]
+local tagged = false
+if mode == 'upsert+tags' or mode == 'nx+tags' then
+  mode = string.sub(mode, 1, -6)
+  tagged = true
+end
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')
+end
+if tagged and not KEYS[6] then
+  return redis.error_reply('ERR delayq enqueue: tagged orders need the tag index (KEYS[6])')
 end
 local now = ARGV[2]
 if not int(now) or int(now) < 0 then
@@ -157,9 +191,9 @@ if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
 end
 local w = 3
 if KEYS[4] then w = 4 end
-if KEYS[6] then w = 5 end
+if KEYS[7] then w = 5 end
 if KEYS[6] and not KEYS[5] then
-  return redis.error_reply('ERR delayq enqueue: with the debounce HASH, the dispatched ZSET is needed')
+  return redis.error_reply('ERR delayq enqueue: with the tag index, the dispatched ZSET is needed')
 end
 if (#ARGV - 3) % w ~= 0 then
   return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 5 and ', level, debounce quintuples' or w == 4 and ', level quadruples' or ' triples'))
@@ -187,8 +221,11 @@ for i = 4, #ARGV, w do
   end
 end
 
-local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce')
+local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags')
 local epoch, window = marker[1], tonumber(marker[2] or '0') or 0
+if marker[4] and not KEYS[6] then
+  return redis.error_reply('ERR delayq enqueue: the shard has tagged orders and this producer does not pass the tag index (KEYS[6]): upgrade it')
+end
 if window > 0 and not KEYS[5] then
   return redis.error_reply('ERR delayq enqueue: the queue has a dedup window and this producer does not pass the dispatched ZSET (KEYS[5]): upgrade it')
 end
@@ -233,14 +270,30 @@ if w == 5 then
     if known[k] and ARGV[5 * k + 3] ~= '' and string.match(ARGV[5 * k + 3], '%d') then want[#want + 1] = ids[k]; at[#want] = k end
   end
   for s = 1, #want, 1000 do
-    local got = redis.call('HMGET', KEYS[6], unpack(want, s, math.min(s + 999, #want)))
+    local got = redis.call('HMGET', KEYS[7], unpack(want, s, math.min(s + 999, #want)))
     for j = 1, #got do rec[at[s + j - 1]] = got[j] end
+  end
+end
+-- Tags: the stored values of the known ids an upsert may replace, while the shard has had
+-- tagged orders (their old tags leave the index).
+local old = {}
+if marker[4] and mode == 'upsert' then
+  local want, at = {}, {}
+  for k = 1, n do
+    if known[k] and not dup[k] then want[#want + 1] = ids[k]; at[#want] = k end
+  end
+  for s = 1, #want, 1000 do
+    local got = redis.call('HMGET', KEYS[2], unpack(want, s, math.min(s + 999, #want)))
+    for j = 1, #got do old[at[s + j - 1]] = got[j] end
   end
 end
 -- Levels (quadruples only): "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
 local seen, z, h, fin, out = {}, {}, {}, {}, {}
+-- Tags: per id written, its latest list (false: none); per index member, whether it ends
+-- up in the index (in call order: an upsert keeping a tag removes and adds it).
+local cur, fate = {}, {}
 local had_levels = w >= 4 and redis.call('EXISTS', KEYS[4]) == 1
 for k = 1, n do
   local id = ids[k]
@@ -267,6 +320,16 @@ for k = 1, n do
     z[#z + 1] = id
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
+    if tagged or marker[4] then
+      -- The set it had (an earlier order of this call, else the stored value) leaves the
+      -- index, the new one enters it.
+      local before_list = cur[id]
+      if before_list == nil then before_list = (exists and tag_list(old[k])) or false end
+      local list = tagged and tag_list(ARGV[a + 2]) or false
+      if before_list then each_tag(before_list, id, fate, false) end
+      if list then each_tag(list, id, fate, true) end
+      cur[id] = list
+    end
     if w >= 4 then
       local level = lanes[ARGV[a + 3]]
       if level ~= '' or had_levels or fin[id] then fin[id] = level end
@@ -282,7 +345,7 @@ end
 if w == 5 then
   local set = {}
   for id, r in pairs(deb) do set[#set + 1] = id; set[#set + 1] = r end
-  for s = 1, #set, 1000 do redis.call('HSET', KEYS[6], unpack(set, s, math.min(s + 999, #set))) end
+  for s = 1, #set, 1000 do redis.call('HSET', KEYS[7], unpack(set, s, math.min(s + 999, #set))) end
   if #set > 0 and not marker[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
 end
 if w >= 4 then
@@ -301,6 +364,15 @@ if w >= 4 then
   for s = 1, #lv, 1000 do
     redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
   end
+end
+if tagged or marker[4] then
+  local rm, zs = {}, {}
+  for m, keep in pairs(fate) do
+    if keep then zs[#zs + 1] = 0; zs[#zs + 1] = m else rm[#rm + 1] = m end
+  end
+  for s = 1, #rm, 1000 do redis.call('ZREM', KEYS[6], unpack(rm, s, math.min(s + 999, #rm))) end
+  for s = 1, #zs, 1000 do redis.call('ZADD', KEYS[6], unpack(zs, s, math.min(s + 999, #zs))) end
+  if #zs > 0 and not marker[4] then redis.call('HSET', KEYS[3], 'tags', '1') end
 end
 wake(KEYS[1], before, first)
 return out

@@ -27,11 +27,13 @@ import {
   type When,
   checkOrder,
   checkPriority,
+  checkTags,
   decodeStored,
   laneArg,
   payloadText,
   resolveWhen,
   storedBody,
+  storedTags,
   rulesArg,
 } from "./message.js";
 import { SCRIPTS, type Script, isNoScript } from "./scripts.js";
@@ -103,6 +105,8 @@ export interface ScheduledOrder {
   priority: Priority;
   /** A debounced order's first call and cap (latest due time), unix ms. */
   debounce?: { firstCallMs: number; maxDueMs: number };
+  /** Its tags (empty when it has none). */
+  tags: string[];
 }
 
 interface QueueRef {
@@ -470,8 +474,33 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels, k.debounce], [id], "cancelling an order (cancel.lua)");
+    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels, k.debounce, k.tags], [id], "cancelling an order (cancel.lua)");
     return Number(n) === 1 ? "cancelled" : "not_found";
+  }
+
+  /**
+   * Cancels every scheduled order of `queue` that carries `tag` (see src/engine/tags.rs):
+   * tag_bulk.lua over each shard, at most 200 orders per call (each call atomic with
+   * dispatch: an order is cancelled or dispatched, never both), looped until none is left.
+   * Answers how many were cancelled; repeating it answers 0.
+   */
+  async cancelTag(queue: string, tag: string): Promise<number> {
+    checkQueue(queue);
+    checkTags([tag]);
+    const ref = await this.queueRef(queue);
+    let total = 0;
+    for (let shard = 0; shard < ref.shards; shard++) {
+      const k = shardKeys(this.core.ns, queue, shard);
+      let cursor = "";
+      for (;;) {
+        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags], [tag, "200", "cancel", "", cursor], "cancelling the orders of a tag (tag_bulk.lua)");
+        if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("cancelling the orders of a tag (tag_bulk.lua)", "not an array of 3");
+        total += Number(r[0]);
+        if (Number(r[2]) !== 1 || r[1] === null || r[1] === undefined) break;
+        cursor = String(r[1]);
+      }
+    }
+    return total;
   }
 
   /**
@@ -514,7 +543,7 @@ export class Client {
     const m = deb === null || deb === undefined ? null : /^([0-9]+):([0-9]+)$/.exec(String(deb));
     const debounce = m ? { debounce: { firstCallMs: Number(m[1]), maxDueMs: Number(m[2]) } } : {};
     if (raw === null || raw === undefined) {
-      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, ...debounce };
+      return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, tags: [], ...debounce };
     }
     const { enqueuedAtMs, json } = decodeStored(String(raw));
     let payload: unknown;
@@ -523,7 +552,7 @@ export class Client {
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, ...debounce };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, tags: storedTags(String(raw)), ...debounce };
   }
 
   // ---- internals ----
@@ -579,17 +608,20 @@ export class Client {
   ): Promise<CallResult[]> {
     // The form the Rust client sends: the levels HASH and the dispatched ZSET as KEYS[4..5]
     // and one quadruple per order (id, due, payload, level; "" for normal); when an order of
-    // the call carries time rules, the debounce HASH as KEYS[6] and quintuples (..., rules).
+    // the call carries time rules, the debounce HASH as KEYS[7] and quintuples (..., rules);
+    // the tag index is KEYS[6].
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
-      const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
+      // A call with tagged orders says so in its mode (enqueue.lua does no tag work otherwise).
+      const tagged = c.idxs.some((i) => ((orders[i] as NewOrder).tags ?? []).length > 0);
+      const args: string[] = [(mode === "if_absent" ? "nx" : "upsert") + (tagged ? "+tags" : ""), String(now), epoch];
       const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
         args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
         if (withRules) args.push(rulesArg(o));
       }
-      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched];
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.tags];
       if (withRules) keys.push(k.debounce);
       return { keys, args, n: c.idxs.length };
     });

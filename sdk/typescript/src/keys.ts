@@ -103,11 +103,13 @@ export interface ShardKeys {
   dispatched: string;
   /** Waiting debounced orders' first call and cap (HASH). */
   debounce: string;
+  /** The tag index: `<tag>\x1f<id>` per tag of each scheduled order (ZSET, score 0). */
+  tags: string;
 }
 
 export function shardKeys(ns: string, queue: string, shard: number): ShardKeys {
   const tag = `{${ns}:${queue}:${shard}}`;
-  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels`, dispatched: `${tag}:dispatched`, debounce: `${tag}:debounce` };
+  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels`, dispatched: `${tag}:dispatched`, debounce: `${tag}:debounce`, tags: `${tag}:tags` };
 }
 
 /** The queue's registry record (HASH: `shards`, `epoch`, ...). */

@@ -128,6 +128,47 @@ export interface NewOrder extends When {
   debounce?: Debounce;
   /** Schedule it even if it was dispatched within the queue's dedup window. */
   repeat?: boolean;
+  /**
+   * Its tags (at most 10, each 1..=128 bytes without control characters, none twice, else
+   * `invalid_option`): list, count, cancel or reschedule every order with a tag at once.
+   * An upsert replaces the set (see src/engine/tags.rs).
+   */
+  tags?: string[];
+}
+
+/** Most tags per order, and the longest tag in bytes (src/engine/tags.rs). */
+export const MAX_TAGS = 10;
+export const MAX_TAG_LEN = 128;
+
+/** Checks an order's tags as the Rust `engine::tags::validate`; `invalid_option` naming `tags` otherwise. */
+export function checkTags(tags: unknown): string[] {
+  if (tags === undefined || tags === null) return [];
+  const bad = (reason: string) => new InvalidInputError("invalid_option", `invalid option tags: ${reason}`);
+  if (!Array.isArray(tags)) throw bad("must be an array of strings");
+  if (tags.length > MAX_TAGS) throw bad(`at most ${MAX_TAGS} tags per order, got ${tags.length}`);
+  const seen = new Set<string>();
+  tags.forEach((t: unknown, i: number) => {
+    if (typeof t !== "string") throw bad("must be an array of strings");
+    if (hasLoneSurrogate(t)) throw bad(`tag ${i}: not valid Unicode (a lone surrogate)`);
+    const n = Buffer.byteLength(t, "utf8");
+    if (n === 0) throw bad(`tag ${i}: must not be empty`);
+    if (n > MAX_TAG_LEN) throw bad(`tag ${i}: must be at most ${MAX_TAG_LEN} bytes, got ${n}`);
+    const c = [...t].findIndex((ch) => /[\u0000-\u001f\u007f-\u009f]/.test(ch));
+    if (c >= 0) throw bad(`tag ${i}: control character at position ${c}`);
+    if (seen.has(t)) throw bad(`tag ${i} (${JSON.stringify(t)}) is given twice`);
+    seen.add(t);
+  });
+  return tags as string[];
+}
+
+/** The tags of a stored value: the list between its first two GS (none: empty). */
+export function storedTags(raw: string): string[] {
+  const start = raw.indexOf("\x1d");
+  if (start < 0) return [];
+  const end = raw.indexOf("\x1d", start + 1);
+  if (end < 0) return [];
+  const inner = raw.slice(start + 1, end);
+  return inner === "" ? [] : inner.split("\x1f");
 }
 
 /**
@@ -145,10 +186,14 @@ export function checkExpiresAfter(ms: unknown): number {
   return ms;
 }
 
-/** What enqueue.lua stores for an order's payload text: the text, after `!<ms>!` with its own expiry. */
+/**
+ * What enqueue.lua stores for an order's payload text: the text, after `\x1d<tags>\x1d`
+ * with tags, after `!<ms>!` with its own expiry (the order of src/engine/message.rs).
+ */
 export function storedBody(order: NewOrder, payload: string): string {
+  const tagged = order.tags && order.tags.length > 0 ? `\x1d${order.tags.join("\x1f")}\x1d${payload}` : payload;
   const e = order.expiresAfterMs;
-  return e === undefined || e === null ? payload : `!${e}!${payload}`;
+  return e === undefined || e === null ? tagged : `!${e}!${tagged}`;
 }
 
 /** An order's debounce: both at least 1 ms and at most 10 years, `maxWaitMs >= delayMs`. */
@@ -511,7 +556,7 @@ export function payloadText(order: Pick<NewOrder, "payload" | "payloadJson">): s
 
 /**
  * Checks one order as the Rust `NewOrder::validate` does, once its payload text is known:
- * the id, the payload's size, its depth, the due time, then `expiresAfterMs`. Returns the due time.
+ * the id, the payload's size, its depth, the due time, `expiresAfterMs`, then `tags`. Returns the due time.
  */
 export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxPayloadBytes: number): number {
   checkId(order.id);
@@ -539,6 +584,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
     due = resolveWhen(order, nowMs);
   }
   if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
+  checkTags(order.tags);
   return due;
 }
 
@@ -559,6 +605,11 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
         // An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
         const exp = /^!([1-9][0-9]*)!/.exec(json);
         if (exp) json = json.slice(exp[0].length);
+        // Then its tags ("\x1d<t1>\x1f<t2>\x1d", src/engine/tags.rs).
+        if (json.startsWith("\x1d")) {
+          const end = json.indexOf("\x1d", 1);
+          if (end > 0) json = json.slice(end + 1);
+        }
         if (json.startsWith("~")) {
           const end = json.indexOf("~", 1);
           if (end > 0) json = json.slice(end + 1);

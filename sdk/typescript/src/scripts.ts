@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 /** The scripts this package runs. */
-export const SCRIPT_NAMES = ["enqueue", "cancel", "reschedule", "get"] as const;
+export const SCRIPT_NAMES = ["enqueue", "cancel", "reschedule", "get", "tag_bulk"] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
 
 export interface Script {
@@ -30,6 +30,7 @@ export const SCRIPTS: Record<ScriptName, Script> = {
   cancel: load("cancel"),
   reschedule: load("reschedule"),
   get: load("get"),
+  tag_bulk: load("tag_bulk"),
 };
 
 /** True when `e` is Redis's NOSCRIPT answer (the script is not in its cache). */

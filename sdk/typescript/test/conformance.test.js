@@ -15,14 +15,14 @@ const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule",
 const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-  "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat",
+  "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
 ]);
 
 let redis;
 let client;
 
 before(async () => {
-  assert.equal(spec.format, 4, "a conformance format this reader does not know");
+  assert.equal(spec.format, 5, "a conformance format this reader does not know");
   redis = await LocalRedis.start();
   for (const q of spec.queues) await createQueue(redis.url, q.name, q.shards, spec.namespace);
   client = await Client.connect(redis.url, { namespace: spec.namespace, clock: () => spec.now_ms });
@@ -60,7 +60,10 @@ function level(o) {
 
 /** The order's own `expires_after_ms` exactly as the file has it (absent: none). */
 function expiry(o) {
-  return "expires_after_ms" in o ? { expiresAfterMs: o.expires_after_ms } : {};
+  return {
+    ...("expires_after_ms" in o ? { expiresAfterMs: o.expires_after_ms } : {}),
+    ...("tags" in o ? { tags: o.tags } : {}),
+  };
 }
 
 function orderOf(o) {
@@ -140,6 +143,7 @@ for (const c of spec.cases) {
         const expectDue = "expect_due_ms" in c ? c.expect_due_ms : "delay_ms" in c ? spec.now_ms + c.delay_ms : c.due_ms;
         assert.equal(result.dueAtMs, expectDue);
         if (result.outcome !== "unchanged") assert.equal(got.priority, c.priority ?? "normal", `${c.name}: stored level`);
+        if (result.outcome !== "unchanged") assert.deepEqual(got.tags, c.tags ?? [], `${c.name}: stored tags`);
       } else if (c.op === "schedule_many") {
         const orders = ordersOf(c);
         assert.equal(result.length, orders.length);

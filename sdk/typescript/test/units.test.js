@@ -28,6 +28,7 @@ test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, 
     levels: "{dq:order-close:7}:levels",
     dispatched: "{dq:order-close:7}:dispatched",
     debounce: "{dq:order-close:7}:debounce",
+    tags: "{dq:order-close:7}:tags",
   });
 });
 

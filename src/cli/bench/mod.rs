@@ -97,6 +97,8 @@ pub struct BenchOptions {
     /// Every order carries a W3C trace context (as a traced producer's would), stored and
     /// decoded with it; no spans are exported.
     pub traced: bool,
+    /// Tags per order (spread, storm).
+    pub tags: usize,
 }
 
 /// The bench dispatcher's options: the defaults, with `--linger` and `--lateness-budget`
@@ -190,6 +192,7 @@ async fn timed(
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
     let mut orders = bench_orders(n, opts.payload_bytes, due_of);
     with_traces(&mut orders, opts.traced);
+    with_tags(&mut orders, opts.tags);
     if levels {
         for (i, o) in orders.iter_mut().enumerate() {
             o.priority = crate::Priority::ALL[i % 3];
@@ -271,9 +274,11 @@ async fn timed(
                 ""
             },
             if opts.traced {
-                ", every order traced (W3C context stored, no export)"
+                ", every order traced (W3C context stored, no export)".to_owned()
+            } else if opts.tags > 0 {
+                format!(", {} tags per order", opts.tags)
             } else {
-                ""
+                String::new()
             },
             opts.concurrency,
             opts.payload_bytes,
@@ -309,6 +314,16 @@ fn bench_orders(n: usize, payload_bytes: usize, due_of: impl Fn(usize) -> i64) -
         .collect()
 }
 
+/// `orders` with `k` tags each (`t<j>:<i mod 100>`: a hundred orders per tag).
+fn with_tags(orders: &mut [NewOrder], k: usize) {
+    if k == 0 {
+        return;
+    }
+    for (i, o) in orders.iter_mut().enumerate() {
+        o.tags = (0..k).map(|j| format!("t{j}:{}", i % 100)).collect();
+    }
+}
+
 /// `orders` with a trace context each (a distinct trace id per order), when `traced`.
 fn with_traces(orders: &mut [NewOrder], traced: bool) {
     if !traced {
@@ -342,6 +357,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         linger,
         lateness_budget,
         traced,
+        tags,
         json,
     } = c
     else {
@@ -370,9 +386,16 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .map(|b| parse_duration("--lateness-budget", b))
             .transpose()?,
         traced,
+        tags,
     };
     dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;
+    if tags > crate::engine::tags::MAX_TAGS {
+        return Err(Failure::Invalid(format!(
+            "--tags: at most {} per order",
+            crate::engine::tags::MAX_TAGS
+        )));
+    }
     if orders == 0 || concurrency == 0 || queues == 0 || !(1..=1024).contains(&opts.shards) {
         return Err(Failure::Invalid(
             "--orders, --queues and --concurrency must be >= 1, --shards 1..=1024".into(),

@@ -89,6 +89,9 @@ pub struct OrderHistory {
     /// A waiting debounced order's first call and cap ([`crate::engine::time_rules`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub debounce: Option<crate::engine::time_rules::DebounceState>,
+    /// The order's tags while its payload is known (none: left out of the JSON).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 /// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
@@ -418,6 +421,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         groups: Vec::new(),
         priority: Priority::Normal,
         debounce: None,
+        tags: Vec::new(),
     };
     if state == "scheduled" {
         let due = parts
@@ -426,11 +430,12 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             .and_then(int)
             .ok_or_else(|| reply_err("no due time"))?;
         let mut h = base(OrderState::Scheduled, due);
-        h.payload = parts
-            .next()
-            .as_ref()
-            .and_then(text)
-            .map(|s| stored_payload(&s));
+        let stored = parts.next().as_ref().and_then(text);
+        h.payload = stored.as_deref().map(stored_payload);
+        h.tags = stored
+            .as_deref()
+            .map(crate::engine::tags::of_stored)
+            .unwrap_or_default();
         h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
         return Ok(Some(h));
     }
@@ -446,11 +451,11 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         .ok_or_else(|| reply_err("no due time"))?;
     let mut h = base(OrderState::Dispatched, due);
     let fields: Option<Fields> = parts.next().and_then(crate::engine::reply::field_pairs);
-    h.payload = fields.as_ref().and_then(|f| {
-        f.iter()
-            .find(|(k, _)| k == "data")
-            .map(|(_, v)| stored_payload(v))
-    });
+    let data = fields
+        .as_ref()
+        .and_then(|f| f.iter().find(|(k, _)| k == "data").map(|(_, v)| v.as_str()));
+    h.payload = data.map(stored_payload);
+    h.tags = data.map(crate::engine::tags::of_stored).unwrap_or_default();
     h.dispatched_at_ms = entry_ms(&entry);
     h.entry_id = Some(entry);
     if let Some(redis::Value::Array(groups)) = parts.next() {

@@ -112,6 +112,7 @@ impl Client {
             k.levels.clone(),
             k.dispatched.clone(),
             k.debounce.clone(),
+            k.tags.clone(),
             k.dead.clone(),
             k.ticks(),
         ];

@@ -11,6 +11,7 @@ mod durable_call;
 mod options;
 mod replicas;
 mod schedule;
+pub mod tags;
 mod touched;
 
 pub(crate) use catalog::HEARTBEAT_KEPT_MS;
@@ -233,6 +234,10 @@ impl Client {
             ),
             None => (None, serde_json::Value::Null),
         };
+        let tags = raw
+            .as_deref()
+            .map(crate::engine::tags::of_stored)
+            .unwrap_or_default();
         Ok(Some(ScheduledOrder {
             id: id.to_owned(),
             due_at_ms: crate::engine::reply::score_to_ms(score),
@@ -240,6 +245,7 @@ impl Client {
             payload,
             priority,
             debounce,
+            tags,
         }))
     }
 

@@ -106,15 +106,25 @@ impl Client {
             },
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
-        // Orders with an `expires_after` store it in front of that (see `engine::expiry`).
+        // Tagged orders store their tags in front of that (see `engine::tags`), and orders
+        // with an `expires_after` store it in front of those (see `engine::expiry`).
         let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
-        let stored: Vec<Option<String>> = if producer.is_traced() || expiring {
+        let tagged = orders.iter().any(|o| !o.tags.is_empty());
+        let stored: Vec<Option<String>> = if producer.is_traced() || expiring || tagged {
             orders
                 .iter()
                 .map(|o| {
                     let traced = producer
                         .stored(o.trace.as_ref())
                         .map(|c| c.encode(o.payload.as_str()));
+                    let traced = if o.tags.is_empty() {
+                        traced
+                    } else {
+                        Some(crate::engine::tags::encode(
+                            &o.tags,
+                            traced.as_deref().unwrap_or(o.payload.as_str()),
+                        ))
+                    };
                     match o.expires_after_ms {
                         Some(e) => Some(crate::engine::expiry::encode(
                             e,
@@ -321,6 +331,7 @@ impl Client {
                             orders[i].repeat,
                             orders[i].debounce.as_ref(),
                         ),
+                        tagged: !orders[i].tags.is_empty(),
                     })
                     .collect()
             })

@@ -13,6 +13,7 @@ pub mod consume;
 pub mod orders;
 pub mod registry;
 pub mod schedules;
+pub mod tags;
 
 pub use consume::*;
 pub use orders::*;
@@ -123,6 +124,7 @@ pub fn flagged() -> Vec<(&'static str, &'static str)> {
         ("ratelimit", admin::RATELIMIT_LUA.as_str()),
         ("schedule", schedules::SCHEDULE_LUA.as_str()),
         ("tick", schedules::TICK_LUA.as_str()),
+        ("tag_bulk", tags::TAG_BULK_LUA.as_str()),
     ]
 }
 

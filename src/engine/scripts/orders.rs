@@ -40,6 +40,8 @@ pub(crate) struct EnqueueArg<'a> {
     pub priority: Priority,
     /// The time rules argument ([`crate::engine::time_rules::enqueue_rules_arg`]).
     pub rules: String,
+    /// The payload argument holds the order's tags (see [`crate::engine::tags`]).
+    pub tagged: bool,
 }
 
 /// What `enqueue.lua` did with one order.
@@ -66,16 +68,24 @@ pub(crate) fn enqueue_invocation<'a>(
         .key(&keys.payload)
         .key(&keys.meta)
         .key(&keys.levels)
-        .key(&keys.dispatched);
+        .key(&keys.dispatched)
+        .key(&keys.tags);
     // Orders without time rules go as quadruples, as before the rules existed: no more
     // work per order for them.
     let rules = orders.iter().any(|o| !o.rules.is_empty());
     if rules {
         inv.key(&keys.debounce);
     }
-    inv.arg(if if_absent { "nx" } else { "upsert" })
-        .arg(now_ms)
-        .arg(epoch);
+    // A call without tags says so: the script does no work per order for tags.
+    let tagged = orders.iter().any(|o| o.tagged);
+    inv.arg(match (if_absent, tagged) {
+        (false, false) => "upsert",
+        (true, false) => "nx",
+        (false, true) => "upsert+tags",
+        (true, true) => "nx+tags",
+    })
+    .arg(now_ms)
+    .arg(epoch);
     for o in orders {
         inv.arg(o.id)
             .arg(o.due_ms)
@@ -194,6 +204,7 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .key(&keys.lane(Priority::Low).stream)
         .key(&keys.dispatched)
         .key(&keys.debounce)
+        .key(&keys.tags)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -216,6 +227,7 @@ pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::Script
         .key(&keys.payload)
         .key(&keys.levels)
         .key(&keys.debounce)
+        .key(&keys.tags)
         .arg(id);
     inv
 }

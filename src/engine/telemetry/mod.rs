@@ -7,7 +7,7 @@
 //! | metric | kind | labels |
 //! |---|---|---|
 //! | `delayq_scheduled_total` | counter | queue |
-//! | `delayq_cancelled_total` | counter | queue |
+//! | `delayq_cancelled_total` | counter | queue, reason (id: one order cancelled by its id; tag: by a bulk cancel of a tag) |
 //! | `delayq_dispatched_total` | counter | queue |
 //! | `delayq_handled_total` | counter | queue, group, outcome (success, retry, dead, skipped) |
 //! | `delayq_dead_lettered_total` | counter | queue, group |
@@ -136,9 +136,15 @@ pub fn scheduled(queue: &str, n: u64) {
     }
 }
 
-/// An order cancelled.
+/// An order cancelled by its id.
 pub fn cancelled(queue: &str) {
-    metrics::counter!("delayq_cancelled_total", "queue" => queue.to_owned()).increment(1);
+    cancelled_by(queue, "id", 1);
+}
+
+/// `n` orders cancelled, for `reason` (`id`, `tag`).
+pub fn cancelled_by(queue: &str, reason: &'static str, n: u64) {
+    metrics::counter!("delayq_cancelled_total", "queue" => queue.to_owned(), "reason" => reason)
+        .increment(n);
 }
 
 /// Orders moved into the streams.

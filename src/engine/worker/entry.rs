@@ -110,15 +110,15 @@ pub(super) fn parse_delivery(
             _ => {}
         }
     }
-    let (enq, trace, text) = match &data {
-        Some(d) => match crate::engine::message::decode_stored_traced(d) {
-            (Some(enq), trace, json) => (Some(enq), trace, json),
-            (None, _, raw) => {
+    let (enq, tags, trace, text) = match &data {
+        Some(d) => match crate::engine::message::decode_stored_tagged(d) {
+            (Some(enq), tags, trace, json) => (Some(enq), tags, trace, json),
+            (None, _, _, raw) => {
                 flag = flag.or(Some(DeliveryFlag::BadEncoding));
-                (None, None, raw)
+                (None, Vec::new(), None, raw)
             }
         },
-        None => (None, None, "null"),
+        None => (None, Vec::new(), None, "null"),
     };
     let payload = match serde_json::from_str(text) {
         Ok(v) => v,
@@ -146,6 +146,7 @@ pub(super) fn parse_delivery(
         attempt,
         flag,
         trace,
+        tags,
     };
     let bad = id
         .is_none()

@@ -57,9 +57,17 @@ pub struct Delivery {
     /// The W3C trace context the order was scheduled in, when it was scheduled in one
     /// (see [`crate::engine::trace`]): the same on every attempt, reclaim and replay.
     pub trace: Option<TraceContext>,
+    /// The order's tags (see [`crate::engine::tags`]): the same on every attempt, reclaim
+    /// and replay.
+    pub tags: Vec<String>,
 }
 
 impl Delivery {
+    /// The order's tags, as scheduled (empty for an untagged order).
+    pub fn tags(&self) -> &[String] {
+        &self.tags
+    }
+
     /// A copy with what settling an entry needs (ids, shard, attempt, due time), without
     /// the payload: kept while the handler owns the delivery itself.
     pub(crate) fn settling_copy(&self) -> Delivery {
@@ -78,6 +86,7 @@ impl Delivery {
             attempt: self.attempt,
             flag: self.flag,
             trace: None,
+            tags: Vec::new(),
         }
     }
 }

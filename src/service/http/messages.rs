@@ -64,6 +64,9 @@ struct MessageBody {
     /// A debounce instead of a due time ([`crate::engine::time_rules`]).
     #[serde(default)]
     debounce: Option<DebounceBody>,
+    /// The order's tags ([`crate::engine::tags::from_json`] names the field when wrong).
+    #[serde(default)]
+    tags: Option<Value>,
 }
 
 /// `debounce`: `{"delay_ms": ..., "max_wait_ms": ...}`.
@@ -97,6 +100,10 @@ impl MessageBody {
                 )
             }
             None => NewOrder::new(id, self.when()?, self.payload()),
+        };
+        let order = match &self.tags {
+            Some(t) => order.with_tags(crate::engine::tags::from_json(t)?),
+            None => order,
         };
         self.expiring(order.with_priority(self.priority()?).repeat(self.repeat))
     }

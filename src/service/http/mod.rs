@@ -27,6 +27,7 @@ mod pull;
 mod queues;
 mod schedules;
 pub mod server;
+mod tags;
 
 pub use error::ApiError;
 pub use limits::HttpLimits;
@@ -241,6 +242,19 @@ pub fn app(state: AppState) -> Router {
                 .delete(messages::delete_message),
         )
         .route("/v1/queues/{queue}/messages:batch", post(messages::batch))
+        .route(
+            "/v1/tags/{tag}",
+            get(tags::all_count).post(tags::all_action),
+        )
+        .route("/v1/tags/{tag}/messages", get(tags::all_list))
+        .route(
+            "/v1/queues/{queue}/tags/{tag}",
+            get(tags::queue_count).post(tags::queue_action),
+        )
+        .route(
+            "/v1/queues/{queue}/tags/{tag}/messages",
+            get(tags::queue_list),
+        )
         .route("/v1/queues/{queue}/stats", get(queues::stats))
         .route("/v1/queues/{queue}/dead", get(queues::dead_list))
         .route("/v1/queues/{queue}/dead/replay", post(queues::dead_replay))

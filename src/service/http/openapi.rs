@@ -47,10 +47,64 @@ pub fn openapi() -> Value {
                  "description": "Order-expiry delay queue on Redis. Scheduling and cancelling by id are idempotent: a request that failed with a 503 is safe to repeat."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": schemas()
+            "schemas": merged(schemas(), tag_schemas())
         },
         "security": [{"bearer": []}],
-        "paths": paths()
+        "paths": merged(paths(), tag_paths())
+    })
+}
+
+/// The `{queue}` path parameter.
+fn queue_param() -> Value {
+    json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")}})
+}
+
+/// `a` with the fields of `b` (both objects).
+fn merged(mut a: Value, b: Value) -> Value {
+    if let (Some(a), Value::Object(b)) = (a.as_object_mut(), b) {
+        a.extend(b);
+    }
+    a
+}
+
+/// The schemas of the tag routes (issue 43; `engine::client::tags`).
+fn tag_schemas() -> Value {
+    json!({
+        "TagCounts": object(&["total", "queues"], json!({"total": int(), "queues": {"type": "object", "additionalProperties": int(), "description": "per queue (queues with none left out)"}})),
+        "TagPage": object(&["orders", "next"], json!({"orders": {"type": "array", "items": object(&["queue", "id", "due_at_ms"], json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int()}))}, "next": nullable("string")})),
+        "TagAction": {"type": "object", "additionalProperties": false,
+            "description": ":cancel takes {} (or no body); :reschedule exactly one of due_at (RFC 3339 or unix ms), delay_ms (from now) or shift_ms (added to each order's due time, may be negative)",
+            "properties": {"due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]}, "delay_ms": {"type": "integer", "minimum": 0}, "shift_ms": {"type": "integer"}}}
+    })
+}
+
+/// The tag routes (issue 43; `service::http::tags`).
+fn tag_paths() -> Value {
+    // Tags (issue 43): a tag, or a tag with its action (`customer:42:cancel`).
+    let tag = json!({"name": "tag", "in": "path", "required": true, "example": "customer:42",
+        "schema": {"type": "string", "minLength": 1, "maxLength": crate::engine::tags::MAX_TAG_LEN, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"}});
+    let tag_action = json!({"name": "tag", "in": "path", "required": true, "example": "customer:42:cancel",
+        "schema": {"type": "string", "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]{1,128}:(cancel|reschedule)$"}});
+    let tag_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::engine::client::tags::MAX_TAG_PAGE}});
+    let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}, "description": "a page's next cursor"});
+    let q = queue_param();
+    json!({
+        "/v1/tags/{tag}": {
+            "get": op("How many scheduled orders carry the tag, in total and per queue, over every queue of the namespace", vec![&tag], None,
+                json!({"200": ok("the counts", "TagCounts")})),
+            "post": op("`{tag}:cancel` (every scheduled order with the tag, in every queue: worked in bounded batches, each atomic with dispatch; repeating it answers 0) or `{tag}:reschedule` (body: exactly one of due_at, delay_ms, shift_ms)", vec![&tag_action], Some("TagAction"),
+                json!({"200": ok("how many orders were cancelled or moved, in total and per queue", "TagCounts")}))
+        },
+        "/v1/tags/{tag}/messages": {"get": op("The scheduled orders with the tag in every queue, by queue then id, paged (`next` is the next page's `after`)", vec![&tag, &tag_limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "TagPage")}))},
+        "/v1/queues/{queue}/tags/{tag}": {
+            "get": op("How many scheduled orders of the queue carry the tag", vec![&q, &tag], None,
+                json!({"200": ok("the count", "TagCounts")})),
+            "post": op("`{tag}:cancel` or `{tag}:reschedule`, as /v1/tags/{tag}, in this queue only", vec![&q, &tag_action], Some("TagAction"),
+                json!({"200": ok("how many orders were cancelled or moved", "TagCounts")}))
+        },
+        "/v1/queues/{queue}/tags/{tag}/messages": {"get": op("The queue's scheduled orders with the tag, by id, paged", vec![&q, &tag, &tag_limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "TagPage")}))}
     })
 }
 
@@ -124,7 +178,7 @@ fn schemas() -> Value {
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
                "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
-               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int()}),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int(), "tags": tags_schema()}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -143,6 +197,8 @@ fn schemas() -> Value {
         "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
         "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
     let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
+    // Tags (issue 43; src/engine/tags.rs).
+    let tags = tags_schema();
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -156,7 +212,8 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after.clone(),
             "debounce": debounce.clone(),
-            "repeat": repeat.clone()}},
+            "repeat": repeat.clone(),
+            "tags": tags.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -167,7 +224,8 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after,
             "debounce": debounce,
-            "repeat": repeat}},
+            "repeat": repeat,
+            "tags": tags}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -362,12 +420,23 @@ fn order_history() -> Value {
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
                "groups": {"type": "array", "items": group}, "priority": priority(),
                "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
-                   "properties": {"first_call_ms": int(), "max_due_ms": int()}}}),
+                   "properties": {"first_call_ms": int(), "max_due_ms": int()}},
+               "tags": tags_schema()}),
     )
 }
 
+/// An order's `tags` (`engine::tags`): at most 10, each 1..=128 bytes without control
+/// characters, none twice.
+fn tags_schema() -> Value {
+    use crate::engine::tags::{MAX_TAG_LEN, MAX_TAGS};
+    json!({"type": "array", "maxItems": MAX_TAGS, "uniqueItems": true,
+        "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_LEN, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"},
+        "example": ["order:1234", "customer:42"],
+        "description": "the order's tags (list, count, cancel or reschedule every order with a tag); at most 10, each 1..=128 bytes without control characters, none twice (else 400 invalid_option naming tags); an upsert replaces the set; left out of answers when none"})
+}
+
 fn paths() -> Value {
-    let q = json!({"name": "queue", "in": "path", "required": true, "schema": {"type": "string", "pattern": format!("^[A-Za-z0-9._-]{{1,{MAX_NAME_LEN}}}$")}});
+    let q = queue_param();
     let id = json!({"name": "id", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN}});
     let g = json!({"name": "group", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 128}});
     let force = json!({"name": "force", "in": "query", "schema": {"type": "boolean"}});

@@ -47,7 +47,11 @@ RESCHEDULE = Script("reschedule")
 GET = Script("get")
 CREATE_QUEUE = Script("create_queue")
 #: Every vendored script, by name.
-SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE)}
+TAG_BULK = Script("tag_bulk")
+SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE, TAG_BULK)}
+
+#: Orders per tag_bulk.lua call (src/engine/client/tags.rs ``TAG_BATCH``).
+TAG_BATCH = 200
 
 # ---------------------------------------------------------------- public types
 
@@ -142,6 +146,9 @@ class Order:
     debounce: Any = None
     #: Schedule it even if it was dispatched within the queue's dedup window.
     repeat: bool = False
+    #: Its tags (at most 10, each 1..=128 bytes without control characters): list, count,
+    #: cancel or reschedule every order with a tag at once. An upsert replaces the set.
+    tags: Optional[Sequence[str]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +188,8 @@ class ScheduledOrder:
     priority: Priority = Priority.NORMAL
     #: A debounced order's ``(first_call_ms, max_due_ms)``, else None.
     debounce: Optional[Tuple[int, int]] = None
+    #: Its tags (empty when it has none).
+    tags: Tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------- options
@@ -391,6 +400,8 @@ class Prepared:
     expires_after_ms: Optional[int] = None
     #: The time rules as enqueue.lua takes them (``rules.rules_arg``).
     rules: bytes = b""
+    #: The stored tag prefix (``rules.encode_tags``; b"" without tags).
+    tags: bytes = b""
 
 
 def to_order(o: Any) -> Order:
@@ -439,9 +450,10 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             else:
                 due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
             expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
+            tags = rules.encode_tags(rules.check_tags(o.tags))
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait)))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags))
     if if_absent:
         for i, o in enumerate(orders):
             if o.debounce is not None:
@@ -488,25 +500,44 @@ def plan(shards: int, prepared: Sequence[Prepared]) -> List[Call]:
     return calls
 
 
+def tag_bulk_step(reply: Any) -> Tuple[int, Optional[bytes], bool]:
+    """tag_bulk.lua's ``{affected, last id or false, more}``."""
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
+        raise RedisFailure("cancelling the orders of a tag (tag_bulk.lua)", ValueError("unexpected reply"), NOT_APPLIED, False, False)
+    return int(reply[0]), reply[1], int(reply[2]) == 1 and reply[1] is not None
+
+
+def tags_key(due: str) -> str:
+    """The shard's tag index ZSET (src/engine/keys.rs ``ShardKeys::tags``) beside its due
+    ZSET ``{tag}:due``."""
+    return due[: -len("due")] + "tags"
+
+
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 5 due payload meta levels dispatched mode now epoch id due json level
-    ...``: one quadruple per order (level ``""`` for normal); when an order of the call
-    carries time rules, the debounce HASH as KEYS[6] and quintuples (``..., rules``), as
-    the Rust client sends them."""
+    """``EVALSHA <sha> 6 due payload meta levels dispatched tags mode now epoch id due json
+    level ...``: one quadruple per order (level ``""`` for normal); when an order of the
+    call carries time rules, the debounce HASH as KEYS[7] and quintuples (``..., rules``);
+    mode ``upsert+tags`` / ``nx+tags`` when one carries tags, as the Rust client sends
+    them."""
     tag = keys.tag(queue, call.shard)
     with_rules = any(prepared[i].rules for i in call.idxs)
+    # The tag index is KEYS[6]; a call with tagged orders says so in its mode.
+    tagged = any(prepared[i].tags for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 6 if with_rules else 5,
+        "EVALSHA", ENQUEUE.sha, 7 if with_rules else 6,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
-        keys.levels(queue, call.shard), tag + ":dispatched",
+        keys.levels(queue, call.shard), tag + ":dispatched", tag + ":tags",
     ]
     if with_rules:
         args.append(tag + ":debounce")
-    args += ["nx" if if_absent else "upsert", now_ms, epoch]
+    args += [("nx" if if_absent else "upsert") + ("+tags" if tagged else ""), now_ms, epoch]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        data = p.payload.data if p.expires_after_ms is None else b"!%d!" % p.expires_after_ms + p.payload.data
+        # The stored prefixes in their order (src/engine/message.rs): expiry, tags, payload.
+        data = p.tags + p.payload.data if p.tags else p.payload.data
+        if p.expires_after_ms is not None:
+            data = b"!%d!" % p.expires_after_ms + data
         args += (p.id_bytes, b"%d" % p.due, data, p.level)
         if with_rules:
             args.append(p.rules)
@@ -639,6 +670,11 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
         m = re.match(r"!([1-9][0-9]*)!", rest)
         if m:
             rest = rest[m.end():]
+    if rest.startswith("\x1d"):
+        # The order's tags ("\x1d<t1>\x1f<t2>\x1d", src/engine/tags.rs) come next.
+        end = rest.find("\x1d", 1)
+        if end > 0:
+            rest = rest[end + 1:]
     if rest.startswith("~"):
         end = rest.find("~", 1)
         if end > 0:
@@ -670,4 +706,16 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
         value = json.loads(body)
     except (ValueError, RecursionError):
         value = body
-    return ScheduledOrder(id, due, enq, value, body, priority, deb)
+    return ScheduledOrder(id, due, enq, value, body, priority, deb, stored_tags(text))
+
+
+def stored_tags(text: str) -> Tuple[str, ...]:
+    """The tags of a stored value: the list between its first two GS (none: empty)."""
+    start = text.find("\x1d")
+    if start < 0:
+        return ()
+    end = text.find("\x1d", start + 1)
+    if end < 0:
+        return ()
+    inner = text[start + 1:end]
+    return tuple(inner.split("\x1f")) if inner else ()

@@ -226,6 +226,7 @@ class AsyncClient:
         expires_after_ms: Optional[int] = None,
         debounce: Any = None,
         repeat: bool = False,
+        tags: Optional[Sequence[str]] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -242,7 +243,9 @@ class AsyncClient:
         ``debounce`` (:class:`Debounce` or ``{"delay_ms", "max_wait_ms"}``) instead of a due
         time: due ``delay_ms`` after each call, never later than ``max_wait_ms`` after the
         first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
-        window (otherwise the outcome is ``duplicate`` and nothing is written)."""
+        window (otherwise the outcome is ``duplicate`` and nothing is written). ``tags``: at
+        most 10 strings, each 1..=128 bytes without control characters, none twice (else
+        ``invalid_option``); an upsert replaces the set."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -256,6 +259,7 @@ class AsyncClient:
             expires_after_ms=expires_after_ms,
             debounce=debounce,
             repeat=repeat,
+            tags=tags,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
@@ -437,10 +441,36 @@ class AsyncClient:
         never scheduled, was already cancelled, or was already dispatched."""
         keys = await self._shard_keys(queue, id)
         try:
-            n = await self._evalsha(c.CANCEL, list(keys), [id])
+            # The tag index as KEYS[5]: a tagged order's tags leave it (cancel.lua).
+            n = await self._evalsha(c.CANCEL, list(keys) + [c.tags_key(keys[0])], [id])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
+
+    async def cancel_tag(self, queue: str, tag: str) -> int:
+        """Cancels every scheduled order of ``queue`` that carries ``tag``: tag_bulk.lua over
+        each shard, at most 200 orders per call (each call atomic with dispatch: an order is
+        cancelled or dispatched, never both), looped until none is left. Returns how many
+        were cancelled; repeating it returns 0."""
+        rules.check_queue(queue)
+        rules.check_tags([tag])
+        ref = await self._queue_ref(queue)
+        total = 0
+        for s in range(ref.shards):
+            due = self._keys.due(queue, s)
+            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due)]
+            cursor: Any = b""
+            while True:
+                try:
+                    reply = await self._evalsha(c.TAG_BULK, keys, [tag, c.TAG_BATCH, "cancel", "", cursor])
+                except redis.RedisError as e:
+                    raise c.wrap("cancelling the orders of a tag (tag_bulk.lua)", e) from None
+                n, last, more = c.tag_bulk_step(reply)
+                total += n
+                if not more:
+                    break
+                cursor = last
+        return total
 
     async def reschedule(
         self,

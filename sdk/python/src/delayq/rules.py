@@ -11,7 +11,7 @@ import datetime as _dt
 import json
 import re
 import unicodedata
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from .errors import InvalidInput
 
@@ -431,6 +431,50 @@ def local_to_ms(local: _dt.datetime, zone: Any) -> int:
         else:
             hi = mid
     return hi * 1000
+
+
+#: Most tags per order, and the longest tag in bytes (src/engine/tags.rs).
+MAX_TAGS = 10
+MAX_TAG_LEN = 128
+
+
+def check_tags(tags: Any) -> List[bytes]:
+    """An order's tags, as ``engine::tags::validate``: at most 10 strings, each 1..=128
+    bytes of UTF-8 without a control character, none twice; anything else is refused with
+    ``invalid_option`` naming ``tags``. Returns them as UTF-8 bytes."""
+    def bad(reason: str) -> InvalidInput:
+        return InvalidInput("invalid_option", f"invalid option tags: {reason}")
+
+    if tags is None:
+        return []
+    if isinstance(tags, (str, bytes)) or not isinstance(tags, (list, tuple)):
+        raise bad("must be a list of strings")
+    if len(tags) > MAX_TAGS:
+        raise bad(f"at most {MAX_TAGS} tags per order, got {len(tags)}")
+    out: List[bytes] = []
+    for i, t in enumerate(tags):
+        if not isinstance(t, str):
+            raise bad("must be a list of strings")
+        try:
+            raw = t.encode("utf-8")
+        except UnicodeEncodeError:
+            raise bad(f"tag {i}: not valid Unicode (a lone surrogate)") from None
+        if not raw:
+            raise bad(f"tag {i}: must not be empty")
+        if len(raw) > MAX_TAG_LEN:
+            raise bad(f"tag {i}: must be at most {MAX_TAG_LEN} bytes, got {len(raw)}")
+        m = _CONTROL.search(t)
+        if m:
+            raise bad(f"tag {i}: control character at position {m.start()}")
+        if raw in out:
+            raise bad(f"tag {i} ({t!r}) is given twice")
+        out.append(raw)
+    return out
+
+
+def encode_tags(tags: Sequence[bytes]) -> bytes:
+    """The stored tag prefix ``\\x1d<t1>\\x1f<t2>\\x1d`` (no tags: empty)."""
+    return b"\x1d" + b"\x1f".join(tags) + b"\x1d" if tags else b""
 
 
 def check_expires_after(ms: Any) -> int:

@@ -1,0 +1,91 @@
+-- tag_bulk.lua: cancel or move a bounded batch of one shard's orders that carry a tag
+-- (issue 43; src/engine/tags.rs). The caller loops, passing the last id back, until the
+-- reply says no more remain.
+--
+-- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  the shard's payload HASH
+-- KEYS[3]  the shard's levels HASH (see enqueue.lua)
+-- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
+-- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
+-- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller)
+-- ARGV[2]  at most this many orders, 1..1000
+-- ARGV[3]  the action: "cancel", "at" (a new due time, ARGV[4] unix ms) or "shift" (the due
+--          time moved by ARGV[4] ms, negative or positive; not below 0)
+-- ARGV[4]  the due time or shift for "at" / "shift" ("" for cancel)
+-- ARGV[5]  the cursor: "" for the start, else the last id a previous call answered (the ids
+--          are worked in byte order)
+--
+-- Returns: { affected, last_id or false, more }: how many orders were cancelled or moved,
+--          the last id looked at (the next call's cursor), more = 1 when ids of the tag
+--          remain after it. A member whose order is no longer scheduled (never happens
+--          while every writer keeps the index; a foreign writer's leftovers) is dropped
+--          and not counted. A repeated cancel answers 0.
+-- Why one script: each order is cancelled exactly as cancel.lua does (schedule entry,
+-- payload, level, debounce record and every index member of it together) or moved as
+-- reschedule.lua does, in one step with the index read, so against dequeue.lua (which
+-- takes an order and its index members in one step) an order is either cancelled here or
+-- dispatched there, never both and never neither. Every argument is checked before the
+-- first write. A move before the shard's earliest due time is published on its wake
+-- channel (prelude `wake`).
+-- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
+-- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred).
+-- Redis >= 6.2.
+local tag = ARGV[1]
+local limit = int(ARGV[2])
+local action = ARGV[3]
+if type(tag) ~= 'string' or tag == '' or string.find(tag, '[%z\1-\31]') then
+  return redis.error_reply('ERR delayq tag_bulk: the tag must be 1..128 bytes without control characters')
+end
+if not limit or limit < 1 or limit > 1000 then
+  return redis.error_reply('ERR delayq tag_bulk: limit must be 1..1000')
+end
+local arg = nil
+if action == 'at' or action == 'shift' then
+  arg = int(ARGV[4])
+  if not arg or (action == 'at' and arg < 0) then
+    return redis.error_reply('ERR delayq tag_bulk: ' .. action .. ' needs a number of ms')
+  end
+elseif action ~= 'cancel' then
+  return redis.error_reply('ERR delayq tag_bulk: the action must be cancel, at or shift')
+end
+local cursor = ARGV[5] or ''
+local prefix = tag .. '\31'
+local from = cursor == '' and ('[' .. prefix) or ('(' .. prefix .. cursor)
+local got = redis.call('ZRANGEBYLEX', KEYS[5], from, '(' .. tag .. ' ', 'LIMIT', 0, limit + 1)
+local more = 0
+if #got > limit then more = 1; got[#got] = nil end
+local affected, last, before, first = 0, false, nil, nil
+if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
+for i = 1, #got do
+  local id = string.sub(got[i], #prefix + 1)
+  last = id
+  if action == 'cancel' then
+    if redis.call('ZREM', KEYS[1], id) == 1 then
+      local members, rm = {}, {}
+      local list = tag_list(redis.call('HGET', KEYS[2], id))
+      if list then each_tag(list, id, members, true) end
+      members[got[i]] = true
+      for m in pairs(members) do rm[#rm + 1] = m end
+      redis.call('ZREM', KEYS[5], unpack(rm))
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+      redis.call('HDEL', KEYS[4], id)
+      affected = affected + 1
+    else
+      redis.call('ZREM', KEYS[5], got[i])
+    end
+  else
+    local score = redis.call('ZSCORE', KEYS[1], id)
+    if score then
+      local due = arg
+      if action == 'shift' then due = math.max(0, tonumber(score) + arg) end
+      redis.call('ZADD', KEYS[1], 'XX', due, id)
+      first = math.min(first or due, due)
+      affected = affected + 1
+    else
+      redis.call('ZREM', KEYS[5], got[i])
+    end
+  end
+end
+if first then wake(KEYS[1], before, first) end
+return { affected, last, more }

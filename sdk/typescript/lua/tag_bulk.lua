@@ -1,0 +1,201 @@
+-- tag_bulk.lua: cancel or move a bounded batch of one shard's orders that carry a tag
+-- (issue 43; src/engine/tags.rs). The caller loops, passing the last id back, until the
+-- reply says no more remain.
+--
+-- KEYS[1]  the shard's due ZSET
+-- KEYS[2]  the shard's payload HASH
+-- KEYS[3]  the shard's levels HASH (see enqueue.lua)
+-- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
+-- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
+-- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller)
+-- ARGV[2]  at most this many orders, 1..1000
+-- ARGV[3]  the action: "cancel", "at" (a new due time, ARGV[4] unix ms) or "shift" (the due
+--          time moved by ARGV[4] ms, negative or positive; not below 0)
+-- ARGV[4]  the due time or shift for "at" / "shift" ("" for cancel)
+-- ARGV[5]  the cursor: "" for the start, else the last id a previous call answered (the ids
+--          are worked in byte order)
+--
+-- Returns: { affected, last_id or false, more }: how many orders were cancelled or moved,
+--          the last id looked at (the next call's cursor), more = 1 when ids of the tag
+--          remain after it. A member whose order is no longer scheduled (never happens
+--          while every writer keeps the index; a foreign writer's leftovers) is dropped
+--          and not counted. A repeated cancel answers 0.
+-- Why one script: each order is cancelled exactly as cancel.lua does (schedule entry,
+-- payload, level, debounce record and every index member of it together) or moved as
+-- reschedule.lua does, in one step with the index read, so against dequeue.lua (which
+-- takes an order and its index members in one step) an order is either cancelled here or
+-- dispatched there, never both and never neither. Every argument is checked before the
+-- first write. A move before the shard's earliest due time is published on its wake
+-- channel (prelude `wake`).
+-- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
+-- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred).
+-- Redis >= 6.2.
+
+-- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
+-- into each script's text right after that script's header (the SHA1 covers the whole
+-- text), so every script runs with these definitions and each file keeps only its own
+-- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+
+-- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
+-- nothing a double cannot hold exactly), or nil.
+local function int(s)
+  if type(s) ~= 'string' or #s > 17 or not string.match(s, '^-?[0-9]+$') then return nil end
+  local n = tonumber(s)
+  if n > 9007199254740991 or n < -9007199254740991 then return nil end
+  return n
+end
+
+-- Cross-process wake-ups. `earliest(due)` is a shard's earliest due time (nil: none). After
+-- a write that scheduled orders, the earliest of them due at `due_ms`, `wake(due, before,
+-- due_ms)` publishes `due_ms` on the shard's wake channel (its due key with `wake` for
+-- `due`: `{tag}:wake`) when it is earlier than the shard's earliest before the write:
+-- every dispatcher of the queue listens there and looks at the shard then. Sharded
+-- (`SPUBLISH`, Redis 7) where the server has it, `PUBLISH` on 6.2. Cost: O(1) + one
+-- `ZRANGE 0 0`, O(log n), per call.
+local function earliest(due)
+  local f = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  return tonumber(f[2])
+end
+local function wake(due, before, due_ms)
+  if due_ms and (not before or due_ms < before) then
+    local channel = string.sub(due, 1, -4) .. 'wake'
+    -- A refused publish (no SPUBLISH on 6.2; an ACL without the channel) never fails the
+    -- write: the dispatchers' fallback poll finds the order.
+    local r = redis.pcall('SPUBLISH', channel, due_ms)
+    if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
+  end
+end
+
+-- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
+-- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
+-- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
+-- a JSON text holds none). `each_tag(list, id, set, v)`: set[<tag>\31<id>] = v for each tag.
+local function tag_list(v)
+  if type(v) ~= 'string' then return false end
+  local a = string.find(v, '\29', 1, true)
+  if not a then return false end
+  local b = string.find(v, '\29', a + 1, true)
+  if not b or b == a + 1 then return false end
+  return string.sub(v, a + 1, b - 1)
+end
+local function each_tag(list, id, set, v)
+  for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
+end
+
+-- A stream id's two parts ("<ms>-<seq>") as numbers.
+local function parse_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+
+-- Whether stream id a comes before stream id b.
+local function id_less(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  return am < bm or (am == bm and as < bs)
+end
+
+-- An XINFO reply's flat list of fields and values as a table (a nil value reads as false).
+local function info_table(flat)
+  local t = {}
+  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
+  return t
+end
+
+-- The consumer groups of a stream, each as a table of its XINFO GROUPS fields (name,
+-- consumers, pending, last-delivered-id; entries-read and lag from Redis 7.0); none when
+-- the stream does not exist.
+local function groups_of(stream)
+  local out = {}
+  if redis.call('EXISTS', stream) == 0 then return out end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do out[#out + 1] = info_table(g) end
+  return out
+end
+
+-- The consumers of one group of a stream, each as a table of its XINFO CONSUMERS fields
+-- (name, pending, idle).
+local function consumers_of(stream, group)
+  local out = {}
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+    out[#out + 1] = info_table(c)
+  end
+  return out
+end
+
+-- The names of a stream's consumer groups (none when the stream does not exist).
+local function group_names(stream)
+  local names = {}
+  for _, g in ipairs(groups_of(stream)) do names[#names + 1] = g['name'] end
+  return names
+end
+
+-- Opens a priority lane of a shard, once: makes its stream with every consumer group the
+-- shard's normal stream has (each reading from the start of the lane) and sets the lane's
+-- marker field in the shard's marker HASH, from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, marker)
+  if redis.call('EXISTS', lane) == 1 then return end
+  for _, g in ipairs(group_names(normal)) do
+    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
+  end
+  redis.call('HSET', meta, marker, '1')
+end
+
+local tag = ARGV[1]
+local limit = int(ARGV[2])
+local action = ARGV[3]
+if type(tag) ~= 'string' or tag == '' or string.find(tag, '[%z\1-\31]') then
+  return redis.error_reply('ERR delayq tag_bulk: the tag must be 1..128 bytes without control characters')
+end
+if not limit or limit < 1 or limit > 1000 then
+  return redis.error_reply('ERR delayq tag_bulk: limit must be 1..1000')
+end
+local arg = nil
+if action == 'at' or action == 'shift' then
+  arg = int(ARGV[4])
+  if not arg or (action == 'at' and arg < 0) then
+    return redis.error_reply('ERR delayq tag_bulk: ' .. action .. ' needs a number of ms')
+  end
+elseif action ~= 'cancel' then
+  return redis.error_reply('ERR delayq tag_bulk: the action must be cancel, at or shift')
+end
+local cursor = ARGV[5] or ''
+local prefix = tag .. '\31'
+local from = cursor == '' and ('[' .. prefix) or ('(' .. prefix .. cursor)
+local got = redis.call('ZRANGEBYLEX', KEYS[5], from, '(' .. tag .. ' ', 'LIMIT', 0, limit + 1)
+local more = 0
+if #got > limit then more = 1; got[#got] = nil end
+local affected, last, before, first = 0, false, nil, nil
+if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
+for i = 1, #got do
+  local id = string.sub(got[i], #prefix + 1)
+  last = id
+  if action == 'cancel' then
+    if redis.call('ZREM', KEYS[1], id) == 1 then
+      local members, rm = {}, {}
+      local list = tag_list(redis.call('HGET', KEYS[2], id))
+      if list then each_tag(list, id, members, true) end
+      members[got[i]] = true
+      for m in pairs(members) do rm[#rm + 1] = m end
+      redis.call('ZREM', KEYS[5], unpack(rm))
+      redis.call('HDEL', KEYS[2], id)
+      redis.call('HDEL', KEYS[3], id)
+      redis.call('HDEL', KEYS[4], id)
+      affected = affected + 1
+    else
+      redis.call('ZREM', KEYS[5], got[i])
+    end
+  else
+    local score = redis.call('ZSCORE', KEYS[1], id)
+    if score then
+      local due = arg
+      if action == 'shift' then due = math.max(0, tonumber(score) + arg) end
+      redis.call('ZADD', KEYS[1], 'XX', due, id)
+      first = math.min(first or due, due)
+      affected = affected + 1
+    else
+      redis.call('ZREM', KEYS[5], got[i])
+    end
+  end
+end
+if first then wake(KEYS[1], before, first) end
+return { affected, last, more }
