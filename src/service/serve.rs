@@ -155,7 +155,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     }
     let router = app(AppState::new(client.clone(), cfg.http.tokens.clone())
         .with_limits(settings.http.clone())
-        .with_timing(timing));
+        .with_timing(timing)
+        .with_shutdown(cancel.clone()));
     // Room kept outside the HTTP cap: Redis and database connections, files, and every
     // handler's outbound calls (webhooks), so a flood of inbound connections never starves
     // delivery.

@@ -63,6 +63,8 @@ pub struct AppState {
     metrics_cache: Arc<MetricsCache>,
     /// The pull consumers of this process, one per (queue, group), and the receipt key.
     pullers: Arc<pull::Pullers>,
+    /// Fires when the server shuts down: waiting receives (long polls) answer at once.
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
 }
 
 /// What a dashboard session cookie is worth now (see [`AppState::session_ok`]).
@@ -138,7 +140,15 @@ impl AppState {
             metrics_cache: Arc::default(),
             auth_failures: Arc::default(),
             stats: Arc::default(),
+            shutdown: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// The same state, with long polls answered at once when `shutdown` fires (serve passes
+    /// its shutdown token).
+    pub fn with_shutdown(mut self, shutdown: tokio_util::sync::CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// Every registered queue's statistics, sorted by name: read from Redis at most once per

@@ -217,7 +217,7 @@ fn schemas() -> Value {
 /// The bodies of `POST /v1/queues/{queue}/groups/{group}:receive`, `:ack`, `:nack` and
 /// `:extend` (one per action), with the engine's limits.
 fn pull_action() -> Value {
-    use crate::engine::worker::{MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MIN_LEASE};
+    use crate::engine::worker::{MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MAX_WAIT, MIN_LEASE};
     let lease = json!({"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis()});
     let receipts = json!({"type": "array", "minItems": 1, "maxItems": MAX_RECEIPTS, "items": {"type": "string"}});
     let strict = |mut o: Value| {
@@ -229,7 +229,7 @@ fn pull_action() -> Value {
     json!({"oneOf": [
         strict(object(&[], json!({
             "max": {"type": "integer", "minimum": 1, "maximum": MAX_RECEIVE, "description": ":receive: most deliveries (default 1)"},
-            "wait_ms": {"type": "integer", "minimum": 0, "maximum": 0, "description": "long polling is not implemented yet: 0 or absent"},
+            "wait_ms": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT.as_millis(), "description": ":receive: when nothing can be received now, wait up to this long for an entry and answer as soon as one is received (long poll; default 0: answer at once). The wait holds the connection (counted against http.max_connections), ends at once, empty, when the server shuts down, and never runs past http.request_timeout less a margin"},
             "lease_ms": {"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis(),
                 "description": format!("the lease (default {} ms)", crate::service::http::pull::DEFAULT_LEASE_MS)}}))),
         strict(object(&["receipts"], json!({"receipts": receipts.clone()}))),

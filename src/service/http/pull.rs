@@ -5,8 +5,14 @@
 //! Every `delayq serve` process consumes as the consumer `http` and signs receipts with a
 //! key derived from the API tokens, so a receipt issued by one process of a deployment is
 //! honoured by the others. The queue must be registered (404 otherwise); the group is
-//! joined on its first receive, as a starting worker joins it. Long polling (`wait_ms`
-//! above 0) is not implemented yet: such a receive is refused (400).
+//! joined on its first receive, as a starting worker joins it.
+//!
+//! **Long polling.** A receive with `wait_ms` (0..=20,000) waits that long for an entry
+//! when none is due ([`Puller::receive_wait`]: woken by this process's dispatcher and by
+//! other processes' wake-ups, no Redis polling in a loop). A waiting receive holds its
+//! connection (it counts against `http.max_connections` like any open connection) and
+//! nothing else; it answers at once, empty, when serve shuts down, and never past the
+//! request deadline: the wait is cut to `http.request_timeout` less a margin.
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
@@ -14,7 +20,8 @@ use super::messages::json_body;
 use crate::engine::error::Error;
 use crate::engine::keys::QueueName;
 use crate::engine::worker::{
-    Extended, MAX_LEASE, MAX_RECEIVE, MIN_LEASE, Nack, PullDelivery, Puller, Settled, WorkerOptions,
+    Extended, MAX_LEASE, MAX_RECEIVE, MAX_WAIT, MIN_LEASE, Nack, PullDelivery, Puller, Settled,
+    WorkerOptions,
 };
 use axum::Json;
 use axum::body::Bytes;
@@ -254,19 +261,27 @@ async fn receive(st: &AppState, queue: &str, group: &str, b: ReceiveBody) -> Api
     if max == 0 || max > MAX_RECEIVE {
         return Err(bad_option("max", format!("{max}; 1..={MAX_RECEIVE}")));
     }
-    if b.wait_ms.is_some_and(|w| w > 0) {
+    let wait = Duration::from_millis(b.wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
         return Err(bad_option(
             "wait_ms",
-            "long polling is not implemented yet: send 0 (or leave it out) and poll".into(),
+            format!("{} ms; 0..={} ms", wait.as_millis(), MAX_WAIT.as_millis()),
         ));
     }
     let lease = ms_of("lease_ms", b.lease_ms.unwrap_or(DEFAULT_LEASE_MS))?;
     let p = puller(st, queue, group).await?;
-    let got = p.receive(max, lease).await?;
+    let wait = wait.min(wait_room(st.limits.request_timeout));
+    let got = p.receive_wait(max, lease, wait, &st.shutdown).await?;
     // Serialized as a struct, not through `json!` (a `Value` would re-print each payload:
     // keys sorted, numbers rewritten), so every payload goes out byte for byte.
     let deliveries: Vec<DeliveryOut> = got.into_iter().map(DeliveryOut::from).collect();
     Ok(Json(ReceiveAnswer { deliveries }).into_response())
+}
+
+/// The longest a receive may wait within the request deadline `deadline`: the deadline
+/// less a quarter of it (at most 2 s), kept for the read and the answer.
+fn wait_room(deadline: Duration) -> Duration {
+    deadline.saturating_sub((deadline / 4).min(Duration::from_secs(2)))
 }
 
 async fn ack(st: &AppState, queue: &str, group: &str, b: AckBody) -> ApiResult<Response> {

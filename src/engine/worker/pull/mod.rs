@@ -18,6 +18,9 @@
 //! ([`Puller::with_key`]).
 
 mod settle;
+mod wait;
+
+pub use wait::MAX_WAIT;
 
 use super::entry::{Taken, is_nogroup, to_taken};
 use super::receipt::{Receipt, Signer, random_key};
@@ -111,6 +114,9 @@ pub struct Puller {
     /// Where the next read starts among a level's lanes, so small receives rotate over
     /// shards.
     rotate: AtomicUsize,
+    /// The group's earliest timer a receive saw (a lease end, a retry's time), unix ms;
+    /// `i64::MAX` for none: a long poll reads again then.
+    next_timer_ms: AtomicI64,
 }
 
 impl std::fmt::Debug for Puller {
@@ -166,6 +172,7 @@ impl Puller {
             registers: true,
             beat_at: AtomicI64::new(0),
             rotate: AtomicUsize::new(0),
+            next_timer_ms: AtomicI64::new(i64::MAX),
         })
     }
 
@@ -254,7 +261,8 @@ impl Puller {
     /// Up to `max` (1..=[`MAX_RECEIVE`]) deliveries, each leased for `lease`
     /// ([`MIN_LEASE`]..=[`MAX_LEASE`]): due retries and taken-over leases first, then new
     /// entries, most urgent first. Empty when nothing is due, the group is paused, or its
-    /// rate limit grants nothing now. Does not wait.
+    /// rate limit grants nothing now. Does not wait ([`receive_wait`](Puller::receive_wait)
+    /// does).
     pub async fn receive(&self, max: usize, lease: Duration) -> Result<Vec<PullDelivery>> {
         if max == 0 || max > MAX_RECEIVE {
             return Err(bad_option(
@@ -356,6 +364,7 @@ impl Puller {
         let s = &self.s;
         let mut next_look = i64::MAX;
         let due = super::reclaim::due_shards(s, now, &mut next_look).await;
+        self.next_timer_ms.store(next_look, Ordering::Relaxed);
         let mut taken = Vec::new();
         for i in due {
             let left = budget - taken.len();
