@@ -16,6 +16,7 @@ mod observability;
 mod orders;
 mod production;
 mod pull;
+mod pull_groups;
 mod pull_wait;
 mod reference;
 mod schema;

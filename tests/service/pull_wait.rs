@@ -13,7 +13,7 @@ use std::time::Duration;
 const WAIT: Duration = Duration::from_secs(30);
 const RECEIVE: &str = "/v1/queues/order-close/groups/pullers:receive";
 
-fn http() -> reqwest::Client {
+pub(crate) fn http() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::new()
 }
@@ -39,7 +39,12 @@ tokens = ["{TOKEN}"]
 }
 
 /// `POST` of `body` to `path` with the token: status and JSON body.
-async fn post(http: &reqwest::Client, base: &str, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(
+    http: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
     let r = http
         .post(format!("{base}{path}"))
         .bearer_auth(TOKEN)

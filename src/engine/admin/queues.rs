@@ -407,6 +407,7 @@ impl Queues {
                 .await
                 .ctx("deleting the group's timers")?;
         }
+        self.forget_group_kind(&q, group).await?;
         Ok(g.pending)
     }
 

@@ -377,7 +377,8 @@ pub struct HandlerConfig {
     pub priority_weights: Option<Vec<u32>>,
     /// The consumer group.
     pub group: String,
-    /// `webhook`, `log` or `order-close`.
+    /// `webhook`, `log`, `order-close`, or `pull` (consumed over HTTP by
+    /// `POST /v1/queues/{queue}/groups/{group}:receive`; no handler runs in serve).
     pub kind: String,
     /// The orders database (kind = order-close): `postgres://...` or `sqlite://file`.
     #[serde(default)]
@@ -411,6 +412,9 @@ pub struct HandlerConfig {
     /// `200/s`, `30/m`, `1000/h` (default none).
     #[serde(default)]
     pub rate_limit: Option<String>,
+    /// The lease of a receive that names none (kind = pull only; default 30 s; 100ms..12h).
+    #[serde(default)]
+    pub lease: Option<String>,
 }
 
 impl std::fmt::Debug for HandlerConfig {

@@ -31,6 +31,7 @@ pub mod server;
 pub use error::ApiError;
 pub use limits::HttpLimits;
 pub use openapi::openapi;
+pub(crate) use pull::{CONSUMER as PULL_CONSUMER, PullGroup};
 
 use crate::engine::client::Client;
 use crate::service::admin::Admin;
@@ -142,6 +143,16 @@ impl AppState {
             stats: Arc::default(),
             shutdown: tokio_util::sync::CancellationToken::new(),
         }
+    }
+
+    /// The same state, with the groups declared `kind = "pull"` (by queue and group) and
+    /// their options.
+    pub(crate) fn with_pull_groups(
+        mut self,
+        groups: std::collections::HashMap<(String, String), PullGroup>,
+    ) -> Self {
+        self.pullers = Arc::new(pull::Pullers::new(&self.tokens).with_declared(groups));
+        self
     }
 
     /// The same state, with long polls answered at once when `shutdown` fires (serve passes

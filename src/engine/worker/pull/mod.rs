@@ -46,6 +46,9 @@ pub const MAX_RECEIPTS: usize = 1000;
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease a receive or an extension may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
+/// The lease of a receive that names none (HTTP `:receive` without `lease_ms`, a pull
+/// group declared without `lease`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// One delivery handed out by [`Puller::receive`].
 #[derive(Debug, Clone)]
@@ -133,7 +136,9 @@ fn bad_option(name: &'static str, reason: String) -> Error {
     InvalidInput::Option { name, reason }.into()
 }
 
-fn check_lease(lease: Duration) -> Result<()> {
+/// Whether `lease` is one a receive or an extension may ask for
+/// ([`MIN_LEASE`]..=[`MAX_LEASE`]); the error names `lease`.
+pub fn check_lease(lease: Duration) -> Result<()> {
     if lease < MIN_LEASE || lease > MAX_LEASE {
         return Err(bad_option(
             "lease",
