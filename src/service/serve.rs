@@ -157,6 +157,7 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         .with_limits(settings.http.clone())
         .with_timing(timing)
         .with_shutdown(cancel.clone())
+        .with_consumer_tokens(settings.consumer_tokens.clone())
         .with_pull_groups(pull_groups(&settings)));
     // Room kept outside the HTTP cap: Redis and database connections, files, and every
     // handler's outbound calls (webhooks), so a flood of inbound connections never starves

@@ -17,6 +17,7 @@ mod orders;
 mod production;
 mod pull;
 mod pull_groups;
+mod pull_tokens;
 mod pull_wait;
 mod reference;
 mod schema;
