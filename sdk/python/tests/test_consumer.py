@@ -217,7 +217,7 @@ def test_a_failing_handler_is_nacked_and_comes_back_at_attempt_2(serve, redis_se
 
     stop = threading.Event()
     report = {}
-    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop)))
+    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop, wait_ms=500)))
     t.start()
     try:
         with delayq.Client(redis_server.url, namespace=ns) as producer:
@@ -254,7 +254,7 @@ def test_the_async_consumer_runs_a_coroutine_handler_and_dead_letters_with_the_t
                 await asyncio.sleep(0.02)
             stop.set()
 
-        report, _ = await asyncio.wait_for(asyncio.gather(c.run(handler, concurrency=4, stop=stop), stopper()), 30)
+        report, _ = await asyncio.wait_for(asyncio.gather(c.run(handler, concurrency=4, stop=stop, wait_ms=500), stopper()), 30)
         return handled, report
 
     handled, report = asyncio.run(scenario())
