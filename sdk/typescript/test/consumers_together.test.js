@@ -25,6 +25,9 @@ const TOKEN = "consumers-together-token-5521";
 const QUEUE = "pull-many";
 const GROUP = "close";
 const ORDERS = 2000;
+// The Python of the SDK's CI venv when there is one (a full standard library), else python3.
+const VENV_PY = path.resolve(HERE, "../../../target/sdk-python-venv/bin/python");
+const PYTHON = process.env.DELAYQ_PYTHON || (fs.existsSync(VENV_PY) ? VENV_PY : "python3");
 
 // The Python consumer as a process: only consumer.py and errors.py of the package are
 // loaded (a bare package module stands for `delayq`, so no Redis client library is needed).
@@ -94,7 +97,7 @@ function lines(file) {
 function start(kind, i) {
   const out = path.join(dir, `${kind}-${i}.txt`);
   const args = kind === "py"
-    ? ["python3", ["-c", PY, PY_SRC, serve.base, TOKEN, QUEUE, GROUP, out]]
+    ? [PYTHON, ["-c", PY, PY_SRC, serve.base, TOKEN, QUEUE, GROUP, out]]
     : [process.execPath, ["--input-type=module", "-e", TS, DIST, serve.base, TOKEN, QUEUE, GROUP, out]];
   const child = spawn(args[0], args[1], { stdio: ["ignore", "ignore", "pipe"] });
   let stderr = "";
