@@ -146,7 +146,9 @@ async fn two_hundred_waiting_long_polls_leave_puts_answering() {
         .collect();
     waiting(&h, &base, 200).await;
     // A schedule (into another queue: nothing for the pollers) answers while they all wait.
+    let mut took = Vec::new();
     for i in 0..20 {
+        let t = std::time::Instant::now();
         let r = h
             .put(format!("{base}/v1/queues/other/messages/o{i}"))
             .bearer_auth(TOKEN)
@@ -156,7 +158,14 @@ async fn two_hundred_waiting_long_polls_leave_puts_answering() {
             .await
             .unwrap();
         assert_eq!(r.status(), 201);
+        took.push(t.elapsed());
     }
+    took.sort();
+    eprintln!(
+        "PUT under 200 waiting long polls: p50 {:?}, max {:?} (20 calls)",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
     assert!(polls.iter().all(|p| !p.is_finished()), "a poll ended early");
     // Shutdown answers them all.
     serve.sigterm();
