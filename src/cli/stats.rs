@@ -47,9 +47,13 @@ fn table(all: &[QueueStats], now_ms: i64) -> String {
         );
         for g in &q.groups {
             let lag = g.lag.map_or("?".to_owned(), |l| l.to_string());
+            let kind = g
+                .kind
+                .as_deref()
+                .map_or(String::new(), |k| format!(" kind={k}"));
             let _ = writeln!(
                 out,
-                "  group {:<16} pending={} lag={} consumers={}",
+                "  group {:<16} pending={} lag={} consumers={}{kind}",
                 g.group, g.pending, lag, g.consumers
             );
         }

@@ -411,6 +411,8 @@ impl Dispatcher {
         if pass.moved > 0 {
             tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
             telemetry::dispatched(self.queue.as_str(), pass.moved as u64);
+            // Long polls of this process waiting on the queue read now (no Redis call).
+            self.wake.moved.notify_waiters();
         }
         Ok(pass)
     }

@@ -36,6 +36,14 @@ pub(crate) struct Wake {
     /// Fired when this process resumes the queue or one of its groups: paused readers and
     /// dispatchers look again at once.
     pub(crate) resume: Notify,
+    /// Fired (to every waiter) when this process's dispatcher moved orders of the queue into
+    /// its streams: waiting pull receives (long polls) read again.
+    pub(crate) moved: Notify,
+    /// Fired (to every waiter) on each wake-up heard from another process, whose due time is
+    /// then in `heard_ms`: waiting pull receives read at that time.
+    pub(crate) heard: Notify,
+    /// The due time of the last wake-up heard (unix ms; `i64::MIN`: look now).
+    pub(crate) heard_ms: AtomicI64,
     /// Set by the test hook (`Client::kill_dispatchers_for_test`): the queue's running
     /// dispatcher panics at its next turn.
     #[cfg(feature = "test-util")]
@@ -73,6 +81,8 @@ impl Wake {
         if due_ms < self.next_look_ms.load(Ordering::SeqCst) {
             self.notify.notify_one();
         }
+        self.heard_ms.store(due_ms, Ordering::SeqCst);
+        self.heard.notify_waiters();
     }
 
     /// Takes the wake-ups heard since the last call.
@@ -107,6 +117,9 @@ impl WakeRegistry {
             pushed_ms: AtomicI64::new(i64::MAX),
             listening: AtomicUsize::new(0),
             resume: Notify::new(),
+            moved: Notify::new(),
+            heard: Notify::new(),
+            heard_ms: AtomicI64::new(i64::MAX),
             #[cfg(feature = "test-util")]
             kill: std::sync::atomic::AtomicBool::new(false),
             registry: Arc::downgrade(&self.by_queue),

@@ -7,7 +7,7 @@ use crate::engine::client::{Client, Durability};
 use crate::engine::housekeeping::Housekeeper;
 use crate::engine::retry::until_ok;
 use crate::engine::supervisor::{Supervisor, SupervisorOptions};
-use crate::engine::worker::{MultiWorker, Worker};
+use crate::engine::worker::{MultiWorker, Puller, Worker};
 
 /// Why `serve` stopped: the engine's error or the orders layer's (its database).
 #[derive(Debug, thiserror::Error)]
@@ -155,7 +155,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     }
     let router = app(AppState::new(client.clone(), cfg.http.tokens.clone())
         .with_limits(settings.http.clone())
-        .with_timing(timing));
+        .with_timing(timing)
+        .with_shutdown(cancel.clone())
+        .with_consumer_tokens(settings.consumer_tokens.clone())
+        .with_pull_groups(pull_groups(&settings)));
     // Room kept outside the HTTP cap: Redis and database connections, files, and every
     // handler's outbound calls (webhooks), so a flood of inbound connections never starves
     // delivery.
@@ -183,6 +186,25 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
         settings.shutdown_grace + Duration::from_secs(1),
     )
     .await
+}
+
+/// The groups declared `kind = "pull"`, by (queue, group), with their options.
+fn pull_groups(settings: &Settings) -> HashMap<(String, String), crate::service::http::PullGroup> {
+    let mut out = HashMap::new();
+    for h in &settings.handlers {
+        if let HandlerKind::Pull { lease } = &h.kind {
+            for q in &h.queues {
+                out.insert(
+                    (q.clone(), h.group.clone()),
+                    crate::service::http::PullGroup {
+                        opts: h.worker.clone(),
+                        lease: *lease,
+                    },
+                );
+            }
+        }
+    }
+    out
 }
 
 /// The scheduler of recurring schedules, the supervisor (dispatchers following the registry)
@@ -249,7 +271,29 @@ async fn spawn_handlers(
     };
     let mut workers = Vec::new();
     for h in &settings.handlers {
+        // Every process records what consumes the group, so pulls of a handler's group are
+        // refused and the statistics show the kind.
+        for queue in &h.queues {
+            let q = crate::engine::keys::QueueName::new(queue)?;
+            client.register(&q).await?;
+            client
+                .admin()
+                .declare_group_kind(queue, &h.group, h.kind.name())
+                .await?;
+            if matches!(h.kind, HandlerKind::Pull { .. }) {
+                // Listed from now on (statistics, dashboard), before the first receive.
+                let opts = h
+                    .worker
+                    .clone()
+                    .consumer(crate::service::http::PULL_CONSUMER);
+                Puller::new(client, queue, &h.group, opts)?
+                    .ensure_groups()
+                    .await?;
+            }
+        }
         let handler = match &h.kind {
+            // Consumed over HTTP: no worker here.
+            HandlerKind::Pull { .. } => continue,
             HandlerKind::Webhook { url, secrets } => Builtin::Webhook(Webhook::new(
                 url,
                 secrets,

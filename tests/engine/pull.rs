@@ -344,3 +344,63 @@ async fn an_expired_order_is_dead_lettered_on_hand_off_not_received() {
         "only the fresh one is held"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_receive_gets_an_order_another_process_dispatches_and_ends_on_cancel() {
+    let (server, producer) = start().await;
+    // The consumer's process runs no dispatcher: the order is dispatched by another client
+    // (another process's dispatcher), and the waiting receive hears of it.
+    let consumer = Client::connect(&server.url()).await.unwrap();
+    let p = puller(&consumer, "c1", WorkerOptions::default());
+    p.ensure_groups().await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let dispatch = tokio::spawn(
+        Dispatcher::new(&producer, Q, DispatcherOptions::default())
+            .unwrap()
+            .run(stop.clone()),
+    );
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let waiting = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            let got = p
+                .receive_wait(10, LONG, Duration::from_secs(20), &cancel)
+                .await
+                .unwrap();
+            (p, got)
+        })
+    };
+    producer
+        .schedule(Q, "later", When::in_ms(300), json!({"n": 1}))
+        .await
+        .unwrap();
+    let (p, got) = waiting.await.unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|d| d.delivery.id.as_str())
+            .collect::<Vec<_>>(),
+        ["later"]
+    );
+    // Nothing more is due: a 20 s wait ends at once when cancelled (far within the test's
+    // own deadline).
+    let again = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            p.receive_wait(10, LONG, Duration::from_secs(20), &cancel)
+                .await
+                .unwrap()
+        }
+    });
+    cancel.cancel();
+    let got = tokio::time::timeout(WAIT, again).await.unwrap().unwrap();
+    assert!(got.is_empty());
+    // Over the limit: refused naming the option.
+    let p = puller(&consumer, "c2", WorkerOptions::default());
+    let e = p
+        .receive_wait(1, LONG, Duration::from_millis(20_001), &cancel)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("wait"), "{e}");
+    stop.cancel();
+    dispatch.await.unwrap();
+}

@@ -148,7 +148,7 @@ async fn bad_pull_requests_are_refused_naming_the_field_and_change_nothing() {
         ),
         (
             "receive",
-            json!({"wait_ms": 5000}),
+            json!({"wait_ms": 20001}),
             StatusCode::BAD_REQUEST,
             "invalid_option",
             "wait_ms",

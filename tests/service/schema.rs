@@ -36,6 +36,8 @@ queues = ["q", "order-close"]
 [http]
 listen = "127.0.0.1:{{port}}"
 tokens = ["schemathesis-token"]
+# Long polls (`wait_ms`) end within the request deadline, well inside schemathesis's 10 s.
+request_timeout = "4s"
 "#,
             redis.url()
         ),

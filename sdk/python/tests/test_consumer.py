@@ -73,11 +73,20 @@ def test_receive_and_ack_empty_the_group(serve, redis_server, ns):
     assert c.receive() == []
 
 
-def test_run_waits_longer_and_longer_while_nothing_is_due_and_stops_when_asked(serve):
+def test_run_long_polls_instead_of_pausing_and_stops_when_asked(serve, redis_server, ns):
     c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    waits = []
+    receive = c.receive
+
+    def recording(max=10, lease_ms=None, wait_ms=0):  # noqa: A002
+        waits.append(wait_ms)
+        return receive(max=max, lease_ms=lease_ms, wait_ms=wait_ms)
+
+    c.receive = recording  # type: ignore[method-assign]
 
     class Stop(threading.Event):
-        """Records each pause the loop asks for (without waiting it out); set after 8."""
+        """Records each pause the loop asks for (it should ask none)."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -85,14 +94,84 @@ def test_run_waits_longer_and_longer_while_nothing_is_due_and_stops_when_asked(s
 
         def wait(self, timeout=None):
             self.pauses.append(timeout)
-            if len(self.pauses) == 8:
-                self.set()
-            return self.is_set()
+            return super().wait(timeout)
 
     stop = Stop()
-    report = c.run(lambda d: None, concurrency=3, stop=stop)
-    assert report == delayq.RunReport(0, 0, 0)
-    assert stop.pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0]
+    handled = threading.Event()
+    report = {}
+    t = threading.Thread(target=lambda: report.update(r=c.run(lambda d: handled.set(), concurrency=3, stop=stop, wait_ms=2000)))
+    t.start()
+    try:
+        # Scheduled while the loop's receive waits on the server: handled at once.
+        poll("the first long poll", lambda: len(waits) >= 1)
+        with delayq.Client(redis_server.url, namespace=ns) as producer:
+            producer.schedule(QUEUE, "o1", delay_ms=0, payload={})
+        poll("the order to be handled", handled.is_set)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive()
+    assert report["r"] == delayq.RunReport(1, 0, 0)
+    assert set(waits) == {2000}, waits
+    assert stop.pauses == []
+
+
+def test_a_long_handler_gets_its_lease_extended_and_is_acked_once(serve, redis_server, ns):
+    # A 600 ms lease; the handler runs until its lease was extended three times, far past
+    # the first lease: without the extensions the order would be taken over.
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP, lease_ms=600)
+    _joined(c)
+    seen = []
+
+    def handler(d: delayq.Delivery) -> None:
+        receipts = {d.receipt}
+        seen.append((d.id, d.attempt))
+        poll("three extensions", lambda: receipts.add(d.receipt) or len(receipts) >= 4)
+
+    stop = threading.Event()
+    report = {}
+    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop, wait_ms=500)))
+    t.start()
+    try:
+        with delayq.Client(redis_server.url, namespace=ns) as producer:
+            producer.schedule(QUEUE, "long", delay_ms=0, payload={})
+        poll("the long handler to be acked", lambda: _pending(redis_server, ns) == 0 and seen)
+    finally:
+        stop.set()
+        t.join(timeout=30)
+    assert report["r"] == delayq.RunReport(acked=1, nacked=0, lease_lost=0)
+    assert seen == [("long", 1)]
+
+
+def test_stop_lets_running_handlers_finish_within_the_grace(serve, redis_server, ns):
+    async def scenario():
+        c = delayq.AsyncConsumer(serve.base_url, TOKEN, QUEUE, GROUP, lease_ms=60_000)
+        assert await c.receive() == []
+        with delayq.Client(redis_server.url, namespace=ns) as producer:
+            producer.schedule(QUEUE, "finishes", delay_ms=0, payload={})
+            producer.schedule(QUEUE, "hangs", delay_ms=0, payload={})
+        started, stop, release = set(), asyncio.Event(), asyncio.Event()
+
+        async def handler(d: delayq.Delivery) -> None:
+            started.add(d.id)
+            if d.id == "hangs":
+                await asyncio.Event().wait()  # never returns: cancelled after the grace
+            await release.wait()
+
+        async def stopper():
+            while len(started) < 2:
+                await asyncio.sleep(0.02)
+            stop.set()
+            release.set()
+
+        report, _ = await asyncio.wait_for(
+            asyncio.gather(c.run(handler, concurrency=2, stop=stop, wait_ms=500, grace=0.5), stopper()), 30)
+        return report
+
+    report = asyncio.run(scenario())
+    # The finished one is acked; the hanging one's lease is left to run out (not nacked).
+    assert report == delayq.RunReport(acked=1, nacked=0, lease_lost=0)
+    assert _pending(redis_server, ns) == 1
 
 
 def test_the_trace_context_of_a_traced_order_comes_with_it(serve):
@@ -138,7 +217,7 @@ def test_a_failing_handler_is_nacked_and_comes_back_at_attempt_2(serve, redis_se
 
     stop = threading.Event()
     report = {}
-    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop)))
+    t = threading.Thread(target=lambda: report.update(r=c.run(handler, concurrency=2, stop=stop, wait_ms=500)))
     t.start()
     try:
         with delayq.Client(redis_server.url, namespace=ns) as producer:
@@ -175,7 +254,7 @@ def test_the_async_consumer_runs_a_coroutine_handler_and_dead_letters_with_the_t
                 await asyncio.sleep(0.02)
             stop.set()
 
-        report, _ = await asyncio.wait_for(asyncio.gather(c.run(handler, concurrency=4, stop=stop), stopper()), 30)
+        report, _ = await asyncio.wait_for(asyncio.gather(c.run(handler, concurrency=4, stop=stop, wait_ms=500), stopper()), 30)
         return handled, report
 
     handled, report = asyncio.run(scenario())

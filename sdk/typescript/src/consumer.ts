@@ -64,10 +64,24 @@ export type ExtendResult = { status: "extended"; receipt: string } | { status: "
 export interface RunOptions {
   /** Handlers running at once (default 1). */
   concurrency?: number;
-  /** Stops the loop: no new receives; running handlers finish and are settled. */
+  /**
+   * Stops the loop: no new receive (the one in flight returns within `waitMs` and its
+   * deliveries are handled); running handlers get `graceMs` to finish and be settled.
+   */
   signal?: AbortSignal;
-  /** The longest pause between empty receives in ms (default 1000; it starts at 50 and doubles). */
-  maxIdleMs?: number;
+  /**
+   * How long each receive waits on the server for an order, in ms (a long poll, default
+   * 5000, at most 20000): the server answers as soon as one can be received, so the loop
+   * makes no pause of its own between receives.
+   */
+  waitMs?: number;
+  /**
+   * After `signal` aborts, how long running handlers get to finish, in ms (default 30000).
+   * Past it `run` resolves; the leases of handlers still running are no longer extended and
+   * are left to run out (not nacked: the handler may still complete its work), so another
+   * consumer gets those orders at their next attempt.
+   */
+  graceMs?: number;
   /** Extend the lease of a running handler's delivery every `leaseMs / 2` (default true). */
   extendLeases?: boolean;
   /** The retry delay of a failed handler's nack (default: the group's backoff). */
@@ -143,9 +157,15 @@ export class Consumer {
     this.timeoutMs = timeoutMs;
   }
 
-  /** Up to `max` due deliveries (none when nothing is due), each leased for `leaseMs`. */
-  async receive(max = 10, leaseMs = this.leaseMs): Promise<PullDelivery[]> {
-    const text = await this.call("receive", { max, lease_ms: leaseMs });
+  /**
+   * Up to `max` due deliveries, each leased for `leaseMs`. When nothing is due the server
+   * waits up to `waitMs` (a long poll, 0..=20000) for an order and answers as soon as one
+   * can be received; empty when none came (or the server is shutting down).
+   */
+  async receive(max = 10, leaseMs = this.leaseMs, waitMs = 0): Promise<PullDelivery[]> {
+    const body: Record<string, unknown> = { max, lease_ms: leaseMs };
+    if (waitMs > 0) body.wait_ms = waitMs;
+    const text = await this.call("receive", body, waitMs > 0 ? waitMs : 0);
     return parseDeliveries(text);
   }
 
@@ -188,18 +208,22 @@ export class Consumer {
 
   /**
    * Receives and handles deliveries until `signal` aborts: each delivery is acked when
-   * `handler` resolves and nacked with the error's message when it throws. Pauses (50 ms
-   * doubling to `maxIdleMs`) while nothing is due or the server is unreachable. Resolves
-   * once stopped and every running handler is settled; rejects on a refusal that repeating
-   * cannot fix (a 4xx of `receive`, e.g. a wrong token or an unknown queue).
+   * `handler` resolves and nacked with the error's message when it throws. Each receive is
+   * a long poll of `waitMs`; the loop pauses (50 ms doubling to 5 s) only while the server
+   * is unreachable. A running handler's lease is extended at half of it. Resolves once
+   * stopped and every running handler is settled (or `graceMs` passed); rejects on a
+   * refusal that repeating cannot fix (a 4xx of `receive`, e.g. a wrong token, an unknown
+   * queue or a group of another kind).
    */
   async run(handler: Handler, options: RunOptions = {}): Promise<void> {
-    const { concurrency = 1, signal, maxIdleMs = 1000, retryInMs, extendLeases = true } = options;
+    const { concurrency = 1, signal, waitMs = 5000, graceMs = 30_000, retryInMs, extendLeases = true } = options;
     const onError = options.onError ?? ((e: unknown) => console.error(`delayq consumer ${this.queue}/${this.group}:`, e));
     if (!Number.isSafeInteger(concurrency) || concurrency < 1) {
       throw new DelayqError("invalid_option", `concurrency: must be a whole number of at least 1, not ${String(concurrency)}`);
     }
     const running = new Set<Promise<void>>();
+    // Set once the grace after a stop ran out: leases are no longer extended or settled.
+    let abandoned = false;
     const settle = async (d: PullDelivery): Promise<void> => {
       let failure: unknown;
       let ok = false;
@@ -208,6 +232,7 @@ export class Consumer {
       let extending: Promise<unknown> | undefined;
       const timer = extendLeases
         ? setInterval(() => {
+            if (abandoned) return clearInterval(timer);
             extending ??= this.extend(d)
               .catch((e) => onError(e, d))
               .finally(() => (extending = undefined));
@@ -222,6 +247,7 @@ export class Consumer {
         clearInterval(timer);
         await extending;
       }
+      if (abandoned) return;
       try {
         if (ok) await this.ack(d);
         else await this.nack(d, { error: errorText(failure), ...(retryInMs === undefined ? {} : { retryInMs }) });
@@ -229,7 +255,7 @@ export class Consumer {
         onError(e, d);
       }
     };
-    let idle = 0;
+    let failurePause = 0;
     try {
       while (!signal?.aborted) {
         const free = concurrency - running.size;
@@ -239,31 +265,31 @@ export class Consumer {
         }
         let batch: PullDelivery[];
         try {
-          batch = await this.receive(free);
+          batch = await this.receive(free, this.leaseMs, waitMs);
         } catch (e) {
           const status = (e as ConsumerApiError).status;
           if (status !== undefined && status >= 400 && status < 500 && status !== 429) throw e;
           onError(e);
-          batch = [];
-        }
-        if (batch.length === 0) {
-          idle = Math.min(idle === 0 ? 50 : idle * 2, maxIdleMs);
-          await pause(idle, signal);
+          failurePause = Math.min(failurePause === 0 ? 50 : failurePause * 2, 5000);
+          await pause(failurePause, signal);
           continue;
         }
-        idle = 0;
+        failurePause = 0;
         for (const d of batch) {
           const p: Promise<void> = settle(d).finally(() => running.delete(p));
           running.add(p);
         }
       }
     } finally {
-      await Promise.all(running);
+      const grace = new AbortController();
+      await Promise.race([Promise.all(running), pause(graceMs, grace.signal)]);
+      grace.abort();
+      abandoned = running.size > 0;
     }
   }
 
   /** One POST of `action`: the answer's text, or the error. */
-  private async call(action: string, body: unknown): Promise<string> {
+  private async call(action: string, body: unknown, waitMs = 0): Promise<string> {
     const url = `${this.base}/v1/queues/${encodeURIComponent(this.queue)}/groups/${encodeURIComponent(this.group)}:${action}`;
     const what = `POST ${url}`;
     const headers: Record<string, string> = { "content-type": "application/json" };
@@ -271,7 +297,7 @@ export class Consumer {
     let res: Response;
     let text: string;
     try {
-      res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(this.timeoutMs) });
+      res = await fetch(url, { method: "POST", headers, body: JSON.stringify(body), signal: AbortSignal.timeout(this.timeoutMs + waitMs) });
       text = await res.text();
     } catch (e) {
       const timedOut = (e as { name?: string })?.name === "TimeoutError";

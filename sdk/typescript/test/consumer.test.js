@@ -15,7 +15,7 @@ let client;
 
 before(async () => {
   redis = await LocalRedis.start();
-  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact", "pull-long"]) await createQueue(redis.url, q);
+  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact", "pull-long", "pull-wait", "pull-grace"]) await createQueue(redis.url, q);
   serve = await Serve.start(`
 redis_url = "${redis.url}"
 namespace = "dq"
@@ -122,7 +122,7 @@ test("run: a throwing handler is nacked with its text and comes back at attempt 
       seen.push([d.id, d.attempt]);
       if (d.attempt === 1) throw new Error("the shop is down");
     },
-    { concurrency: 2, signal: stop.signal, retryInMs: 0, onError: (e) => errors.push(e) },
+    { concurrency: 2, signal: stop.signal, retryInMs: 0, waitMs: 500, onError: (e) => errors.push(e) },
   );
   try {
     await waitFor("r1 handled at attempt 2", () => seen.some(([, a]) => a === 2));
@@ -151,7 +151,7 @@ test("run: a handler running past its lease keeps it (extended), is acked once a
       await waitFor("two extensions", () => receipts.add(d.receipt).size >= 3);
     },
     // concurrency 2: the loop keeps receiving, so an expired lease would be taken over.
-    { concurrency: 2, signal: stop.signal, onError: (e) => errors.push(e) },
+    { concurrency: 2, signal: stop.signal, waitMs: 500, onError: (e) => errors.push(e) },
   );
   try {
     await waitFor("long1 acked", async () => seen.length === 1 && (await pending("pull-long")) === 0);
@@ -162,6 +162,55 @@ test("run: a handler running past its lease keeps it (extended), is acked once a
   assert.deepEqual(seen, [["long1", 1]]);
   assert.deepEqual(errors, []);
   assert.deepEqual(await c.receive(10), []);
+});
+
+test("run long-polls (waitMs) instead of pausing: an order scheduled while it waits is handled", async () => {
+  const c = consumer("pull-wait");
+  await c.receive(1);
+  const waits = [];
+  const receive = c.receive.bind(c);
+  c.receive = (max, leaseMs, waitMs) => {
+    waits.push(waitMs);
+    return receive(max, leaseMs, waitMs);
+  };
+  const handled = [];
+  const stop = new AbortController();
+  const loop = c.run(async (d) => void handled.push(d.id), { concurrency: 2, signal: stop.signal, waitMs: 2000 });
+  try {
+    await waitFor("the first long poll", () => waits.length >= 1);
+    await client.schedule("pull-wait", { id: "w1", delayMs: 0, payload: {} });
+    await waitFor("w1 handled", async () => handled.length === 1 && (await pending("pull-wait")) === 0);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(handled, ["w1"]);
+  assert.deepEqual([...new Set(waits)], [2000]);
+});
+
+test("stop: a running handler finishes within graceMs; one still running after it is left to its lease", async () => {
+  const c = consumer("pull-grace", { leaseMs: 60_000 });
+  await c.receive(1);
+  await client.schedule("pull-grace", { id: "finishes", delayMs: 0, payload: {} });
+  await client.schedule("pull-grace", { id: "hangs", delayMs: 0, payload: {} });
+  const started = new Set();
+  let release;
+  const released = new Promise((r) => (release = r));
+  const stop = new AbortController();
+  const loop = c.run(
+    async (d) => {
+      started.add(d.id);
+      if (d.id === "hangs") await new Promise(() => {}); // never settles
+      await released;
+    },
+    { concurrency: 2, signal: stop.signal, waitMs: 500, graceMs: 500 },
+  );
+  await waitFor("both handlers running", () => started.size === 2);
+  stop.abort();
+  release();
+  await loop;
+  // The finished one was acked; the hanging one still holds its lease (not nacked).
+  assert.equal(await pending("pull-grace"), 1);
 });
 
 test("nack with dead: true dead-letters the delivery with the error text", async () => {

@@ -407,6 +407,7 @@ impl Queues {
                 .await
                 .ctx("deleting the group's timers")?;
         }
+        self.forget_group_kind(&q, group).await?;
         // Its idle workers look at their lanes when the registry changes: they find the
         // group gone and stop.
         self.client.bump_registry().await?;

@@ -74,6 +74,9 @@ pub struct GroupStats {
     pub idle_ms: Option<u64>,
     /// Whether the group is paused.
     pub paused: bool,
+    /// The kind it was declared with (`pull`, `webhook`, ...: [`super::kinds`]), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
 }
 
 type Raw = (
@@ -173,6 +176,7 @@ impl Queues {
             }
             for (group, consumers, pending, lag, idle) in gs {
                 let paused = flags.contains_key(&crate::engine::flow::pause_field(Some(&group)));
+                let kind = flags.get(&super::kinds::kind_field(&group)).cloned();
                 let g = groups.entry(group.clone()).or_insert(GroupStats {
                     group,
                     pending: 0,
@@ -180,6 +184,7 @@ impl Queues {
                     consumers: 0,
                     idle_ms: None,
                     paused,
+                    kind,
                 });
                 g.pending += pending;
                 g.consumers = g.consumers.max(consumers);

@@ -31,6 +31,7 @@
 //! | `delayq_dispatcher_restarts_total` | counter | queue: dispatchers a supervisor started again after they stopped on their own (a panic, a refusal) |
 //! | `delayq_wake_channels` | gauge | (none): wake channels this process's listener holds (one per shard of each queue a dispatcher here runs) |
 //! | `delayq_wake_reconnects_total` | counter | (none): times the wake-up listener's connection ended and was opened again |
+//! | `delayq_pull_waiting` | gauge | (none): pull receives of this process waiting for an entry (long polls) |
 //! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
 //! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
 //! | `delayq_http_connections_cut_total` | counter | deadline (idle, header, write): HTTP connections the server closed past a deadline |
@@ -364,6 +365,12 @@ pub fn wake_channels(n: usize) {
 /// The wake-up listener's connection ended (it opens a new one).
 pub fn wake_reconnected() {
     metrics::counter!("delayq_wake_reconnects_total").increment(1);
+}
+
+/// How many pull receives of this process wait for an entry now (long polls).
+#[allow(clippy::cast_precision_loss)]
+pub fn pull_waiting(n: usize) {
+    metrics::gauge!("delayq_pull_waiting").set(n as f64);
 }
 
 /// How many queues this process's supervisor dispatches.

@@ -36,7 +36,8 @@ pub use handler::{
 pub use multi::{MAX_QUEUES_PER_HANDLER, MultiWorker, check_queues};
 pub use options::WorkerOptions;
 pub use pull::{
-    Extended, MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MIN_LEASE, Nack, PullDelivery, Puller, Settled,
+    DEFAULT_LEASE, Extended, MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MAX_WAIT, MIN_LEASE, Nack,
+    PullDelivery, Puller, Settled, check_lease,
 };
 
 use crate::engine::client::Client;

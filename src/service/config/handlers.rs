@@ -39,6 +39,25 @@ pub enum HandlerKind {
         /// The orders database.
         database_url: String,
     },
+    /// No handler: consumers pull over HTTP (`:receive`, `:ack`, `:nack`, `:extend`), with
+    /// this group's worker options (`max_attempts`, `backoff`, `visibility_timeout`,
+    /// `rate_limit`).
+    Pull {
+        /// The lease of a receive that names none.
+        lease: std::time::Duration,
+    },
+}
+
+impl HandlerKind {
+    /// The word the kind is declared with (`[[handlers]] kind`), recorded in the registry.
+    pub fn name(&self) -> &'static str {
+        match self {
+            HandlerKind::Webhook { .. } => "webhook",
+            HandlerKind::Log => "log",
+            HandlerKind::OrderClose { .. } => "order-close",
+            HandlerKind::Pull { .. } => crate::engine::admin::kinds::PULL,
+        }
+    }
 }
 
 impl std::fmt::Debug for HandlerKind {
@@ -52,6 +71,7 @@ impl std::fmt::Debug for HandlerKind {
                 .field("secrets", &secrets.len())
                 .finish(),
             HandlerKind::Log => f.write_str("Log"),
+            HandlerKind::Pull { lease } => f.debug_struct("Pull").field("lease", lease).finish(),
             HandlerKind::OrderClose { database_url } => f
                 .debug_struct("OrderClose")
                 .field("database_url", &url(database_url))
@@ -158,6 +178,32 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
             HandlerKind::Webhook { url, secrets }
         }
         "log" => HandlerKind::Log,
+        "pull" => {
+            // What a handler in serve would use has no meaning for consumers elsewhere.
+            for (set, key) in [
+                (h.concurrency.is_some(), "concurrency"),
+                (h.timeout.is_some(), "timeout"),
+                (h.prefetch.is_some(), "prefetch"),
+                (h.priority_weights.is_some(), "priority_weights"),
+                (h.queue_weights.is_some(), "queue_weights"),
+            ] {
+                if set {
+                    return Err(ConfigError::at(
+                        k(key),
+                        "is not for kind = \"pull\" (the consumers choose their own)",
+                    ));
+                }
+            }
+            let lease = duration(&k("lease"), h.lease.as_deref())?.map_or(
+                Ok(crate::engine::worker::DEFAULT_LEASE),
+                |d| {
+                    crate::engine::worker::check_lease(d)
+                        .map(|()| d)
+                        .map_err(|e| ConfigError::at(k("lease"), e))
+                },
+            )?;
+            HandlerKind::Pull { lease }
+        }
         "order-close" => {
             let url = h.database_url.clone().ok_or_else(|| {
                 ConfigError::at(k("database_url"), "required for kind = \"order-close\"")
@@ -169,7 +215,7 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
         other => {
             return Err(ConfigError::at(
                 k("kind"),
-                format!("{other:?} is not a handler kind (webhook, log, order-close)"),
+                format!("{other:?} is not a handler kind (webhook, log, order-close, pull)"),
             ));
         }
     };
@@ -177,6 +223,12 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
         return Err(ConfigError::at(
             k("url"),
             "url and secret are for kind = \"webhook\" only",
+        ));
+    }
+    if !matches!(kind, HandlerKind::Pull { .. }) && h.lease.is_some() {
+        return Err(ConfigError::at(
+            k("lease"),
+            "lease is for kind = \"pull\" only",
         ));
     }
     if !matches!(kind, HandlerKind::OrderClose { .. }) && h.database_url.is_some() {

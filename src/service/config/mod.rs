@@ -70,6 +70,8 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// The HTTP edge's limits.
     pub http: HttpLimits,
+    /// `[[http.consumer_tokens]]`: tokens that may only pull from their groups.
+    pub consumer_tokens: Vec<crate::service::http::ConsumerToken>,
     /// The client (namespace, shards, payload limit, durability).
     pub client: ClientOptions,
     /// Every dispatcher's options.
@@ -226,6 +228,7 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         .map_err(|e| ConfigError::at("redis_url", e))?;
     let client = client_options(&config)?;
     let (listen, http) = check_http(&config.http)?;
+    let consumer_tokens = sections::consumer_tokens(&config.http)?;
     let dispatcher = dispatcher_options(&config.dispatcher)?;
     let housekeeping = housekeeping_options(&config.housekeeping, &config.dead)?;
     let mut queues: Vec<String> = Vec::new();
@@ -272,6 +275,7 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         config,
         listen,
         http,
+        consumer_tokens,
         client,
         dispatcher,
         housekeeping,

@@ -273,6 +273,29 @@ pub struct HttpConfig {
     pub trusted_proxies: Vec<String>,
     /// A bearer token `/metrics` requires (default: none, `/metrics` is open).
     pub metrics_token: Option<String>,
+    /// Consumer-only tokens, each `{token = "...", groups = ["queue/group", ...]}`: it may
+    /// only receive, ack, nack and extend on those groups (403 `forbidden_for_token` on
+    /// anything else); needs `tokens`.
+    pub consumer_tokens: Vec<ConsumerTokenConfig>,
+}
+
+/// `[[http.consumer_tokens]]`: a bearer token for pull consumers of some groups.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerTokenConfig {
+    /// The bearer token (at least 8 characters, no spaces; never logged).
+    pub token: String,
+    /// The groups it may pull from, each `"queue/group"`.
+    pub groups: Vec<String>,
+}
+
+impl std::fmt::Debug for ConsumerTokenConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerTokenConfig")
+            .field("token", &"hidden")
+            .field("groups", &self.groups)
+            .finish()
+    }
 }
 
 impl Default for HttpConfig {
@@ -290,6 +313,7 @@ impl Default for HttpConfig {
             allowed_hosts: None,
             trusted_proxies: Vec::new(),
             metrics_token: None,
+            consumer_tokens: Vec::new(),
         }
     }
 }
@@ -305,6 +329,7 @@ impl std::fmt::Debug for HttpConfig {
                 "metrics_token",
                 &self.metrics_token.as_ref().map(|_| "hidden"),
             )
+            .field("consumer_tokens", &self.consumer_tokens)
             .finish_non_exhaustive()
     }
 }
@@ -378,7 +403,8 @@ pub struct HandlerConfig {
     pub priority_weights: Option<Vec<u32>>,
     /// The consumer group.
     pub group: String,
-    /// `webhook`, `log` or `order-close`.
+    /// `webhook`, `log`, `order-close`, or `pull` (consumed over HTTP by
+    /// `POST /v1/queues/{queue}/groups/{group}:receive`; no handler runs in serve).
     pub kind: String,
     /// The orders database (kind = order-close): `postgres://...` or `sqlite://file`.
     #[serde(default)]
@@ -412,6 +438,9 @@ pub struct HandlerConfig {
     /// `200/s`, `30/m`, `1000/h` (default none).
     #[serde(default)]
     pub rate_limit: Option<String>,
+    /// The lease of a receive that names none (kind = pull only; default 30 s; 100ms..12h).
+    #[serde(default)]
+    pub lease: Option<String>,
 }
 
 impl std::fmt::Debug for HandlerConfig {

@@ -164,6 +164,45 @@ pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), Con
     Ok((listen, l))
 }
 
+/// `[[http.consumer_tokens]]`, checked: each token valid and no API token, its groups
+/// `queue/group`; only beside `http.tokens` (without them the API is open to anyone).
+pub(super) fn consumer_tokens(
+    h: &HttpConfig,
+) -> Result<Vec<crate::service::http::ConsumerToken>, ConfigError> {
+    if !h.consumer_tokens.is_empty() && h.tokens.is_empty() {
+        return Err(ConfigError::at(
+            "http.consumer_tokens",
+            "needs http.tokens: without them the whole API is open, and a consumer token restricts nothing",
+        ));
+    }
+    let mut out = Vec::with_capacity(h.consumer_tokens.len());
+    for (i, c) in h.consumer_tokens.iter().enumerate() {
+        let t = crate::service::http::ConsumerToken::new(&c.token, &c.groups).map_err(
+            |(at, reason)| match at {
+                Some(j) => {
+                    ConfigError::at(format!("http.consumer_tokens[{i}].groups[{j}]"), reason)
+                }
+                None if c.groups.is_empty() => {
+                    ConfigError::at(format!("http.consumer_tokens[{i}].groups"), reason)
+                }
+                None => ConfigError::at(format!("http.consumer_tokens[{i}].token"), reason),
+            },
+        )?;
+        let reused = h.tokens.iter().any(|a| a == t.secret())
+            || out
+                .iter()
+                .any(|o: &crate::service::http::ConsumerToken| o.secret() == t.secret());
+        if reused {
+            return Err(ConfigError::at(
+                format!("http.consumer_tokens[{i}].token"),
+                "is also an API token or another consumer token: give each its own",
+            ));
+        }
+        out.push(t);
+    }
+    Ok(out)
+}
+
 pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigError> {
     let mut o = DispatcherOptions::default();
     if let Some(b) = d.batch {

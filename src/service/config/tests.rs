@@ -583,3 +583,48 @@ fn expires_after_is_checked_naming_its_key() {
         assert_eq!(e.key.as_deref(), Some("expires_after"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
+    let base =
+        "redis_url = \"redis://x\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"pull\"\n";
+    let s = load_str(
+        &format!("{base}max_attempts = 3\nbackoff = \"fixed:1s\"\nlease = \"2m\"\n"),
+        env(),
+    )
+    .unwrap();
+    let h = &s.handlers[0];
+    assert_eq!(
+        h.kind,
+        HandlerKind::Pull {
+            lease: std::time::Duration::from_secs(120)
+        }
+    );
+    assert_eq!(h.kind.name(), "pull");
+    assert_eq!(h.worker.max_attempts, 3);
+    let d = load_str(base, env()).unwrap();
+    assert_eq!(
+        d.handlers[0].kind,
+        HandlerKind::Pull {
+            lease: crate::engine::worker::DEFAULT_LEASE
+        }
+    );
+    for (line, key) in [
+        ("concurrency = 4", "handlers[0].concurrency"),
+        ("timeout = \"5s\"", "handlers[0].timeout"),
+        ("prefetch = 4", "handlers[0].prefetch"),
+        ("lease = \"10ms\"", "handlers[0].lease"),
+        ("lease = \"13h\"", "handlers[0].lease"),
+        ("url = \"http://127.0.0.1:9/\"", "handlers[0].url"),
+    ] {
+        let e = load_str(&format!("{base}{line}\n"), env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}");
+    }
+    // A lease is for pull groups only.
+    let e = load_str(
+        "redis_url = \"redis://x\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nlease = \"1m\"\n",
+        env(),
+    )
+    .unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("handlers[0].lease"));
+}

@@ -209,6 +209,15 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
     if token_ok(&st.tokens, given) {
         return next.run(req).await;
     }
+    if let Some(c) = super::consumers::find(&st.consumer_tokens, given) {
+        if super::consumers::allows(c, req.method(), req.uri().path()) {
+            return next.run(req).await;
+        }
+        return forbidden(
+            "forbidden_for_token",
+            "this consumer token may only receive, ack, nack and extend on its own groups",
+        );
+    }
     let now = st.admin.client().now_ms();
     let cookie = session::from_headers(req.headers());
     let session = match &cookie {

@@ -12,12 +12,15 @@
 //! - `pull`: pull consumption (`/v1/queues/{queue}/groups/{group}:receive`, `:ack`,
 //!   `:nack`, `:extend`) over the library's `Puller`.
 //! - `schedules`: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
+//! - `consumers`: consumer-only tokens ([`ConsumerToken`]), which may only pull from their
+//!   groups.
 //! - [`clients`]: who is calling, and failed authentications per client.
 //! - [`limits`]: [`HttpLimits`], the edge's limits and their one set of defaults.
 //! - [`server`]: the accept loop: header, idle and connection limits, bounded shutdown.
 //! - [`openapi`]: the OpenAPI 3 document at `/openapi.json`.
 
 pub mod clients;
+mod consumers;
 pub(crate) mod edge;
 pub mod error;
 pub mod limits;
@@ -29,9 +32,11 @@ mod schedules;
 pub mod server;
 mod tags;
 
+pub use consumers::ConsumerToken;
 pub use error::ApiError;
 pub use limits::HttpLimits;
 pub use openapi::openapi;
+pub(crate) use pull::{CONSUMER as PULL_CONSUMER, PullGroup};
 
 use crate::engine::client::Client;
 use crate::service::admin::Admin;
@@ -64,6 +69,10 @@ pub struct AppState {
     metrics_cache: Arc<MetricsCache>,
     /// The pull consumers of this process, one per (queue, group), and the receipt key.
     pullers: Arc<pull::Pullers>,
+    /// Fires when the server shuts down: waiting receives (long polls) answer at once.
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
+    /// Tokens that may only pull from their groups (`[[http.consumer_tokens]]`).
+    pub(crate) consumer_tokens: Arc<Vec<ConsumerToken>>,
 }
 
 /// What a dashboard session cookie is worth now (see [`AppState::session_ok`]).
@@ -139,7 +148,32 @@ impl AppState {
             metrics_cache: Arc::default(),
             auth_failures: Arc::default(),
             stats: Arc::default(),
+            shutdown: tokio_util::sync::CancellationToken::new(),
+            consumer_tokens: Arc::default(),
         }
+    }
+
+    /// The same state, also accepting `tokens` for pulls from their groups only.
+    pub fn with_consumer_tokens(mut self, tokens: Vec<ConsumerToken>) -> Self {
+        self.consumer_tokens = Arc::new(tokens);
+        self
+    }
+
+    /// The same state, with the groups declared `kind = "pull"` (by queue and group) and
+    /// their options.
+    pub(crate) fn with_pull_groups(
+        mut self,
+        groups: std::collections::HashMap<(String, String), PullGroup>,
+    ) -> Self {
+        self.pullers = Arc::new(pull::Pullers::new(&self.tokens).with_declared(groups));
+        self
+    }
+
+    /// The same state, with long polls answered at once when `shutdown` fires (serve passes
+    /// its shutdown token).
+    pub fn with_shutdown(mut self, shutdown: tokio_util::sync::CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
     }
 
     /// Every registered queue's statistics, sorted by name: read from Redis at most once per

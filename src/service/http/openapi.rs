@@ -140,7 +140,8 @@ fn schemas() -> Value {
     let group_stats = object(
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
         json!({"group": {"type": "string"}, "pending": int(), "lag": nullable("integer"),
-               "consumers": int(), "idle_ms": nullable("integer"), "paused": {"type": "boolean"}}),
+               "consumers": int(), "idle_ms": nullable("integer"), "paused": {"type": "boolean"},
+               "kind": {"type": "string", "description": "what consumes the group, as declared (serve's [[handlers]] kind: pull, webhook, log, order-close); absent when undeclared"}}),
     );
     let queue_stats = object(
         &[
@@ -275,7 +276,7 @@ fn schemas() -> Value {
 /// The bodies of `POST /v1/queues/{queue}/groups/{group}:receive`, `:ack`, `:nack` and
 /// `:extend` (one per action), with the engine's limits.
 fn pull_action() -> Value {
-    use crate::engine::worker::{MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MIN_LEASE};
+    use crate::engine::worker::{MAX_LEASE, MAX_RECEIPTS, MAX_RECEIVE, MAX_WAIT, MIN_LEASE};
     let lease = json!({"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis()});
     let receipts = json!({"type": "array", "minItems": 1, "maxItems": MAX_RECEIPTS, "items": {"type": "string"}});
     let strict = |mut o: Value| {
@@ -287,9 +288,9 @@ fn pull_action() -> Value {
     json!({"oneOf": [
         strict(object(&[], json!({
             "max": {"type": "integer", "minimum": 1, "maximum": MAX_RECEIVE, "description": ":receive: most deliveries (default 1)"},
-            "wait_ms": {"type": "integer", "minimum": 0, "maximum": 0, "description": "long polling is not implemented yet: 0 or absent"},
+            "wait_ms": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT.as_millis(), "description": ":receive: when nothing can be received now, wait up to this long for an entry and answer as soon as one is received (long poll; default 0: answer at once). The wait holds the connection (counted against http.max_connections), ends at once, empty, when the server shuts down, and never runs past http.request_timeout less a margin"},
             "lease_ms": {"type": "integer", "minimum": MIN_LEASE.as_millis(), "maximum": MAX_LEASE.as_millis(),
-                "description": format!("the lease (default {} ms)", crate::service::http::pull::DEFAULT_LEASE_MS)}}))),
+                "description": format!("the lease (default: the group's lease if it is declared kind = \"pull\" with one, else {} ms)", crate::engine::worker::DEFAULT_LEASE.as_millis())}}))),
         strict(object(&["receipts"], json!({"receipts": receipts.clone()}))),
         strict(object(&["receipt"], json!({"receipt": {"type": "string"},
             "retry_in_ms": {"type": "integer", "minimum": 0, "maximum": MAX_LEASE.as_millis(), "description": "default: the group's backoff"},
@@ -484,7 +485,7 @@ fn paths() -> Value {
         "/v1/queues/{queue}/groups/{group}": {
             "delete": op("Delete a consumer group (409 group_busy while a consumer read in the last minute, unless forced)", vec![&q, &g, &force], None,
                 json!({"200": ok("deleted", "GroupDeleted")})),
-            "post": op("Pull consumption: `{group}:receive` (up to `max` deliveries, each leased for `lease_ms`, with a receipt; the group is joined on its first receive), `{group}:ack` (`receipts`), `{group}:nack` (`receipt`; retried after `retry_in_ms` or the group's backoff, or `dead` with `error`), `{group}:extend` (`receipts`, `lease_ms`: new receipts). 409 lease_lost when no receipt's lease holds any more (ran out and taken over, or settled); 400 invalid_receipt for a receipt this deployment did not issue for this group",
+            "post": op("Pull consumption: `{group}:receive` (up to `max` deliveries, each leased for `lease_ms`, with a receipt; the group is joined on its first receive), `{group}:ack` (`receipts`), `{group}:nack` (`receipt`; retried after `retry_in_ms` or the group's backoff, or `dead` with `error`), `{group}:extend` (`receipts`, `lease_ms`: new receipts). 409 lease_lost when no receipt's lease holds any more (ran out and taken over, or settled); 400 invalid_receipt for a receipt this deployment did not issue for this group; 409 wrong_group_kind for a group declared with another kind than pull (a handler of serve consumes it)",
                 vec![&q, &g], Some("PullAction"), json!({"200": ok("deliveries, one result per receipt, or a status", "PullAnswer")}))
         },
         "/v1/queues/{queue}/stats": {"get": op("Statistics", vec![&q], None, json!({"200": ok("as delayq stats --json", "Stats")}))},

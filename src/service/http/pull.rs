@@ -5,8 +5,14 @@
 //! Every `delayq serve` process consumes as the consumer `http` and signs receipts with a
 //! key derived from the API tokens, so a receipt issued by one process of a deployment is
 //! honoured by the others. The queue must be registered (404 otherwise); the group is
-//! joined on its first receive, as a starting worker joins it. Long polling (`wait_ms`
-//! above 0) is not implemented yet: such a receive is refused (400).
+//! joined on its first receive, as a starting worker joins it.
+//!
+//! **Long polling.** A receive with `wait_ms` (0..=20,000) waits that long for an entry
+//! when none is due ([`Puller::receive_wait`]: woken by this process's dispatcher and by
+//! other processes' wake-ups, no Redis polling in a loop). A waiting receive holds its
+//! connection (it counts against `http.max_connections` like any open connection) and
+//! nothing else; it answers at once, empty, when serve shuts down, and never past the
+//! request deadline: the wait is cut to `http.request_timeout` less a margin.
 
 use super::AppState;
 use super::error::{ApiError, ApiResult};
@@ -14,7 +20,8 @@ use super::messages::json_body;
 use crate::engine::error::Error;
 use crate::engine::keys::QueueName;
 use crate::engine::worker::{
-    Extended, MAX_LEASE, MAX_RECEIVE, MIN_LEASE, Nack, PullDelivery, Puller, Settled, WorkerOptions,
+    DEFAULT_LEASE, Extended, MAX_LEASE, MAX_RECEIVE, MAX_WAIT, MIN_LEASE, Nack, PullDelivery,
+    Puller, Settled, WorkerOptions,
 };
 use axum::Json;
 use axum::body::Bytes;
@@ -31,15 +38,27 @@ use std::time::Duration;
 /// The consumer name of every HTTP pull (one per deployment: receipts move between
 /// processes).
 pub const CONSUMER: &str = "http";
-/// The lease of a receive that names none.
-pub const DEFAULT_LEASE_MS: u64 = 30_000;
 /// Most (queue, group) pullers kept; past it the map starts again (a puller holds no
 /// state a receipt needs: any puller of the same group takes its receipts).
 const MAX_PULLERS: usize = 1024;
 
+/// A group declared `kind = "pull"` in this process's configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct PullGroup {
+    /// Its worker options (`max_attempts`, backoff, visibility timeout, rate limit).
+    pub(crate) opts: WorkerOptions,
+    /// The lease of a receive that names none.
+    pub(crate) lease: Duration,
+}
+
+/// A puller and the lease its receives default to.
+type Entry = (Arc<Puller>, Duration);
+
 /// The pullers of this process, one per (queue, group), made on first use.
 pub(crate) struct Pullers {
-    map: Mutex<HashMap<(String, String), Arc<Puller>>>,
+    map: Mutex<HashMap<(String, String), Entry>>,
+    /// The groups declared `kind = "pull"` here, by (queue, group): their options.
+    declared: HashMap<(String, String), PullGroup>,
     /// The receipt key: derived from the API tokens (random without tokens; empty only
     /// when the operating system gave no random bytes, then each puller keeps its own).
     key: Vec<u8>,
@@ -62,18 +81,28 @@ impl Pullers {
         };
         Pullers {
             map: Mutex::default(),
+            declared: HashMap::new(),
             key,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Arc<Puller>>> {
+    /// The same pullers, with the options of the groups declared `kind = "pull"`.
+    pub(crate) fn with_declared(mut self, declared: HashMap<(String, String), PullGroup>) -> Self {
+        self.declared = declared;
+        self
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Entry>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// The puller of `queue`/`group`: 404 when the queue is not registered. No lock is held
-/// across the registry lookup.
-async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Arc<Puller>> {
+/// The puller of `queue`/`group` and its default lease: 404 when the queue is not
+/// registered, 409 `wrong_group_kind` when the group is declared with a kind other than
+/// `pull` (checked when this process first pulls it). A group declared `pull` in this
+/// process's configuration gets its options; any other, the defaults. No lock is held
+/// across the registry lookups.
+async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
     let k = (queue.to_owned(), group.to_owned());
     if let Some(p) = st.pullers.lock().get(&k) {
         return Ok(p.clone());
@@ -86,12 +115,26 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Arc<Puller
         }
         .into());
     }
-    let opts = WorkerOptions::default().consumer(CONSUMER);
-    let mut p = Puller::for_registered(client, queue, group, opts)?;
+    crate::engine::keys::validate_member_name("group", group).map_err(Error::from)?;
+    let kind = st.admin.engine_admin().group_kind(queue, group).await?;
+    if let Some(kind) = kind.filter(|k| k != crate::engine::admin::kinds::PULL) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "wrong_group_kind",
+            format!(
+                "group {group:?} of queue {queue:?} is declared with kind = {kind:?}: serve's handler consumes it, pulls may not"
+            ),
+        ));
+    }
+    let (opts, lease) = match st.pullers.declared.get(&k) {
+        Some(g) => (g.opts.clone(), g.lease),
+        None => (WorkerOptions::default(), DEFAULT_LEASE),
+    };
+    let mut p = Puller::for_registered(client, queue, group, opts.consumer(CONSUMER))?;
     if !st.pullers.key.is_empty() {
         p = p.with_key(st.pullers.key.clone());
     }
-    let p = Arc::new(p);
+    let p = (Arc::new(p), lease);
     let mut map = st.pullers.lock();
     if map.len() >= MAX_PULLERS {
         map.clear();
@@ -254,23 +297,32 @@ async fn receive(st: &AppState, queue: &str, group: &str, b: ReceiveBody) -> Api
     if max == 0 || max > MAX_RECEIVE {
         return Err(bad_option("max", format!("{max}; 1..={MAX_RECEIVE}")));
     }
-    if b.wait_ms.is_some_and(|w| w > 0) {
+    let wait = Duration::from_millis(b.wait_ms.unwrap_or(0));
+    if wait > MAX_WAIT {
         return Err(bad_option(
             "wait_ms",
-            "long polling is not implemented yet: send 0 (or leave it out) and poll".into(),
+            format!("{} ms; 0..={} ms", wait.as_millis(), MAX_WAIT.as_millis()),
         ));
     }
-    let lease = ms_of("lease_ms", b.lease_ms.unwrap_or(DEFAULT_LEASE_MS))?;
-    let p = puller(st, queue, group).await?;
-    let got = p.receive(max, lease).await?;
+    let lease = b.lease_ms.map(|l| ms_of("lease_ms", l)).transpose()?;
+    let (p, default_lease) = puller(st, queue, group).await?;
+    let lease = lease.unwrap_or(default_lease);
+    let wait = wait.min(wait_room(st.limits.request_timeout));
+    let got = p.receive_wait(max, lease, wait, &st.shutdown).await?;
     // Serialized as a struct, not through `json!` (a `Value` would re-print each payload:
     // keys sorted, numbers rewritten), so every payload goes out byte for byte.
     let deliveries: Vec<DeliveryOut> = got.into_iter().map(DeliveryOut::from).collect();
     Ok(Json(ReceiveAnswer { deliveries }).into_response())
 }
 
+/// The longest a receive may wait within the request deadline `deadline`: the deadline
+/// less a quarter of it (at most 2 s), kept for the read and the answer.
+fn wait_room(deadline: Duration) -> Duration {
+    deadline.saturating_sub((deadline / 4).min(Duration::from_secs(2)))
+}
+
 async fn ack(st: &AppState, queue: &str, group: &str, b: AckBody) -> ApiResult<Response> {
-    let p = puller(st, queue, group).await?;
+    let (p, _) = puller(st, queue, group).await?;
     let receipts: Vec<&str> = b.receipts.iter().map(String::as_str).collect();
     let settled = p.ack(&receipts).await?;
     if settled.iter().all(|s| *s == Settled::LeaseLost) {
@@ -308,7 +360,7 @@ async fn nack(st: &AppState, queue: &str, group: &str, b: NackBody) -> ApiResult
             error,
         }
     };
-    let p = puller(st, queue, group).await?;
+    let (p, _) = puller(st, queue, group).await?;
     match p.nack(&b.receipt, how).await? {
         Settled::LeaseLost => Err(lease_lost()),
         _ => Ok(Json(serde_json::json!({ "status": "settled" })).into_response()),
@@ -317,7 +369,7 @@ async fn nack(st: &AppState, queue: &str, group: &str, b: NackBody) -> ApiResult
 
 async fn extend(st: &AppState, queue: &str, group: &str, b: ExtendBody) -> ApiResult<Response> {
     let lease = ms_of("lease_ms", b.lease_ms)?;
-    let p = puller(st, queue, group).await?;
+    let (p, _) = puller(st, queue, group).await?;
     let receipts: Vec<&str> = b.receipts.iter().map(String::as_str).collect();
     let extended = p.extend(&receipts, lease).await?;
     if extended.iter().all(|e| *e == Extended::LeaseLost) {

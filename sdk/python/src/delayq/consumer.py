@@ -22,6 +22,7 @@ import logging
 import re
 import socket
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -35,14 +36,18 @@ from .errors import ApiError, ApiUnreachable, InvalidInput, LeaseLost
 log = logging.getLogger("delayq.consumer")
 
 #: The lease of a receive or an extension unless one is given (the server's own default
-#: for a receive, DEFAULT_LEASE_MS in src/service/http/pull.rs).
+#: for a receive, DEFAULT_LEASE in src/engine/worker/pull/mod.rs).
 DEFAULT_LEASE_MS = 30_000
-#: Seconds every HTTP call may take at most, unless the consumer is given another.
+#: Seconds every HTTP call may take at most (past a receive's own wait), unless the
+#: consumer is given another.
 DEFAULT_TIMEOUT = 10.0
-#: ``run``: the first and the longest pause between receives that found nothing due, and
-#: the longest pause after a transient failure (seconds).
+#: ``run``: how long each receive waits on the server for an order (a long poll; the
+#: server's limit is 20,000 ms). A stop takes effect once the receive in flight returns.
+DEFAULT_WAIT_MS = 5_000
+#: ``run``: seconds the running handlers get to finish after a stop.
+DEFAULT_GRACE = 30.0
+#: ``run``: the first and the longest pause after a failed receive (seconds).
 IDLE_MIN = 0.05
-IDLE_MAX = 1.0
 FAILURE_MAX = 5.0
 
 
@@ -207,8 +212,9 @@ class Consumer:
     def __repr__(self) -> str:
         return f"Consumer(base_url={self.base_url!r}, queue={self.queue!r}, group={self.group!r}, lease_ms={self.lease_ms})"
 
-    def _call(self, action: str, body: Dict[str, Any]) -> str:
-        """POSTs ``body`` to ``.../{group}:{action}``; the answer's text, or an error."""
+    def _call(self, action: str, body: Dict[str, Any], wait: float = 0.0) -> str:
+        """POSTs ``body`` to ``.../{group}:{action}`` (bounded by the timeout plus ``wait``
+        seconds); the answer's text, or an error."""
         what = f"{action} on {self.queue}/{self.group}"
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if self.__token:
@@ -217,7 +223,7 @@ class Consumer:
             f"{self._prefix}:{action}", data=json.dumps(body).encode(), headers=headers, method="POST"
         )
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout + wait) as r:
                 return r.read().decode("utf-8")
         except urllib.error.HTTPError as e:
             status = e.code
@@ -234,11 +240,16 @@ class Consumer:
             cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
             raise ApiUnreachable(what, cause, sent=not isinstance(cause, ConnectionRefusedError)) from None
 
-    def receive(self, max: int = 10, lease_ms: Optional[int] = None) -> List[Delivery]:  # noqa: A002
-        """Up to ``max`` due deliveries of the group (none when nothing is due), each leased
-        for ``lease_ms`` (default: the consumer's). Does not wait for orders to become due."""
-        body = {"max": max, "lease_ms": self.lease_ms if lease_ms is None else lease_ms}
-        return _deliveries(self._call("receive", body))
+    def receive(self, max: int = 10, lease_ms: Optional[int] = None, wait_ms: int = 0) -> List[Delivery]:  # noqa: A002
+        """Up to ``max`` due deliveries of the group, each leased for ``lease_ms`` (default:
+        the consumer's). When nothing is due, the server waits up to ``wait_ms`` (a long
+        poll, 0..=20000) for an order and answers as soon as one can be received; empty when
+        none came (or the server is shutting down)."""
+        body: Dict[str, Any] = {"max": max, "lease_ms": self.lease_ms if lease_ms is None else lease_ms}
+        if wait_ms:
+            body["wait_ms"] = wait_ms
+        wait = wait_ms / 1000.0 if isinstance(wait_ms, (int, float)) and wait_ms > 0 else 0.0
+        return _deliveries(self._call("receive", body, wait))
 
     def ack(self, what: Union[ReceiptLike, Iterable[ReceiptLike]]) -> List[str]:
         """Acknowledges deliveries (``Delivery`` objects or receipts): their status in order,
@@ -295,12 +306,15 @@ class Consumer:
         try:
             handler(d)
         except Exception as e:  # the handler's failure is the order's, not the loop's
-            try:
-                self.nack(d, error=_error_text(e))
-                return "nacked"
-            except LeaseLost:
-                return "lease_lost"
+            return self._settle(d, e)
+        return self._settle(d, None)
+
+    def _settle(self, d: Delivery, failure: Optional[BaseException]) -> str:
+        """Acks ``d`` (no failure) or nacks it with the failure's text."""
         try:
+            if failure is not None:
+                self.nack(d, error=_error_text(failure))
+                return "nacked"
             return "acked" if self.ack(d) == ["acked"] else "lease_lost"
         except LeaseLost:
             return "lease_lost"
@@ -310,60 +324,165 @@ class Consumer:
         handler: Callable[[Delivery], Any],
         concurrency: int = 1,
         stop: Optional[threading.Event] = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        grace: float = DEFAULT_GRACE,
     ) -> RunReport:
         """Receives and handles deliveries until ``stop`` is set: ``handler(delivery)`` on
         up to ``concurrency`` threads, acked when it returns, nacked with the exception's
-        text when it raises (retried with the group's backoff). When nothing is due it
-        waits (50 ms, doubling to 1 s) before asking again. Once ``stop`` is set no new
-        receive is made and the running handlers finish. A 4xx on receive (bad token,
-        unknown queue) is raised; transient failures are logged and retried with backoff.
-        Handlers must finish within the lease (``extend`` for longer work)."""
+        text when it raises (retried with the group's backoff).
+
+        - Each receive is a long poll of up to ``wait_ms``: the server answers as soon as
+          an order can be received; no pause is made between receives.
+        - A handler still running half its lease after the receive (or the last extension)
+          gets its lease extended by the consumer's ``lease_ms``, for as long as it runs.
+        - Once ``stop`` is set no new receive is made (the one in flight returns within
+          ``wait_ms`` and its deliveries are handled); the running handlers get ``grace``
+          seconds to finish. Past it ``run`` returns, their leases are no longer extended
+          and are left to run out (not nacked: a handler may still complete its work), so
+          another consumer gets those orders after the lease, at the next attempt.
+
+        A 4xx on receive (bad token, unknown queue, a group of another kind) is raised;
+        transient failures are logged and retried with backoff."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidInput("invalid_option", f"concurrency: {concurrency!r} is not a positive integer")
         stop = stop or threading.Event()
         counts = {"acked": 0, "nacked": 0, "lease_lost": 0}
-        lock = threading.Lock()
+        lock = threading.Condition()
+        running = [0]
         slots = threading.Semaphore(concurrency)
-        idle = IDLE_MIN
+        failure_pause = IDLE_MIN
+        leases = _Leases(self)
 
         def one(d: Delivery) -> None:
+            held = leases.hold(d)
             try:
+                failure: Optional[BaseException] = None
                 try:
-                    outcome = self.handle(handler, d)
-                except Exception as e:  # ack/nack could not be sent: the lease expires
-                    log.warning("settling %s failed, its lease will run out: %s", d.id, e)
-                    return
+                    handler(d)
+                except Exception as e:  # the handler's failure is the order's, not the loop's
+                    failure = e
+                with held.lock:
+                    leases.release(held)
+                    if held.lost:
+                        outcome = "lease_lost"
+                    else:
+                        try:
+                            outcome = self._settle(d, failure)
+                        except Exception as e:  # ack/nack could not be sent: the lease expires
+                            log.warning("settling %s failed, its lease will run out: %s", d.id, e)
+                            return
                 with lock:
                     counts[outcome] += 1
             finally:
+                with lock:
+                    running[0] -= 1
+                    lock.notify_all()
                 slots.release()
 
-        with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="delayq-consumer") as pool:
+        pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="delayq-consumer")
+        leases.start()
+        try:
             while not stop.is_set():
                 slots.acquire()
                 free = 1
                 while free < concurrency and slots.acquire(blocking=False):
                     free += 1
-                failed = False
                 try:
-                    got = [] if stop.is_set() else self.receive(max=free)
+                    got = [] if stop.is_set() else self.receive(max=free, wait_ms=wait_ms)
                 except (ApiError, ApiUnreachable) as e:
                     if _fatal(e):
                         for _ in range(free):
                             slots.release()
                         raise
-                    log.warning("receive failed, asking again in %.2f s: %s", idle, e)
-                    got, failed = [], True
+                    log.warning("receive failed, asking again in %.2f s: %s", failure_pause, e)
+                    for _ in range(free):
+                        slots.release()
+                    stop.wait(failure_pause)
+                    failure_pause = min(failure_pause * 2, FAILURE_MAX)
+                    continue
+                failure_pause = IDLE_MIN
                 for _ in range(free - len(got)):
                     slots.release()
                 for d in got:
+                    with lock:
+                        running[0] += 1
                     pool.submit(one, d)
-                if got:
-                    idle = IDLE_MIN
-                    continue
-                stop.wait(idle)
-                idle = min(idle * 2, FAILURE_MAX if failed else IDLE_MAX)
+        finally:
+            with lock:
+                lock.wait_for(lambda: running[0] == 0, timeout=grace)
+            leases.close()
+            pool.shutdown(wait=False)
         return RunReport(counts["acked"], counts["nacked"], counts["lease_lost"])
+
+
+class _Held:
+    """A delivery whose handler runs: its lease is extended until it is settled."""
+
+    __slots__ = ("d", "lock", "renew_at", "lost")
+
+    def __init__(self, d: Delivery, renew_at: float):
+        self.d = d
+        #: Held while the delivery is extended or settled (never both at once: a settle
+        #: after an extension uses the new receipt).
+        self.lock = threading.Lock()
+        self.renew_at = renew_at
+        self.lost = False
+
+
+class _Leases:
+    """Extends the leases of running handlers at half their lease, in one ``extend`` call
+    per tick (a thread of its own)."""
+
+    def __init__(self, consumer: "Consumer"):
+        self.consumer = consumer
+        self.half = consumer.lease_ms / 2000.0
+        self.tick = min(max(consumer.lease_ms / 8000.0, 0.01), 1.0)
+        self.held: "Dict[int, _Held]" = {}
+        self.lock = threading.Lock()
+        self.end = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="delayq-consumer-leases", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def close(self) -> None:
+        self.end.set()
+        self.thread.join(timeout=self.consumer.timeout + 1)
+
+    def hold(self, d: Delivery) -> _Held:
+        h = _Held(d, time.monotonic() + self.half)
+        with self.lock:
+            self.held[id(h)] = h
+        return h
+
+    def release(self, h: _Held) -> None:
+        with self.lock:
+            self.held.pop(id(h), None)
+
+    def _loop(self) -> None:
+        while not self.end.wait(self.tick):
+            now = time.monotonic()
+            with self.lock:
+                due = [h for h in self.held.values() if h.renew_at <= now and not h.lost]
+            due = [h for h in due if h.lock.acquire(blocking=False)]
+            if not due:
+                continue
+            try:
+                try:
+                    news = self.consumer.extend([h.d for h in due])
+                except LeaseLost:
+                    news = [None] * len(due)
+                for h, new in zip(due, news):
+                    if new is None:
+                        h.lost = True
+                        self.release(h)
+                    else:
+                        h.renew_at = time.monotonic() + self.half
+            except Exception as e:  # tried again next tick
+                log.warning("extending %d leases failed: %s", len(due), e)
+            finally:
+                for h in due:
+                    h.lock.release()
 
 
 class AsyncConsumer:
@@ -384,9 +503,9 @@ class AsyncConsumer:
     def __repr__(self) -> str:
         return "Async" + repr(self.sync)
 
-    async def receive(self, max: int = 10, lease_ms: Optional[int] = None) -> List[Delivery]:  # noqa: A002
+    async def receive(self, max: int = 10, lease_ms: Optional[int] = None, wait_ms: int = 0) -> List[Delivery]:  # noqa: A002
         """As :meth:`Consumer.receive`."""
-        return await asyncio.to_thread(self.sync.receive, max, lease_ms)
+        return await asyncio.to_thread(self.sync.receive, max, lease_ms, wait_ms)
 
     async def ack(self, what: Union[ReceiptLike, Iterable[ReceiptLike]]) -> List[str]:
         """As :meth:`Consumer.ack`."""
@@ -415,40 +534,86 @@ class AsyncConsumer:
             if inspect.isawaitable(r):
                 await r
         except Exception as e:
-            try:
-                await self.nack(d, error=_error_text(e))
-                return "nacked"
-            except LeaseLost:
-                return "lease_lost"
-        try:
-            return "acked" if await self.ack(d) == ["acked"] else "lease_lost"
-        except LeaseLost:
-            return "lease_lost"
+            return await asyncio.to_thread(self.sync._settle, d, e)
+        return await asyncio.to_thread(self.sync._settle, d, None)
 
     async def run(
         self,
         handler: Callable[[Delivery], Any],
         concurrency: int = 1,
         stop: Optional[asyncio.Event] = None,
+        wait_ms: int = DEFAULT_WAIT_MS,
+        grace: float = DEFAULT_GRACE,
     ) -> RunReport:
-        """As :meth:`Consumer.run`, with up to ``concurrency`` handlers running as tasks
-        (``handler`` may be a coroutine function), until ``stop`` is set."""
+        """As :meth:`Consumer.run` (long polls of ``wait_ms``, leases of running handlers
+        extended at half their lease, ``grace`` after ``stop``), with up to ``concurrency``
+        handlers running as tasks (``handler`` may be a coroutine function). Handlers still
+        running after the grace are cancelled and their leases left to run out."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidInput("invalid_option", f"concurrency: {concurrency!r} is not a positive integer")
         stop = stop or asyncio.Event()
         counts = {"acked": 0, "nacked": 0, "lease_lost": 0}
         slots = asyncio.Semaphore(concurrency)
         running: "set[asyncio.Task[None]]" = set()
-        idle = IDLE_MIN
+        held: "Dict[int, Tuple[Delivery, asyncio.Lock, List[float]]]" = {}
+        lease_ms = self.sync.lease_ms
+        half = lease_ms / 2000.0
+        tick = min(max(lease_ms / 8000.0, 0.01), 1.0)
+        loop = asyncio.get_running_loop()
+        failure_pause = IDLE_MIN
+
+        async def extender() -> None:
+            while True:
+                await asyncio.sleep(tick)
+                now = loop.time()
+                due = [(k, d, lk, at) for k, (d, lk, at) in list(held.items()) if at[0] <= now and not lk.locked()]
+                if not due:
+                    continue
+                for _, _, lk, _ in due:
+                    await lk.acquire()
+                try:
+                    try:
+                        news = await self.extend([d for _, d, _, _ in due])
+                    except LeaseLost:
+                        news = [None] * len(due)
+                    for (k, _, _, at), new in zip(due, news):
+                        if new is None:
+                            held.pop(k, None)
+                            at[0] = float("inf")
+                        else:
+                            at[0] = loop.time() + half
+                except Exception as e:  # tried again next tick
+                    log.warning("extending %d leases failed: %s", len(due), e)
+                finally:
+                    for _, _, lk, _ in due:
+                        lk.release()
 
         async def one(d: Delivery) -> None:
+            lk = asyncio.Lock()
+            at = [loop.time() + half]
+            held[id(d)] = (d, lk, at)
             try:
-                counts[await self.handle(handler, d)] += 1
-            except Exception as e:
-                log.warning("settling %s failed, its lease will run out: %s", d.id, e)
+                failure: Optional[BaseException] = None
+                try:
+                    r = handler(d)
+                    if inspect.isawaitable(r):
+                        await r
+                except Exception as e:
+                    failure = e
+                async with lk:
+                    held.pop(id(d), None)
+                    if at[0] == float("inf"):
+                        counts["lease_lost"] += 1
+                        return
+                    try:
+                        counts[await asyncio.to_thread(self.sync._settle, d, failure)] += 1
+                    except Exception as e:
+                        log.warning("settling %s failed, its lease will run out: %s", d.id, e)
             finally:
+                held.pop(id(d), None)
                 slots.release()
 
+        ext = asyncio.ensure_future(extender())
         try:
             while not stop.is_set():
                 await slots.acquire()
@@ -456,31 +621,36 @@ class AsyncConsumer:
                 while free < concurrency and not slots.locked():
                     await slots.acquire()
                     free += 1
-                failed = False
                 try:
-                    got = [] if stop.is_set() else await self.receive(max=free)
+                    got = [] if stop.is_set() else await self.receive(max=free, wait_ms=wait_ms)
                 except (ApiError, ApiUnreachable) as e:
                     if _fatal(e):
                         for _ in range(free):
                             slots.release()
                         raise
-                    log.warning("receive failed, asking again in %.2f s: %s", idle, e)
-                    got, failed = [], True
+                    log.warning("receive failed, asking again in %.2f s: %s", failure_pause, e)
+                    for _ in range(free):
+                        slots.release()
+                    try:
+                        await asyncio.wait_for(stop.wait(), failure_pause)
+                    except asyncio.TimeoutError:
+                        pass
+                    failure_pause = min(failure_pause * 2, FAILURE_MAX)
+                    continue
+                failure_pause = IDLE_MIN
                 for _ in range(free - len(got)):
                     slots.release()
                 for d in got:
                     t = asyncio.ensure_future(one(d))
                     running.add(t)
                     t.add_done_callback(running.discard)
-                if got:
-                    idle = IDLE_MIN
-                    continue
-                try:
-                    await asyncio.wait_for(stop.wait(), idle)
-                except asyncio.TimeoutError:
-                    pass
-                idle = min(idle * 2, FAILURE_MAX if failed else IDLE_MAX)
         finally:
             if running:
-                await asyncio.gather(*running, return_exceptions=True)
+                _, late = await asyncio.wait(set(running), timeout=grace)
+                for t in late:
+                    t.cancel()
+                if late:
+                    await asyncio.gather(*late, return_exceptions=True)
+            ext.cancel()
+            await asyncio.gather(ext, return_exceptions=True)
         return RunReport(counts["acked"], counts["nacked"], counts["lease_lost"])

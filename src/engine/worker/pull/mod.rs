@@ -18,6 +18,9 @@
 //! ([`Puller::with_key`]).
 
 mod settle;
+mod wait;
+
+pub use wait::MAX_WAIT;
 
 use super::entry::{Taken, is_nogroup, to_taken};
 use super::receipt::{Receipt, Signer, random_key};
@@ -43,6 +46,9 @@ pub const MAX_RECEIPTS: usize = 1000;
 pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// The longest lease a receive or an extension may ask for.
 pub const MAX_LEASE: Duration = Duration::from_secs(12 * 3600);
+/// The lease of a receive that names none (HTTP `:receive` without `lease_ms`, a pull
+/// group declared without `lease`).
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 
 /// One delivery handed out by [`Puller::receive`].
 #[derive(Debug, Clone)]
@@ -111,6 +117,9 @@ pub struct Puller {
     /// Where the next read starts among a level's lanes, so small receives rotate over
     /// shards.
     rotate: AtomicUsize,
+    /// The group's earliest timer a receive saw (a lease end, a retry's time), unix ms;
+    /// `i64::MAX` for none: a long poll reads again then.
+    next_timer_ms: AtomicI64,
 }
 
 impl std::fmt::Debug for Puller {
@@ -127,7 +136,9 @@ fn bad_option(name: &'static str, reason: String) -> Error {
     InvalidInput::Option { name, reason }.into()
 }
 
-fn check_lease(lease: Duration) -> Result<()> {
+/// Whether `lease` is one a receive or an extension may ask for
+/// ([`MIN_LEASE`]..=[`MAX_LEASE`]); the error names `lease`.
+pub fn check_lease(lease: Duration) -> Result<()> {
     if lease < MIN_LEASE || lease > MAX_LEASE {
         return Err(bad_option(
             "lease",
@@ -166,6 +177,7 @@ impl Puller {
             registers: true,
             beat_at: AtomicI64::new(0),
             rotate: AtomicUsize::new(0),
+            next_timer_ms: AtomicI64::new(i64::MAX),
         })
     }
 
@@ -254,7 +266,8 @@ impl Puller {
     /// Up to `max` (1..=[`MAX_RECEIVE`]) deliveries, each leased for `lease`
     /// ([`MIN_LEASE`]..=[`MAX_LEASE`]): due retries and taken-over leases first, then new
     /// entries, most urgent first. Empty when nothing is due, the group is paused, or its
-    /// rate limit grants nothing now. Does not wait.
+    /// rate limit grants nothing now. Does not wait ([`receive_wait`](Puller::receive_wait)
+    /// does).
     pub async fn receive(&self, max: usize, lease: Duration) -> Result<Vec<PullDelivery>> {
         if max == 0 || max > MAX_RECEIVE {
             return Err(bad_option(
@@ -356,6 +369,7 @@ impl Puller {
         let s = &self.s;
         let mut next_look = i64::MAX;
         let due = super::reclaim::due_shards(s, now, &mut next_look).await;
+        self.next_timer_ms.store(next_look, Ordering::Relaxed);
         let mut taken = Vec::new();
         for i in due {
             let left = budget - taken.len();

@@ -288,7 +288,7 @@ function queueRow(q) {
 
 function groupRow(q, g) {
   return h('tr', { class: 'group', 'data-group': `${q.queue}/${g.group}` },
-    h('td', {}, g.group, ' ', g.paused ? badge('paused') : null),
+    h('td', {}, g.group, ' ', g.kind ? badge(g.kind) : null, ' ', g.paused ? badge('paused') : null),
     h('td', { colspan: 2 }, `pending ${num(g.pending)}`),
     h('td', {}, `lag ${num(g.lag)}`),
     h('td', {}, `${num(g.consumers)} consumer${g.consumers === 1 ? '' : 's'}`),
@@ -449,7 +449,7 @@ function queuePage(name) {
       h('dt', {}, 'Dead letters'), h('dd', {}, num(s.dead)),
       h('dt', {}, 'In the history'), h('dd', {}, num(s.history)));
     patchRows(groups, s.groups.map((g) => [g.group, h('tr', { 'data-group': g.group },
-      h('th', { scope: 'row' }, g.group),
+      h('th', { scope: 'row' }, g.group, g.kind ? ' ' : null, g.kind ? badge(g.kind) : null),
       h('td', { class: 'num' }, num(g.pending)),
       h('td', { class: 'num' }, num(g.lag)),
       h('td', { class: 'num' }, num(g.consumers)),

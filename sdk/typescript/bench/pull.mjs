@@ -1,0 +1,102 @@
+// Pull consumers over HTTP against the webhook path, on one `delayq serve` of its own (the
+// binary of $DELAYQ_BIN, else target/debug/delayq) and a throwaway redis-server:
+//
+//   node bench/pull.mjs [orders=20000] [pullers=4] [max=100]
+//
+// For each path, the queue's dispatch is paused, the orders are scheduled due now, then the
+// queue is resumed and the clock runs until every order was handled: acked by the pullers
+// (`:receive` with `max` and a long poll, then one `:ack` of the whole batch), or received
+// by a local HTTP endpoint answering 200 (the webhook group, concurrency 64). Both figures
+// include the dispatch. Prints one JSON line per path.
+
+import http from "node:http";
+import { Client, Consumer } from "../dist/index.js";
+import { LocalRedis, Serve, createQueue } from "../test/support/harness.js";
+
+const [orders = 20000, pullers = 4, max = 100] = process.argv.slice(2).map(Number);
+const TOKEN = "bench-pull-token-0001";
+
+const hits = { n: 0, done: null, want: orders, at: {} };
+const receiver = http.createServer((req, res) => {
+  req.resume();
+  req.on("end", () => {
+    res.writeHead(200).end();
+    hits.n++;
+    for (const f of [0.5, 0.9, 0.99]) if (hits.n === Math.ceil(hits.want * f)) hits.at[f] = performance.now();
+    if (hits.n === hits.want) hits.done?.();
+  });
+});
+await new Promise((r) => receiver.listen(0, "127.0.0.1", r));
+const hook = `http://127.0.0.1:${receiver.address().port}/hook`;
+
+const redis = await LocalRedis.start();
+for (const q of ["bench-pull", "bench-hook"]) await createQueue(redis.url, q);
+const serve = await Serve.start(`
+redis_url = "${redis.url}"
+namespace = "dq"
+[http]
+listen = "127.0.0.1:{port}"
+tokens = ["${TOKEN}"]
+[[handlers]]
+queue = "bench-pull"
+group = "pull"
+kind = "pull"
+[[handlers]]
+queue = "bench-hook"
+group = "hook"
+kind = "webhook"
+url = "${hook}"
+concurrency = 64
+`);
+const client = await Client.connect(redis.url);
+
+async function api(path) {
+  const r = await fetch(`${serve.base}${path}`, { method: "POST", headers: { authorization: `Bearer ${TOKEN}` } });
+  if (!r.ok) throw new Error(`${path}: ${r.status} ${await r.text()}`);
+}
+
+async function load(queue) {
+  await api(`/v1/queues/${queue}:pause`);
+  for (let i = 0; i < orders; i += 5000) {
+    const n = Math.min(5000, orders - i);
+    await client.scheduleMany(queue, Array.from({ length: n }, (_, k) => ({ id: `o${i + k}`, delayMs: 0, payload: { n: i + k } })));
+  }
+}
+
+try {
+  // Webhook path.
+  await load("bench-hook");
+  const hooked = new Promise((r) => (hits.done = r));
+  let t0 = performance.now();
+  await api("/v1/queues/bench-hook:resume");
+  await hooked;
+  const hookMs = performance.now() - t0;
+  const upTo = Object.fromEntries(Object.entries(hits.at).map(([f, t]) => [`ms_to_${Math.round(Number(f) * 100)}pct`, Math.round(t - t0)]));
+  console.log(JSON.stringify({ path: "webhook", orders, concurrency: 64, ms: Math.round(hookMs), per_s: Math.round(orders / (hookMs / 1000)), ...upTo }));
+
+  // Pull path.
+  await load("bench-pull");
+  const c = new Consumer({ baseUrl: serve.base, token: TOKEN, queue: "bench-pull", group: "pull", leaseMs: 60_000, timeoutMs: 30_000 });
+  let acked = 0;
+  let receives = 0;
+  const loop = async () => {
+    while (acked < orders) {
+      const got = await c.receive(max, 60_000, 1000);
+      receives++;
+      if (got.length > 0) {
+        await c.ack(got);
+        acked += got.length;
+      }
+    }
+  };
+  t0 = performance.now();
+  await api("/v1/queues/bench-pull:resume");
+  await Promise.all(Array.from({ length: pullers }, loop));
+  const pullMs = performance.now() - t0;
+  console.log(JSON.stringify({ path: "pull", orders, pullers, max, receives, ms: Math.round(pullMs), per_s: Math.round(orders / (pullMs / 1000)) }));
+} finally {
+  await client.close();
+  await serve.stop();
+  await redis.stop();
+  receiver.close();
+}
