@@ -10,6 +10,8 @@
 -- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
 -- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
 -- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
+-- KEYS[11] optional (with KEYS[10]): the shard's key index ZSET, KEYS[12] its key ring ZSET
+--          (issue 42; see keyed.lua and enqueue.lua)
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -47,6 +49,19 @@
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
+-- Fair share between keys (issue 42): while the marker has `keys` (the shard holds keyed
+-- orders) and KEYS[12] is given, the due orders are not taken earliest first but round
+-- robin between the participants that have due work: each key on the ring due by now
+-- (earliest first), and the unkeyed orders as one more participant (found among the first
+-- `limit` due orders of the schedule). A key served is scored on the ring by at least this
+-- call's now, so the keys not served come first in the next call (no key waits behind
+-- more than the others when there are more keys than `limit`). Each round takes one order of each participant, in
+-- due order within it; the stream then holds them interleaved, so a key with 200 due orders
+-- is served alongside one with 20,000, not after it. An index member whose order is gone or
+-- was moved (its score in KEYS[1] is not its due time) is dropped, never dispatched. When
+-- the ring is left empty the marker's `keys` is removed: a shard without keyed orders
+-- takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N) for p
+-- participants and m orders moved, bounded by ARGV[2].
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
@@ -72,7 +87,7 @@ if not hist_at or hist_at < 0 then
 end
 
 -- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce')
+local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'keys')
 local window = tonumber(marker[3] or '0') or 0
 local gone = 0
 if not marker[1] then gone = 1 end
@@ -81,12 +96,124 @@ if marker[2] then
   return { 0, first[2] or false, 1, gone }
 end
 
-local n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
-if n > limit then n = limit end
+-- The due orders to move, round robin between the keys with due work and the unkeyed
+-- orders (see the header); removes them from the schedule and the key index.
+local function fair_share(now, limit)
+  local kidx, kring = KEYS[11], KEYS[12]
+  -- The unkeyed participant: the unkeyed orders among the first `limit` due ones. An order
+  -- counts as keyed only when its index member is there (so none is ever stranded).
+  local head = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  local plain = {}
+  if #head > 0 then
+    local hid = {}
+    for i = 1, #head, 2 do hid[#hid + 1] = head[i] end
+    local vals = redis.call('HMGET', KEYS[2], unpack(hid))
+    local members, at = {}, {}
+    for j = 1, #hid do
+      local key = stored_key(vals[j])
+      if key then
+        members[#members + 1] = key_member(key, tonumber(head[2 * j]), hid[j]); at[#members] = j
+      else
+        plain[#plain + 1] = j
+      end
+    end
+    if #members > 0 then
+      local there = redis.call('ZMSCORE', kidx, unpack(members))
+      for m = 1, #members do
+        if not there[m] then plain[#plain + 1] = at[m] end
+      end
+      table.sort(plain)
+    end
+  end
+  -- The participants: the keys with due work, earliest first, then the unkeyed orders.
+  local parts = {}
+  for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+    parts[#parts + 1] = { key = key, off = 0, more = true }
+  end
+  if #plain > 0 then parts[#parts + 1] = { off = 0, more = true } end
+  local ids, dues, rm, touched = {}, {}, {}, {}
+  local left = limit
+  while left > 0 and #parts > 0 do
+    -- Each participant's next `q` due orders, checked against the schedule.
+    local q = math.ceil(left / #parts)
+    local bufs = {}
+    for p, part in ipairs(parts) do
+      local buf = {}
+      if part.key then
+        local got = key_orders(kidx, part.key, part.off, q)
+        part.off = part.off + #got
+        part.more = #got == q
+        local mids = {}
+        for _, m in ipairs(got) do
+          local _, due, id = key_parse(m)
+          if due > now then part.more = false; break end
+          mids[#mids + 1] = { m = m, due = due, id = id, key = part.key }
+        end
+        if #mids > 0 then
+          local want = {}
+          for j, e in ipairs(mids) do want[j] = e.id end
+          local sc = redis.call('ZMSCORE', KEYS[1], unpack(want))
+          for j, e in ipairs(mids) do
+            if sc[j] and tonumber(sc[j]) == e.due then
+              buf[#buf + 1] = e
+            else
+              rm[#rm + 1] = e.m -- stale: the order is gone or was moved
+              touched[part.key] = touched[part.key] or false
+            end
+          end
+        end
+      else
+        for j = part.off + 1, math.min(part.off + q, #plain) do
+          local h = plain[j]
+          buf[#buf + 1] = { id = head[2 * h - 1], due = tonumber(head[2 * h]) }
+        end
+        part.off = part.off + #buf
+        part.more = part.off < #plain
+      end
+      bufs[p] = buf
+    end
+    for r = 1, q do
+      for p = 1, #parts do
+        local e = bufs[p][r]
+        if e and left > 0 then
+          ids[#ids + 1] = e.id; dues[#dues + 1] = e.due
+          left = left - 1
+          if e.m then
+            rm[#rm + 1] = e.m
+            touched[e.key] = now
+          end
+        end
+      end
+    end
+    local still = {}
+    for p, part in ipairs(parts) do
+      if part.more and #bufs[p] > 0 then still[#still + 1] = part end
+    end
+    parts = still
+  end
+  -- Out of the schedule and the index: what is moved, and the stale members (a member
+  -- read but not moved, past the limit, stays).
+  for s = 1, #ids, 1000 do redis.call('ZREM', KEYS[1], unpack(ids, s, math.min(s + 999, #ids))) end
+  for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
+  for key, served in pairs(touched) do key_refresh(kidx, kring, key, served or nil) end
+  if redis.call('ZCARD', kring) == 0 then redis.call('HDEL', KEYS[5], 'keys') end
+  return ids, dues
+end
+
+-- ids[i], dues[i]: the orders moved, in stream order.
+local ids, dues, n = {}, {}, 0
+if marker[5] and KEYS[12] then
+  ids, dues = fair_share(now, limit)
+  n = #ids
+else
+  n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  if n > limit then n = limit end
+  if n > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[1], n)
+    for i = 1, n do ids[i] = popped[2 * i - 1]; dues[i] = dues[i] end
+  end
+end
 if n > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[1], n)
-  local ids = {}
-  for i = 1, n do ids[i] = popped[2 * i - 1] end
   local vals
   if getdel then
     vals = redis.call('HGETDEL', KEYS[2], 'FIELDS', n, unpack(ids))
@@ -109,25 +236,25 @@ if n > 0 then
       local lane = lane_keys[level]
       open_lane(lane, KEYS[3], KEYS[5], 'lane:' .. level)
       if v then
-        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v, 'priority', level)
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', dues[i], 'data', v, 'priority', level)
       else
-        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing', 'priority', level)
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', dues[i], 'flag', 'payload_missing', 'priority', level)
       end
       if hist_at > 0 then
         hist[#hist + 1] = ids[i]
-        hist[#hist + 1] = eid .. ':' .. popped[2 * i] .. ':' .. level
+        hist[#hist + 1] = eid .. ':' .. dues[i] .. ':' .. level
       end
     else
       if v then
-        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v)
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', dues[i], 'data', v)
       else
-        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing')
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', dues[i], 'flag', 'payload_missing')
       end
       if hist_at > 0 then
         -- One concatenation of strings Redis already handed over: building strings in Lua
         -- (match, format) costs more than the HSET itself.
         hist[#hist + 1] = ids[i]
-        hist[#hist + 1] = eid .. ':' .. popped[2 * i]
+        hist[#hist + 1] = eid .. ':' .. dues[i]
       end
     end
   end

@@ -89,6 +89,10 @@ pub enum Command {
         /// default: the queue's): that group dead-letters it with reason expired instead.
         #[arg(long, allow_hyphen_values = true)]
         expires_after: Option<String>,
+        /// The order's key (e.g. merchant:17; 1-128 bytes, no control characters): due
+        /// orders are dispatched round robin between keys. An upsert without one removes it.
+        #[arg(long, allow_hyphen_values = true)]
+        key: Option<String>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {

@@ -1,5 +1,5 @@
 //! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
-//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D]`.
+//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D] [--key K]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -26,6 +26,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         max_wait,
         priority,
         expires_after,
+        key,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -64,6 +65,10 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     .repeat(repeat);
     if let Some(e) = expires_after {
         order = order.with_expires_after(parse_duration("--expires-after", &e)?);
+    }
+    if let Some(k) = key {
+        crate::engine::order_key::validate(&k)?;
+        order = order.with_key(k);
     }
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);

@@ -113,6 +113,9 @@ pub struct NewOrder {
     pub debounce: Option<Debounce>,
     /// Schedule it even if it was dispatched within the queue's dedup window.
     pub repeat: bool,
+    /// Its key (see [`crate::engine::order_key`]): due orders are dispatched round robin
+    /// between keys. `None`: no key (an upsert without a key removes the one it had).
+    pub key: Option<String>,
 }
 
 impl NewOrder {
@@ -127,7 +130,15 @@ impl NewOrder {
             expires_after_ms: None,
             debounce: None,
             repeat: false,
+            key: None,
         }
+    }
+
+    /// The same order with key `key` (1..=128 bytes, no control characters; see
+    /// [`crate::engine::order_key`]).
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
     }
 
     /// The same order, not handed to a group later than `expires_after` past its due time
@@ -203,6 +214,9 @@ impl NewOrder {
         if let Some(e) = self.expires_after_ms {
             crate::engine::expiry::check_ms(e)?;
         }
+        if let Some(k) = &self.key {
+            crate::engine::order_key::validate(k)?;
+        }
         Ok(due)
     }
 }
@@ -240,6 +254,9 @@ pub struct ScheduledOrder {
     /// A debounced order's first call and cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub debounce: Option<DebounceState>,
+    /// Its key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes
@@ -294,6 +311,7 @@ pub(crate) fn decode_stored_traced(raw: &str) -> (Option<i64>, Option<TraceConte
         Some((ms, rest)) => match ms.parse::<i64>() {
             Ok(ms) => {
                 let (_, rest) = crate::engine::expiry::split_stored(rest);
+                let (_, rest) = crate::engine::order_key::split_stored(rest);
                 let (ctx, json) = trace::split_stored(rest);
                 (Some(ms), ctx, json)
             }
@@ -483,6 +501,11 @@ mod tests {
         assert_eq!((ms, json), (Some(12), "{\"a\":1}"));
         let ctx = ctx.unwrap();
         assert_eq!((ctx.traceparent(), ctx.tracestate()), (tp, Some("k=v")));
+        // The key's prefix comes after the expiry's, before the trace context's.
+        let keyed = format!("12:!500!\u{1e}m:17\u{1e}~{tp}~[1]");
+        let (ms, ctx, json) = decode_stored_traced(&keyed);
+        assert_eq!((ms, json), (Some(12), "[1]"));
+        assert_eq!(ctx.unwrap().traceparent(), tp);
         // Only after the `<ms>:` prefix: a foreign value is left whole.
         assert_eq!(decode_stored_traced("~x~1"), (None, None, "~x~1"));
     }

@@ -42,8 +42,8 @@ impl Handler for Builtin {
     }
 }
 
-/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}` (the payload byte for byte
-/// as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt`, `traceparent` and
+/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}`, with `"key"` for a keyed
+/// order (the payload byte for byte as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt`, `traceparent` and
 /// `tracestate` (W3C Trace Context: the delivery's `process` span, or the order's own
 /// context when no spans are recorded; none for an order scheduled without one) and, with
 /// secrets,
@@ -125,6 +125,9 @@ struct Body<'a> {
     due_at_ms: i64,
     payload: &'a RawValue,
     attempt: u32,
+    /// The order's key (issue 42), only for a keyed order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
 }
 
 impl Webhook {
@@ -178,6 +181,7 @@ impl Webhook {
             due_at_ms: d.due_at_ms,
             payload: &raw,
             attempt: d.attempt,
+            key: d.key(),
         })
         .unwrap_or_default()
     }
@@ -370,6 +374,7 @@ mod tests {
             attempt: 3,
             flag: None,
             trace: None,
+            key: None,
         }
     }
 

@@ -31,7 +31,7 @@ const OPS: [&str; 6] = [
 ];
 
 /// Every key a case may have (README, format 4); another key means the file changed format.
-const CASE_KEYS: [&str; 22] = [
+const CASE_KEYS: [&str; 23] = [
     "name",
     "op",
     "queue",
@@ -54,29 +54,41 @@ const CASE_KEYS: [&str; 22] = [
     "expires_after_ms",
     "debounce",
     "repeat",
+    "key",
 ];
 
 /// Every key an order of a batch may have.
-const ORDER_KEYS: [&str; 6] = [
+const ORDER_KEYS: [&str; 7] = [
     "id",
     "delay_ms",
     "due_ms",
     "payload",
     "priority",
     "expires_after_ms",
+    "key",
 ];
 
 /// The stored body the case's (or batch order's) payload text must have: the text, after
-/// `!<expires_after_ms>!` when the order has its own expiry (src/engine/expiry.rs).
+/// `!<expires_after_ms>!` when the order has its own expiry (src/engine/expiry.rs), then
+/// `\x1e<key>\x1e` when it has a key (src/engine/order_key.rs).
 fn stored_body(o: &serde_json::Map<String, Value>, payload: &str) -> String {
-    match o.get("expires_after_ms").and_then(Value::as_i64) {
-        Some(e) => format!("!{e}!{payload}"),
+    let keyed = match o.get("key").and_then(Value::as_str) {
+        Some(k) => format!("\u{1e}{k}\u{1e}{payload}"),
         None => payload.to_owned(),
+    };
+    match o.get("expires_after_ms").and_then(Value::as_i64) {
+        Some(e) => format!("!{e}!{keyed}"),
+        None => keyed,
     }
 }
 
-/// `order` with the case's (or batch order's) `expires_after_ms`, as given.
+/// `order` with the case's (or batch order's) `expires_after_ms` and `key`, as given.
 fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOrder, String> {
+    let order = match o.get("key") {
+        Some(Value::String(k)) => order.with_key(k.clone()),
+        Some(other) => return Err(format!("key: {other} is not a string")),
+        None => order,
+    };
     Ok(match o.get("expires_after_ms") {
         Some(v) => NewOrder {
             expires_after_ms: Some(int(v, "expires_after_ms")?),

@@ -41,6 +41,9 @@ pub struct DeadLetter {
     /// Expired only: how late its hand-off would have been past due + `expires_after`, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_ms: Option<i64>,
+    /// The order's key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// Which dead letters an operation applies to.
@@ -395,5 +398,8 @@ fn to_dead(
         priority: crate::engine::reply::stored_level(get("priority")),
         reason: get("reason").map(str::to_owned),
         late_ms: get("late_ms").and_then(|v| v.parse().ok()),
+        key: get("data")
+            .and_then(crate::engine::order_key::of_stored)
+            .map(str::to_owned),
     }
 }

@@ -89,6 +89,9 @@ pub struct OrderHistory {
     /// A waiting debounced order's first call and cap ([`crate::engine::time_rules`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub debounce: Option<crate::engine::time_rules::DebounceState>,
+    /// Its key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
@@ -397,6 +400,12 @@ fn stored_payload(raw: &str) -> Box<RawValue> {
     raw_json(decode_stored(raw).1)
 }
 
+/// The key of a stored value (see [`crate::engine::order_key`]).
+fn stored_key(raw: Option<&str>) -> Option<String> {
+    raw.and_then(crate::engine::order_key::of_stored)
+        .map(str::to_owned)
+}
+
 fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<OrderHistory>> {
     let redis::Value::Array(parts) = reply else {
         return Ok(None);
@@ -418,6 +427,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         groups: Vec::new(),
         priority: Priority::Normal,
         debounce: None,
+        key: None,
     };
     if state == "scheduled" {
         let due = parts
@@ -426,11 +436,9 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             .and_then(int)
             .ok_or_else(|| reply_err("no due time"))?;
         let mut h = base(OrderState::Scheduled, due);
-        h.payload = parts
-            .next()
-            .as_ref()
-            .and_then(text)
-            .map(|s| stored_payload(&s));
+        let stored = parts.next().as_ref().and_then(text);
+        h.key = stored_key(stored.as_deref());
+        h.payload = stored.map(|s| stored_payload(&s));
         h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
         return Ok(Some(h));
     }
@@ -446,11 +454,11 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         .ok_or_else(|| reply_err("no due time"))?;
     let mut h = base(OrderState::Dispatched, due);
     let fields: Option<Fields> = parts.next().and_then(crate::engine::reply::field_pairs);
-    h.payload = fields.as_ref().and_then(|f| {
-        f.iter()
-            .find(|(k, _)| k == "data")
-            .map(|(_, v)| stored_payload(v))
-    });
+    let data = fields
+        .as_ref()
+        .and_then(|f| f.iter().find(|(k, _)| k == "data").map(|(_, v)| v.as_str()));
+    h.key = stored_key(data);
+    h.payload = data.map(stored_payload);
     h.dispatched_at_ms = entry_ms(&entry);
     h.entry_id = Some(entry);
     if let Some(redis::Value::Array(groups)) = parts.next() {

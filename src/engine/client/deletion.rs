@@ -112,6 +112,8 @@ impl Client {
             k.levels.clone(),
             k.dispatched.clone(),
             k.debounce.clone(),
+            k.keyed.clone(),
+            k.key_ring.clone(),
             k.dead.clone(),
             k.ticks(),
         ];

@@ -106,21 +106,30 @@ impl Client {
             },
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
-        // Orders with an `expires_after` store it in front of that (see `engine::expiry`).
+        // Orders with an `expires_after` store it in front of that (see `engine::expiry`),
+        // keyed orders their key between the two (see `engine::order_key`).
         let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
-        let stored: Vec<Option<String>> = if producer.is_traced() || expiring {
+        let keyed = orders.iter().any(|o| o.key.is_some());
+        let stored: Vec<Option<String>> = if producer.is_traced() || expiring || keyed {
             orders
                 .iter()
                 .map(|o| {
                     let traced = producer
                         .stored(o.trace.as_ref())
                         .map(|c| c.encode(o.payload.as_str()));
-                    match o.expires_after_ms {
-                        Some(e) => Some(crate::engine::expiry::encode(
-                            e,
+                    let keyed = match &o.key {
+                        Some(k) => Some(crate::engine::order_key::encode(
+                            k,
                             traced.as_deref().unwrap_or(o.payload.as_str()),
                         )),
                         None => traced,
+                    };
+                    match o.expires_after_ms {
+                        Some(e) => Some(crate::engine::expiry::encode(
+                            e,
+                            keyed.as_deref().unwrap_or(o.payload.as_str()),
+                        )),
+                        None => keyed,
                     }
                 })
                 .collect()
@@ -317,6 +326,7 @@ impl Client {
                         due_ms: dues[i],
                         payload: texts.payload(i),
                         priority: orders[i].priority,
+                        key: orders[i].key.as_deref(),
                         rules: crate::engine::time_rules::enqueue_rules_arg(
                             orders[i].repeat,
                             orders[i].debounce.as_ref(),

@@ -13,16 +13,16 @@ use std::sync::LazyLock;
 
 /// Source of `lua/enqueue.lua`.
 pub static ENQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/enqueue.lua")));
+    LazyLock::new(|| super::source_keyed(include_str!("../../../lua/enqueue.lua")));
 /// Source of `lua/dequeue.lua`.
 pub static DEQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/dequeue.lua")));
+    LazyLock::new(|| super::source_keyed(include_str!("../../../lua/dequeue.lua")));
 /// Source of `lua/cancel.lua`.
 pub static CANCEL_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/cancel.lua")));
+    LazyLock::new(|| super::source_keyed(include_str!("../../../lua/cancel.lua")));
 /// Source of `lua/reschedule.lua`.
 pub static RESCHEDULE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/reschedule.lua")));
+    LazyLock::new(|| super::source_keyed(include_str!("../../../lua/reschedule.lua")));
 
 static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&ENQUEUE_LUA));
 static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&DEQUEUE_LUA));
@@ -40,6 +40,8 @@ pub(crate) struct EnqueueArg<'a> {
     pub priority: Priority,
     /// The time rules argument ([`crate::engine::time_rules::enqueue_rules_arg`]).
     pub rules: String,
+    /// The order's key (see [`crate::engine::order_key`]).
+    pub key: Option<&'a str>,
 }
 
 /// What `enqueue.lua` did with one order.
@@ -62,20 +64,30 @@ pub(crate) fn enqueue_invocation<'a>(
     orders: &[EnqueueArg<'_>],
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = ENQUEUE.prepare_invoke();
+    // Every shard key, so an upsert can re-index a keyed order on any call; the columns
+    // are named in the mode (`upsert:rk`). Orders without time rules or keys go as
+    // quadruples, as before those existed: no more work per order for them.
     inv.key(&keys.due)
         .key(&keys.payload)
         .key(&keys.meta)
         .key(&keys.levels)
-        .key(&keys.dispatched);
-    // Orders without time rules go as quadruples, as before the rules existed: no more
-    // work per order for them.
+        .key(&keys.dispatched)
+        .key(&keys.debounce)
+        .key(&keys.keyed)
+        .key(&keys.key_ring);
     let rules = orders.iter().any(|o| !o.rules.is_empty());
-    if rules {
-        inv.key(&keys.debounce);
-    }
-    inv.arg(if if_absent { "nx" } else { "upsert" })
-        .arg(now_ms)
-        .arg(epoch);
+    let keyed = orders.iter().any(|o| o.key.is_some());
+    let mode = match (if_absent, rules, keyed) {
+        (false, false, false) => "upsert:",
+        (false, true, false) => "upsert:r",
+        (false, false, true) => "upsert:k",
+        (false, true, true) => "upsert:rk",
+        (true, false, false) => "nx:",
+        (true, true, false) => "nx:r",
+        (true, false, true) => "nx:k",
+        (true, true, true) => "nx:rk",
+    };
+    inv.arg(mode).arg(now_ms).arg(epoch);
     for o in orders {
         inv.arg(o.id)
             .arg(o.due_ms)
@@ -83,6 +95,9 @@ pub(crate) fn enqueue_invocation<'a>(
             .arg(lane_arg(o.priority));
         if rules {
             inv.arg(&o.rules);
+        }
+        if keyed {
+            inv.arg(o.key.unwrap_or(""));
         }
     }
     inv
@@ -194,6 +209,8 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .key(&keys.lane(Priority::Low).stream)
         .key(&keys.dispatched)
         .key(&keys.debounce)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -216,6 +233,8 @@ pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::Script
         .key(&keys.payload)
         .key(&keys.levels)
         .key(&keys.debounce)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
         .arg(id);
     inv
 }
@@ -242,7 +261,13 @@ pub(crate) fn reschedule_invocation<'a>(
     priority: Option<Priority>,
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = RESCHEDULE.prepare_invoke();
-    inv.key(&keys.due).key(&keys.levels).arg(id).arg(due_ms);
+    inv.key(&keys.due)
+        .key(&keys.levels)
+        .key(&keys.payload)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
+        .arg(id)
+        .arg(due_ms);
     if let Some(p) = priority {
         inv.arg(p.as_str());
     }

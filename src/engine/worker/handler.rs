@@ -57,9 +57,17 @@ pub struct Delivery {
     /// The W3C trace context the order was scheduled in, when it was scheduled in one
     /// (see [`crate::engine::trace`]): the same on every attempt, reclaim and replay.
     pub trace: Option<TraceContext>,
+    /// The order's key (see [`crate::engine::order_key`]), when it has one: the same on
+    /// every attempt, reclaim and replay.
+    pub key: Option<String>,
 }
 
 impl Delivery {
+    /// The order's key, when it has one (see [`crate::engine::order_key`]).
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
     /// A copy with what settling an entry needs (ids, shard, attempt, due time), without
     /// the payload: kept while the handler owns the delivery itself.
     pub(crate) fn settling_copy(&self) -> Delivery {
@@ -78,6 +86,7 @@ impl Delivery {
             attempt: self.attempt,
             flag: self.flag,
             trace: None,
+            key: self.key.clone(),
         }
     }
 }

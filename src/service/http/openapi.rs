@@ -124,7 +124,8 @@ fn schemas() -> Value {
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
                "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
-               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int()}),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int(),
+               "key": {"type": "string", "description": "the order's key, when it has one"}}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -142,6 +143,8 @@ fn schemas() -> Value {
     let debounce = json!({"type": "object", "additionalProperties": false, "required": ["delay_ms", "max_wait_ms"],
         "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
         "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
+    // Order keys (issue 42; src/engine/order_key.rs).
+    let key = order_key();
     let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
@@ -156,6 +159,7 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after.clone(),
             "debounce": debounce.clone(),
+            "key": key.clone(),
             "repeat": repeat.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
@@ -167,6 +171,7 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after,
             "debounce": debounce,
+            "key": key,
             "repeat": repeat}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
@@ -362,8 +367,16 @@ fn order_history() -> Value {
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
                "groups": {"type": "array", "items": group}, "priority": priority(),
                "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
-                   "properties": {"first_call_ms": int(), "max_due_ms": int()}}}),
+                   "properties": {"first_call_ms": int(), "max_due_ms": int()}},
+               "key": {"type": "string", "description": "the order's key, when it has one"}}),
     )
+}
+
+/// An order's `key` (src/engine/order_key.rs).
+fn order_key() -> Value {
+    use crate::engine::order_key::MAX_KEY_LEN;
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN, "example": "merchant:17",
+        "description": format!("the order's key: 1..{MAX_KEY_LEN} bytes, no control characters (else 400 invalid_option naming key). Due orders are dispatched round robin between the keys that have due work (unkeyed orders are one more participant), so a key with few orders is served alongside one with many. Shown by get, history and dead letters, kept by retries and replays, in the webhook body as key; an upsert without a key removes it")})
 }
 
 fn paths() -> Value {

@@ -221,6 +221,7 @@ impl Puller {
             attempt: r.attempt,
             flag: None,
             trace: None,
+            key: None,
         };
         let done = match how {
             Nack::Retry { after, error } if r.attempt < s.opts.max_attempts => {
