@@ -210,7 +210,7 @@ else
   if n > limit then n = limit end
   if n > 0 then
     local popped = redis.call('ZPOPMIN', KEYS[1], n)
-    for i = 1, n do ids[i] = popped[2 * i - 1]; dues[i] = dues[i] end
+    for i = 1, n do ids[i] = popped[2 * i - 1]; dues[i] = popped[2 * i] end
   end
 end
 if n > 0 then

@@ -232,6 +232,10 @@ pub enum Command {
         /// Every order carries a W3C trace context (stored and decoded; nothing exported).
         #[arg(long)]
         traced: bool,
+        /// Order keys (spread, storm, enqueue): order i gets key `k<i mod N>` (0: none, the
+        /// default), so the dispatcher shares the backlog between N keys.
+        #[arg(long, default_value_t = 0)]
+        keys: usize,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

@@ -72,7 +72,12 @@ mod tests {
         assert!(validate("merchant:17").is_ok());
         assert!(validate("заказ 42").is_ok());
         assert!(validate(&"k".repeat(128)).is_ok());
-        for bad in [String::new(), "k".repeat(129), "a\u{1e}b".into(), "a\nb".into()] {
+        for bad in [
+            String::new(),
+            "k".repeat(129),
+            "a\u{1e}b".into(),
+            "a\nb".into(),
+        ] {
             let e = validate(&bad).unwrap_err();
             assert!(e.to_string().contains("key"), "{bad:?}: {e}");
             assert_eq!(e.code(), "invalid_option");
@@ -82,7 +87,10 @@ mod tests {
     #[test]
     fn stored_values_round_trip() {
         let body = encode("merchant:17", "~00-x~{\"a\":1}");
-        assert_eq!(split_stored(&body), (Some("merchant:17"), "~00-x~{\"a\":1}"));
+        assert_eq!(
+            split_stored(&body),
+            (Some("merchant:17"), "~00-x~{\"a\":1}")
+        );
         let expiring = crate::engine::expiry::encode(500, &body);
         assert_eq!(of_stored(&format!("12:{expiring}")), Some("merchant:17"));
         assert_eq!(of_stored(&format!("12:{body}")), Some("merchant:17"));

@@ -378,6 +378,18 @@ mod tests {
         }
     }
 
+    /// The body carries `key` for a keyed order only (issue 42).
+    #[test]
+    fn the_body_carries_the_key_of_a_keyed_order() {
+        let plain: serde_json::Value = serde_json::from_slice(&Webhook::body(&delivery())).unwrap();
+        assert!(plain.get("key").is_none(), "{plain}");
+        let mut d = delivery();
+        d.key = Some("merchant:17".into());
+        let keyed: serde_json::Value = serde_json::from_slice(&Webhook::body(&d)).unwrap();
+        assert_eq!(keyed["key"], "merchant:17");
+        assert_eq!(keyed["payload"], plain["payload"]);
+    }
+
     #[tokio::test]
     async fn redirects_are_never_followed_and_retry_after_is_capped() {
         use axum::routing::post;

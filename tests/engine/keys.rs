@@ -167,7 +167,10 @@ async fn a_key_travels_with_the_order() {
         .unwrap();
     assert_eq!(client.get(Q, "o-2").await.unwrap().unwrap().key, None);
     let (members, ring) = index_of(&client).await;
-    assert!(members.is_empty() && ring.is_empty(), "{members:?} {ring:?}");
+    assert!(
+        members.is_empty() && ring.is_empty(),
+        "{members:?} {ring:?}"
+    );
 }
 
 /// A bad key is refused naming `key`, nothing written.

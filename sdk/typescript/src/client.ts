@@ -103,6 +103,8 @@ export interface ScheduledOrder {
   priority: Priority;
   /** A debounced order's first call and cap (latest due time), unix ms. */
   debounce?: { firstCallMs: number; maxDueMs: number };
+  /** Its key (issue 42), when it has one. */
+  key?: string;
 }
 
 interface QueueRef {
@@ -470,7 +472,12 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels, k.debounce], [id], "cancelling an order (cancel.lua)");
+    const n = await this.evalScript(
+      SCRIPTS.cancel,
+      [k.due, k.payload, k.levels, k.debounce, k.keyed, k.keyRing],
+      [id],
+      "cancelling an order (cancel.lua)",
+    );
     return Number(n) === 1 ? "cancelled" : "not_found";
   }
 
@@ -494,7 +501,12 @@ export class Client {
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
     const args = level === null ? [id, String(due)] : [id, String(due), level];
-    const n = await this.evalScript(SCRIPTS.reschedule, [k.due, k.levels], args, "rescheduling an order (reschedule.lua)");
+    const n = await this.evalScript(
+      SCRIPTS.reschedule,
+      [k.due, k.levels, k.payload, k.keyed, k.keyRing],
+      args,
+      "rescheduling an order (reschedule.lua)",
+    );
     return Number(n) === 1 ? "rescheduled" : "not_found";
   }
 
@@ -516,14 +528,15 @@ export class Client {
     if (raw === null || raw === undefined) {
       return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, ...debounce };
     }
-    const { enqueuedAtMs, json } = decodeStored(String(raw));
+    const { enqueuedAtMs, json, key } = decodeStored(String(raw));
     let payload: unknown;
     try {
       payload = JSON.parse(json);
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, ...debounce };
+    const keyed = key === undefined ? {} : { key };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, ...debounce, ...keyed };
   }
 
   // ---- internals ----
@@ -577,20 +590,26 @@ export class Client {
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
-    // The form the Rust client sends: the levels HASH and the dispatched ZSET as KEYS[4..5]
-    // and one quadruple per order (id, due, payload, level; "" for normal); when an order of
-    // the call carries time rules, the debounce HASH as KEYS[6] and quintuples (..., rules).
+    // The form the Rust client sends: every shard key (KEYS[1..8]), the columns named in
+    // the mode ("upsert:rk"), one quadruple per order (id, due, payload, level; "" for
+    // normal), then the rules column when an order of the call carries time rules and the
+    // key column ("" for none) when one has a key.
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
-      const args: string[] = [mode === "if_absent" ? "nx" : "upsert", String(now), epoch];
       const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
+      const withKeys = c.idxs.some((i) => {
+        const key = (orders[i] as NewOrder).key;
+        return key !== undefined && key !== null;
+      });
+      const cols = (withRules ? "r" : "") + (withKeys ? "k" : "");
+      const args: string[] = [`${mode === "if_absent" ? "nx" : "upsert"}:${cols}`, String(now), epoch];
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
         args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
         if (withRules) args.push(rulesArg(o));
+        if (withKeys) args.push(o.key ?? "");
       }
-      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched];
-      if (withRules) keys.push(k.debounce);
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.debounce, k.keyed, k.keyRing];
       return { keys, args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to

@@ -3,7 +3,7 @@
 // `engine::message` and `engine::priority`.
 
 import { InvalidInputError } from "./errors.js";
-import { checkId, hasLoneSurrogate } from "./keys.js";
+import { checkId, checkKey, hasLoneSurrogate } from "./keys.js";
 
 /** The furthest ahead an order may be scheduled: 10 years (3,653 days), ms. */
 export const MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000;
@@ -128,6 +128,12 @@ export interface NewOrder extends When {
   debounce?: Debounce;
   /** Schedule it even if it was dispatched within the queue's dedup window. */
   repeat?: boolean;
+  /**
+   * The order's key (issue 42; 1..=128 bytes, no control characters, else
+   * `invalid_option`): due orders are dispatched round robin between keys. An upsert
+   * without a key removes the one the order had.
+   */
+  key?: string;
 }
 
 /**
@@ -145,10 +151,15 @@ export function checkExpiresAfter(ms: unknown): number {
   return ms;
 }
 
-/** What enqueue.lua stores for an order's payload text: the text, after `!<ms>!` with its own expiry. */
+/**
+ * What enqueue.lua stores for an order's payload text: `!<ms>!` with its own expiry, then
+ * `\x1e<key>\x1e` with a key (src/engine/order_key.rs), then the text.
+ */
 export function storedBody(order: NewOrder, payload: string): string {
   const e = order.expiresAfterMs;
-  return e === undefined || e === null ? payload : `!${e}!${payload}`;
+  const k = order.key;
+  const keyed = k === undefined || k === null ? payload : `\x1e${k}\x1e${payload}`;
+  return e === undefined || e === null ? keyed : `!${e}!${keyed}`;
 }
 
 /** An order's debounce: both at least 1 ms and at most 10 years, `maxWaitMs >= delayMs`. */
@@ -511,7 +522,8 @@ export function payloadText(order: Pick<NewOrder, "payload" | "payloadJson">): s
 
 /**
  * Checks one order as the Rust `NewOrder::validate` does, once its payload text is known:
- * the id, the payload's size, its depth, the due time, then `expiresAfterMs`. Returns the due time.
+ * the id, the payload's size, its depth, the due time, then `expiresAfterMs`, then `key`.
+ * Returns the due time.
  */
 export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxPayloadBytes: number): number {
   checkId(order.id);
@@ -539,6 +551,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
     due = resolveWhen(order, nowMs);
   }
   if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
+  if (order.key !== undefined && order.key !== null) checkKey(order.key);
   return due;
 }
 
@@ -548,7 +561,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
  * `"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"`: the context is left out, so the
  * payload reads back byte for byte (`~` never starts a JSON text).
  */
-export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string } {
+export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string; key?: string } {
   const i = raw.indexOf(":");
   if (i >= 0) {
     const ms = raw.slice(0, i);
@@ -559,11 +572,20 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
         // An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
         const exp = /^!([1-9][0-9]*)!/.exec(json);
         if (exp) json = json.slice(exp[0].length);
+        // Then its key ("\x1e<key>\x1e", src/engine/order_key.rs).
+        let key: string | undefined;
+        if (json.startsWith("\x1e")) {
+          const end = json.indexOf("\x1e", 1);
+          if (end > 1) {
+            key = json.slice(1, end);
+            json = json.slice(end + 1);
+          }
+        }
         if (json.startsWith("~")) {
           const end = json.indexOf("~", 1);
           if (end > 0) json = json.slice(end + 1);
         }
-        return { enqueuedAtMs: Number(big), json };
+        return key === undefined ? { enqueuedAtMs: Number(big), json } : { enqueuedAtMs: Number(big), json, key };
       }
     }
   }

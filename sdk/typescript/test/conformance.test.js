@@ -15,7 +15,7 @@ const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule",
 const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
-  "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat",
+  "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "key",
 ]);
 
 let redis;
@@ -63,8 +63,13 @@ function expiry(o) {
   return "expires_after_ms" in o ? { expiresAfterMs: o.expires_after_ms } : {};
 }
 
+/** The order's `key` exactly as the file has it (absent: none). */
+function keyOf(o) {
+  return "key" in o ? { key: o.key } : {};
+}
+
 function orderOf(o) {
-  return { id: o.id, ...when(o), payloadJson: o.payload, ...level(o), ...expiry(o) };
+  return { id: o.id, ...when(o), payloadJson: o.payload, ...level(o), ...expiry(o), ...keyOf(o) };
 }
 
 function ordersOf(c) {
@@ -140,6 +145,7 @@ for (const c of spec.cases) {
         const expectDue = "expect_due_ms" in c ? c.expect_due_ms : "delay_ms" in c ? spec.now_ms + c.delay_ms : c.due_ms;
         assert.equal(result.dueAtMs, expectDue);
         if (result.outcome !== "unchanged") assert.equal(got.priority, c.priority ?? "normal", `${c.name}: stored level`);
+        if (result.outcome !== "unchanged") assert.equal(got.key, c.key, `${c.name}: stored key`);
       } else if (c.op === "schedule_many") {
         const orders = ordersOf(c);
         assert.equal(result.length, orders.length);

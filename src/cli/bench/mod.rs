@@ -97,6 +97,8 @@ pub struct BenchOptions {
     /// Every order carries a W3C trace context (as a traced producer's would), stored and
     /// decoded with it; no spans are exported.
     pub traced: bool,
+    /// Order keys: order i gets key `k<i mod keys>` (0: none).
+    pub keys: usize,
 }
 
 /// The bench dispatcher's options: the defaults, with `--linger` and `--lateness-budget`
@@ -190,6 +192,7 @@ async fn timed(
     let due_of = |i: usize| start + lead + window * i as i64 / n as i64;
     let mut orders = bench_orders(n, opts.payload_bytes, due_of);
     with_traces(&mut orders, opts.traced);
+    with_keys(&mut orders, opts.keys);
     if levels {
         for (i, o) in orders.iter_mut().enumerate() {
             o.priority = crate::Priority::ALL[i % 3];
@@ -271,9 +274,11 @@ async fn timed(
                 ""
             },
             if opts.traced {
-                ", every order traced (W3C context stored, no export)"
+                ", every order traced (W3C context stored, no export)".to_owned()
+            } else if opts.keys > 0 {
+                format!(", orders keyed over {} keys", opts.keys)
             } else {
-                ""
+                String::new()
             },
             opts.concurrency,
             opts.payload_bytes,
@@ -322,6 +327,16 @@ fn with_traces(orders: &mut [NewOrder], traced: bool) {
     }
 }
 
+/// `orders` with key `k<i mod keys>` each, when `keys` > 0.
+fn with_keys(orders: &mut [NewOrder], keys: usize) {
+    if keys == 0 {
+        return;
+    }
+    for (i, o) in orders.iter_mut().enumerate() {
+        o.key = Some(format!("k{}", i % keys));
+    }
+}
+
 /// `delayq bench`: runs the named scenarios and prints one report each (`c` is a
 /// [`Command::Bench`](super::Command::Bench)).
 pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbResult {
@@ -342,6 +357,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         linger,
         lateness_budget,
         traced,
+        keys,
         json,
     } = c
     else {
@@ -370,6 +386,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .map(|b| parse_duration("--lateness-budget", b))
             .transpose()?,
         traced,
+        keys,
     };
     dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;

@@ -226,6 +226,7 @@ class AsyncClient:
         expires_after_ms: Optional[int] = None,
         debounce: Any = None,
         repeat: bool = False,
+        key: Optional[str] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -242,7 +243,9 @@ class AsyncClient:
         ``debounce`` (:class:`Debounce` or ``{"delay_ms", "max_wait_ms"}``) instead of a due
         time: due ``delay_ms`` after each call, never later than ``max_wait_ms`` after the
         first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
-        window (otherwise the outcome is ``duplicate`` and nothing is written)."""
+        window (otherwise the outcome is ``duplicate`` and nothing is written). ``key``: the
+        order's key (1..=128 bytes, no control characters, else ``invalid_option``): due
+        orders are dispatched round robin between keys; an upsert without one removes it."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -256,6 +259,7 @@ class AsyncClient:
             expires_after_ms=expires_after_ms,
             debounce=debounce,
             repeat=repeat,
+            key=key,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
@@ -419,7 +423,7 @@ class AsyncClient:
 
     # ------------------------------------------------------------ cancel, reschedule, get
 
-    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str]:
+    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str, str, str]:
         """The due ZSET, payload HASH and levels HASH of the order's shard."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
@@ -430,6 +434,8 @@ class AsyncClient:
             self._keys.payload(queue, s),
             self._keys.levels(queue, s),
             self._keys.tag(queue, s) + ":debounce",
+            self._keys.tag(queue, s) + ":keyed",
+            self._keys.tag(queue, s) + ":key_ring",
         )
 
     async def cancel(self, queue: str, id: str) -> c.CancelOutcome:
@@ -463,10 +469,10 @@ class AsyncClient:
         rules.check_queue(queue)
         rules.check_id(id)
         due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
-        due, _, levels, _ = await self._shard_keys(queue, id)
+        due, payload, levels, _, keyed, ring = await self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
-            n = await self._evalsha(c.RESCHEDULE, [due, levels], args)
+            n = await self._evalsha(c.RESCHEDULE, [due, levels, payload, keyed, ring], args)
         except redis.RedisError as e:
             raise c.wrap("rescheduling an order (reschedule.lua)", e) from None
         return c.RescheduleOutcome.RESCHEDULED if int(n) == 1 else c.RescheduleOutcome.NOT_FOUND
@@ -476,7 +482,7 @@ class AsyncClient:
         scheduled."""
         keys = await self._shard_keys(queue, id)
         try:
-            reply = await self._evalsha(c.GET, list(keys), [id])
+            reply = await self._evalsha(c.GET, list(keys[:4]), [id])
         except redis.RedisError as e:
             raise c.wrap("reading an order (get.lua)", e) from None
         return c.decode_get(id, reply)
