@@ -101,9 +101,12 @@ end
 local function fair_share(now, limit)
   local kidx, kring = KEYS[11], KEYS[12]
   -- The unkeyed participant: the unkeyed orders among the first `limit` due ones. An order
-  -- counts as keyed only when its index member is there (so none is ever stranded).
-  local head = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
-  local plain = {}
+  -- counts as keyed only when its index member is there (so none is ever stranded). A
+  -- shard whose scheduled orders are all keyed (ZCARD of both equal) skips the look.
+  local plain, head = {}, {}
+  if redis.call('ZCARD', kidx) < redis.call('ZCARD', KEYS[1]) then
+    head = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  end
   if #head > 0 then
     local hid = {}
     for i = 1, #head, 2 do hid[#hid + 1] = head[i] end
@@ -126,41 +129,40 @@ local function fair_share(now, limit)
     end
   end
   -- The participants: the keys with due work, earliest first, then the unkeyed orders.
-  local parts = {}
+  -- A key's `list` holds its members read so far, in due order; `peek` the one after them
+  -- (nil: none, the key has no more), so its next head is known without another read.
+  local parts, keyed = {}, {}
   for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
-    parts[#parts + 1] = { key = key, off = 0, more = true }
+    local part = { key = key, off = 0, more = true, list = {} }
+    parts[#parts + 1] = part
+    keyed[#keyed + 1] = part
   end
   if #plain > 0 then parts[#parts + 1] = { off = 0, more = true } end
-  local ids, dues, rm, touched = {}, {}, {}, {}
+  local ids, dues, rm = {}, {}, {}
   local left = limit
   while left > 0 and #parts > 0 do
-    -- Each participant's next `q` due orders, checked against the schedule.
+    -- Each participant's next `q` due orders (a key's read with one more, its peek).
     local q = math.ceil(left / #parts)
-    local bufs = {}
+    local bufs, cand, cat = {}, {}, {}
     for p, part in ipairs(parts) do
       local buf = {}
       if part.key then
-        local got = key_orders(kidx, part.key, part.off, q)
-        part.off = part.off + #got
-        part.more = #got == q
-        local mids = {}
-        for _, m in ipairs(got) do
-          local _, due, id = key_parse(m)
-          if due > now then part.more = false; break end
-          mids[#mids + 1] = { m = m, due = due, id = id, key = part.key }
-        end
-        if #mids > 0 then
-          local want = {}
-          for j, e in ipairs(mids) do want[j] = e.id end
-          local sc = redis.call('ZMSCORE', KEYS[1], unpack(want))
-          for j, e in ipairs(mids) do
-            if sc[j] and tonumber(sc[j]) == e.due then
-              buf[#buf + 1] = e
-            else
-              rm[#rm + 1] = e.m -- stale: the order is gone or was moved
-              touched[part.key] = touched[part.key] or false
-            end
+        local got = key_orders(kidx, part.key, part.off, q + 1)
+        part.peek = got[q + 1]
+        part.more = #got > q
+        for j = 1, math.min(#got, q) do
+          local _, due, id = key_parse(got[j])
+          if due > now then
+            part.more = false
+            part.peek = got[j]
+            break
           end
+          local e = { m = got[j], due = due, id = id, part = part }
+          part.off = part.off + 1
+          part.list[#part.list + 1] = e
+          buf[#buf + 1] = e
+          cand[#cand + 1] = id
+          cat[#cand] = e
         end
       else
         for j = part.off + 1, math.min(part.off + q, #plain) do
@@ -172,15 +174,29 @@ local function fair_share(now, limit)
       end
       bufs[p] = buf
     end
+    -- The keyed candidates checked against the schedule in one call: a member whose order
+    -- is gone or was moved is stale, dropped, never dispatched.
+    for s = 1, #cand, 1000 do
+      local sc = redis.call('ZMSCORE', KEYS[1], unpack(cand, s, math.min(s + 999, #cand)))
+      for j = 1, #sc do
+        local e = cat[s + j - 1]
+        if not (sc[j] and tonumber(sc[j]) == e.due) then
+          e.stale = true
+          e.gone = true
+          rm[#rm + 1] = e.m
+        end
+      end
+    end
     for r = 1, q do
       for p = 1, #parts do
         local e = bufs[p][r]
-        if e and left > 0 then
+        if e and not e.stale and left > 0 then
           ids[#ids + 1] = e.id; dues[#dues + 1] = e.due
           left = left - 1
           if e.m then
+            e.gone = true
+            e.part.served = true
             rm[#rm + 1] = e.m
-            touched[e.key] = now
           end
         end
       end
@@ -192,11 +208,34 @@ local function fair_share(now, limit)
     parts = still
   end
   -- Out of the schedule and the index: what is moved, and the stale members (a member
-  -- read but not moved, past the limit, stays).
+  -- read but not moved, past the limit, stays). Each key read gets its new head's due time
+  -- on the ring (at least now when it was served), in one ZADD; a key left empty leaves it.
   for s = 1, #ids, 1000 do redis.call('ZREM', KEYS[1], unpack(ids, s, math.min(s + 999, #ids))) end
   for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
-  for key, served in pairs(touched) do key_refresh(kidx, kring, key, served or nil) end
-  if redis.call('ZCARD', kring) == 0 then redis.call('HDEL', KEYS[5], 'keys') end
+  local ring, empty = {}, {}
+  for _, part in ipairs(keyed) do
+    local nexthead = part.peek
+    for _, e in ipairs(part.list) do
+      if not e.gone then nexthead = e.m; break end
+    end
+    local changed = false
+    for _, e in ipairs(part.list) do
+      if e.gone then changed = true; break end
+    end
+    if changed then
+      if nexthead then
+        local _, due = key_parse(nexthead)
+        if part.served and now > due then due = now end
+        ring[#ring + 1] = due
+        ring[#ring + 1] = part.key
+      else
+        empty[#empty + 1] = part.key
+      end
+    end
+  end
+  for s = 1, #ring, 1000 do redis.call('ZADD', kring, unpack(ring, s, math.min(s + 999, #ring))) end
+  for s = 1, #empty, 1000 do redis.call('ZREM', kring, unpack(empty, s, math.min(s + 999, #empty))) end
+  if #empty > 0 and redis.call('ZCARD', kring) == 0 then redis.call('HDEL', KEYS[5], 'keys') end
   return ids, dues
 end
 

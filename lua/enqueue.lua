@@ -46,7 +46,7 @@
 -- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
 -- A call without time rules sends no more per order than before (quadruples).
 -- Keys (issue 42): a keyed order (its key column not "") is also indexed (KEYS[7], KEYS[8]:
--- one member per order, its key's ring score lowered with ZADD LT) and the marker's field
+-- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores) and the marker's field
 -- `keys` is set; an upsert on a shard with `keys` reads the known ids' stored values (one
 -- HMGET) and re-indexes those that had a key (an upsert without a key removes it). A shard
 -- without `keys` and a call without keys pay nothing more.
@@ -276,9 +276,11 @@ for id, new in pairs(knew) do
   end
 end
 for s = 1, #added, 1000 do redis.call('ZADD', KEYS[7], unpack(added, s, math.min(s + 999, #added))) end
+local lower = {}
 for key, due in pairs(fresh) do
-  if not gone[key] then redis.call('ZADD', KEYS[8], 'LT', due, key) end
+  if not gone[key] then lower[#lower + 1] = due; lower[#lower + 1] = key end
 end
+for s = 1, #lower, 1000 do redis.call('ZADD', KEYS[8], 'LT', unpack(lower, s, math.min(s + 999, #lower))) end
 for key in pairs(gone) do key_refresh(KEYS[7], KEYS[8], key) end
 if #added > 0 and not marker[4] then redis.call('HSET', KEYS[3], 'keys', '1') end
 wake(KEYS[1], before, first)

@@ -280,14 +280,14 @@ async fn the_key_index_stays_exact() {
     assert!(!marked(&client).await);
 }
 
-/// The fair-share test, scaled down (ratio kept): key A has 4,000 orders and key B
-/// 40, all due at the same instant (B's ids sort after A's, so the schedule's own order
-/// puts every B behind every A); one worker with concurrency 8 and 1 ms handlers. Every B
-/// order starts before A's 400th; nothing is lost or handled twice.
+/// The fair-share test: key A has 20,000 orders and key B 200, all due at the same
+/// instant (B's ids sort after A's, so the schedule's own order puts every B behind every
+/// A); one worker with concurrency 8 and 1 ms handlers. Every B order starts before A's
+/// 2,000th; nothing is lost or handled twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fair_share_serves_a_small_key_alongside_a_big_one() {
-    const A: usize = 4_000;
-    const B: usize = 40;
+    const A: usize = 20_000;
+    const B: usize = 200;
     let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
     let due = client.now_ms();
     let mut orders = Vec::new();
@@ -355,4 +355,58 @@ async fn fair_share_serves_a_small_key_alongside_a_big_one() {
         "the last B order started at {last_b}, after A's {}th start (at {a_mark})",
         A / 10
     );
+}
+
+/// Many keys, unkeyed orders among them and two dispatchers at once on four shards: every
+/// order is delivered exactly once, with its key, and the index is empty afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_keys_and_unkeyed_orders_are_each_delivered_once() {
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let due = client.now_ms();
+    let mut orders = Vec::new();
+    for i in 0..3_000 {
+        let o = NewOrder::new(
+            format!("o-{i:05}"),
+            When::at_ms(due + (i % 7) as i64),
+            json!(i),
+        );
+        orders.push(if i % 5 == 0 {
+            o
+        } else {
+            o.with_key(format!("k{}", i % 301))
+        });
+    }
+    for chunk in orders.chunks(1000) {
+        client.schedule_many(Q, chunk, Mode::Upsert).await.unwrap();
+    }
+    let rec = support::Recorder::default();
+    let cancel = CancellationToken::new();
+    let d1 = spawn_dispatcher(&client, &cancel);
+    let d2 = spawn_dispatcher(&client, &cancel);
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default()
+            .concurrency(16)
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(cancel.clone()));
+    rec.wait_len(3_000, WAIT).await;
+    cancel.cancel();
+    d1.await.unwrap();
+    d2.await.unwrap();
+    worker.await.unwrap().unwrap();
+    let counts = rec.counts();
+    assert_eq!(counts.len(), 3_000);
+    assert!(counts.values().all(|n| *n == 1), "an order delivered twice");
+    for d in rec.deliveries() {
+        let i: usize = d.id[2..].parse().unwrap();
+        let want = (i % 5 != 0).then(|| format!("k{}", i % 301));
+        assert_eq!(d.key().map(str::to_owned), want, "{}", d.id);
+    }
+    assert_eq!(index_of(&client).await, Default::default());
+    assert!(!marked(&client).await);
 }
