@@ -364,13 +364,13 @@ async fn many_keys_and_unkeyed_orders_are_each_delivered_once() {
     let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
     let due = client.now_ms();
     let mut orders = Vec::new();
-    for i in 0..3_000 {
+    for i in 0..3_000_usize {
         let o = NewOrder::new(
             format!("o-{i:05}"),
-            When::at_ms(due + (i % 7) as i64),
+            When::at_ms(due + i64::try_from(i % 7).unwrap()),
             json!(i),
         );
-        orders.push(if i % 5 == 0 {
+        orders.push(if i.is_multiple_of(5) {
             o
         } else {
             o.with_key(format!("k{}", i % 301))
@@ -404,7 +404,7 @@ async fn many_keys_and_unkeyed_orders_are_each_delivered_once() {
     assert!(counts.values().all(|n| *n == 1), "an order delivered twice");
     for d in rec.deliveries() {
         let i: usize = d.id[2..].parse().unwrap();
-        let want = (i % 5 != 0).then(|| format!("k{}", i % 301));
+        let want = (!i.is_multiple_of(5)).then(|| format!("k{}", i % 301));
         assert_eq!(d.key().map(str::to_owned), want, "{}", d.id);
     }
     assert_eq!(index_of(&client).await, Default::default());
