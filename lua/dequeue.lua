@@ -111,21 +111,13 @@ local function fair_share(now, limit)
     local hid = {}
     for i = 1, #head, 2 do hid[#hid + 1] = head[i] end
     local vals = redis.call('HMGET', KEYS[2], unpack(hid))
-    local members, at = {}, {}
+    local members = {}
     for j = 1, #hid do
-      local key = stored_key(vals[j])
-      if key then
-        members[#members + 1] = key_member(key, tonumber(head[2 * j]), hid[j]); at[#members] = j
-      else
-        plain[#plain + 1] = j
-      end
+      members[j] = key_member(stored_key(vals[j]) or '', tonumber(head[2 * j]), hid[j])
     end
-    if #members > 0 then
-      local there = redis.call('ZMSCORE', kidx, unpack(members))
-      for m = 1, #members do
-        if not there[m] then plain[#plain + 1] = at[m] end
-      end
-      table.sort(plain)
+    local there = redis.call('ZMSCORE', kidx, unpack(members))
+    for j = 1, #members do
+      if not there[j] then plain[#plain + 1] = j end
     end
   end
   -- The participants: the keys with due work, earliest first, then the unkeyed orders.
@@ -235,7 +227,14 @@ local function fair_share(now, limit)
   end
   for s = 1, #ring, 1000 do redis.call('ZADD', kring, unpack(ring, s, math.min(s + 999, #ring))) end
   for s = 1, #empty, 1000 do redis.call('ZREM', kring, unpack(empty, s, math.min(s + 999, #empty))) end
-  if #empty > 0 and redis.call('ZCARD', kring) == 0 then redis.call('HDEL', KEYS[5], 'keys') end
+  -- No keyed order left (the ring empty, or holding only the unkeyed participant ""): the
+  -- unkeyed members go, and the mark, so the shard takes the plain path again.
+  local left_keys = redis.call('ZCARD', kring)
+  if left_keys == 0 or (left_keys == 1 and redis.call('ZSCORE', kring, '')) then
+    redis.call('ZREMRANGEBYLEX', kidx, '[\31', '(\32')
+    redis.call('ZREM', kring, '')
+    redis.call('HDEL', KEYS[5], 'keys')
+  end
   return ids, dues
 end
 

@@ -175,6 +175,7 @@ if marker[4] then
   end
   for s = 1, #kwant, 1000 do
     local got = redis.call('HMGET', KEYS[2], unpack(kwant, s, math.min(s + 999, #kwant)))
+    local maybe, mat = {}, {}
     for j = 1, #got do
       local k = kat[s + j - 1]
       local key = stored_key(got[j])
@@ -183,6 +184,15 @@ if marker[4] then
           return redis.error_reply('ERR delayq enqueue: order ' .. ids[k] .. ' has a key and this producer does not pass the key index (KEYS[7], KEYS[8]): upgrade it')
         end
         kmember[ids[k]] = key_member(key, tonumber(known[k]), ids[k])
+      elseif KEYS[8] then
+        -- Unkeyed: indexed under "" when it was written while the shard was marked.
+        maybe[#maybe + 1] = key_member('', tonumber(known[k]), ids[k]); mat[#maybe] = ids[k]
+      end
+    end
+    if #maybe > 0 then
+      local there = redis.call('ZMSCORE', KEYS[7], unpack(maybe))
+      for m = 1, #maybe do
+        if there[m] then kmember[mat[m]] = maybe[m] end
       end
     end
   end
@@ -216,10 +226,10 @@ for k = 1, n do
     end
     z[#z + 1] = due
     z[#z + 1] = id
-    if kcol or marker[4] then
+    if (kcol or marker[4]) and KEYS[8] then
+      -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
-      local key = kcol and ARGV[a + kcol] or ''
-      knew[id] = key ~= '' and key_member(key, tonumber(due), id) or false
+      knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]

@@ -32,10 +32,8 @@ if old then
   local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
   if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
-    local v = redis.call('HGET', KEYS[3], ARGV[1])
-    local key = stored_key(v)
+    local key = key_unindex(KEYS[4], KEYS[5], ARGV[1], tonumber(old), redis.call('HGET', KEYS[3], ARGV[1]))
     if key then
-      key_unindex(KEYS[4], KEYS[5], ARGV[1], tonumber(old), v)
       redis.call('ZADD', KEYS[4], 0, key_member(key, due, ARGV[1]))
       key_refresh(KEYS[4], KEYS[5], key)
     end

@@ -165,11 +165,12 @@ async fn a_key_travels_with_the_order() {
         .schedule(Q, "o-2", When::in_ms(60_000), json!(1))
         .await
         .unwrap();
-    assert_eq!(client.get(Q, "o-2").await.unwrap().unwrap().key, None);
-    let (members, ring) = index_of(&client).await;
-    assert!(
-        members.is_empty() && ring.is_empty(),
-        "{members:?} {ring:?}"
+    let o2 = client.get(Q, "o-2").await.unwrap().unwrap();
+    assert_eq!(o2.key, None);
+    // Still indexed, as an unkeyed order of a shard that holds keyed ones: under "".
+    assert_eq!(
+        index_of(&client).await,
+        expected(&[("o-2", Some(""), o2.due_at_ms)])
     );
 }
 
@@ -259,6 +260,12 @@ async fn the_key_index_stays_exact() {
         .collect();
     assert_eq!(refs.iter().find(|o| o.0 == "o-0").unwrap().1, Some("z"));
     assert_eq!(refs.iter().find(|o| o.0 == "o-1").unwrap().1, None);
+    // The unkeyed orders written while the shard holds keyed ones are indexed under "";
+    // plain-0, written before, is not.
+    let refs: Vec<(&str, Option<&str>, i64)> = refs
+        .into_iter()
+        .map(|(i, k, d)| (i, k.or(Some("")), d))
+        .collect();
     assert_eq!(refs.iter().find(|o| o.0 == "o-4").unwrap().1, Some("b"));
     assert_eq!(refs.iter().find(|o| o.0 == "n-1").unwrap().1, Some("b"));
     assert!(!refs.iter().any(|o| o.0 == "o-3"));
@@ -407,6 +414,71 @@ async fn many_keys_and_unkeyed_orders_are_each_delivered_once() {
         let want = (!i.is_multiple_of(5)).then(|| format!("k{}", i % 301));
         assert_eq!(d.key().map(str::to_owned), want, "{}", d.id);
     }
+    assert_eq!(index_of(&client).await, Default::default());
+    assert!(!marked(&client).await);
+}
+
+/// Unkeyed orders are one participant of the rotation: 3,000 orders of key A and 30
+/// unkeyed ones, all due at the same instant (the unkeyed ids sort after A's, so the
+/// schedule's own order puts them behind every A), one shard: every unkeyed order starts
+/// before A's 300th.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_orders_are_one_participant() {
+    const A: usize = 3_000;
+    const U: usize = 30;
+    let (_s, client) = start().await;
+    let due = client.now_ms();
+    let mut orders = Vec::new();
+    for i in 0..A {
+        orders.push(NewOrder::new(format!("a-{i:05}"), When::at_ms(due), json!(i)).with_key("A"));
+    }
+    for i in 0..U {
+        orders.push(NewOrder::new(
+            format!("u-{i:05}"),
+            When::at_ms(due),
+            json!(i),
+        ));
+    }
+    for chunk in orders.chunks(1000) {
+        client.schedule_many(Q, chunk, Mode::Upsert).await.unwrap();
+    }
+    let rec = support::Recorder::default();
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default()
+            .concurrency(8)
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(cancel.clone()));
+    rec.wait_len(A + U, WAIT).await;
+    cancel.cancel();
+    disp.await.unwrap();
+    worker.await.unwrap().unwrap();
+    let log = rec.deliveries();
+    assert_eq!(rec.counts().len(), A + U);
+    assert!(
+        rec.counts().values().all(|n| *n == 1),
+        "an order delivered twice"
+    );
+    let a_mark = log
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.key() == Some("A"))
+        .nth(A / 10 - 1)
+        .map(|(i, _)| i)
+        .unwrap();
+    let last_u = log.iter().rposition(|d| d.key().is_none()).unwrap();
+    assert!(
+        last_u < a_mark,
+        "the last unkeyed order started at {last_u}, after A's {}th start (at {a_mark})",
+        A / 10
+    );
     assert_eq!(index_of(&client).await, Default::default());
     assert!(!marked(&client).await);
 }

@@ -116,7 +116,11 @@ end
 -- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
 -- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
 -- scheduled orders, scored by its earliest due time. An order's key is read from its stored
--- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character.
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
 
 -- The index member of an order of `key` due at `due` (unix ms).
 local function key_member(key, due, id)
@@ -125,7 +129,7 @@ end
 
 -- A member's key, due time and order id.
 local function key_parse(m)
-  local k, d, id = string.match(m, '^([^\31]+)\31(%d+)\31(.*)$')
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
   return k, tonumber(d), id
 end
 
@@ -155,11 +159,16 @@ local function key_refresh(kidx, kring, key, floor)
 end
 
 -- Takes a scheduled order's member out of the index (its due time `due`, its stored value
--- `v`), refreshing its key's ring score; nothing for an order without a key.
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
 local function key_unindex(kidx, kring, id, due, v)
-  local key = stored_key(v)
-  if not key or not due then return end
-  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then key_refresh(kidx, kring, key) end
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
 end
 
 if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then

@@ -164,7 +164,11 @@ end
 -- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
 -- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
 -- scheduled orders, scored by its earliest due time. An order's key is read from its stored
--- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character.
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
 
 -- The index member of an order of `key` due at `due` (unix ms).
 local function key_member(key, due, id)
@@ -173,7 +177,7 @@ end
 
 -- A member's key, due time and order id.
 local function key_parse(m)
-  local k, d, id = string.match(m, '^([^\31]+)\31(%d+)\31(.*)$')
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
   return k, tonumber(d), id
 end
 
@@ -203,11 +207,16 @@ local function key_refresh(kidx, kring, key, floor)
 end
 
 -- Takes a scheduled order's member out of the index (its due time `due`, its stored value
--- `v`), refreshing its key's ring score; nothing for an order without a key.
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
 local function key_unindex(kidx, kring, id, due, v)
-  local key = stored_key(v)
-  if not key or not due then return end
-  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then key_refresh(kidx, kring, key) end
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
 end
 
 local mode, colon, cols = string.match(ARGV[1], '^(%a+)(:?)([rk]*)$')
@@ -324,6 +333,7 @@ if marker[4] then
   end
   for s = 1, #kwant, 1000 do
     local got = redis.call('HMGET', KEYS[2], unpack(kwant, s, math.min(s + 999, #kwant)))
+    local maybe, mat = {}, {}
     for j = 1, #got do
       local k = kat[s + j - 1]
       local key = stored_key(got[j])
@@ -332,6 +342,15 @@ if marker[4] then
           return redis.error_reply('ERR delayq enqueue: order ' .. ids[k] .. ' has a key and this producer does not pass the key index (KEYS[7], KEYS[8]): upgrade it')
         end
         kmember[ids[k]] = key_member(key, tonumber(known[k]), ids[k])
+      elseif KEYS[8] then
+        -- Unkeyed: indexed under "" when it was written while the shard was marked.
+        maybe[#maybe + 1] = key_member('', tonumber(known[k]), ids[k]); mat[#maybe] = ids[k]
+      end
+    end
+    if #maybe > 0 then
+      local there = redis.call('ZMSCORE', KEYS[7], unpack(maybe))
+      for m = 1, #maybe do
+        if there[m] then kmember[mat[m]] = maybe[m] end
       end
     end
   end
@@ -365,10 +384,10 @@ for k = 1, n do
     end
     z[#z + 1] = due
     z[#z + 1] = id
-    if kcol or marker[4] then
+    if (kcol or marker[4]) and KEYS[8] then
+      -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
-      local key = kcol and ARGV[a + kcol] or ''
-      knew[id] = key ~= '' and key_member(key, tonumber(due), id) or false
+      knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]

@@ -119,7 +119,11 @@ end
 -- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
 -- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
 -- scheduled orders, scored by its earliest due time. An order's key is read from its stored
--- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character.
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
 
 -- The index member of an order of `key` due at `due` (unix ms).
 local function key_member(key, due, id)
@@ -128,7 +132,7 @@ end
 
 -- A member's key, due time and order id.
 local function key_parse(m)
-  local k, d, id = string.match(m, '^([^\31]+)\31(%d+)\31(.*)$')
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
   return k, tonumber(d), id
 end
 
@@ -158,11 +162,16 @@ local function key_refresh(kidx, kring, key, floor)
 end
 
 -- Takes a scheduled order's member out of the index (its due time `due`, its stored value
--- `v`), refreshing its key's ring score; nothing for an order without a key.
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
 local function key_unindex(kidx, kring, id, due, v)
-  local key = stored_key(v)
-  if not key or not due then return end
-  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then key_refresh(kidx, kring, key) end
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
 end
 
 local due = int(ARGV[2])
@@ -181,10 +190,8 @@ if old then
   local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
   if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
-    local v = redis.call('HGET', KEYS[3], ARGV[1])
-    local key = stored_key(v)
+    local key = key_unindex(KEYS[4], KEYS[5], ARGV[1], tonumber(old), redis.call('HGET', KEYS[3], ARGV[1]))
     if key then
-      key_unindex(KEYS[4], KEYS[5], ARGV[1], tonumber(old), v)
       redis.call('ZADD', KEYS[4], 0, key_member(key, due, ARGV[1]))
       key_refresh(KEYS[4], KEYS[5], key)
     end
