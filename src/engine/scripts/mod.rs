@@ -44,6 +44,19 @@ pub fn source_keyed(file: &str) -> String {
     )
 }
 
+/// The scripts built with [`source_keyed`]: those that keep a shard's key index.
+pub const KEYED_SCRIPTS: [&str; 4] = ["enqueue", "dequeue", "cancel", "reschedule"];
+
+/// The text of script `name` (the file name without `.lua`) from its file: [`source_keyed`]
+/// for the [`KEYED_SCRIPTS`], [`source`] for the others.
+pub fn source_named(name: &str, file: &str) -> String {
+    if KEYED_SCRIPTS.contains(&name) {
+        source_keyed(file)
+    } else {
+        source(file)
+    }
+}
+
 /// The first line of a read-only script: Redis 7.0+ then runs it on read-only replicas and
 /// under `maxmemory`, and refuses any write command in it.
 pub const NO_WRITES: &str = "#!lua flags=no-writes\n";
