@@ -49,19 +49,21 @@
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
--- Fair share between keys (issue 42): while the marker has `keys` (the shard holds keyed
--- orders) and KEYS[12] is given, the due orders are not taken earliest first but round
--- robin between the participants that have due work: each key on the ring due by now
--- (earliest first), and the unkeyed orders as one more participant (found among the first
--- `limit` due orders of the schedule). A key served is scored on the ring by at least this
--- call's now, so the keys not served come first in the next call (no key waits behind
--- more than the others when there are more keys than `limit`). Each round takes one order of each participant, in
--- due order within it; the stream then holds them interleaved, so a key with 200 due orders
--- is served alongside one with 20,000, not after it. An index member whose order is gone or
--- was moved (its score in KEYS[1] is not its due time) is dropped, never dispatched. When
--- the ring is left empty the marker's `keys` is removed: a shard without keyed orders
--- takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N) for p
--- participants and m orders moved, bounded by ARGV[2].
+-- Fair share between keys (issue 42; keyed.lua): while the marker has `keys` (the shard
+-- holds keyed orders) and KEYS[12] is given, the due orders are not taken earliest first
+-- but round robin between the participants that have due work: each key on the ring due
+-- by now (earliest first), the unkeyed orders indexed under "" among them, and the unkeyed
+-- orders written before the mark as one more participant (found among the first `limit`
+-- due orders; not looked for when every scheduled order is indexed). Each round takes one
+-- order of each participant, in due order within it; the stream then holds them
+-- interleaved, so a key with 200 due orders is served alongside one with 20,000, not after
+-- it. A key served is scored on the ring by at least this call's now, so the keys not
+-- served come first in the next call (when there are more keys than `limit`). An index
+-- member whose order is gone or was moved (its score in KEYS[1] is not its due time) is
+-- dropped, never dispatched. When no keyed order is left, the "" members and the mark go:
+-- the shard takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N)
+-- for p participants (one ZRANGE BYLEX each per pass) and m orders moved, bounded by
+-- ARGV[2]; the last keyed order's call also O(u) for the u unkeyed members it drops.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).

@@ -46,10 +46,13 @@
 -- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
 -- A call without time rules sends no more per order than before (quadruples).
 -- Keys (issue 42): a keyed order (its key column not "") is also indexed (KEYS[7], KEYS[8]:
--- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores) and the marker's field
--- `keys` is set; an upsert on a shard with `keys` reads the known ids' stored values (one
--- HMGET) and re-indexes those that had a key (an upsert without a key removes it). A shard
--- without `keys` and a call without keys pay nothing more.
+-- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores)
+-- and the marker's field `keys` is set; while it is set, unkeyed orders written are
+-- indexed under "" too. An
+-- upsert on a shard with `keys` reads the known ids' stored values (one HMGET, and one
+-- ZMSCORE for the unkeyed ones' members) and moves their members (an upsert without a key
+-- moves the order under ""). A shard without `keys` and a call without keys pay nothing
+-- more.
 -- Cost: O(n log N) for n orders and N scheduled, + O(n log D) with a window (D ids kept).
 -- Errors:  "ERR delayq queue_not_found ..." when the shard has no epoch (the queue was
 --          deleted, or is being deleted); "ERR delayq stale_epoch ..." when it has another
