@@ -9,6 +9,7 @@ use crate::support;
 
 use axum::http::StatusCode;
 use delayq::service::http::{AppState, app};
+use delayq::{Dispatcher, DispatcherOptions, Mode, NewOrder, When};
 use serde_json::json;
 use support::start;
 
@@ -155,4 +156,57 @@ async fn the_cli_takes_and_checks_keys() {
         assert!(o.stderr.contains("key"), "{bad:?}: {}", o.stderr);
     }
     assert_eq!(support::snapshot(&client).await, before, "nothing written");
+}
+
+/// A pull consumer's `:receive` hands out the key of a keyed order (and none for another).
+#[tokio::test]
+async fn a_pulled_delivery_carries_its_key() {
+    let (_s, client) = start().await;
+    let r = app(AppState::new(client.clone(), vec![TOKEN.into()]));
+    let base = "/v1/queues/order-close/groups/close";
+    let (st, v) = call(
+        &r,
+        "POST",
+        &format!("{base}:receive"),
+        Some(json!({"max": 10})),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    client
+        .schedule_with(
+            "order-close",
+            NewOrder::new("k1", When::in_ms(0), json!(1)).with_key("merchant:17"),
+            Mode::Upsert,
+        )
+        .await
+        .unwrap();
+    client
+        .schedule("order-close", "p1", When::in_ms(0), json!(2))
+        .await
+        .unwrap();
+    Dispatcher::new(&client, "order-close", DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let (st, v) = call(
+        &r,
+        "POST",
+        &format!("{base}:receive"),
+        Some(json!({"max": 10})),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK, "{v}");
+    let d = v["deliveries"].as_array().unwrap();
+    assert_eq!(d.len(), 2, "{v}");
+    for one in d {
+        let want = if one["id"] == "k1" {
+            json!("merchant:17")
+        } else {
+            serde_json::Value::Null
+        };
+        assert_eq!(one["key"], want, "{one}");
+    }
 }

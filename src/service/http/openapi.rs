@@ -263,6 +263,7 @@ fn pull_answer() -> Value {
         json!({"id": {"type": "string"}, "payload": {"description": "byte for byte as scheduled"},
                "priority": priority(), "attempt": int(), "due_at_ms": int(), "dispatched_at_ms": int(),
                "enqueued_at_ms": int(), "traceparent": {"type": "string"}, "tracestate": {"type": "string"},
+               "key": {"type": "string", "description": "the order's key, when it has one"},
                "receipt": {"type": "string", "description": "opaque; settles this delivery while its lease holds"},
                "lease_until_ms": int()}),
     );
