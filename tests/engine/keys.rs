@@ -482,3 +482,77 @@ async fn unkeyed_orders_are_one_participant() {
     assert_eq!(index_of(&client).await, Default::default());
     assert!(!marked(&client).await);
 }
+
+/// On a Redis Cluster (every script's keys under its shard's hash tag, the key index
+/// included): keyed orders over four shards are scheduled, upserted, cancelled and
+/// rescheduled, then each is delivered exactly once with its key, and the index is empty.
+#[tokio::test]
+async fn keys_work_on_a_cluster() {
+    let cluster = support::cluster::LocalCluster::start();
+    let client = Client::connect_with(&cluster.url(), ClientOptions::default().shards(4))
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    assert!(client.is_cluster());
+    let due = client.now_ms();
+    let orders: Vec<NewOrder> = (0..400)
+        .map(|i| {
+            let o = NewOrder::new(format!("o-{i}"), When::at_ms(due), json!(i));
+            if i % 4 == 0 {
+                o
+            } else {
+                o.with_key(format!("k{}", i % 7))
+            }
+        })
+        .collect();
+    client
+        .schedule_many(Q, &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    client.cancel(Q, "o-1").await.unwrap();
+    client
+        .reschedule(Q, "o-2", When::at_ms(due + 1))
+        .await
+        .unwrap();
+    client
+        .schedule_with(
+            Q,
+            NewOrder::new("o-3", When::at_ms(due), json!(3)).with_key("moved"),
+            Mode::Upsert,
+        )
+        .await
+        .unwrap();
+    let rec = support::Recorder::default();
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default().block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(cancel.clone()));
+    rec.wait_len(399, WAIT).await;
+    cancel.cancel();
+    disp.await.unwrap();
+    worker.await.unwrap().unwrap();
+    let counts = rec.counts();
+    assert_eq!(counts.len(), 399);
+    assert!(
+        !counts.contains_key("o-1"),
+        "a cancelled order was delivered"
+    );
+    assert!(counts.values().all(|n| *n == 1), "an order delivered twice");
+    for d in rec.deliveries() {
+        let i: usize = d.id[2..].parse().unwrap();
+        let want = match i {
+            3 => Some("moved".to_owned()),
+            _ if i.is_multiple_of(4) => None,
+            _ => Some(format!("k{}", i % 7)),
+        };
+        assert_eq!(d.key().map(str::to_owned), want, "{}", d.id);
+    }
+    assert_eq!(index_of(&client).await, Default::default());
+}
