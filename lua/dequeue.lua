@@ -11,6 +11,8 @@
 -- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
 -- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
 -- KEYS[11] optional (with KEYS[10]): the shard's tag index ZSET (enqueue.lua)
+-- KEYS[12] optional (with KEYS[11]): the shard's key index ZSET, KEYS[13] its key ring ZSET
+--          (issue 42; see keyed.lua and enqueue.lua)
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -51,6 +53,21 @@
 -- Tags (issue 43): while the marker has `tags` (the shard has had tagged orders), the moved
 -- orders' index members are removed (their tags read from the values this call already
 -- holds: one ZREM per call); a shard without it does no work for tags.
+-- Fair share between keys (issue 42; keyed.lua): while the marker has `keys` (the shard
+-- holds keyed orders) and KEYS[13] is given, the due orders are not taken earliest first
+-- but round robin between the participants that have due work: each key on the ring due
+-- by now (earliest first), the unkeyed orders indexed under "" among them, and the unkeyed
+-- orders written before the mark as one more participant (found among the first `limit`
+-- due orders; not looked for when every scheduled order is indexed). Each round takes one
+-- order of each participant, in due order within it; the stream then holds them
+-- interleaved, so a key with 200 due orders is served alongside one with 20,000, not after
+-- it. A key served is scored on the ring by at least this call's now, so the keys not
+-- served come first in the next call (when there are more keys than `limit`). An index
+-- member whose order is gone or was moved (its score in KEYS[1] is not its due time) is
+-- dropped, never dispatched. When no keyed order is left, the "" members and the mark go:
+-- the shard takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N)
+-- for p participants (one ZRANGE BYLEX each per pass) and m orders moved, bounded by
+-- ARGV[2]; the last keyed order's call also O(u) for the u unkeyed members it drops.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
@@ -76,7 +93,7 @@ if not hist_at or hist_at < 0 then
 end
 
 -- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags')
+local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags', 'keys')
 local window = tonumber(marker[3] or '0') or 0
 local gone = 0
 if not marker[1] then gone = 1 end
@@ -85,12 +102,162 @@ if marker[2] then
   return { 0, first[2] or false, 1, gone }
 end
 
-local n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
-if n > limit then n = limit end
+-- The due orders to move, round robin between the keys with due work and the unkeyed
+-- orders (see the header); removes them from the schedule and the key index.
+local function fair_share(now, limit)
+  local kidx, kring = KEYS[12], KEYS[13]
+  -- The unkeyed participant: the unkeyed orders among the first `limit` due ones. An order
+  -- counts as keyed only when its index member is there (so none is ever stranded). A
+  -- shard whose scheduled orders are all keyed (ZCARD of both equal) skips the look.
+  local plain, head = {}, {}
+  if redis.call('ZCARD', kidx) < redis.call('ZCARD', KEYS[1]) then
+    head = redis.call('ZRANGE', KEYS[1], '-inf', now, 'BYSCORE', 'LIMIT', 0, limit, 'WITHSCORES')
+  end
+  if #head > 0 then
+    local hid = {}
+    for i = 1, #head, 2 do hid[#hid + 1] = head[i] end
+    local vals = redis.call('HMGET', KEYS[2], unpack(hid))
+    local members = {}
+    for j = 1, #hid do
+      members[j] = key_member(stored_key(vals[j]) or '', tonumber(head[2 * j]), hid[j])
+    end
+    local there = redis.call('ZMSCORE', kidx, unpack(members))
+    for j = 1, #members do
+      if not there[j] then plain[#plain + 1] = j end
+    end
+  end
+  -- The participants: the keys with due work, earliest first, then the unkeyed orders.
+  -- A key's `list` holds its members read so far, in due order; `peek` the one after them
+  -- (nil: none, the key has no more), so its next head is known without another read.
+  local parts, keyed = {}, {}
+  for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+    local part = { key = key, off = 0, more = true, list = {} }
+    parts[#parts + 1] = part
+    keyed[#keyed + 1] = part
+  end
+  if #plain > 0 then parts[#parts + 1] = { off = 0, more = true } end
+  local ids, dues, rm = {}, {}, {}
+  local left = limit
+  while left > 0 and #parts > 0 do
+    -- Each participant's next `q` due orders (a key's read with one more, its peek).
+    local q = math.ceil(left / #parts)
+    local bufs, cand, cat = {}, {}, {}
+    for p, part in ipairs(parts) do
+      local buf = {}
+      if part.key then
+        local got = key_orders(kidx, part.key, part.off, q + 1)
+        part.peek = got[q + 1]
+        part.more = #got > q
+        for j = 1, math.min(#got, q) do
+          local _, due, id = key_parse(got[j])
+          if due > now then
+            part.more = false
+            part.peek = got[j]
+            break
+          end
+          local e = { m = got[j], due = due, id = id, part = part }
+          part.off = part.off + 1
+          part.list[#part.list + 1] = e
+          buf[#buf + 1] = e
+          cand[#cand + 1] = id
+          cat[#cand] = e
+        end
+      else
+        for j = part.off + 1, math.min(part.off + q, #plain) do
+          local h = plain[j]
+          buf[#buf + 1] = { id = head[2 * h - 1], due = tonumber(head[2 * h]) }
+        end
+        part.off = part.off + #buf
+        part.more = part.off < #plain
+      end
+      bufs[p] = buf
+    end
+    -- The keyed candidates checked against the schedule in one call: a member whose order
+    -- is gone or was moved is stale, dropped, never dispatched.
+    for s = 1, #cand, 1000 do
+      local sc = redis.call('ZMSCORE', KEYS[1], unpack(cand, s, math.min(s + 999, #cand)))
+      for j = 1, #sc do
+        local e = cat[s + j - 1]
+        if not (sc[j] and tonumber(sc[j]) == e.due) then
+          e.stale = true
+          e.gone = true
+          rm[#rm + 1] = e.m
+        end
+      end
+    end
+    for r = 1, q do
+      for p = 1, #parts do
+        local e = bufs[p][r]
+        if e and not e.stale and left > 0 then
+          ids[#ids + 1] = e.id; dues[#dues + 1] = e.due
+          left = left - 1
+          if e.m then
+            e.gone = true
+            e.part.served = true
+            rm[#rm + 1] = e.m
+          end
+        end
+      end
+    end
+    local still = {}
+    for p, part in ipairs(parts) do
+      if part.more and #bufs[p] > 0 then still[#still + 1] = part end
+    end
+    parts = still
+  end
+  -- Out of the schedule and the index: what is moved, and the stale members (a member
+  -- read but not moved, past the limit, stays). Each key read gets its new head's due time
+  -- on the ring (at least now when it was served), in one ZADD; a key left empty leaves it.
+  for s = 1, #ids, 1000 do redis.call('ZREM', KEYS[1], unpack(ids, s, math.min(s + 999, #ids))) end
+  for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
+  local ring, empty = {}, {}
+  for _, part in ipairs(keyed) do
+    local nexthead = part.peek
+    for _, e in ipairs(part.list) do
+      if not e.gone then nexthead = e.m; break end
+    end
+    local changed = false
+    for _, e in ipairs(part.list) do
+      if e.gone then changed = true; break end
+    end
+    if changed then
+      if nexthead then
+        local _, due = key_parse(nexthead)
+        if part.served and now > due then due = now end
+        ring[#ring + 1] = due
+        ring[#ring + 1] = part.key
+      else
+        empty[#empty + 1] = part.key
+      end
+    end
+  end
+  for s = 1, #ring, 1000 do redis.call('ZADD', kring, unpack(ring, s, math.min(s + 999, #ring))) end
+  for s = 1, #empty, 1000 do redis.call('ZREM', kring, unpack(empty, s, math.min(s + 999, #empty))) end
+  -- No keyed order left (the ring empty, or holding only the unkeyed participant ""): the
+  -- unkeyed members go, and the mark, so the shard takes the plain path again.
+  local left_keys = redis.call('ZCARD', kring)
+  if left_keys == 0 or (left_keys == 1 and redis.call('ZSCORE', kring, '')) then
+    redis.call('ZREMRANGEBYLEX', kidx, '[\31', '(\32')
+    redis.call('ZREM', kring, '')
+    redis.call('HDEL', KEYS[5], 'keys')
+  end
+  return ids, dues
+end
+
+-- ids[i], dues[i]: the orders moved, in stream order.
+local ids, dues, n = {}, {}, 0
+if marker[6] and KEYS[13] then
+  ids, dues = fair_share(now, limit)
+  n = #ids
+else
+  n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  if n > limit then n = limit end
+  if n > 0 then
+    local popped = redis.call('ZPOPMIN', KEYS[1], n)
+    for i = 1, n do ids[i] = popped[2 * i - 1]; dues[i] = popped[2 * i] end
+  end
+end
 if n > 0 then
-  local popped = redis.call('ZPOPMIN', KEYS[1], n)
-  local ids = {}
-  for i = 1, n do ids[i] = popped[2 * i - 1] end
   local vals
   if getdel then
     vals = redis.call('HGETDEL', KEYS[2], 'FIELDS', n, unpack(ids))
@@ -113,25 +280,25 @@ if n > 0 then
       local lane = lane_keys[level]
       open_lane(lane, KEYS[3], KEYS[5], 'lane:' .. level)
       if v then
-        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v, 'priority', level)
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', dues[i], 'data', v, 'priority', level)
       else
-        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing', 'priority', level)
+        eid = redis.call('XADD', lane, '*', 'id', ids[i], 'due_ms', dues[i], 'flag', 'payload_missing', 'priority', level)
       end
       if hist_at > 0 then
         hist[#hist + 1] = ids[i]
-        hist[#hist + 1] = eid .. ':' .. popped[2 * i] .. ':' .. level
+        hist[#hist + 1] = eid .. ':' .. dues[i] .. ':' .. level
       end
     else
       if v then
-        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'data', v)
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', dues[i], 'data', v)
       else
-        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', popped[2 * i], 'flag', 'payload_missing')
+        eid = redis.call('XADD', KEYS[3], '*', 'id', ids[i], 'due_ms', dues[i], 'flag', 'payload_missing')
       end
       if hist_at > 0 then
         -- One concatenation of strings Redis already handed over: building strings in Lua
         -- (match, format) costs more than the HSET itself.
         hist[#hist + 1] = ids[i]
-        hist[#hist + 1] = eid .. ':' .. popped[2 * i]
+        hist[#hist + 1] = eid .. ':' .. dues[i]
       end
     end
   end

@@ -7,6 +7,8 @@
 -- KEYS[3]  the shard's levels HASH (see enqueue.lua)
 -- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
+-- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
+--          keyed.lua): a keyed order's member goes or moves with it
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller)
 -- ARGV[2]  at most this many orders, 1..1000
 -- ARGV[3]  the action: "cancel", "at" (a new due time, ARGV[4] unix ms) or "shift" (the due
@@ -28,7 +30,9 @@
 -- first write. A move before the shard's earliest due time is published on its wake
 -- channel (prelude `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
--- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred).
+-- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
+-- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
+-- the key index.
 -- Redis >= 6.2.
 local tag = ARGV[1]
 local limit = int(ARGV[2])
@@ -56,13 +60,17 @@ local more = 0
 if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
+local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
 for i = 1, #got do
   local id = string.sub(got[i], #prefix + 1)
   last = id
   if action == 'cancel' then
+    local due = keyed and redis.call('ZSCORE', KEYS[1], id)
     if redis.call('ZREM', KEYS[1], id) == 1 then
       local members, rm = {}, {}
-      local list = tag_list(redis.call('HGET', KEYS[2], id))
+      local value = redis.call('HGET', KEYS[2], id)
+      if keyed then key_unindex(KEYS[6], KEYS[7], id, tonumber(due), value) end
+      local list = tag_list(value)
       if list then each_tag(list, id, members, true) end
       members[got[i]] = true
       for m in pairs(members) do rm[#rm + 1] = m end
@@ -80,6 +88,13 @@ for i = 1, #got do
       local due = arg
       if action == 'shift' then due = math.max(0, tonumber(score) + arg) end
       redis.call('ZADD', KEYS[1], 'XX', due, id)
+      if keyed then
+        local key = key_unindex(KEYS[6], KEYS[7], id, tonumber(score), redis.call('HGET', KEYS[2], id))
+        if key then
+          redis.call('ZADD', KEYS[6], 0, key_member(key, due, id))
+          key_refresh(KEYS[6], KEYS[7], key)
+        end
+      end
       first = math.min(first or due, due)
       affected = affected + 1
     else

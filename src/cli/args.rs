@@ -93,6 +93,10 @@ pub enum Command {
         /// reschedule every order with a tag at once.
         #[arg(long = "tag", value_name = "TAG", allow_hyphen_values = true)]
         tags: Vec<String>,
+        /// The order's key (e.g. merchant:17; 1-128 bytes, no control characters): due
+        /// orders are dispatched round robin between keys. An upsert without one removes it.
+        #[arg(long, allow_hyphen_values = true)]
+        key: Option<String>,
     },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {
@@ -280,6 +284,10 @@ pub enum Command {
         /// (`t<k>:<i mod 100>`), kept in the shard's tag index.
         #[arg(long, default_value_t = 0)]
         tags: usize,
+        /// Order keys (spread, storm, enqueue): order i gets key `k<i mod N>` (0: none, the
+        /// default), so the dispatcher shares the backlog between N keys.
+        #[arg(long, default_value_t = 0)]
+        keys: usize,
         /// Print one JSON line per scenario (the last line of stdout).
         #[arg(long)]
         json: bool,

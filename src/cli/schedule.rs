@@ -1,5 +1,6 @@
 //! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
-//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D] [--tag T]...`.
+//! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D] [--tag T]...
+//! [--key K]`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -27,6 +28,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         priority,
         expires_after,
         tags,
+        key,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -68,6 +70,10 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     }
     crate::engine::tags::validate(&tags)?;
     order = order.with_tags(tags);
+    if let Some(k) = key {
+        crate::engine::order_key::validate(&k)?;
+        order = order.with_key(k);
+    }
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }

@@ -73,7 +73,8 @@ pub fn validate_member_name(field: &'static str, name: &str) -> Result<(), Inval
     validate_text(name, 128).map_err(|reason| InvalidInput::Name { field, reason })
 }
 
-/// The rule of ids and names: 1..=`max` bytes, no control characters; the reason when not.
+/// The id rule (1..=`max` bytes of UTF-8, no control characters), as a reason; shared by
+/// ids, member names and order keys ([`crate::engine::order_key`]).
 pub(crate) fn validate_text(s: &str, max: usize) -> Result<(), String> {
     if s.is_empty() {
         return Err("must not be empty".into());
@@ -123,6 +124,8 @@ impl Keyspace {
             dispatched: format!("{tag}:dispatched"),
             debounce: format!("{tag}:debounce"),
             tags: format!("{tag}:tags"),
+            keyed: format!("{tag}:keyed"),
+            key_ring: format!("{tag}:key_ring"),
             level: Priority::Normal,
             lane: tag.clone(),
             tag,
@@ -256,6 +259,13 @@ pub struct ShardKeys {
     /// ZSET, score 0: the tag index, one member `<tag>\x1f<id>` per tag of each scheduled
     /// order (see [`crate::engine::tags`]); absent while the shard has no tagged order.
     pub tags: String,
+    /// ZSET, every score 0: the key index, one member `"<key>\x1f<due ms, 16
+    /// digits>\x1f<order id>"` per keyed scheduled order (see
+    /// [`crate::engine::order_key`], `lua/keyed.lua`).
+    pub keyed: String,
+    /// ZSET: the keys that have scheduled orders, each scored by its earliest due time
+    /// (at least the time it was last served): the dispatcher's fair-share rotation.
+    pub key_ring: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.
@@ -400,6 +410,8 @@ mod tests {
             "{dq:order-close:7}:history:3600000:5"
         );
         assert_eq!(k.levels, "{dq:order-close:7}:levels");
+        assert_eq!(k.keyed, "{dq:order-close:7}:keyed");
+        assert_eq!(k.key_ring, "{dq:order-close:7}:key_ring");
         let high = k.lane(Priority::High);
         assert_eq!(high.stream, "{dq:order-close:7}:high:stream");
         assert_eq!(high.timers("close"), "{dq:order-close:7}:high:timers:close");

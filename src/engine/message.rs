@@ -115,6 +115,9 @@ pub struct NewOrder {
     pub repeat: bool,
     /// Its tags (see [`crate::engine::tags`]); an upsert replaces the set.
     pub tags: Vec<String>,
+    /// Its key (see [`crate::engine::order_key`]): due orders are dispatched round robin
+    /// between keys. `None`: no key (an upsert without a key removes the one it had).
+    pub key: Option<String>,
 }
 
 impl NewOrder {
@@ -130,6 +133,7 @@ impl NewOrder {
             debounce: None,
             repeat: false,
             tags: Vec::new(),
+            key: None,
         }
     }
 
@@ -137,6 +141,13 @@ impl NewOrder {
     /// characters; see [`crate::engine::tags`]).
     pub fn with_tags<T: Into<String>>(mut self, tags: impl IntoIterator<Item = T>) -> Self {
         self.tags = tags.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The same order with key `key` (1..=128 bytes, no control characters; see
+    /// [`crate::engine::order_key`]).
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
         self
     }
 
@@ -214,6 +225,9 @@ impl NewOrder {
             crate::engine::expiry::check_ms(e)?;
         }
         crate::engine::tags::validate(&self.tags)?;
+        if let Some(k) = &self.key {
+            crate::engine::order_key::validate(k)?;
+        }
         Ok(due)
     }
 }
@@ -254,6 +268,9 @@ pub struct ScheduledOrder {
     /// Its tags (none: left out of the JSON).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Its key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// The deepest nesting of arrays and objects in JSON text (strings are skipped, escapes
@@ -316,6 +333,7 @@ pub(crate) fn decode_stored_tagged(
         Some((ms, rest)) => match ms.parse::<i64>() {
             Ok(ms) => {
                 let (_, rest) = crate::engine::expiry::split_stored(rest);
+                let (_, rest) = crate::engine::order_key::split_stored(rest);
                 let (tags, rest) = crate::engine::tags::split_stored(rest);
                 let (ctx, json) = trace::split_stored(rest);
                 (Some(ms), tags, ctx, json)
@@ -509,6 +527,11 @@ mod tests {
         let tagged = format!("12:!5!\u{1d}a\u{1f}b\u{1d}~{tp}~{{\"a\":1}}");
         let (ms, ctx, json) = decode_stored_traced(&tagged);
         assert_eq!((ms, json, ctx.is_some()), (Some(12), "{\"a\":1}", true));
+        // The key's prefix comes after the expiry's, before the trace context's.
+        let keyed = format!("12:!500!\u{1e}m:17\u{1e}~{tp}~[1]");
+        let (ms, ctx, json) = decode_stored_traced(&keyed);
+        assert_eq!((ms, json), (Some(12), "[1]"));
+        assert_eq!(ctx.unwrap().traceparent(), tp);
         // Only after the `<ms>:` prefix: a foreign value is left whole.
         assert_eq!(decode_stored_traced("~x~1"), (None, None, "~x~1"));
     }

@@ -20,6 +20,7 @@
 //! - [`worker`]: consumer groups running business handlers.
 //! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`expiry`]: expiry of stale work (`expires_after`): the rule, its stored form, the check.
+//! - [`order_key`]: an order's key (issue 42): its rule, its stored form, fair share.
 //! - [`flow`]: flow control the loops follow: pause flags, shared rate limits.
 //! - [`history`]: the order-history records the dispatcher and workers write (retention,
 //!   buckets, markers); [`admin::history`] reads them.
@@ -49,6 +50,7 @@ pub mod housekeeping;
 pub mod keys;
 pub(crate) mod listen;
 pub mod message;
+pub mod order_key;
 pub mod outcome;
 pub(crate) mod pacing;
 pub mod priority;

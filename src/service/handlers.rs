@@ -42,8 +42,8 @@ impl Handler for Builtin {
     }
 }
 
-/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}` (the payload byte for byte
-/// as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt`, `traceparent` and
+/// POSTs `{"queue","id","group","due_at_ms","payload","attempt"}`, with `"key"` for a keyed
+/// order (the payload byte for byte as scheduled) with the headers `Idempotency-Key`, `X-Delayq-Attempt`, `traceparent` and
 /// `tracestate` (W3C Trace Context: the delivery's `process` span, or the order's own
 /// context when no spans are recorded; none for an order scheduled without one) and, with
 /// secrets,
@@ -128,6 +128,9 @@ struct Body<'a> {
     /// The order's tags (untagged: left out, so the body is the one it always was).
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     tags: &'a [String],
+    /// The order's key (issue 42), only for a keyed order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
 }
 
 impl Webhook {
@@ -182,6 +185,7 @@ impl Webhook {
             payload: &raw,
             attempt: d.attempt,
             tags: &d.tags,
+            key: d.key(),
         })
         .unwrap_or_default()
     }
@@ -375,7 +379,20 @@ mod tests {
             flag: None,
             trace: None,
             tags: Vec::new(),
+            key: None,
         }
+    }
+
+    /// The body carries `key` for a keyed order only (issue 42).
+    #[test]
+    fn the_body_carries_the_key_of_a_keyed_order() {
+        let plain: serde_json::Value = serde_json::from_slice(&Webhook::body(&delivery())).unwrap();
+        assert!(plain.get("key").is_none(), "{plain}");
+        let mut d = delivery();
+        d.key = Some("merchant:17".into());
+        let keyed: serde_json::Value = serde_json::from_slice(&Webhook::body(&d)).unwrap();
+        assert_eq!(keyed["key"], "merchant:17");
+        assert_eq!(keyed["payload"], plain["payload"]);
     }
 
     #[tokio::test]

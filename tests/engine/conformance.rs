@@ -31,7 +31,7 @@ const OPS: [&str; 6] = [
 ];
 
 /// Every key a case may have (README, format 5); another key means the file changed format.
-const CASE_KEYS: [&str; 23] = [
+const CASE_KEYS: [&str; 24] = [
     "name",
     "op",
     "queue",
@@ -55,10 +55,11 @@ const CASE_KEYS: [&str; 23] = [
     "debounce",
     "repeat",
     "tags",
+    "key",
 ];
 
 /// Every key an order of a batch may have.
-const ORDER_KEYS: [&str; 7] = [
+const ORDER_KEYS: [&str; 8] = [
     "id",
     "delay_ms",
     "due_ms",
@@ -66,19 +67,25 @@ const ORDER_KEYS: [&str; 7] = [
     "priority",
     "expires_after_ms",
     "tags",
+    "key",
 ];
 
 /// The stored body the case's (or batch order's) payload text must have: the text, after
-/// `\x1d<tags>\x1d` when it has tags (src/engine/tags.rs), after `!<expires_after_ms>!`
-/// when the order has its own expiry (src/engine/expiry.rs).
+/// `\x1d<tags>\x1d` when it has tags (src/engine/tags.rs), after `\x1e<key>\x1e` when it
+/// has a key (src/engine/order_key.rs), after `!<expires_after_ms>!` when the order has its
+/// own expiry (src/engine/expiry.rs).
 fn stored_body(o: &serde_json::Map<String, Value>, payload: &str) -> String {
     let tagged = match tags_of(o) {
         Some(t) if !t.is_empty() => format!("\u{1d}{}\u{1d}{payload}", t.join("\u{1f}")),
         _ => payload.to_owned(),
     };
-    match o.get("expires_after_ms").and_then(Value::as_i64) {
-        Some(e) => format!("!{e}!{tagged}"),
+    let keyed = match o.get("key").and_then(Value::as_str) {
+        Some(k) => format!("\u{1e}{k}\u{1e}{tagged}"),
         None => tagged,
+    };
+    match o.get("expires_after_ms").and_then(Value::as_i64) {
+        Some(e) => format!("!{e}!{keyed}"),
+        None => keyed,
     }
 }
 
@@ -91,10 +98,16 @@ fn tags_of(o: &serde_json::Map<String, Value>) -> Option<Vec<String>> {
     })
 }
 
-/// `order` with the case's (or batch order's) `expires_after_ms` and `tags`, as given.
+/// `order` with the case's (or batch order's) `expires_after_ms`, `tags` and `key`, as
+/// given.
 fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOrder, String> {
     let order = match tags_of(o) {
         Some(t) => order.with_tags(t),
+        None => order,
+    };
+    let order = match o.get("key") {
+        Some(Value::String(k)) => order.with_key(k.clone()),
+        Some(other) => return Err(format!("key: {other} is not a string")),
         None => order,
     };
     Ok(match o.get("expires_after_ms") {

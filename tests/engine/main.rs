@@ -17,6 +17,7 @@ mod expiry;
 mod failure;
 mod history;
 mod housekeeping;
+mod keys;
 mod ownership;
 mod priorities;
 mod pull;

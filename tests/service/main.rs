@@ -12,6 +12,7 @@ mod edge;
 mod expiry;
 mod flow;
 mod http;
+mod keys;
 mod observability;
 mod orders;
 mod production;

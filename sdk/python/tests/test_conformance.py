@@ -19,6 +19,7 @@ CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
     "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
+    "key",
 }
 
 
@@ -72,6 +73,11 @@ def _expiry(d: Dict[str, Any]) -> Dict[str, Any]:
     return {k: d[k] for k in ("expires_after_ms", "tags") if k in d}
 
 
+def _key(d: Dict[str, Any]) -> Dict[str, Any]:
+    """The order's ``key`` exactly as the file has it (absent: none)."""
+    return {"key": d["key"]} if "key" in d else {}
+
+
 def _level(d: Dict[str, Any]) -> Dict[str, Any]:
     """The ``priority`` given to the SDK exactly as the file has it (absent: normal)."""
     return {"priority": d["priority"]} if "priority" in d else {}
@@ -82,7 +88,7 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
     mode = "if_absent" if case.get("mode") == "if_absent" else "upsert"
     if op == "schedule":
         payload = delayq.RawJson(case["payload"])
-        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case), **_level(case), **_expiry(case))
+        return client.schedule(q, case["id"], payload=payload, mode=mode, **_when(case), **_level(case), **_expiry(case), **_key(case))
     if op == "schedule_many":
         if "generate" in case:
             g = case["generate"]
@@ -99,7 +105,7 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
                         delayq.rules.check_priority(o["priority"])
                 except delayq.InvalidInput as e:
                     raise e.in_batch(i) from None
-                orders.append(delayq.Order(o["id"], payload=payload, **_when(o), **_level(o), **_expiry(o)))
+                orders.append(delayq.Order(o["id"], payload=payload, **_when(o), **_level(o), **_expiry(o), **_key(o)))
         return client.schedule_many(q, orders, mode=mode)
     if op == "cancel":
         return client.cancel(q, case["id"])
@@ -122,6 +128,7 @@ def _check_levels(client: Any, case: Dict[str, Any], out: Any) -> None:
         got = client.get(q, case["id"])
         assert got.priority == case.get("priority", "normal"), f"{case['name']}: stored {got.priority.value}"
         assert list(got.tags) == case.get("tags", []), f"{case['name']}: stored tags {got.tags}"
+        assert got.key == case.get("key"), f"{case['name']}: stored key {got.key!r}"
     elif op == "schedule_many" and "orders" in case:
         # An id repeated in the batch: its last write.
         last = {}

@@ -45,7 +45,13 @@ def test_vendored_copy_matches_the_repo(name):
         repo = repo.split(b"\n", 1)[1]
     prelude = (REPO / "lua" / "prelude.lua").read_bytes()
     assert vendored.count(prelude) == 1, f"{name}.lua: the prelude is not in the vendored copy"
-    assert vendored.replace(b"\n" + prelude + b"\n", b"", 1) == repo, (
+    own = vendored.replace(b"\n" + prelude + b"\n", b"", 1)
+    # The scripts that keep the key index (issue 42) have lua/keyed.lua after the prelude.
+    keyed = (REPO / "lua" / "keyed.lua").read_bytes()
+    if name in ("enqueue", "cancel", "reschedule", "tag_bulk"):
+        assert own.count(keyed) == 1, f"{name}.lua: lua/keyed.lua is not in the vendored copy"
+        own = own.replace(keyed + b"\n", b"", 1)
+    assert own == repo, (
         f"sdk/python/src/delayq/lua/{name}.lua differs from lua/{name}.lua: export it again "
         f"(delayq scripts export DIR, then copy DIR/{name}.lua to sdk/python/src/delayq/lua/)"
     )

@@ -175,3 +175,19 @@ def test_an_order_scheduled_in_a_trace_context_reads_back_byte_for_byte(serve, r
     assert got.payload_json == text
     assert got.payload == json.loads(text)
     assert c.cancel("hooked", "traced-1") == delayq.CancelOutcome.CANCELLED
+
+
+def test_a_key_set_by_the_sdk_reaches_the_webhook_and_the_history(serve, redis_server, ns, make_client):
+    # Issue 42: the SDK stores the key as the engine does; serve hands it to the webhook
+    # (the body's "key"), the engine's history shows it; an unkeyed order's body has none.
+    s, hook = serve
+    c = make_client(redis_server.url, namespace=ns)
+    k = c.schedule("hooked", "keyed-1", delay_ms=50, payload={"a": 1}, key="merchant:17", expires_after_ms=3_600_000)
+    assert c.get("hooked", "keyed-1") is None or c.get("hooked", "keyed-1").key == "merchant:17"
+    c.schedule("hooked", "plain-1", delay_ms=50, payload={"a": 2})
+    got = _deliveries(hook, 2)
+    assert got["keyed-1"]["json"]["key"] == "merchant:17"
+    assert got["keyed-1"]["json"]["payload"] == {"a": 1}
+    assert "key" not in got["plain-1"]["json"]
+    out = json.loads(run_bin("get", "hooked", "keyed-1", url=redis_server.url, namespace=ns).stdout)
+    assert out["key"] == "merchant:17" and out["due_at_ms"] == k.due_at_ms

@@ -16,15 +16,21 @@
 -- KEYS[7]  optional (with KEYS[6]): the shard's debounce HASH (order id -> "<first call
 --          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
 --          whose orders carry no time rules leaves it out and sends quadruples.
+-- KEYS[8]  optional (with KEYS[7]): the shard's key index ZSET, KEYS[9] its key ring ZSET
+--          (issue 42; see keyed.lua). Needed to write a keyed order, or to upsert an order
+--          that has a key.
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched); "upsert+tags" / "nx+tags" when
 --                some order of the call has tags (its payload argument then holds
---                "\x1d<tag1>\x1f<tag2>\x1d" after an optional "!<ms>!" and key prefix)
+--                "\x1d<tag1>\x1f<tag2>\x1d" after an optional "!<ms>!" and key prefix);
+--          then optionally ":<columns>", columns "", "r", "k" or "rk": the orders are id,
+--          due_ms, payload, level, then the rules column (r) and the key column (k: the
+--          order's key, "" for none); KEYS[4..9] are all given. Without ":" the widths below.
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record
 -- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
 --           with KEYS[4], quadruples: id, due_ms, payload, level ("high", "low", or "" or
---           "normal" for normal); with KEYS[6], quintuples: ..., level, rules: "" or "r"
+--           "normal" for normal); with KEYS[7], quintuples: ..., level, rules: "" or "r"
 --           (repeat: schedule it even if dispatched within the dedup window), then
 --           optionally the order's debounce max_wait in ms (due_ms is then now + its delay)
 --
@@ -49,6 +55,14 @@
 -- plain upsert keeps it; dispatch and cancel drop it). The marker's field `debounce` tells
 -- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
 -- A call without time rules sends no more per order than before (quadruples).
+-- Keys (issue 42): a keyed order (its key column not "") is also indexed (KEYS[8], KEYS[9]:
+-- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores)
+-- and the marker's field `keys` is set; while it is set, unkeyed orders written are
+-- indexed under "" too. An
+-- upsert on a shard with `keys` reads the known ids' stored values (one HMGET, and one
+-- ZMSCORE for the unkeyed ones' members) and moves their members (an upsert without a key
+-- moves the order under ""). A shard without `keys` and a call without keys pay nothing
+-- more.
 -- Cost: O(n log N) for n orders and N scheduled, + O(n log D) with a window (D ids kept).
 -- Errors:  "ERR delayq queue_not_found ..." when the shard has no epoch (the queue was
 --          deleted, or is being deleted); "ERR delayq stale_epoch ..." when it has another
@@ -170,12 +184,73 @@ local function open_lane(lane, normal, meta, marker)
   redis.call('HSET', meta, marker, '1')
 end
 
-local mode = ARGV[1]
-local tagged = false
-if mode == 'upsert+tags' or mode == 'nx+tags' then
-  mode = string.sub(mode, 1, -6)
-  tagged = true
+-- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
+-- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
+-- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+--
+-- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
+-- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
+-- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
+-- scheduled orders, scored by its earliest due time. An order's key is read from its stored
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
+
+-- The index member of an order of `key` due at `due` (unix ms).
+local function key_member(key, due, id)
+  return key .. '\31' .. string.format('%016d', due) .. '\31' .. id
 end
+
+-- A member's key, due time and order id.
+local function key_parse(m)
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
+  return k, tonumber(d), id
+end
+
+-- The key of a stored value, or nil.
+local function stored_key(v)
+  if not v then return nil end
+  return string.match(v, '^%d+:\30([^\30]+)\30') or string.match(v, '^%d+:!%d+!\30([^\30]+)\30')
+end
+
+-- One key's index members in due order, from `offset`, at most `count`.
+local function key_orders(kidx, key, offset, count)
+  return redis.call('ZRANGE', kidx, '[' .. key .. '\31', '(' .. key .. '\32', 'BYLEX', 'LIMIT', offset, count)
+end
+
+-- Sets `key`'s ring score to its earliest indexed order's due time (at least `floor` when
+-- given: the dispatcher passes its now for the keys it served, so they queue behind the
+-- keys it did not serve), or takes it off the ring.
+local function key_refresh(kidx, kring, key, floor)
+  local head = key_orders(kidx, key, 0, 1)[1]
+  if head then
+    local _, due = key_parse(head)
+    if floor and floor > due then due = floor end
+    redis.call('ZADD', kring, due, key)
+  else
+    redis.call('ZREM', kring, key)
+  end
+end
+
+-- Takes a scheduled order's member out of the index (its due time `due`, its stored value
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
+local function key_unindex(kidx, kring, id, due, v)
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
+end
+
+local mode, plus, colon, cols = string.match(ARGV[1], '^(%a+)(%+?%a*)(:?)([rk]*)$')
+local tagged = plus == '+tags'
+if plus ~= '' and not tagged then mode = nil end
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')
 end
@@ -189,14 +264,23 @@ end
 if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
   return redis.error_reply('ERR delayq enqueue: the queue epoch is missing')
 end
-local w = 3
+-- w: values per order; rcol, kcol: offsets of the rules and key columns in an order's values.
+local w, rcol, kcol = 3, nil, nil
 if KEYS[4] then w = 4 end
-if KEYS[7] then w = 5 end
+if KEYS[7] then w = 5; rcol = 4 end
+if colon == ':' then
+  if not KEYS[9] then
+    return redis.error_reply('ERR delayq enqueue: with explicit columns, KEYS[4..9] are needed')
+  end
+  w, rcol, kcol = 4, nil, nil
+  if string.find(cols, 'r', 1, true) then rcol = w; w = w + 1 end
+  if string.find(cols, 'k', 1, true) then kcol = w; w = w + 1 end
+end
 if KEYS[6] and not KEYS[5] then
   return redis.error_reply('ERR delayq enqueue: with the tag index, the dispatched ZSET is needed')
 end
 if (#ARGV - 3) % w ~= 0 then
-  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w == 5 and ', level, debounce quintuples' or w == 4 and ', level quadruples' or ' triples'))
+  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w >= 5 and ', level and ' .. (w - 4) .. ' more values each' or w == 4 and ', level quadruples' or ' triples'))
 end
 local lanes = { [''] = '', normal = '', high = 'high', low = 'low' }
 for i = 4, #ARGV, w do
@@ -210,7 +294,10 @@ for i = 4, #ARGV, w do
   if w >= 4 and not lanes[ARGV[i + 3]] then
     return redis.error_reply('ERR delayq enqueue: the level of order ' .. ARGV[i] .. ' must be high, normal or low')
   end
-  local m = w == 5 and ARGV[i + 4] ~= '' and string.match(ARGV[i + 4], '^r?(.*)$') or ''
+  local m = rcol and ARGV[i + rcol] ~= '' and string.match(ARGV[i + rcol], '^r?(.*)$') or ''
+  if kcol and ARGV[i + kcol] ~= '' and (#ARGV[i + kcol] > 128 or string.find(ARGV[i + kcol], '%c')) then
+    return redis.error_reply('ERR delayq enqueue: the key of order ' .. ARGV[i] .. ' must be 1..128 bytes without control characters')
+  end
   if m ~= '' then
     if not int(m) or int(m) < 1 then
       return redis.error_reply('ERR delayq enqueue: the debounce max_wait of order ' .. ARGV[i] .. ' must be a positive number of ms')
@@ -221,7 +308,7 @@ for i = 4, #ARGV, w do
   end
 end
 
-local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags')
+local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys')
 local epoch, window = marker[1], tonumber(marker[2] or '0') or 0
 if marker[4] and not KEYS[6] then
   return redis.error_reply('ERR delayq enqueue: the shard has tagged orders and this producer does not pass the tag index (KEYS[6]): upgrade it')
@@ -257,27 +344,28 @@ if window > 0 then
     local at = redis.call('ZMSCORE', KEYS[5], unpack(ids, s, e))
     for k = s, e do
       local d = tonumber(at[k - s + 1])
-      local again = w == 5 and string.sub(ARGV[5 * k + 3], 1, 1) == 'r'
+      local again = rcol and string.sub(ARGV[w * (k - 1) + 4 + rcol], 1, 1) == 'r'
       if d and not known[k] and not again and d >= tonumber(now) - window then dup[k] = d end
     end
   end
 end
 -- Debounce (quintuples only): the records of the debounced orders that are waiting.
 local deb, rec = {}, {}
-if w == 5 then
+if rcol then
   local want, at = {}, {}
   for k = 1, n do
-    if known[k] and ARGV[5 * k + 3] ~= '' and string.match(ARGV[5 * k + 3], '%d') then want[#want + 1] = ids[k]; at[#want] = k end
+    local r = ARGV[w * (k - 1) + 4 + rcol]
+    if known[k] and r ~= '' and string.match(r, '%d') then want[#want + 1] = ids[k]; at[#want] = k end
   end
   for s = 1, #want, 1000 do
     local got = redis.call('HMGET', KEYS[7], unpack(want, s, math.min(s + 999, #want)))
     for j = 1, #got do rec[at[s + j - 1]] = got[j] end
   end
 end
--- Tags: the stored values of the known ids an upsert may replace, while the shard has had
--- tagged orders (their old tags leave the index).
+-- The stored values of the known ids an upsert may replace, while the shard has had tagged
+-- orders (their old tags leave the index) or keyed ones (their old key members move).
 local old = {}
-if marker[4] and mode == 'upsert' then
+if (marker[4] or marker[5]) and mode == 'upsert' then
   local want, at = {}, {}
   for k = 1, n do
     if known[k] and not dup[k] then want[#want + 1] = ids[k]; at[#want] = k end
@@ -287,6 +375,33 @@ if marker[4] and mode == 'upsert' then
     for j = 1, #got do old[at[s + j - 1]] = got[j] end
   end
 end
+-- Keys: the index members the known ids have before the call (a shard with `keys` only).
+local kmember = {}
+if marker[5] and mode == 'upsert' then
+  local maybe, mat = {}, {}
+  for k = 1, n do
+    if known[k] and not dup[k] then
+      local key = stored_key(old[k])
+      if key then
+        if not KEYS[9] then
+          return redis.error_reply('ERR delayq enqueue: order ' .. ids[k] .. ' has a key and this producer does not pass the key index (KEYS[8], KEYS[9]): upgrade it')
+        end
+        kmember[ids[k]] = key_member(key, tonumber(known[k]), ids[k])
+      elseif KEYS[9] then
+        -- Unkeyed: indexed under "" when it was written while the shard was marked.
+        maybe[#maybe + 1] = key_member('', tonumber(known[k]), ids[k]); mat[#maybe] = ids[k]
+      end
+    end
+  end
+  for s = 1, #maybe, 1000 do
+    local e = math.min(s + 999, #maybe)
+    local there = redis.call('ZMSCORE', KEYS[8], unpack(maybe, s, e))
+    for m = s, e do
+      if there[m - s + 1] then kmember[mat[m]] = maybe[m] end
+    end
+  end
+end
+local kold, knew = {}, {}
 -- Levels (quadruples only): "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
@@ -307,7 +422,7 @@ for k = 1, n do
     if exists then out[k] = 2 else out[k] = 1 end
     seen[id] = true
     local due = ARGV[a + 1]
-    local max_wait = w == 5 and ARGV[a + 4] ~= '' and string.match(ARGV[a + 4], '%d+')
+    local max_wait = rcol and ARGV[a + rcol] ~= '' and string.match(ARGV[a + rcol], '%d+')
     if max_wait then
       local r = deb[id] or (exists and rec[k]) or nil
       local first, cap = string.match(r or '', '^(%d+):(%d+)$')
@@ -318,6 +433,11 @@ for k = 1, n do
     end
     z[#z + 1] = due
     z[#z + 1] = id
+    if (kcol or marker[5]) and KEYS[9] then
+      -- Indexed, an unkeyed order under "" (see keyed.lua).
+      if kold[id] == nil then kold[id] = kmember[id] or false end
+      knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
+    end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
     if tagged or marker[4] then
@@ -342,7 +462,7 @@ for s = 1, #z, 1000 do
   redis.call('ZADD', KEYS[1], unpack(z, s, math.min(s + 999, #z)))
   redis.call('HSET', KEYS[2], unpack(h, s, math.min(s + 999, #h)))
 end
-if w == 5 then
+if rcol then
   local set = {}
   for id, r in pairs(deb) do set[#set + 1] = id; set[#set + 1] = r end
   for s = 1, #set, 1000 do redis.call('HSET', KEYS[7], unpack(set, s, math.min(s + 999, #set))) end
@@ -374,5 +494,30 @@ if tagged or marker[4] then
   for s = 1, #zs, 1000 do redis.call('ZADD', KEYS[6], unpack(zs, s, math.min(s + 999, #zs))) end
   if #zs > 0 and not marker[4] then redis.call('HSET', KEYS[3], 'tags', '1') end
 end
+-- Keys: each written order's old member out, its new one in; the ring follows.
+local gone, added, fresh = {}, {}, {}
+for id, new in pairs(knew) do
+  local was = kold[id]
+  if was ~= new then
+    if was then
+      redis.call('ZREM', KEYS[8], was)
+      gone[key_parse(was)] = true
+    end
+    if new then
+      added[#added + 1] = 0
+      added[#added + 1] = new
+      local key, due = key_parse(new)
+      if not fresh[key] or due < fresh[key] then fresh[key] = due end
+    end
+  end
+end
+for s = 1, #added, 1000 do redis.call('ZADD', KEYS[8], unpack(added, s, math.min(s + 999, #added))) end
+local lower = {}
+for key, due in pairs(fresh) do
+  if not gone[key] then lower[#lower + 1] = due; lower[#lower + 1] = key end
+end
+for s = 1, #lower, 1000 do redis.call('ZADD', KEYS[9], 'LT', unpack(lower, s, math.min(s + 999, #lower))) end
+for key in pairs(gone) do key_refresh(KEYS[8], KEYS[9], key) end
+if #added > 0 and not marker[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
 wake(KEYS[1], before, first)
 return out

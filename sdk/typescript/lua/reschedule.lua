@@ -3,6 +3,9 @@
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  optional: the shard's levels HASH (see enqueue.lua); needed with ARGV[3]
+-- KEYS[3]  optional (with KEYS[2]): the shard's payload HASH, KEYS[4] its key index ZSET,
+--          KEYS[5] its key ring ZSET (issue 42; see keyed.lua): a keyed order's member
+--          moves with it
 -- ARGV[1]  order id
 -- ARGV[2]  new due time, unix ms
 -- ARGV[3]  optional: the new level, "high", "normal" or "low" (absent: the level is kept)
@@ -11,7 +14,8 @@
 -- Why one script: the check and the writes go together, so a dispatched order is never
 -- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
 -- A move before the shard's earliest due time is published on its wake channel (prelude
--- `wake`). Cost: O(log n) in the shard's scheduled orders.
+-- `wake`). Cost: O(log n) in the shard's scheduled orders; with KEYS[5] one EXISTS more,
+-- and while the shard has keyed orders an HGET and O(log K) in the key index.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
 -- into each script's text right after that script's header (the SHA1 covers the whole
@@ -122,6 +126,70 @@ local function open_lane(lane, normal, meta, marker)
   redis.call('HSET', meta, marker, '1')
 end
 
+-- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
+-- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
+-- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+--
+-- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
+-- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
+-- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
+-- scheduled orders, scored by its earliest due time. An order's key is read from its stored
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
+
+-- The index member of an order of `key` due at `due` (unix ms).
+local function key_member(key, due, id)
+  return key .. '\31' .. string.format('%016d', due) .. '\31' .. id
+end
+
+-- A member's key, due time and order id.
+local function key_parse(m)
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
+  return k, tonumber(d), id
+end
+
+-- The key of a stored value, or nil.
+local function stored_key(v)
+  if not v then return nil end
+  return string.match(v, '^%d+:\30([^\30]+)\30') or string.match(v, '^%d+:!%d+!\30([^\30]+)\30')
+end
+
+-- One key's index members in due order, from `offset`, at most `count`.
+local function key_orders(kidx, key, offset, count)
+  return redis.call('ZRANGE', kidx, '[' .. key .. '\31', '(' .. key .. '\32', 'BYLEX', 'LIMIT', offset, count)
+end
+
+-- Sets `key`'s ring score to its earliest indexed order's due time (at least `floor` when
+-- given: the dispatcher passes its now for the keys it served, so they queue behind the
+-- keys it did not serve), or takes it off the ring.
+local function key_refresh(kidx, kring, key, floor)
+  local head = key_orders(kidx, key, 0, 1)[1]
+  if head then
+    local _, due = key_parse(head)
+    if floor and floor > due then due = floor end
+    redis.call('ZADD', kring, due, key)
+  else
+    redis.call('ZREM', kring, key)
+  end
+end
+
+-- Takes a scheduled order's member out of the index (its due time `due`, its stored value
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
+local function key_unindex(kidx, kring, id, due, v)
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
+end
+
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')
@@ -133,9 +201,17 @@ end
 if level and not KEYS[2] then
   return redis.error_reply('ERR delayq reschedule: a new level needs the levels HASH')
 end
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+local old = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if old then
   local before = earliest(KEYS[1])
   redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
+  if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 1 then
+    local key = key_unindex(KEYS[4], KEYS[5], ARGV[1], tonumber(old), redis.call('HGET', KEYS[3], ARGV[1]))
+    if key then
+      redis.call('ZADD', KEYS[4], 0, key_member(key, due, ARGV[1]))
+      key_refresh(KEYS[4], KEYS[5], key)
+    end
+  end
   wake(KEYS[1], before, due)
   if level == 'normal' then
     redis.call('HDEL', KEYS[2], ARGV[1])

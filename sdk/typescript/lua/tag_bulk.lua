@@ -7,6 +7,8 @@
 -- KEYS[3]  the shard's levels HASH (see enqueue.lua)
 -- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
+-- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
+--          keyed.lua): a keyed order's member goes or moves with it
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller)
 -- ARGV[2]  at most this many orders, 1..1000
 -- ARGV[3]  the action: "cancel", "at" (a new due time, ARGV[4] unix ms) or "shift" (the due
@@ -28,7 +30,9 @@
 -- first write. A move before the shard's earliest due time is published on its wake
 -- channel (prelude `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
--- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred).
+-- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
+-- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
+-- the key index.
 -- Redis >= 6.2.
 
 -- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
@@ -140,6 +144,70 @@ local function open_lane(lane, normal, meta, marker)
   redis.call('HSET', meta, marker, '1')
 end
 
+-- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
+-- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
+-- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+--
+-- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
+-- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
+-- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
+-- scheduled orders, scored by its earliest due time. An order's key is read from its stored
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
+
+-- The index member of an order of `key` due at `due` (unix ms).
+local function key_member(key, due, id)
+  return key .. '\31' .. string.format('%016d', due) .. '\31' .. id
+end
+
+-- A member's key, due time and order id.
+local function key_parse(m)
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
+  return k, tonumber(d), id
+end
+
+-- The key of a stored value, or nil.
+local function stored_key(v)
+  if not v then return nil end
+  return string.match(v, '^%d+:\30([^\30]+)\30') or string.match(v, '^%d+:!%d+!\30([^\30]+)\30')
+end
+
+-- One key's index members in due order, from `offset`, at most `count`.
+local function key_orders(kidx, key, offset, count)
+  return redis.call('ZRANGE', kidx, '[' .. key .. '\31', '(' .. key .. '\32', 'BYLEX', 'LIMIT', offset, count)
+end
+
+-- Sets `key`'s ring score to its earliest indexed order's due time (at least `floor` when
+-- given: the dispatcher passes its now for the keys it served, so they queue behind the
+-- keys it did not serve), or takes it off the ring.
+local function key_refresh(kidx, kring, key, floor)
+  local head = key_orders(kidx, key, 0, 1)[1]
+  if head then
+    local _, due = key_parse(head)
+    if floor and floor > due then due = floor end
+    redis.call('ZADD', kring, due, key)
+  else
+    redis.call('ZREM', kring, key)
+  end
+end
+
+-- Takes a scheduled order's member out of the index (its due time `due`, its stored value
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
+local function key_unindex(kidx, kring, id, due, v)
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
+end
+
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
@@ -166,13 +234,17 @@ local more = 0
 if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
+local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
 for i = 1, #got do
   local id = string.sub(got[i], #prefix + 1)
   last = id
   if action == 'cancel' then
+    local due = keyed and redis.call('ZSCORE', KEYS[1], id)
     if redis.call('ZREM', KEYS[1], id) == 1 then
       local members, rm = {}, {}
-      local list = tag_list(redis.call('HGET', KEYS[2], id))
+      local value = redis.call('HGET', KEYS[2], id)
+      if keyed then key_unindex(KEYS[6], KEYS[7], id, tonumber(due), value) end
+      local list = tag_list(value)
       if list then each_tag(list, id, members, true) end
       members[got[i]] = true
       for m in pairs(members) do rm[#rm + 1] = m end
@@ -190,6 +262,13 @@ for i = 1, #got do
       local due = arg
       if action == 'shift' then due = math.max(0, tonumber(score) + arg) end
       redis.call('ZADD', KEYS[1], 'XX', due, id)
+      if keyed then
+        local key = key_unindex(KEYS[6], KEYS[7], id, tonumber(score), redis.call('HGET', KEYS[2], id))
+        if key then
+          redis.call('ZADD', KEYS[6], 0, key_member(key, due, id))
+          key_refresh(KEYS[6], KEYS[7], key)
+        end
+      end
       first = math.min(first or due, due)
       affected = affected + 1
     else

@@ -107,6 +107,8 @@ export interface ScheduledOrder {
   debounce?: { firstCallMs: number; maxDueMs: number };
   /** Its tags (empty when it has none). */
   tags: string[];
+  /** Its key (issue 42), when it has one. */
+  key?: string;
 }
 
 interface QueueRef {
@@ -474,7 +476,12 @@ export class Client {
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
-    const n = await this.evalScript(SCRIPTS.cancel, [k.due, k.payload, k.levels, k.debounce, k.tags], [id], "cancelling an order (cancel.lua)");
+    const n = await this.evalScript(
+      SCRIPTS.cancel,
+      [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing],
+      [id],
+      "cancelling an order (cancel.lua)",
+    );
     return Number(n) === 1 ? "cancelled" : "not_found";
   }
 
@@ -493,7 +500,7 @@ export class Client {
       const k = shardKeys(this.core.ns, queue, shard);
       let cursor = "";
       for (;;) {
-        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags], [tag, "200", "cancel", "", cursor], "cancelling the orders of a tag (tag_bulk.lua)");
+        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [tag, "200", "cancel", "", cursor], "cancelling the orders of a tag (tag_bulk.lua)");
         if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("cancelling the orders of a tag (tag_bulk.lua)", "not an array of 3");
         total += Number(r[0]);
         if (Number(r[2]) !== 1 || r[1] === null || r[1] === undefined) break;
@@ -523,7 +530,12 @@ export class Client {
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
     const args = level === null ? [id, String(due)] : [id, String(due), level];
-    const n = await this.evalScript(SCRIPTS.reschedule, [k.due, k.levels], args, "rescheduling an order (reschedule.lua)");
+    const n = await this.evalScript(
+      SCRIPTS.reschedule,
+      [k.due, k.levels, k.payload, k.keyed, k.keyRing],
+      args,
+      "rescheduling an order (reschedule.lua)",
+    );
     return Number(n) === 1 ? "rescheduled" : "not_found";
   }
 
@@ -545,14 +557,15 @@ export class Client {
     if (raw === null || raw === undefined) {
       return { id, dueAtMs, enqueuedAtMs: null, payloadJson: "null", payload: null, priority, tags: [], ...debounce };
     }
-    const { enqueuedAtMs, json } = decodeStored(String(raw));
+    const { enqueuedAtMs, json, key } = decodeStored(String(raw));
     let payload: unknown;
     try {
       payload = JSON.parse(json);
     } catch {
       payload = json;
     }
-    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, tags: storedTags(String(raw)), ...debounce };
+    const keyed = key === undefined ? {} : { key };
+    return { id, dueAtMs, enqueuedAtMs, payloadJson: json, payload, priority, tags: storedTags(String(raw)), ...debounce, ...keyed };
   }
 
   // ---- internals ----
@@ -606,23 +619,29 @@ export class Client {
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
-    // The form the Rust client sends: the levels HASH and the dispatched ZSET as KEYS[4..5]
-    // and one quadruple per order (id, due, payload, level; "" for normal); when an order of
-    // the call carries time rules, the debounce HASH as KEYS[7] and quintuples (..., rules);
-    // the tag index is KEYS[6].
+    // The form the Rust client sends: every shard key (KEYS[1..9]: the tag index is KEYS[6],
+    // the debounce HASH KEYS[7], the key index and ring KEYS[8..9]), the columns named in
+    // the mode ("upsert+tags:rk"), one quadruple per order (id, due, payload, level; "" for
+    // normal), then the rules column when an order of the call carries time rules and the
+    // key column ("" for none) when one has a key.
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
       // A call with tagged orders says so in its mode (enqueue.lua does no tag work otherwise).
       const tagged = c.idxs.some((i) => ((orders[i] as NewOrder).tags ?? []).length > 0);
-      const args: string[] = [(mode === "if_absent" ? "nx" : "upsert") + (tagged ? "+tags" : ""), String(now), epoch];
       const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
+      const withKeys = c.idxs.some((i) => {
+        const key = (orders[i] as NewOrder).key;
+        return key !== undefined && key !== null;
+      });
+      const cols = (withRules ? "r" : "") + (withKeys ? "k" : "");
+      const args: string[] = [`${mode === "if_absent" ? "nx" : "upsert"}${tagged ? "+tags" : ""}:${cols}`, String(now), epoch];
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
         args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
         if (withRules) args.push(rulesArg(o));
+        if (withKeys) args.push(o.key ?? "");
       }
-      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.tags];
-      if (withRules) keys.push(k.debounce);
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.tags, k.debounce, k.keyed, k.keyRing];
       return { keys, args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to

@@ -38,6 +38,8 @@ export interface PullDelivery {
   /** The W3C trace context of the schedule call, when it had one. */
   traceparent?: string;
   tracestate?: string;
+  /** The order's key (issue 42), when it has one. */
+  key?: string;
   /** Settles this delivery while its lease holds (replaced by `extend`). */
   receipt: string;
   /** When the lease runs out (server time, ms). */
@@ -399,6 +401,8 @@ export function parseDeliveries(text: string): PullDelivery[] {
     if (typeof tp === "string") d.traceparent = tp;
     const ts = val("tracestate");
     if (typeof ts === "string") d.tracestate = ts;
+    const key = val("key");
+    if (typeof key === "string") d.key = key;
     return d;
   });
 }

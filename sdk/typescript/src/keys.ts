@@ -67,6 +67,28 @@ export function checkId(id: unknown): string {
   return id;
 }
 
+/** Longest order key, in bytes (src/engine/order_key.rs). */
+export const MAX_KEY_LEN = 128;
+
+/**
+ * Checks an order's key (issue 42) as the Rust `engine::order_key::validate`: the id rule
+ * (1..=128 bytes of UTF-8, no control characters); `invalid_option` naming `key` otherwise.
+ */
+export function checkKey(key: unknown): string {
+  const bad = (reason: string) => new InvalidInputError("invalid_option", `invalid option key: ${reason}`);
+  if (typeof key !== "string") throw bad("must be a string");
+  if (key === "") throw bad("must not be empty");
+  if (hasLoneSurrogate(key)) throw bad("is not valid Unicode (a lone surrogate)");
+  const bytes = Buffer.byteLength(key, "utf8");
+  if (bytes > MAX_KEY_LEN) throw bad(`must be at most ${MAX_KEY_LEN} bytes, got ${bytes}`);
+  let pos = 0;
+  for (const c of key) {
+    if (isControl(c.codePointAt(0) ?? 0)) throw bad(`control character at position ${pos}`);
+    pos++;
+  }
+  return key;
+}
+
 const FNV_OFFSET = 0xcbf29ce484222325n;
 const FNV_PRIME = 0x100000001b3n;
 const MASK64 = 0xffffffffffffffffn;
@@ -105,11 +127,15 @@ export interface ShardKeys {
   debounce: string;
   /** The tag index: `<tag>\x1f<id>` per tag of each scheduled order (ZSET, score 0). */
   tags: string;
+  /** ZSET: the key index (issue 42; lua/keyed.lua). */
+  keyed: string;
+  /** ZSET: the keys with scheduled orders, scored by their earliest due time. */
+  keyRing: string;
 }
 
 export function shardKeys(ns: string, queue: string, shard: number): ShardKeys {
   const tag = `{${ns}:${queue}:${shard}}`;
-  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels`, dispatched: `${tag}:dispatched`, debounce: `${tag}:debounce`, tags: `${tag}:tags` };
+  return { tag, shard, due: `${tag}:due`, payload: `${tag}:payload`, meta: `${tag}:meta`, levels: `${tag}:levels`, dispatched: `${tag}:dispatched`, debounce: `${tag}:debounce`, tags: `${tag}:tags`, keyed: `${tag}:keyed`, keyRing: `${tag}:key_ring` };
 }
 
 /** The queue's registry record (HASH: `shards`, `epoch`, ...). */

@@ -3,7 +3,7 @@
 // `engine::message` and `engine::priority`.
 
 import { InvalidInputError } from "./errors.js";
-import { checkId, hasLoneSurrogate } from "./keys.js";
+import { checkId, checkKey, hasLoneSurrogate } from "./keys.js";
 
 /** The furthest ahead an order may be scheduled: 10 years (3,653 days), ms. */
 export const MAX_AHEAD_MS = 3653 * 24 * 3600 * 1000;
@@ -134,6 +134,12 @@ export interface NewOrder extends When {
    * An upsert replaces the set (see src/engine/tags.rs).
    */
   tags?: string[];
+  /**
+   * The order's key (issue 42; 1..=128 bytes, no control characters, else
+   * `invalid_option`): due orders are dispatched round robin between keys. An upsert
+   * without a key removes the one the order had.
+   */
+  key?: string;
 }
 
 /** Most tags per order, and the longest tag in bytes (src/engine/tags.rs). */
@@ -187,13 +193,16 @@ export function checkExpiresAfter(ms: unknown): number {
 }
 
 /**
- * What enqueue.lua stores for an order's payload text: the text, after `\x1d<tags>\x1d`
- * with tags, after `!<ms>!` with its own expiry (the order of src/engine/message.rs).
+ * What enqueue.lua stores for an order's payload text: `!<ms>!` with its own expiry, then
+ * `\x1e<key>\x1e` with a key (src/engine/order_key.rs), then `\x1d<tags>\x1d` with tags
+ * (src/engine/tags.rs), then the text (the order of src/engine/message.rs).
  */
 export function storedBody(order: NewOrder, payload: string): string {
   const tagged = order.tags && order.tags.length > 0 ? `\x1d${order.tags.join("\x1f")}\x1d${payload}` : payload;
   const e = order.expiresAfterMs;
-  return e === undefined || e === null ? tagged : `!${e}!${tagged}`;
+  const k = order.key;
+  const keyed = k === undefined || k === null ? tagged : `\x1e${k}\x1e${tagged}`;
+  return e === undefined || e === null ? keyed : `!${e}!${keyed}`;
 }
 
 /** An order's debounce: both at least 1 ms and at most 10 years, `maxWaitMs >= delayMs`. */
@@ -556,7 +565,8 @@ export function payloadText(order: Pick<NewOrder, "payload" | "payloadJson">): s
 
 /**
  * Checks one order as the Rust `NewOrder::validate` does, once its payload text is known:
- * the id, the payload's size, its depth, the due time, `expiresAfterMs`, then `tags`. Returns the due time.
+ * the id, the payload's size, its depth, the due time, then `expiresAfterMs`, `tags`, then
+ * `key`. Returns the due time.
  */
 export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxPayloadBytes: number): number {
   checkId(order.id);
@@ -585,6 +595,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   }
   if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
   checkTags(order.tags);
+  if (order.key !== undefined && order.key !== null) checkKey(order.key);
   return due;
 }
 
@@ -594,7 +605,7 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
  * `"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"`: the context is left out, so the
  * payload reads back byte for byte (`~` never starts a JSON text).
  */
-export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string } {
+export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: string; key?: string } {
   const i = raw.indexOf(":");
   if (i >= 0) {
     const ms = raw.slice(0, i);
@@ -605,6 +616,15 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
         // An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
         const exp = /^!([1-9][0-9]*)!/.exec(json);
         if (exp) json = json.slice(exp[0].length);
+        // Then its key ("\x1e<key>\x1e", src/engine/order_key.rs).
+        let key: string | undefined;
+        if (json.startsWith("\x1e")) {
+          const end = json.indexOf("\x1e", 1);
+          if (end > 1) {
+            key = json.slice(1, end);
+            json = json.slice(end + 1);
+          }
+        }
         // Then its tags ("\x1d<t1>\x1f<t2>\x1d", src/engine/tags.rs).
         if (json.startsWith("\x1d")) {
           const end = json.indexOf("\x1d", 1);
@@ -614,7 +634,7 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
           const end = json.indexOf("~", 1);
           if (end > 0) json = json.slice(end + 1);
         }
-        return { enqueuedAtMs: Number(big), json };
+        return key === undefined ? { enqueuedAtMs: Number(big), json } : { enqueuedAtMs: Number(big), json, key };
       }
     }
   }

@@ -16,6 +16,7 @@ const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
   "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
+  "key",
 ]);
 
 let redis;
@@ -66,8 +67,13 @@ function expiry(o) {
   };
 }
 
+/** The order's `key` exactly as the file has it (absent: none). */
+function keyOf(o) {
+  return "key" in o ? { key: o.key } : {};
+}
+
 function orderOf(o) {
-  return { id: o.id, ...when(o), payloadJson: o.payload, ...level(o), ...expiry(o) };
+  return { id: o.id, ...when(o), payloadJson: o.payload, ...level(o), ...expiry(o), ...keyOf(o) };
 }
 
 function ordersOf(c) {
@@ -144,6 +150,7 @@ for (const c of spec.cases) {
         assert.equal(result.dueAtMs, expectDue);
         if (result.outcome !== "unchanged") assert.equal(got.priority, c.priority ?? "normal", `${c.name}: stored level`);
         if (result.outcome !== "unchanged") assert.deepEqual(got.tags, c.tags ?? [], `${c.name}: stored tags`);
+        if (result.outcome !== "unchanged") assert.equal(got.key, c.key, `${c.name}: stored key`);
       } else if (c.op === "schedule_many") {
         const orders = ordersOf(c);
         assert.equal(result.length, orders.length);

@@ -26,7 +26,14 @@ test("drift: every vendored script is the repository's lua/<name>.lua with lua/p
     const repo = readFileSync(path.join(REPO, "lua", `${name}.lua`), "utf8").replace(/^#![^\n]*\n/, "");
     const copy = readFileSync(vendored(name), "utf8");
     assert.equal(copy.split(prelude).length, 2, `sdk/typescript/lua/${name}.lua: the prelude is not in it once`);
-    assert.equal(copy.replace(`\n${prelude}\n`, ""), repo,
+    let own = copy.replace(`\n${prelude}\n`, "");
+    // The scripts that keep the key index (issue 42) have lua/keyed.lua after the prelude.
+    if (["enqueue", "cancel", "reschedule", "tag_bulk"].includes(name)) {
+      const keyed = readFileSync(path.join(REPO, "lua", "keyed.lua"), "utf8");
+      assert.equal(own.split(keyed).length, 2, `sdk/typescript/lua/${name}.lua: lua/keyed.lua is not in it once`);
+      own = own.replace(`${keyed}\n`, "");
+    }
+    assert.equal(own, repo,
       `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: export it again (delayq scripts export DIR)`);
     assert.equal(SCRIPTS[name].sha, sha1(vendored(name)), `the SHA the client sends for ${name}.lua`);
   }

@@ -232,3 +232,18 @@ test("an order scheduled here with expiresAfterMs, handed over too late, is expi
   assert.equal(history.groups[0].state, "expired");
   assert.ok(!hook.ids().includes("stale-1"), "never delivered");
 });
+
+test("a key set here reaches the webhook body and the engine's history (issue 42)", { timeout: 90_000 }, async () => {
+  const k = await client.schedule(Q, { id: "keyed-ts-1", delayMs: 100, payload: { a: 1 }, key: "merchant:17", expiresAfterMs: 3_600_000 });
+  await client.schedule(Q, { id: "plain-ts-1", delayMs: 100, payload: { a: 2 } });
+  const keyed = JSON.parse(await hook.waitFor("keyed-ts-1", 30_000));
+  assert.equal(keyed.key, "merchant:17");
+  assert.deepEqual(keyed.payload, { a: 1 });
+  const plain = JSON.parse(await hook.waitFor("plain-ts-1", 30_000));
+  assert.equal(plain.key, undefined);
+  const cli = await delayq(["--redis-url", redis.url, "get", Q, "keyed-ts-1"]);
+  assert.equal(cli.code, 0, cli.stderr);
+  const got = JSON.parse(cli.stdout);
+  assert.equal(got.key, "merchant:17");
+  assert.equal(got.due_at_ms, k.dueAtMs);
+});

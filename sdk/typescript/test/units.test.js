@@ -29,6 +29,8 @@ test("the shard function is FNV-1a 64 of the UTF-8 bytes", { timeout: 90_000 }, 
     dispatched: "{dq:order-close:7}:dispatched",
     debounce: "{dq:order-close:7}:debounce",
     tags: "{dq:order-close:7}:tags",
+    keyed: "{dq:order-close:7}:keyed",
+    keyRing: "{dq:order-close:7}:key_ring",
   });
 });
 

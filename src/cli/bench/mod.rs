@@ -99,6 +99,8 @@ pub struct BenchOptions {
     pub traced: bool,
     /// Tags per order (spread, storm).
     pub tags: usize,
+    /// Order keys: order i gets key `k<i mod keys>` (0: none).
+    pub keys: usize,
 }
 
 /// The bench dispatcher's options: the defaults, with `--linger` and `--lateness-budget`
@@ -193,6 +195,7 @@ async fn timed(
     let mut orders = bench_orders(n, opts.payload_bytes, due_of);
     with_traces(&mut orders, opts.traced);
     with_tags(&mut orders, opts.tags);
+    with_keys(&mut orders, opts.keys);
     if levels {
         for (i, o) in orders.iter_mut().enumerate() {
             o.priority = crate::Priority::ALL[i % 3];
@@ -277,6 +280,8 @@ async fn timed(
                 ", every order traced (W3C context stored, no export)".to_owned()
             } else if opts.tags > 0 {
                 format!(", {} tags per order", opts.tags)
+            } else if opts.keys > 0 {
+                format!(", orders keyed over {} keys", opts.keys)
             } else {
                 String::new()
             },
@@ -337,6 +342,16 @@ fn with_traces(orders: &mut [NewOrder], traced: bool) {
     }
 }
 
+/// `orders` with key `k<i mod keys>` each, when `keys` > 0.
+fn with_keys(orders: &mut [NewOrder], keys: usize) {
+    if keys == 0 {
+        return;
+    }
+    for (i, o) in orders.iter_mut().enumerate() {
+        o.key = Some(format!("k{}", i % keys));
+    }
+}
+
 /// `delayq bench`: runs the named scenarios and prints one report each (`c` is a
 /// [`Command::Bench`](super::Command::Bench)).
 pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbResult {
@@ -358,6 +373,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         lateness_budget,
         traced,
         tags,
+        keys,
         json,
     } = c
     else {
@@ -387,6 +403,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
             .transpose()?,
         traced,
         tags,
+        keys,
     };
     dispatcher_options(&opts).validate()?;
     crate::engine::history::HistoryPolicy::new(opts.history_retention)?;

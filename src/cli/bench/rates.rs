@@ -17,6 +17,7 @@ pub(super) async fn enqueue(client: &Client, opts: &BenchOptions) -> anyhow::Res
         })
         .collect();
     with_traces(&mut orders, opts.traced);
+    with_keys(&mut orders, opts.keys);
     let before = info_field::<i64>(client, "memory", "used_memory").await?;
     let (cpu0, stats0) = (redis_cpu_s(client).await?, command_stats(client).await?);
     let took = enqueue_all(client, &orders).await?;

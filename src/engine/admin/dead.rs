@@ -44,6 +44,9 @@ pub struct DeadLetter {
     /// The order's tags (none: left out of the JSON).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// The order's key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// Which dead letters an operation applies to.
@@ -401,5 +404,8 @@ fn to_dead(
         tags: get("data")
             .map(crate::engine::tags::of_stored)
             .unwrap_or_default(),
+        key: get("data")
+            .and_then(crate::engine::order_key::of_stored)
+            .map(str::to_owned),
     }
 }

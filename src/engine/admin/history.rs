@@ -92,6 +92,9 @@ pub struct OrderHistory {
     /// The order's tags while its payload is known (none: left out of the JSON).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
+    /// Its key (see [`crate::engine::order_key`]), when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
@@ -400,6 +403,12 @@ fn stored_payload(raw: &str) -> Box<RawValue> {
     raw_json(decode_stored(raw).1)
 }
 
+/// The key of a stored value (see [`crate::engine::order_key`]).
+fn stored_key(raw: Option<&str>) -> Option<String> {
+    raw.and_then(crate::engine::order_key::of_stored)
+        .map(str::to_owned)
+}
+
 fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<OrderHistory>> {
     let redis::Value::Array(parts) = reply else {
         return Ok(None);
@@ -422,6 +431,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         priority: Priority::Normal,
         debounce: None,
         tags: Vec::new(),
+        key: None,
     };
     if state == "scheduled" {
         let due = parts
@@ -431,6 +441,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             .ok_or_else(|| reply_err("no due time"))?;
         let mut h = base(OrderState::Scheduled, due);
         let stored = parts.next().as_ref().and_then(text);
+        h.key = stored_key(stored.as_deref());
         h.payload = stored.as_deref().map(stored_payload);
         h.tags = stored
             .as_deref()
@@ -454,6 +465,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
     let data = fields
         .as_ref()
         .and_then(|f| f.iter().find(|(k, _)| k == "data").map(|(_, v)| v.as_str()));
+    h.key = stored_key(data);
     h.payload = data.map(stored_payload);
     h.tags = data.map(crate::engine::tags::of_stored).unwrap_or_default();
     h.dispatched_at_ms = entry_ms(&entry);

@@ -113,6 +113,8 @@ impl Client {
             k.dispatched.clone(),
             k.debounce.clone(),
             k.tags.clone(),
+            k.keyed.clone(),
+            k.key_ring.clone(),
             k.dead.clone(),
             k.ticks(),
         ];

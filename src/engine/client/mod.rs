@@ -227,6 +227,10 @@ impl Client {
         let (score, raw, priority, debounce) =
             scripts::get(&mut conn, self.server(), &keys, id).await?;
         let Some(score) = score else { return Ok(None) };
+        let key = raw
+            .as_deref()
+            .and_then(crate::engine::order_key::of_stored)
+            .map(str::to_owned);
         let (enqueued_at_ms, payload) = match raw.as_deref().map(decode_stored) {
             Some((enq, json)) => (
                 enq,
@@ -246,6 +250,7 @@ impl Client {
             priority,
             debounce,
             tags,
+            key,
         }))
     }
 

@@ -106,11 +106,13 @@ impl Client {
             },
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
-        // Tagged orders store their tags in front of that (see `engine::tags`), and orders
-        // with an `expires_after` store it in front of those (see `engine::expiry`).
+        // Orders with an `expires_after` store it in front of everything (see
+        // `engine::expiry`), keyed orders their key next (see `engine::order_key`), tagged
+        // orders their tags after that (see `engine::tags`), then the trace context.
         let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
         let tagged = orders.iter().any(|o| !o.tags.is_empty());
-        let stored: Vec<Option<String>> = if producer.is_traced() || expiring || tagged {
+        let keyed = orders.iter().any(|o| o.key.is_some());
+        let stored: Vec<Option<String>> = if producer.is_traced() || expiring || tagged || keyed {
             orders
                 .iter()
                 .map(|o| {
@@ -125,12 +127,19 @@ impl Client {
                             traced.as_deref().unwrap_or(o.payload.as_str()),
                         ))
                     };
-                    match o.expires_after_ms {
-                        Some(e) => Some(crate::engine::expiry::encode(
-                            e,
+                    let keyed = match &o.key {
+                        Some(k) => Some(crate::engine::order_key::encode(
+                            k,
                             traced.as_deref().unwrap_or(o.payload.as_str()),
                         )),
                         None => traced,
+                    };
+                    match o.expires_after_ms {
+                        Some(e) => Some(crate::engine::expiry::encode(
+                            e,
+                            keyed.as_deref().unwrap_or(o.payload.as_str()),
+                        )),
+                        None => keyed,
                     }
                 })
                 .collect()
@@ -327,6 +336,7 @@ impl Client {
                         due_ms: dues[i],
                         payload: texts.payload(i),
                         priority: orders[i].priority,
+                        key: orders[i].key.as_deref(),
                         rules: crate::engine::time_rules::enqueue_rules_arg(
                             orders[i].repeat,
                             orders[i].debounce.as_ref(),

@@ -25,6 +25,39 @@ use crate::engine::error::Error;
 /// script's text by [`source`].
 pub const PRELUDE_LUA: &str = include_str!("../../../lua/prelude.lua");
 
+/// Source of `lua/keyed.lua`: the helpers of the scripts that keep a shard's key index
+/// (issue 42), put into those scripts' text after the prelude by [`source_keyed`].
+pub const KEYED_LUA: &str = include_str!("../../../lua/keyed.lua");
+
+/// A script's text as Redis runs it, as [`source`], with the key index helpers
+/// ([`KEYED_LUA`]) after the prelude.
+pub fn source_keyed(file: &str) -> String {
+    let (flags, file) = split_flags(file);
+    let header: usize = file
+        .split_inclusive('\n')
+        .take_while(|l| l.starts_with("--"))
+        .map(str::len)
+        .sum();
+    format!(
+        "{flags}{}\n{PRELUDE_LUA}\n{KEYED_LUA}\n{}",
+        &file[..header],
+        &file[header..]
+    )
+}
+
+/// The scripts built with [`source_keyed`]: those that keep a shard's key index.
+pub const KEYED_SCRIPTS: [&str; 5] = ["enqueue", "dequeue", "cancel", "reschedule", "tag_bulk"];
+
+/// The text of script `name` (the file name without `.lua`) from its file: [`source_keyed`]
+/// for the [`KEYED_SCRIPTS`], [`source`] for the others.
+pub fn source_named(name: &str, file: &str) -> String {
+    if KEYED_SCRIPTS.contains(&name) {
+        source_keyed(file)
+    } else {
+        source(file)
+    }
+}
+
 /// The first line of a read-only script: Redis 7.0+ then runs it on read-only replicas and
 /// under `maxmemory`, and refuses any write command in it.
 pub const NO_WRITES: &str = "#!lua flags=no-writes\n";
@@ -203,7 +236,7 @@ mod tests {
     /// The commands a script's own text calls (`redis.call('X'` / `redis.pcall('X'`), upper
     /// case; a call whose command is not a literal reads as `?` (it may write).
     fn commands(text: &str) -> Vec<String> {
-        let own = text.replacen(PRELUDE_LUA, "", 1);
+        let own = text.replacen(PRELUDE_LUA, "", 1).replacen(KEYED_LUA, "", 1);
         let mut out = Vec::new();
         for pat in ["redis.call(", "redis.pcall("] {
             for (i, _) in own.match_indices(pat) {

@@ -13,16 +13,17 @@ use std::sync::LazyLock;
 
 /// Source of `lua/enqueue.lua`.
 pub static ENQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/enqueue.lua")));
+    LazyLock::new(|| super::source_named("enqueue", include_str!("../../../lua/enqueue.lua")));
 /// Source of `lua/dequeue.lua`.
 pub static DEQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/dequeue.lua")));
+    LazyLock::new(|| super::source_named("dequeue", include_str!("../../../lua/dequeue.lua")));
 /// Source of `lua/cancel.lua`.
 pub static CANCEL_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/cancel.lua")));
+    LazyLock::new(|| super::source_named("cancel", include_str!("../../../lua/cancel.lua")));
 /// Source of `lua/reschedule.lua`.
-pub static RESCHEDULE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source(include_str!("../../../lua/reschedule.lua")));
+pub static RESCHEDULE_LUA: LazyLock<String> = LazyLock::new(|| {
+    super::source_named("reschedule", include_str!("../../../lua/reschedule.lua"))
+});
 
 static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&ENQUEUE_LUA));
 static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&DEQUEUE_LUA));
@@ -42,6 +43,8 @@ pub(crate) struct EnqueueArg<'a> {
     pub rules: String,
     /// The payload argument holds the order's tags (see [`crate::engine::tags`]).
     pub tagged: bool,
+    /// The order's key (see [`crate::engine::order_key`]).
+    pub key: Option<&'a str>,
 }
 
 /// What `enqueue.lua` did with one order.
@@ -64,28 +67,30 @@ pub(crate) fn enqueue_invocation<'a>(
     orders: &[EnqueueArg<'_>],
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = ENQUEUE.prepare_invoke();
+    // Every shard key, so an upsert can re-index a keyed order on any call; the columns
+    // are named in the mode (`upsert:rk`). Orders without time rules or keys go as
+    // quadruples, as before those existed: no more work per order for them.
     inv.key(&keys.due)
         .key(&keys.payload)
         .key(&keys.meta)
         .key(&keys.levels)
         .key(&keys.dispatched)
-        .key(&keys.tags);
-    // Orders without time rules go as quadruples, as before the rules existed: no more
-    // work per order for them.
+        .key(&keys.tags)
+        .key(&keys.debounce)
+        .key(&keys.keyed)
+        .key(&keys.key_ring);
     let rules = orders.iter().any(|o| !o.rules.is_empty());
-    if rules {
-        inv.key(&keys.debounce);
-    }
+    let keyed = orders.iter().any(|o| o.key.is_some());
     // A call without tags says so: the script does no work per order for tags.
     let tagged = orders.iter().any(|o| o.tagged);
-    inv.arg(match (if_absent, tagged) {
-        (false, false) => "upsert",
-        (true, false) => "nx",
-        (false, true) => "upsert+tags",
-        (true, true) => "nx+tags",
-    })
-    .arg(now_ms)
-    .arg(epoch);
+    let mode = format!(
+        "{}{}:{}{}",
+        if if_absent { "nx" } else { "upsert" },
+        if tagged { "+tags" } else { "" },
+        if rules { "r" } else { "" },
+        if keyed { "k" } else { "" },
+    );
+    inv.arg(mode).arg(now_ms).arg(epoch);
     for o in orders {
         inv.arg(o.id)
             .arg(o.due_ms)
@@ -93,6 +98,9 @@ pub(crate) fn enqueue_invocation<'a>(
             .arg(lane_arg(o.priority));
         if rules {
             inv.arg(&o.rules);
+        }
+        if keyed {
+            inv.arg(o.key.unwrap_or(""));
         }
     }
     inv
@@ -205,6 +213,8 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
         .key(&keys.dispatched)
         .key(&keys.debounce)
         .key(&keys.tags)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
         .arg(now_ms)
         .arg(limit.clamp(1, MAX_DEQUEUE_BATCH))
         .arg(expires_at)
@@ -228,6 +238,8 @@ pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::Script
         .key(&keys.levels)
         .key(&keys.debounce)
         .key(&keys.tags)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
         .arg(id);
     inv
 }
@@ -254,7 +266,13 @@ pub(crate) fn reschedule_invocation<'a>(
     priority: Option<Priority>,
 ) -> redis::ScriptInvocation<'a> {
     let mut inv = RESCHEDULE.prepare_invoke();
-    inv.key(&keys.due).key(&keys.levels).arg(id).arg(due_ms);
+    inv.key(&keys.due)
+        .key(&keys.levels)
+        .key(&keys.payload)
+        .key(&keys.keyed)
+        .key(&keys.key_ring)
+        .arg(id)
+        .arg(due_ms);
     if let Some(p) = priority {
         inv.arg(p.as_str());
     }

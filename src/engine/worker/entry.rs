@@ -120,6 +120,10 @@ pub(super) fn parse_delivery(
         },
         None => (None, Vec::new(), None, "null"),
     };
+    let key = data
+        .as_deref()
+        .and_then(crate::engine::order_key::of_stored)
+        .map(str::to_owned);
     let payload = match serde_json::from_str(text) {
         Ok(v) => v,
         Err(_) => {
@@ -147,6 +151,7 @@ pub(super) fn parse_delivery(
         flag,
         trace,
         tags,
+        key,
     };
     let bad = id
         .is_none()

@@ -60,12 +60,20 @@ pub struct Delivery {
     /// The order's tags (see [`crate::engine::tags`]): the same on every attempt, reclaim
     /// and replay.
     pub tags: Vec<String>,
+    /// The order's key (see [`crate::engine::order_key`]), when it has one: the same on
+    /// every attempt, reclaim and replay.
+    pub key: Option<String>,
 }
 
 impl Delivery {
     /// The order's tags, as scheduled (empty for an untagged order).
     pub fn tags(&self) -> &[String] {
         &self.tags
+    }
+
+    /// The order's key, when it has one (see [`crate::engine::order_key`]).
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
     }
 
     /// A copy with what settling an entry needs (ids, shard, attempt, due time), without
@@ -87,6 +95,7 @@ impl Delivery {
             flag: self.flag,
             trace: None,
             tags: Vec::new(),
+            key: self.key.clone(),
         }
     }
 }

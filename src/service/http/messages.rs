@@ -67,6 +67,10 @@ struct MessageBody {
     /// The order's tags ([`crate::engine::tags::from_json`] names the field when wrong).
     #[serde(default)]
     tags: Option<Value>,
+    /// The order's key ([`crate::engine::order_key`]); taken as any JSON value so a wrong
+    /// type is refused naming the field.
+    #[serde(default)]
+    key: Option<Value>,
 }
 
 /// `debounce`: `{"delay_ms": ..., "max_wait_ms": ...}`.
@@ -105,7 +109,21 @@ impl MessageBody {
             Some(t) => order.with_tags(crate::engine::tags::from_json(t)?),
             None => order,
         };
-        self.expiring(order.with_priority(self.priority()?).repeat(self.repeat))
+        let order = self.expiring(order.with_priority(self.priority()?).repeat(self.repeat))?;
+        self.keyed(order)
+    }
+
+    /// `order` with this message's `key`, if it has one (`null`: none); the key's rule is
+    /// checked with the order ([`NewOrder`]'s validation).
+    fn keyed(&self, order: NewOrder) -> Result<NewOrder, InvalidInput> {
+        match &self.key {
+            None | Some(Value::Null) => Ok(order),
+            Some(Value::String(k)) => Ok(order.with_key(k.clone())),
+            Some(_) => Err(InvalidInput::Option {
+                name: crate::engine::order_key::FIELD,
+                reason: "must be a string".into(),
+            }),
+        }
     }
 
     fn priority(&self) -> Result<Priority, InvalidInput> {

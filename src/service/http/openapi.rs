@@ -179,7 +179,8 @@ fn schemas() -> Value {
         json!({"entry_id": {"type": "string"}, "queue": {"type": "string"}, "id": {"type": "string"},
                "group": {"type": "string"}, "attempts": int(), "last_error": {"type": "string"},
                "dead_at_ms": int(), "due_at_ms": int(), "payload": {"nullable": true}, "priority": priority(),
-               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int(), "tags": tags_schema()}),
+               "reason": {"type": "string", "enum": ["expired"]}, "late_ms": int(), "tags": tags_schema(),
+               "key": {"type": "string", "description": "the order's key, when it has one"}}),
     );
     let selection = json!({"type": "object", "additionalProperties": false, "properties": {
         "all": {"type": "boolean"}, "entry_ids": {"type": "array", "items": {"type": "string"}},
@@ -197,6 +198,8 @@ fn schemas() -> Value {
     let debounce = json!({"type": "object", "additionalProperties": false, "required": ["delay_ms", "max_wait_ms"],
         "description": "instead of a due time: due delay_ms after each call (payload replaced), never later than max_wait_ms after the first call; both 1 ms ..= 10 years, max_wait_ms >= delay_ms, not with if_absent (400 invalid_option naming debounce.delay, debounce.max_wait or debounce)",
         "properties": {"delay_ms": {"type": "integer", "minimum": 1}, "max_wait_ms": {"type": "integer", "minimum": 1}}});
+    // Order keys (issue 42; src/engine/order_key.rs).
+    let key = order_key();
     let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
     // Tags (issue 43; src/engine/tags.rs).
     let tags = tags_schema();
@@ -213,6 +216,7 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after.clone(),
             "debounce": debounce.clone(),
+            "key": key.clone(),
             "repeat": repeat.clone(),
             "tags": tags.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
@@ -225,6 +229,7 @@ fn schemas() -> Value {
             "priority": priority(),
             "expires_after": expires_after,
             "debounce": debounce,
+            "key": key,
             "repeat": repeat,
             "tags": tags}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
@@ -317,6 +322,7 @@ fn pull_answer() -> Value {
         json!({"id": {"type": "string"}, "payload": {"description": "byte for byte as scheduled"},
                "priority": priority(), "attempt": int(), "due_at_ms": int(), "dispatched_at_ms": int(),
                "enqueued_at_ms": int(), "traceparent": {"type": "string"}, "tracestate": {"type": "string"},
+               "key": {"type": "string", "description": "the order's key, when it has one"},
                "receipt": {"type": "string", "description": "opaque; settles this delivery while its lease holds"},
                "lease_until_ms": int()}),
     );
@@ -422,7 +428,8 @@ fn order_history() -> Value {
                "groups": {"type": "array", "items": group}, "priority": priority(),
                "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",
                    "properties": {"first_call_ms": int(), "max_due_ms": int()}},
-               "tags": tags_schema()}),
+               "tags": tags_schema(),
+               "key": {"type": "string", "description": "the order's key, when it has one"}}),
     )
 }
 
@@ -434,6 +441,13 @@ fn tags_schema() -> Value {
         "items": {"type": "string", "minLength": 1, "maxLength": MAX_TAG_LEN, "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"},
         "example": ["order:1234", "customer:42"],
         "description": "the order's tags (list, count, cancel or reschedule every order with a tag); at most 10, each 1..=128 bytes without control characters, none twice (else 400 invalid_option naming tags); an upsert replaces the set; left out of answers when none"})
+}
+
+/// An order's `key` (src/engine/order_key.rs).
+fn order_key() -> Value {
+    use crate::engine::order_key::MAX_KEY_LEN;
+    json!({"type": "string", "minLength": 1, "maxLength": MAX_KEY_LEN, "example": "merchant:17",
+        "description": format!("the order's key: 1..{MAX_KEY_LEN} bytes, no control characters (else 400 invalid_option naming key). Due orders are dispatched round robin between the keys that have due work (unkeyed orders are one more participant), so a key with few orders is served alongside one with many. Shown by get, history and dead letters, kept by retries and replays, in the webhook body as key; an upsert without a key removes it")})
 }
 
 fn paths() -> Value {

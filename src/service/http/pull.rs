@@ -199,6 +199,9 @@ struct DeliveryOut {
     traceparent: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tracestate: Option<String>,
+    /// The order's key (issue 42), for a keyed order only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
     receipt: String,
     lease_until_ms: i64,
 }
@@ -219,6 +222,7 @@ impl From<PullDelivery> for DeliveryOut {
                 .trace
                 .as_ref()
                 .and_then(|t| t.tracestate().map(str::to_owned)),
+            key: d.key,
             receipt: p.receipt,
             lease_until_ms: p.lease_until_ms,
         }

@@ -149,6 +149,9 @@ class Order:
     #: Its tags (at most 10, each 1..=128 bytes without control characters): list, count,
     #: cancel or reschedule every order with a tag at once. An upsert replaces the set.
     tags: Optional[Sequence[str]] = None
+    #: The order's key (issue 42): due orders are dispatched round robin between keys. An
+    #: upsert without a key removes the one the order had.
+    key: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +193,8 @@ class ScheduledOrder:
     debounce: Optional[Tuple[int, int]] = None
     #: Its tags (empty when it has none).
     tags: Tuple[str, ...] = ()
+    #: Its key (issue 42), else None.
+    key: Optional[str] = None
 
 
 # ---------------------------------------------------------------- options
@@ -402,6 +407,8 @@ class Prepared:
     rules: bytes = b""
     #: The stored tag prefix (``rules.encode_tags``; b"" without tags).
     tags: bytes = b""
+    #: The order's key, UTF-8 (None: no key).
+    key: Optional[bytes] = None
 
 
 def to_order(o: Any) -> Order:
@@ -451,9 +458,10 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
                 due = rules.resolve_due(now_ms, o.delay_ms, o.due_ms, o.delay, o.at, o.at_local, o.timezone)
             expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
             tags = rules.encode_tags(rules.check_tags(o.tags))
+            key = None if o.key is None else rules.check_key(o.key)
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags, key))
     if if_absent:
         for i, o in enumerate(orders):
             if o.debounce is not None:
@@ -514,34 +522,47 @@ def tags_key(due: str) -> str:
 
 
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 6 due payload meta levels dispatched tags mode now epoch id due json
-    level ...``: one quadruple per order (level ``""`` for normal); when an order of the
-    call carries time rules, the debounce HASH as KEYS[7] and quintuples (``..., rules``);
-    mode ``upsert+tags`` / ``nx+tags`` when one carries tags, as the Rust client sends
-    them."""
+    """``EVALSHA <sha> 9 due payload meta levels dispatched tags debounce keyed key_ring
+    <mode>[+tags]:<columns> now epoch id due json level ...``: one quadruple per order (level
+    ``""`` for normal), then the rules column (``r``, when an order of the call carries
+    time rules) and the key column (``k``, when one has a key; ``""`` for none); mode
+    ``upsert+tags`` / ``nx+tags`` when one carries tags, as the Rust client sends them."""
     tag = keys.tag(queue, call.shard)
     with_rules = any(prepared[i].rules for i in call.idxs)
+    with_keys = any(prepared[i].key is not None for i in call.idxs)
     # The tag index is KEYS[6]; a call with tagged orders says so in its mode.
     tagged = any(prepared[i].tags for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 7 if with_rules else 6,
+        "EVALSHA", ENQUEUE.sha, 9,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
-        keys.levels(queue, call.shard), tag + ":dispatched", tag + ":tags",
+        keys.levels(queue, call.shard), tag + ":dispatched", tag + ":tags", tag + ":debounce",
+        tag + ":keyed", tag + ":key_ring",
     ]
-    if with_rules:
-        args.append(tag + ":debounce")
-    args += [("nx" if if_absent else "upsert") + ("+tags" if tagged else ""), now_ms, epoch]
+    mode = ("nx" if if_absent else "upsert") + ("+tags" if tagged else "") + ":" + ("r" if with_rules else "") + ("k" if with_keys else "")
+    args += [mode, now_ms, epoch]
     # Bytes all the way (canonical decimal integers), so the encoder passes them through.
     for i in call.idxs:
         p = prepared[i]
-        # The stored prefixes in their order (src/engine/message.rs): expiry, tags, payload.
-        data = p.tags + p.payload.data if p.tags else p.payload.data
-        if p.expires_after_ms is not None:
-            data = b"!%d!" % p.expires_after_ms + data
+        data = stored_body(p)
         args += (p.id_bytes, b"%d" % p.due, data, p.level)
         if with_rules:
             args.append(p.rules)
+        if with_keys:
+            args.append(p.key or b"")
     return args
+
+
+def stored_body(p: Prepared) -> bytes:
+    """What an order stores after ``<enqueued_ms>:``: ``!<expires_after_ms>!`` (its own
+    expiry), then ``\x1e<key>\x1e`` (its key), then ``\x1d<t1>\x1f<t2>\x1d`` (its tags),
+    then the payload; an order with none of them stores the payload alone
+    (src/engine/message.rs)."""
+    data = p.tags + p.payload.data if p.tags else p.payload.data
+    if p.key is not None:
+        data = b"\x1e" + p.key + b"\x1e" + data
+    if p.expires_after_ms is not None:
+        data = b"!%d!" % p.expires_after_ms + data
+    return data
 
 
 _CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED, 3: Outcome.DUPLICATE}
@@ -654,22 +675,34 @@ def stored_level(v: Any) -> Priority:
 
 
 def decode_stored(text: str) -> Tuple[Optional[int], str]:
+    """:func:`decode_stored_keyed` without the key."""
+    enq, _, body = decode_stored_keyed(text)
+    return enq, body
+
+
+def decode_stored_keyed(text: str) -> Tuple[Optional[int], Optional[str], str]:
     """A stored payload value ``"<enqueued_ms>:<json>"`` as (enqueued ms, JSON text). An order
     scheduled in a trace context (a Rust producer or ``delayq serve`` with ``traceparent``)
     stores ``"<enqueued_ms>:~<traceparent>[;<tracestate>]~<json>"``: the context is left
     out, so the payload reads back byte for byte (``~`` never starts a JSON text)."""
     head, sep, rest = text.partition(":")
     if not sep:
-        return None, text
+        return None, None, text
     try:
         enq = int(head)
     except ValueError:
-        return None, text
+        return None, None, text
     if rest.startswith("!"):
         # An order's expires_after ("!<ms>!", src/engine/expiry.rs) comes first.
         m = re.match(r"!([1-9][0-9]*)!", rest)
         if m:
             rest = rest[m.end():]
+    key = None
+    if rest.startswith("\x1e"):
+        # Then its key ("\x1e<key>\x1e", src/engine/order_key.rs).
+        end = rest.find("\x1e", 1)
+        if end > 1:
+            key, rest = rest[1:end], rest[end + 1:]
     if rest.startswith("\x1d"):
         # The order's tags ("\x1d<t1>\x1f<t2>\x1d", src/engine/tags.rs) come next.
         end = rest.find("\x1d", 1)
@@ -679,7 +712,7 @@ def decode_stored(text: str) -> Tuple[Optional[int], str]:
         end = rest.find("~", 1)
         if end > 0:
             rest = rest[end + 1:]
-    return enq, rest
+    return enq, key, rest
 
 
 def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
@@ -701,16 +734,17 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
     if raw is None:
         return ScheduledOrder(id, due, None, None, None, priority, deb)
     text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
-    enq, body = decode_stored(text)
+    enq, key, body = decode_stored_keyed(text)
     try:
         value = json.loads(body)
     except (ValueError, RecursionError):
         value = body
-    return ScheduledOrder(id, due, enq, value, body, priority, deb, stored_tags(text))
+    return ScheduledOrder(id, due, enq, value, body, priority, deb, stored_tags(text), key)
 
 
 def stored_tags(text: str) -> Tuple[str, ...]:
-    """The tags of a stored value: the list between its first two GS (none: empty)."""
+    """The tags of a stored value: the list between its first two GS (none: empty; a key
+    prefix before them holds no control character)."""
     start = text.find("\x1d")
     if start < 0:
         return ()

@@ -227,6 +227,7 @@ class AsyncClient:
         debounce: Any = None,
         repeat: bool = False,
         tags: Optional[Sequence[str]] = None,
+        key: Optional[str] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -245,7 +246,9 @@ class AsyncClient:
         first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
         window (otherwise the outcome is ``duplicate`` and nothing is written). ``tags``: at
         most 10 strings, each 1..=128 bytes without control characters, none twice (else
-        ``invalid_option``); an upsert replaces the set."""
+        ``invalid_option``); an upsert replaces the set. ``key``: the order's key (1..=128
+        bytes, no control characters, else ``invalid_option``): due orders are dispatched
+        round robin between keys; an upsert without one removes it."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -260,6 +263,7 @@ class AsyncClient:
             debounce=debounce,
             repeat=repeat,
             tags=tags,
+            key=key,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
@@ -423,7 +427,7 @@ class AsyncClient:
 
     # ------------------------------------------------------------ cancel, reschedule, get
 
-    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str]:
+    async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str, str, str]:
         """The due ZSET, payload HASH and levels HASH of the order's shard."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
@@ -434,6 +438,8 @@ class AsyncClient:
             self._keys.payload(queue, s),
             self._keys.levels(queue, s),
             self._keys.tag(queue, s) + ":debounce",
+            self._keys.tag(queue, s) + ":keyed",
+            self._keys.tag(queue, s) + ":key_ring",
         )
 
     async def cancel(self, queue: str, id: str) -> c.CancelOutcome:
@@ -441,8 +447,9 @@ class AsyncClient:
         never scheduled, was already cancelled, or was already dispatched."""
         keys = await self._shard_keys(queue, id)
         try:
-            # The tag index as KEYS[5]: a tagged order's tags leave it (cancel.lua).
-            n = await self._evalsha(c.CANCEL, list(keys) + [c.tags_key(keys[0])], [id])
+            # The tag index as KEYS[5], the key index and ring as KEYS[6], KEYS[7]: a
+            # tagged order's tags and a keyed order's member leave them (cancel.lua).
+            n = await self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]), [id])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
@@ -458,7 +465,8 @@ class AsyncClient:
         total = 0
         for s in range(ref.shards):
             due = self._keys.due(queue, s)
-            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due)]
+            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due),
+                    self._keys.tag(queue, s) + ":keyed", self._keys.tag(queue, s) + ":key_ring"]
             cursor: Any = b""
             while True:
                 try:
@@ -493,10 +501,10 @@ class AsyncClient:
         rules.check_queue(queue)
         rules.check_id(id)
         due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
-        due, _, levels, _ = await self._shard_keys(queue, id)
+        due, payload, levels, _, keyed, ring = await self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
-            n = await self._evalsha(c.RESCHEDULE, [due, levels], args)
+            n = await self._evalsha(c.RESCHEDULE, [due, levels, payload, keyed, ring], args)
         except redis.RedisError as e:
             raise c.wrap("rescheduling an order (reschedule.lua)", e) from None
         return c.RescheduleOutcome.RESCHEDULED if int(n) == 1 else c.RescheduleOutcome.NOT_FOUND
@@ -506,7 +514,7 @@ class AsyncClient:
         scheduled."""
         keys = await self._shard_keys(queue, id)
         try:
-            reply = await self._evalsha(c.GET, list(keys), [id])
+            reply = await self._evalsha(c.GET, list(keys[:4]), [id])
         except redis.RedisError as e:
             raise c.wrap("reading an order (get.lua)", e) from None
         return c.decode_get(id, reply)

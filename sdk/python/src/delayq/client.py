@@ -222,6 +222,7 @@ class Client:
         debounce: Any = None,
         repeat: bool = False,
         tags: Optional[Sequence[str]] = None,
+        key: Optional[str] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -240,7 +241,9 @@ class Client:
         first. ``repeat``: schedule it even if it was dispatched within the queue's dedup
         window (otherwise the outcome is ``duplicate`` and nothing is written). ``tags``: at
         most 10 strings, each 1..=128 bytes without control characters, none twice (else
-        ``invalid_option``); an upsert replaces the set."""
+        ``invalid_option``); an upsert replaces the set. ``key``: the order's key (1..=128
+        bytes, no control characters, else ``invalid_option``): due orders are dispatched
+        round robin between keys; an upsert without one removes it."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -255,6 +258,7 @@ class Client:
             debounce=debounce,
             repeat=repeat,
             tags=tags,
+            key=key,
         )
         try:
             return self.schedule_many(queue, [order], mode=mode)[0]
@@ -411,7 +415,7 @@ class Client:
 
     # ------------------------------------------------------------ cancel, reschedule, get
 
-    def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str]:
+    def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str, str, str]:
         """The due ZSET, payload HASH and levels HASH of the order's shard."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
@@ -422,6 +426,8 @@ class Client:
             self._keys.payload(queue, s),
             self._keys.levels(queue, s),
             self._keys.tag(queue, s) + ":debounce",
+            self._keys.tag(queue, s) + ":keyed",
+            self._keys.tag(queue, s) + ":key_ring",
         )
 
     def cancel(self, queue: str, id: str) -> c.CancelOutcome:
@@ -429,8 +435,9 @@ class Client:
         never scheduled, was already cancelled, or was already dispatched."""
         keys = self._shard_keys(queue, id)
         try:
-            # The tag index as KEYS[5]: a tagged order's tags leave it (cancel.lua).
-            n = self._evalsha(c.CANCEL, list(keys) + [c.tags_key(keys[0])], [id])
+            # The tag index as KEYS[5], the key index and ring as KEYS[6], KEYS[7]: a
+            # tagged order's tags and a keyed order's member leave them (cancel.lua).
+            n = self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]), [id])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
@@ -446,7 +453,8 @@ class Client:
         total = 0
         for s in range(ref.shards):
             due = self._keys.due(queue, s)
-            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due)]
+            keys = [due, self._keys.payload(queue, s), self._keys.levels(queue, s), self._keys.tag(queue, s) + ":debounce", c.tags_key(due),
+                    self._keys.tag(queue, s) + ":keyed", self._keys.tag(queue, s) + ":key_ring"]
             cursor: Any = b""
             while True:
                 try:
@@ -481,10 +489,10 @@ class Client:
         rules.check_queue(queue)
         rules.check_id(id)
         due_at = rules.resolve_due(self.now_ms(), delay_ms, due_ms, delay, at, at_local, timezone)
-        due, _, levels, _ = self._shard_keys(queue, id)
+        due, payload, levels, _, keyed, ring = self._shard_keys(queue, id)
         args: List[Any] = [id, due_at] if level is None else [id, due_at, level]
         try:
-            n = self._evalsha(c.RESCHEDULE, [due, levels], args)
+            n = self._evalsha(c.RESCHEDULE, [due, levels, payload, keyed, ring], args)
         except redis.RedisError as e:
             raise c.wrap("rescheduling an order (reschedule.lua)", e) from None
         return c.RescheduleOutcome.RESCHEDULED if int(n) == 1 else c.RescheduleOutcome.NOT_FOUND
@@ -494,7 +502,7 @@ class Client:
         scheduled."""
         keys = self._shard_keys(queue, id)
         try:
-            reply = self._evalsha(c.GET, list(keys), [id])
+            reply = self._evalsha(c.GET, list(keys[:4]), [id])
         except redis.RedisError as e:
             raise c.wrap("reading an order (get.lua)", e) from None
         return c.decode_get(id, reply)

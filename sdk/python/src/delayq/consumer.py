@@ -72,6 +72,8 @@ class Delivery:
     enqueued_at_ms: Optional[int] = None
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
+    #: The order's key (issue 42), when it has one.
+    key: Optional[str] = None
 
 
 ReceiptLike = Union[Delivery, str]
@@ -144,6 +146,7 @@ def _deliveries(text: str) -> List[Delivery]:
                 enqueued_at_ms=obj.get("enqueued_at_ms"),
                 traceparent=obj.get("traceparent"),
                 tracestate=obj.get("tracestate"),
+                key=obj.get("key"),
             )
         )
     return out

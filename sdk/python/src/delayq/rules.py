@@ -98,6 +98,29 @@ def check_id(id: Any) -> bytes:
     return raw
 
 
+#: Longest order key, in bytes (src/engine/order_key.rs).
+MAX_KEY_LEN = 128
+
+
+def check_key(key: Any) -> bytes:
+    """Validates an order's key (issue 42; the id rule: 1..=128 bytes of UTF-8, no control
+    character), refused with ``invalid_option`` naming ``key``; returns its UTF-8 bytes."""
+    if not isinstance(key, str):
+        raise InvalidInput("invalid_option", f"invalid option key: must be a string, got {type(key).__name__}")
+    try:
+        raw = key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput("invalid_option", "invalid option key: not valid Unicode (a lone surrogate)") from None
+    if not raw:
+        raise InvalidInput("invalid_option", "invalid option key: must not be empty")
+    if len(raw) > MAX_KEY_LEN:
+        raise InvalidInput("invalid_option", f"invalid option key: must be at most {MAX_KEY_LEN} bytes, got {len(raw)}")
+    m = _CONTROL.search(key)
+    if m:
+        raise InvalidInput("invalid_option", f"invalid option key: control character at position {m.start()}")
+    return raw
+
+
 def fnv1a64(data: bytes) -> int:
     """FNV-1a 64-bit of ``data``."""
     h = 0xCBF29CE484222325

@@ -222,6 +222,7 @@ impl Puller {
             flag: None,
             trace: None,
             tags: Vec::new(),
+            key: None,
         };
         let done = match how {
             Nack::Retry { after, error } if r.attempt < s.opts.max_attempts => {

@@ -1,0 +1,63 @@
+-- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
+-- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
+-- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+--
+-- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
+-- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
+-- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
+-- scheduled orders, scored by its earliest due time. An order's key is read from its stored
+-- value ("<enqueued_ms>:[!<ms>!]\30<key>\30..."): keys hold no control character. While the
+-- shard is marked, unkeyed orders written are indexed too, under the empty key "" (members
+-- "\31<due>\31<id>"): the unkeyed orders are then one participant of the rotation like a
+-- key; unkeyed orders written before the mark have no member (the dispatcher finds those
+-- among the earliest due orders).
+
+-- The index member of an order of `key` due at `due` (unix ms).
+local function key_member(key, due, id)
+  return key .. '\31' .. string.format('%016d', due) .. '\31' .. id
+end
+
+-- A member's key, due time and order id.
+local function key_parse(m)
+  local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
+  return k, tonumber(d), id
+end
+
+-- The key of a stored value, or nil.
+local function stored_key(v)
+  if not v then return nil end
+  return string.match(v, '^%d+:\30([^\30]+)\30') or string.match(v, '^%d+:!%d+!\30([^\30]+)\30')
+end
+
+-- One key's index members in due order, from `offset`, at most `count`.
+local function key_orders(kidx, key, offset, count)
+  return redis.call('ZRANGE', kidx, '[' .. key .. '\31', '(' .. key .. '\32', 'BYLEX', 'LIMIT', offset, count)
+end
+
+-- Sets `key`'s ring score to its earliest indexed order's due time (at least `floor` when
+-- given: the dispatcher passes its now for the keys it served, so they queue behind the
+-- keys it did not serve), or takes it off the ring.
+local function key_refresh(kidx, kring, key, floor)
+  local head = key_orders(kidx, key, 0, 1)[1]
+  if head then
+    local _, due = key_parse(head)
+    if floor and floor > due then due = floor end
+    redis.call('ZADD', kring, due, key)
+  else
+    redis.call('ZREM', kring, key)
+  end
+end
+
+-- Takes a scheduled order's member out of the index (its due time `due`, its stored value
+-- `v`; an unkeyed order's is under ""), refreshing its key's ring score; returns the key
+-- when there was a member, nil otherwise (an unkeyed order written before the mark).
+local function key_unindex(kidx, kring, id, due, v)
+  local key = stored_key(v) or ''
+  if not due then return nil end
+  if redis.call('ZREM', kidx, key_member(key, due, id)) == 1 then
+    key_refresh(kidx, kring, key)
+    return key
+  end
+  return nil
+end
