@@ -37,6 +37,7 @@
 
 pub mod admin;
 pub mod backoff;
+pub(crate) mod chores;
 pub mod client;
 pub mod clock;
 pub mod conn;

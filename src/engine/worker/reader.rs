@@ -1,20 +1,20 @@
 //! Readers: take new entries (`read.lua`, leased atomically) and wait for more with a
 //! blocking `XREAD` on a connection of their own.
 
+use super::block::wait_for_new;
 use super::entry::{Taken, ensure_groups, is_nogroup, to_taken};
 use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
 use crate::engine::duration::ms;
-use crate::engine::error::{Error, RedisContext, Result};
+use crate::engine::error::{Error, Result};
 use crate::engine::flow::{PAUSE_REFRESH, refund_permits, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
 use crate::engine::priority::{Priority, PriorityMode, Rotation};
-use crate::engine::reply::{as_string, entries_of};
+use crate::engine::reply::entries_of;
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
 use crate::engine::telemetry;
-use redis::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::OwnedSemaphorePermit;
@@ -574,49 +574,4 @@ async fn take_new<H: Handler>(
         }
     }))
     .await
-}
-
-/// Blocks (dedicated connection) until some shard's stream has an entry after `last_ids`, or
-/// the block time passes; returns the indexes of the shards with new entries (empty on
-/// timeout). Takes nothing: `read.lua` does.
-pub(super) async fn wait_for_new<H: Handler>(
-    s: &Shared<H>,
-    shards: &[ShardKeys],
-    reader: &mut Conn,
-    last_ids: &[String],
-) -> Result<Vec<usize>> {
-    let mut cmd = redis::cmd("XREAD");
-    cmd.arg("COUNT")
-        .arg(1)
-        .arg("BLOCK")
-        .arg(ms(s.opts.block).max(1))
-        .arg("STREAMS");
-    for k in shards {
-        cmd.arg(&k.stream);
-    }
-    cmd.arg(last_ids);
-    let reply: Value = cmd
-        .query_async(reader)
-        .await
-        .ctx("waiting for new entries (XREAD BLOCK)")?;
-    let streams: Vec<(Value, Value)> = match reply {
-        Value::Array(items) => items
-            .into_iter()
-            .filter_map(|st| match st {
-                Value::Array(mut kv) if kv.len() == 2 => {
-                    let v = kv.pop().unwrap_or(Value::Nil);
-                    let k = kv.pop().unwrap_or(Value::Nil);
-                    Some((k, v))
-                }
-                _ => None,
-            })
-            .collect(),
-        Value::Map(kv) => kv,
-        _ => Vec::new(),
-    };
-    Ok(streams
-        .iter()
-        .filter_map(|(k, _)| as_string(k))
-        .filter_map(|key| shards.iter().position(|k| k.stream == key))
-        .collect())
 }
