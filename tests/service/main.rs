@@ -26,3 +26,4 @@ mod serve;
 mod tags;
 mod time_rules;
 mod ui;
+mod ui_tags;

@@ -21,8 +21,8 @@ use support::browser::Browser;
 use support::serve::Serve;
 use support::wait_for;
 
-const TOKEN: &str = "dashboard-token-123";
-const WAIT: Duration = Duration::from_secs(30);
+pub(crate) const TOKEN: &str = "dashboard-token-123";
+pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 fn http() -> reqwest::Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -30,7 +30,7 @@ fn http() -> reqwest::Client {
 }
 
 /// `delayq serve` with a token, the queue `order-close` and `extra` handler sections.
-async fn serve_with(redis: &LocalRedis, extra: &str) -> Serve {
+pub(crate) async fn serve_with(redis: &LocalRedis, extra: &str) -> Serve {
     let mut s = Serve::start(
         &format!(
             r#"
@@ -51,7 +51,7 @@ tokens = ["{TOKEN}"]
 }
 
 /// Opens the dashboard and signs in with `token`.
-async fn sign_in(b: &Browser, serve: &Serve, token: &str) {
+pub(crate) async fn sign_in(b: &Browser, serve: &Serve, token: &str) {
     b.client
         .goto(&format!("{}/ui/", serve.base()))
         .await
@@ -62,7 +62,7 @@ async fn sign_in(b: &Browser, serve: &Serve, token: &str) {
 }
 
 /// The API, with the bearer token.
-async fn v1(
+pub(crate) async fn v1(
     method: reqwest::Method,
     serve: &Serve,
     path: &str,

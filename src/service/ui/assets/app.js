@@ -173,6 +173,7 @@ function route() {
   if (parts[0] === 'queue' && parts[1]) queuePage(parts[1]);
   else if (parts[0] === 'dead' && parts[1]) deadPage(parts[1], params);
   else if (parts[0] === 'order') orderPage(params);
+  else if (parts[0] === 'tags') tagsPage(params);
   else overviewPage();
 }
 
@@ -418,7 +419,8 @@ function queuePage(name) {
     h('h1', {}, 'Queue ', h('span', { id: 'queue-name' }, name)),
     h('div', { class: 'actions' },
       h('a', { class: 'button', href: `#/dead/${q}` }, 'Dead letters'),
-      h('a', { class: 'button', href: `#/order?queue=${q}` }, 'Look up an order')),
+      h('a', { class: 'button', href: `#/order?queue=${q}` }, 'Look up an order'),
+      h('a', { class: 'button', href: `#/tags?queue=${q}` }, 'Orders by tag')),
     facts,
     h('h2', {}, 'Consumer groups'),
     h('div', { class: 'scroll' }, h('table', { id: 'groups' },
@@ -592,7 +594,10 @@ function orderPage(params) {
         h('dt', {}, 'Due'), h('dd', {}, when(o.due_at_ms)),
         h('dt', {}, 'Dispatched'), h('dd', {}, o.dispatched_at_ms ? when(o.dispatched_at_ms) : '–'),
         h('dt', {}, 'Stream entry'), h('dd', {}, o.entry_id || '–'),
-        h('dt', {}, 'Key'), h('dd', {}, o.key ? h('code', {}, o.key) : '–')),
+        h('dt', {}, 'Key'), h('dd', {}, o.key ? h('code', {}, o.key) : '–'),
+        h('dt', {}, 'Tags'), h('dd', { id: 'order-tags' }, o.tags && o.tags.length
+          ? o.tags.map((t) => h('a', { class: 'tag', href: `#/tags?tag=${encodeURIComponent(t)}&queue=${encodeURIComponent(o.queue)}` }, t))
+          : '–')),
       h('h2', {}, 'Payload'),
       payload && payload !== 'null' ? h('pre', { id: 'order-payload' }, payload) : h('p', { class: 'muted' }, 'Not kept any more (the stream entry was trimmed).'),
       h('h2', {}, 'Groups'),
@@ -611,6 +616,77 @@ function orderPage(params) {
       result.replaceChildren(h('p', { class: 'card', id: 'order-missing' }, `No order ${id} in ${queue}: never scheduled, cancelled, or dispatched longer ago than the history retention.`));
     else showError(e);
   });
+}
+
+// ---------- orders by tag ----------
+
+// Search the scheduled orders carrying a tag, in one queue or every queue; cancel them all
+// after a confirmation that names the count (`/v1/[queues/{q}/]tags/{tag}`, issue 43).
+function tagsPage(params) {
+  const tag = (params.get('tag') || '').trim();
+  const queue = params.get('queue') || '';
+  const after = params.get('after');
+  const queueSel = h('select', { id: 'tags-queue', name: 'queue' }, h('option', { value: '' }, 'every queue'));
+  const tagInput = h('input', { id: 'tags-tag', name: 'tag', required: true, value: tag, autocomplete: 'off', placeholder: 'customer:42' });
+  const form = h('form', { class: 'inline card', id: 'tags-form' },
+    h('label', { for: 'tags-tag' }, 'Tag', h('br'), tagInput),
+    h('label', { for: 'tags-queue' }, 'Queue', h('br'), queueSel),
+    h('button', { type: 'submit', class: 'primary' }, 'Search'));
+  const link = (t, q, a) => `#/tags?tag=${encodeURIComponent(t)}${q ? `&queue=${encodeURIComponent(q)}` : ''}${a ? `&after=${encodeURIComponent(a)}` : ''}`;
+  form.addEventListener('submit', (ev) => {
+    ev.preventDefault();
+    location.hash = link(tagInput.value.trim(), queueSel.value);
+  });
+  const notice = h('p', { class: 'notice', id: 'tags-notice', role: 'status', hidden: true });
+  const result = h('section', { id: 'tags-result', 'aria-live': 'polite' });
+  main().append(h('h1', {}, 'Orders by tag'), form, notice, result);
+  api('GET', '/v1/queues').then(({ value }) => {
+    queueSel.append(...value.queues.map((n) => h('option', { value: n, selected: n === queue }, n)));
+  }).catch(showError);
+  if (!tag) return tagInput.focus();
+  const base = queue ? `/v1/queues/${encodeURIComponent(queue)}/tags/${encodeURIComponent(tag)}` : `/v1/tags/${encodeURIComponent(tag)}`;
+  const where = queue ? `in ${queue}` : 'in every queue';
+  async function cancelAll(count) {
+    const n = count.total;
+    const text = `Cancel ${num(n)} scheduled order${n === 1 ? '' : 's'} tagged ${tag} ${where}? They will not be dispatched; this cannot be undone.`;
+    if (!(await confirmAction(text, 'Cancel orders'))) return;
+    try {
+      const { value } = await api('POST', `${base}:cancel`);
+      notice.textContent = `Cancelled ${num(value.total)} order${value.total === 1 ? '' : 's'} tagged ${tag}.`;
+      notice.hidden = false;
+      await load();
+    } catch (e) {
+      showError(e);
+    }
+  }
+  async function load() {
+    const qs = new URLSearchParams({ limit: '50' });
+    if (after) qs.set('after', after);
+    const [{ value: count }, { value: page }] = await Promise.all([
+      api('GET', base),
+      api('GET', `${base}/messages?${qs}`),
+    ]);
+    const perQueue = Object.entries(count.queues);
+    result.replaceChildren(...[
+      h('h2', {}, h('span', { id: 'tags-count' }, num(count.total)), ` scheduled order${count.total === 1 ? '' : 's'} tagged `, h('code', {}, tag), ` ${where}`),
+      perQueue.length > 1 ? h('p', { class: 'muted' }, perQueue.map(([q, n]) => `${q}: ${num(n)}`).join(' · ')) : null,
+      count.total > 0
+        ? h('div', { class: 'actions' }, h('button', { type: 'button', id: 'tags-cancel', class: 'danger', onclick: () => cancelAll(count) }, `Cancel all ${num(count.total)}`))
+        : null,
+      h('div', { class: 'scroll' }, h('table', { id: 'tags-orders' },
+        h('thead', {}, h('tr', {}, ['Queue', 'Order', 'Due'].map((t) => h('th', { scope: 'col' }, t)))),
+        h('tbody', {}, page.orders.length
+          ? page.orders.map((o) => h('tr', { 'data-id': o.id },
+            h('td', {}, o.queue),
+            h('th', { scope: 'row' }, h('a', { href: `#/order?queue=${encodeURIComponent(o.queue)}&id=${encodeURIComponent(o.id)}` }, o.id)),
+            h('td', {}, when(o.due_at_ms))))
+          : [h('tr', {}, h('td', { colspan: 3, class: 'muted' }, 'No scheduled order carries this tag.'))]))),
+      h('div', { class: 'actions' }, ...[
+        after ? h('a', { class: 'button', href: link(tag, queue) }, 'First page') : null,
+        page.next ? h('a', { class: 'button', id: 'tags-next', href: link(tag, queue, page.next) }, 'Next page') : null,
+      ].filter(Boolean))].filter(Boolean));
+  }
+  load().catch(showError);
 }
 
 // ---------- boot ----------
