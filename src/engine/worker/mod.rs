@@ -24,6 +24,7 @@ mod expire;
 mod handler;
 mod multi;
 mod options;
+mod plan;
 mod pull;
 mod reader;
 mod receipt;

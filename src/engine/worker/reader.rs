@@ -3,6 +3,7 @@
 
 use super::block::wait_for_new;
 use super::entry::{Taken, ensure_groups, is_nogroup, to_taken};
+use super::plan::{LaneOutcome, LanePlan};
 use super::settle::{AckSender, spawn_process};
 use super::{Handler, Shared};
 use crate::engine::conn::Conn;
@@ -10,7 +11,7 @@ use crate::engine::duration::ms;
 use crate::engine::error::{Error, Result};
 use crate::engine::flow::{PAUSE_REFRESH, refund_permits, take_permits as take_rate};
 use crate::engine::keys::ShardKeys;
-use crate::engine::priority::{Priority, PriorityMode, Rotation};
+use crate::engine::priority::PriorityMode;
 use crate::engine::reply::entries_of;
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
 use crate::engine::scripts;
@@ -44,7 +45,7 @@ pub(super) async fn reader_loop<H: Handler>(
     let mut backlog = super::multi::Backlog::new(&s.gate);
     while !cancel.is_cancelled() {
         while tasks.try_join_next().is_some() {}
-        if r.to_read.is_empty() {
+        if r.plan.to_read.is_empty() {
             backlog.set(false);
             r.wait(&cancel).await;
             continue;
@@ -77,7 +78,7 @@ pub(super) async fn reader_loop<H: Handler>(
             }
             drop(permits);
             paused_wait(&s, &cancel).await;
-            r.to_read = r.all();
+            r.plan.to_read = r.plan.all();
             continue;
         }
 
@@ -193,21 +194,10 @@ struct Reader<'a, H> {
     lanes: &'a [ShardKeys],
     /// The dedicated connection for the blocking wait.
     conn: Conn,
-    /// Which lanes may have entries (indexes into `lanes`): all at first; then those the
-    /// blocking wait reported new entries in, or whose last read came back full.
-    to_read: Vec<usize>,
-    /// Which lanes are in use: every `normal` lane; a `high` or `low` lane once its stream
-    /// exists (`read.lua` reports the shard's lanes in use with every read). A lane in use
-    /// more urgent than any in `to_read` is read on every pass (strict), and every lane in
-    /// use is (weighted): a busy reader never blocks, so this is how it sees new urgent
-    /// entries.
-    live: Vec<bool>,
+    /// Which lanes to read, with how much of the budget each ([`LanePlan`], pure).
+    plan: LanePlan,
     /// Each lane's last seen stream id, for the blocking wait.
     last_ids: Vec<String>,
-    /// Where the next read starts among a rank's lanes, so a small budget rotates over shards.
-    rotate: usize,
-    /// The weighted mode's rotation over levels.
-    rotation: Rotation,
     /// The last read found the group paused.
     paused: bool,
     /// The last read found the queue deleted.
@@ -225,26 +215,14 @@ struct Reader<'a, H> {
 /// 30 s per lane instead of once per `block`.
 const IDLE_FULL_READ: Duration = Duration::from_secs(30);
 
-/// What reading some lanes gave.
-#[derive(Default)]
-struct Got {
-    taken: Vec<Taken>,
-    /// The lanes read that may have more (their read came back full, or failed).
-    again: Vec<usize>,
-    failed: Option<Error>,
-}
-
 impl<'a, H: Handler> Reader<'a, H> {
     fn new(s: &'a Shared<H>, lanes: &'a [ShardKeys], conn: Conn) -> Self {
         Reader {
             s,
             lanes,
             conn,
-            to_read: (0..lanes.len()).collect(),
-            live: lanes.iter().map(|k| k.level == Priority::Normal).collect(),
+            plan: LanePlan::new(lanes.iter().map(|k| (k.shard as usize, k.level))),
             last_ids: vec!["0-0".to_owned(); lanes.len()],
-            rotate: 0,
-            rotation: Rotation::default(),
             paused: false,
             gone: false,
             full_read_at: tokio::time::Instant::now(),
@@ -256,18 +234,9 @@ impl<'a, H: Handler> Reader<'a, H> {
     /// Forgets what it knew of the lanes (their queue was deleted and created again): reads
     /// every lane, and waits for entries from the start of each stream.
     fn restart(&mut self) {
-        self.to_read = self.all();
-        self.live = self
-            .lanes
-            .iter()
-            .map(|k| k.level == Priority::Normal)
-            .collect();
+        self.plan.restart();
         self.last_ids = vec!["0-0".to_owned(); self.lanes.len()];
         self.pacer.reset();
-    }
-
-    fn all(&self) -> Vec<usize> {
-        (0..self.lanes.len()).collect()
     }
 
     /// Nothing known to be waiting: block until a lane has a new entry. When the block time
@@ -290,175 +259,60 @@ impl<'a, H: Handler> Reader<'a, H> {
                 self.version = version;
                 if changed || self.full_read_at.elapsed() >= IDLE_FULL_READ {
                     self.full_read_at = tokio::time::Instant::now();
-                    self.to_read = self.all();
+                    self.plan.to_read = self.plan.all();
                 }
             }
-            Ok(ready) => self.to_read = ready,
+            Ok(ready) => self.plan.to_read = ready,
             Err(e) => {
                 tracing::warn!(queue = %self.s.queue, error = %e, "blocking read failed");
                 self.pacer.wait(Some(cancel)).await;
-                self.to_read = self.all();
+                self.plan.to_read = self.plan.all();
             }
         }
     }
 
-    /// The lanes of rank `rank` among `among`, in `among`'s order.
-    fn of_rank(&self, among: &[usize], rank: usize) -> Vec<usize> {
-        among
-            .iter()
-            .copied()
-            .filter(|&i| self.lanes[i].level.rank() == rank)
-            .collect()
-    }
-
-    /// Reads up to `budget` entries in all from the lanes that may have some, by the
-    /// worker's priority mode: strict takes the most urgent level first and a less urgent one
-    /// only with what budget is left; weighted shares the budget among the levels in use by
-    /// their weights (a level that comes back short leaves its share to the others). A lane
-    /// whose read fails is read again later; what other lanes returned is kept.
+    /// Reads up to `budget` entries in all from the lanes that may have some, as the plan
+    /// asks ([`LanePlan::begin`]: strict or weighted). A lane whose read fails is read again
+    /// later; what other lanes returned is kept.
     async fn read(&mut self, budget: usize, cancel: &CancellationToken) -> Vec<Taken> {
-        let weights = match &self.s.opts.priority {
+        let s = self.s;
+        let weights = match &s.opts.priority {
             PriorityMode::Strict => None,
-            PriorityMode::Weighted(w) => Some(w.clone()),
+            PriorityMode::Weighted(w) => Some(w.as_slice()),
         };
-        // The lanes to look at: those that may have entries, plus every lane in use that
-        // is more urgent than all of them (strict) or every lane in use (weighted).
-        let most_urgent = self
-            .to_read
-            .iter()
-            .map(|&i| self.lanes[i].level.rank())
-            .min()
-            .unwrap_or(usize::MAX);
-        let mut cands = self.to_read.clone();
-        for (i, k) in self.lanes.iter().enumerate() {
-            if self.live[i]
-                && (weights.is_some() || k.level.rank() < most_urgent)
-                && !cands.contains(&i)
-            {
-                cands.push(i);
+        let mut pass = self.plan.begin(budget, weights);
+        let mut taken = Vec::new();
+        let mut failed = None;
+        while let Some(ask) = pass.next(&mut self.plan) {
+            let results = take_new(self.s, self.lanes, &ask.lanes, ask.per_lane).await;
+            let mut outcomes = Vec::with_capacity(results.len());
+            for (&i, r) in ask.lanes.iter().zip(results) {
+                outcomes.push(match r {
+                    Ok(t) if t.missing => LaneOutcome::Missing { lanes: t.lanes },
+                    Ok(t) if t.paused => LaneOutcome::Paused { lanes: t.lanes },
+                    Ok(t) => {
+                        self.last_ids[i] = t.last_id;
+                        taken.extend(t.taken);
+                        LaneOutcome::Read {
+                            got: t.got,
+                            lanes: t.lanes,
+                        }
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        LaneOutcome::Failed
+                    }
+                });
             }
+            pass.record(&mut self.plan, &ask, &outcomes);
         }
-        let mut got = Got::default();
-        let mut left = budget;
-        match weights {
-            None => {
-                for rank in 0..Priority::ALL.len() {
-                    let lanes = self.of_rank(&cands, rank);
-                    if lanes.is_empty() {
-                        continue;
-                    }
-                    if left == 0 || self.paused {
-                        got.again
-                            .extend(lanes.iter().filter(|i| self.to_read.contains(i)));
-                        continue;
-                    }
-                    let g = self.read_lanes(&lanes, left).await;
-                    left = left.saturating_sub(g.taken.len());
-                    got.merge(g);
-                }
-            }
-            Some(w) => {
-                let mut active: Vec<usize> = (0..Priority::ALL.len())
-                    .filter(|&r| !self.of_rank(&cands, r).is_empty())
-                    .collect();
-                while left > 0 && !active.is_empty() && !self.paused {
-                    let mut quota = [0usize; 3];
-                    for _ in 0..left {
-                        if let Some(r) = self.rotation.pick(&w, &active) {
-                            quota[r] += 1;
-                        }
-                    }
-                    for (rank, &want) in quota.iter().enumerate() {
-                        if want == 0 || self.paused {
-                            continue;
-                        }
-                        let lanes = self.of_rank(&cands, rank);
-                        let g = self.read_lanes(&lanes, want).await;
-                        if g.taken.len() < want {
-                            active.retain(|&r| r != rank);
-                        }
-                        left = left.saturating_sub(g.taken.len());
-                        got.merge(g);
-                    }
-                }
-                for rank in active {
-                    got.again.extend(
-                        self.of_rank(&cands, rank)
-                            .into_iter()
-                            .filter(|i| self.to_read.contains(i)),
-                    );
-                }
-            }
-        }
-        got.again.sort_unstable();
-        got.again.dedup();
-        self.to_read = got.again;
-        match got.failed {
+        self.paused |= pass.paused();
+        pass.finish(&mut self.plan);
+        match failed {
             None => self.pacer.reset(),
-            Some(e) => self.read_failed(e, got.taken.is_empty(), cancel).await,
+            Some(e) => self.read_failed(e, taken.is_empty(), cancel).await,
         }
-        got.taken
-    }
-
-    /// Reads `lanes` (all of one level) with `budget` entries in all, split between them so
-    /// the reader never holds more than its budget, all in flight together.
-    async fn read_lanes(&mut self, lanes: &[usize], budget: usize) -> Got {
-        let n = lanes.len().min(budget).max(1);
-        let start = self.rotate % lanes.len();
-        self.rotate = self.rotate.wrapping_add(1);
-        let chosen: Vec<usize> = (0..n).map(|k| lanes[(start + k) % lanes.len()]).collect();
-        let per_lane = budget / n;
-        let results = take_new(self.s, self.lanes, &chosen, per_lane).await;
-        // Lanes of this level left out this time (a budget smaller than the lanes) stay.
-        let mut got = Got {
-            again: lanes
-                .iter()
-                .copied()
-                .filter(|i| !chosen.contains(i) && self.to_read.contains(i))
-                .collect(),
-            ..Got::default()
-        };
-        for (&i, r) in chosen.iter().zip(results) {
-            match r {
-                Ok(t) => {
-                    self.learn_lanes(i, t.lanes);
-                    if t.missing {
-                        self.live[i] = false;
-                        continue;
-                    }
-                    self.live[i] = true;
-                    if t.paused {
-                        self.paused = true;
-                        continue;
-                    }
-                    self.last_ids[i] = t.last_id;
-                    if t.got >= per_lane {
-                        got.again.push(i); // maybe more: read it again at once
-                    }
-                    got.taken.extend(t.taken);
-                }
-                Err(e) => {
-                    got.again.push(i);
-                    got.failed = Some(e);
-                }
-            }
-        }
-        got
-    }
-
-    /// Marks the lanes in use of lane `i`'s shard, as `read.lua` reported them (1 = high,
-    /// 2 = low).
-    fn learn_lanes(&mut self, i: usize, lanes: u8) {
-        let shard = self.lanes[i].shard;
-        for (j, k) in self.lanes.iter().enumerate() {
-            if k.shard == shard {
-                match k.level {
-                    Priority::High if lanes & 1 != 0 => self.live[j] = true,
-                    Priority::Low if lanes & 2 != 0 => self.live[j] = true,
-                    _ => {}
-                }
-            }
-        }
+        taken
     }
 
     async fn read_failed(&mut self, e: Error, nothing_read: bool, cancel: &CancellationToken) {
@@ -505,16 +359,6 @@ impl<'a, H: Handler> Reader<'a, H> {
         }
         if nothing_read {
             self.pacer.wait(Some(cancel)).await;
-        }
-    }
-}
-
-impl Got {
-    fn merge(&mut self, other: Got) {
-        self.taken.extend(other.taken);
-        self.again.extend(other.again);
-        if other.failed.is_some() {
-            self.failed = other.failed;
         }
     }
 }
