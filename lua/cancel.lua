@@ -16,6 +16,7 @@
 -- scheduled orders (ZREM), + O(t log T) for t tags in an index of T members; with KEYS[7]
 -- one EXISTS more, and while the shard has keyed orders a ZSCORE and O(log K) in the key
 -- index. Redis >= 6.2.
+-- @include tags, keyed
 local value = nil
 if KEYS[5] then value = redis.call('HGET', KEYS[2], ARGV[1]) end
 if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then

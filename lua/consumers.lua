@@ -9,6 +9,7 @@
 -- Returns: the number of consumers deleted.
 -- Cost: O(groups + consumers) (XINFO GROUPS, XINFO CONSUMERS per group), plus one
 -- XGROUP DELCONSUMER per consumer deleted. Redis >= 6.2.
+-- @include int, groups
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local min_idle = int(ARGV[1])
 if not min_idle or min_idle < 0 then

@@ -23,6 +23,7 @@
 -- version counter that supervisors watch. The caller writes the epoch into the shards'
 -- markers, then checks the record again (write, then check): a delete that began meanwhile
 -- makes it undo those markers. Cost: O(1). Redis >= 6.2.
+-- @include int
 local shards = int(ARGV[2])
 local max = int(ARGV[4])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then

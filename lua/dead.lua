@@ -28,6 +28,7 @@
 -- Returns: 1 = dead-lettered; 0 = the entry is no longer this consumer's (nothing changed).
 -- Why one script: the dead letter, the XACK and the timer go together, so an entry is never
 -- both acknowledged and lost, nor dead-lettered twice. Redis >= 6.2.
+-- @include int
 if not int(ARGV[4]) or not int(ARGV[6]) then
   return redis.error_reply('ERR delayq dead: attempts and now must be integers')
 end

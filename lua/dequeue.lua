@@ -31,7 +31,7 @@
 -- Priorities: with KEYS[6], an order whose level is high or low goes into that lane's
 -- stream instead of KEYS[3], with the extra field priority = <level> (dead letters and
 -- replays keep it), and its history record ends in ":<level>". A lane's stream is made on
--- first use with every group of KEYS[3] (`open_lane`, prelude). Without a levels HASH (a
+-- first use with every group of KEYS[3] (`open_lane`, include `lanes`). Without a levels HASH (a
 -- queue that never used priorities) this costs one EXISTS per call.
 -- Stream entry fields: id, due_ms, data = the HASH value as stored ("<enqueued_ms>:<json>",
 -- split by the consumer so Redis does no string work), or, when the HASH field is missing
@@ -72,6 +72,7 @@
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
 -- Redis >= 6.2.
+-- @include int, tags, lanes, keyed
 local now = int(ARGV[1])
 local limit = int(ARGV[2])
 local hist_at = int(ARGV[3])

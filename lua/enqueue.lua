@@ -72,8 +72,9 @@
 --
 -- Every argument is checked before anything is written, so a rejected call changes nothing
 -- (Redis does not roll back a script that fails half way). When the call makes the shard's
--- earliest due time earlier, it publishes that time on the shard's wake channel (prelude
+-- earliest due time earlier, it publishes that time on the shard's wake channel (include
 -- `wake`): dispatchers in other processes look at the shard then.
+-- @include int, wake, tags, keyed
 local mode, plus, colon, cols = string.match(ARGV[1], '^(%a+)(%+?%a*)(:?)([rk]*)$')
 local tagged = plus == '+tags'
 if plus ~= '' and not tagged then mode = nil end

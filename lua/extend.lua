@@ -13,6 +13,7 @@
 -- it the worker would have to hold a lock across the Redis round trip.
 -- Cost: O(k log T) for k entries in a timers ZSET of T. Redis >= 6.2 (ZADD XX; nothing
 -- newer is used).
+-- @include int
 local until_ms = int(ARGV[1])
 if not until_ms then return redis.error_reply('ERR delayq extend: bad lease end') end
 if #ARGV % 2 ~= 1 then return redis.error_reply('ERR delayq extend: id/lease pairs expected') end

@@ -26,6 +26,7 @@
 -- Cost: O(groups), plus a walk of up to 100,000 entries per group when XINFO cannot tell
 -- a lag (entries deleted from the middle of a stream). Redis >= 7.0 (XINFO GROUPS reports
 -- entries-read and lag).
+-- @include groups
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq fence: the epoch is missing')
 end

@@ -12,6 +12,7 @@
 -- Why one script: the existence check and the write go together. KEYS[1] and KEYS[2]
 -- share shard 0's hash tag. Cost: O(log C + D) in the queue's consumers C and the
 -- heartbeats dropped D. Redis >= 6.2.
+-- @include int
 if type(ARGV[1]) ~= 'string' or not int(ARGV[2]) or not int(ARGV[4]) then
   return redis.error_reply('ERR delayq heartbeat: member, now and cutoff expected')
 end

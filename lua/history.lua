@@ -46,6 +46,7 @@
 -- Cost: O(k * groups) HGETs plus one XPENDING per group: independent of the retention, since
 -- the caller locates the buckets (k is a handful, not the 2,162 of a 90-day retention).
 -- Redis >= 6.2.
+-- @include int, stream_ids, groups
 local id = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if not k or k < 0 or not len or len < 1 then

@@ -19,6 +19,7 @@
 -- Why one script: the checks and XGROUP CREATE happen together, so a group is created from
 -- the start of the stream only when it is new, and never in a queue being deleted.
 -- Cost: O(groups) (XINFO GROUPS on each lane). Redis >= 6.2.
+-- @include int, groups
 local max = int(ARGV[3])
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq join_group: the group name is missing')

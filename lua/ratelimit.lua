@@ -16,6 +16,7 @@
 -- Why a script: reading and advancing the arrival time must be one step, or two processes
 -- would take the same permits. Permits for a whole read are taken in one call.
 -- Cost: O(1). Redis >= 6.2.
+-- @include int
 local now, t, burst, n = int(ARGV[1]), int(ARGV[2]), int(ARGV[3]), int(ARGV[4])
 if not now or not t or t < 1 or not burst or burst < 1 or not n or n < 1 or n > 1000 then
   return redis.error_reply('ERR delayq ratelimit: bad arguments')

@@ -28,6 +28,7 @@
 -- every pending entry is reclaimed in O(log n) through the timers, never by scanning.
 -- Cost: O(c log t) for c entries read (XREADGROUP, at most ARGV[3]) and leased in a timers
 -- ZSET of t; nothing to read: the marker's HMGET and one XREADGROUP. Redis >= 6.2.
+-- @include int
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq read: lease end must be unix milliseconds')
 end

@@ -30,6 +30,7 @@
 -- dropped.
 -- Why one script: the claim, the delivery count and the new lease go together, so a claimed
 -- entry always has a timer. Redis >= 6.2.
+-- @include int
 if not int(ARGV[3]) or not int(ARGV[4]) then
   return redis.error_reply('ERR delayq reclaim: now and lease end must be unix milliseconds')
 end

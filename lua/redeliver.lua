@@ -31,6 +31,7 @@
 -- schedule) never send an order twice. Every argument is checked before the first write.
 -- Cost: O(orders * k) HGETs plus one XPENDING and at most one XADD per order: independent
 -- of the retention, since the caller locates the buckets (k is a handful). Redis >= 6.2.
+-- @include int, stream_ids, groups
 local group = ARGV[1]
 local k, len = int(ARGV[2]), int(ARGV[3])
 if type(group) ~= 'string' or group == '' or not k or k < 0 or not len or len < 1 then

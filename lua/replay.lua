@@ -20,6 +20,7 @@
 -- nothing and replays nothing twice. Cost: O(k) for k ids (XRANGE of one id, XADD, XDEL
 -- and one HSET each). Redis >= 6.2.
 -- Returns: the number of entries replayed (ids not found or of another group are skipped).
+-- @include int, lanes
 local hist_at = int(ARGV[2])
 if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')

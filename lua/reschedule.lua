@@ -13,9 +13,10 @@
 -- Returns: 1 = rescheduled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the check and the writes go together, so a dispatched order is never
 -- scheduled again by a reschedule. Every argument is checked first. Redis >= 6.2.
--- A move before the shard's earliest due time is published on its wake channel (prelude
+-- A move before the shard's earliest due time is published on its wake channel (include
 -- `wake`). Cost: O(log n) in the shard's scheduled orders; with KEYS[5] one EXISTS more,
 -- and while the shard has keyed orders an HGET and O(log K) in the key index.
+-- @include int, wake, keyed
 local due = int(ARGV[2])
 if not due or due < 0 then
   return redis.error_reply('ERR delayq reschedule: due_ms is not a number')

@@ -24,6 +24,7 @@
 -- sees a queue listed but deleting, or a record gone while its keys remain unlisted
 -- anywhere (the deleting SET is where the housekeeper finds an unfinished delete).
 -- Cost: O(1). Redis >= 6.2.
+-- @include int
 local mode, name = ARGV[1], ARGV[2]
 if mode ~= 'begin' and mode ~= 'end' then
   return redis.error_reply('ERR delayq retire: mode must be begin or end')

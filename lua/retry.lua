@@ -16,6 +16,7 @@
 -- Why one script: the ownership check (XPENDING by id), the timer and the error record move
 -- together, so a retry can never overwrite another consumer's lease. Cost: O(log t) in the
 -- group's timers (XPENDING of one id, ZADD, HSET). Redis >= 6.2.
+-- @include int
 if not int(ARGV[4]) then
   return redis.error_reply('ERR delayq retry: next attempt must be unix milliseconds')
 end

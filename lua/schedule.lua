@@ -45,6 +45,7 @@
 -- Cost: O(log n) in the number of schedules (a few HASH fields, ZADD/ZREM on two indexes).
 -- Every argument is checked before anything is written.
 -- "" or a non-negative integer; false when neither.
+-- @include int
 local function opt(s)
   if s == '' then return nil end
   local n = int(s)

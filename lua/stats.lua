@@ -21,6 +21,7 @@
 -- Cost: O(log N) in the scheduled orders (ZCARD, ZCOUNT, ZRANGE 0 0) plus, per lane,
 -- O(groups + consumers) (XINFO GROUPS, XINFO CONSUMERS). Redis >= 6.2 (lag needs 7.0;
 -- older servers report -1).
+-- @include int, groups
 local now = int(ARGV[1])
 if not now then return redis.error_reply('ERR delayq stats: now must be unix milliseconds') end
 local scheduled = redis.call('ZCARD', KEYS[1])

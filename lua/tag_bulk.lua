@@ -28,12 +28,13 @@
 -- takes an order and its index members in one step) an order is either cancelled here or
 -- dispatched there, never both and never neither. Every argument is checked before the
 -- first write. A move before the shard's earliest due time is published on its wake
--- channel (prelude `wake`).
+-- channel (include `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
 -- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
 -- the key index.
 -- Redis >= 6.2.
+-- @include int, wake, tags, keyed
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]

@@ -48,9 +48,10 @@
 -- a pause or a removal has already fenced out of this shard: once every shard is synced
 -- (before the API answers), the old version can never fire.
 -- Cost: O(log n) in the shard's scheduled orders (HGET, GET, ZSCORE, ZADD or ZREM; a fired
--- tick due before the shard's earliest order is published on its wake channel, prelude
+-- tick due before the shard's earliest order is published on its wake channel, include
 -- `wake`).
 -- Every argument is checked before anything is written.
+-- @include int, wake
 local mode = ARGV[1]
 if mode ~= 'fire' and mode ~= 'unfire' and mode ~= 'sync' then
   return redis.error_reply('ERR delayq tick: mode must be fire, unfire or sync')

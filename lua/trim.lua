@@ -11,6 +11,7 @@
 -- stops looking at the shard until something is dispatched into it again).
 -- Cost: O(groups) (XINFO GROUPS, one summary XPENDING per group) plus the entries removed
 -- (XTRIM frees whole stream nodes). Redis >= 6.2.
+-- @include stream_ids, groups
 local groups = groups_of(KEYS[1])
 if #groups == 0 then return { 0, false, 0 } end
 local min = nil

@@ -299,7 +299,7 @@ impl ShardKeys {
     }
 
     /// The shard's wake-up channel, `{tag}:wake` (the due key with `wake` for `due`: the
-    /// scripts derive it that way, `lua/prelude.lua` `wake`): writers that make the shard's
+    /// scripts derive it that way, `lua/include/wake.lua`): writers that make the shard's
     /// earliest due time earlier publish that time there (`SPUBLISH`, `PUBLISH` on 6.2).
     pub fn wake_channel(&self) -> String {
         format!("{}:wake", self.tag)

@@ -145,7 +145,7 @@ async fn a_python_producer_following_architecture_md_is_delivered() {
         .collect();
     orders.push(json!({"id": "py-later", "delay_ms": 3_600_000, "payload": {"later": true}}));
     let root = env!("CARGO_MANIFEST_DIR");
-    // The script as the engine runs it (lua/enqueue.lua with lua/prelude.lua after its
+    // The script as the engine runs it (lua/enqueue.lua with its includes after its
     // header), as `delayq scripts export` writes it for other languages.
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("enqueue.lua");

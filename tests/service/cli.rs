@@ -885,17 +885,23 @@ fn scripts_export_writes_every_script_as_the_engine_runs_it() {
     for (name, text) in delayq::engine::scripts::all() {
         let written = std::fs::read_to_string(dir.path().join(format!("{name}.lua"))).unwrap();
         assert_eq!(written, text, "{name}");
-        // Every script is its lua/ file, with the prelude (and, for the scripts that keep
-        // the key index, lua/keyed.lua) put in after its header (and without a read-only
-        // script's flags line, which Redis 6.2 does not know).
+        // Every script is its lua/ file, with the includes its header names
+        // (lua/include/) put in after its header (and without a read-only script's flags
+        // line, which Redis 6.2 does not know).
         let file = std::fs::read_to_string(format!("lua/{name}.lua")).unwrap();
-        let engine = delayq::engine::scripts::source_named(name, &file);
+        let engine = delayq::engine::scripts::source(&file);
         assert_eq!(written, delayq::engine::scripts::legacy(&engine), "{name}");
         assert!(
             written.starts_with(&format!("-- {name}.lua: ")),
             "{name}: the header first"
         );
-        assert_eq!(written.matches("local function int(").count(), 1, "{name}");
+        for (inc, text) in delayq::engine::scripts::resolved_includes(&file) {
+            assert_eq!(
+                written.matches(text).count(),
+                1,
+                "{name}: include {inc} once"
+            );
+        }
     }
 }
 

@@ -33,28 +33,45 @@ def test_every_script_the_sdk_runs_is_vendored():
     assert b"ARGV[3]  optional: the new level" in _core.RESCHEDULE.text
 
 
+def _header_and_body(text: bytes) -> tuple[bytes, bytes]:
+    """A script file's header (its leading ``--`` lines) and the rest."""
+    lines = text.splitlines(keepends=True)
+    n = 0
+    while n < len(lines) and lines[n].startswith(b"--"):
+        n += 1
+    return b"".join(lines[:n]), b"".join(lines[n:])
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_vendored_copy_matches_the_repo(name):
-    # The engine runs lua/<name>.lua with lua/prelude.lua put in after its header: the
-    # vendored copy without the prelude is the repo's file, byte for byte.
+    # The engine runs lua/<name>.lua with the includes its header names (``-- @include
+    # a, b``: lua/include/<a>.lua, each after its own includes) put in after its header:
+    # the vendored copy is the repo's header, those includes, then the repo's body.
     vendored = _core.SCRIPTS[name].text
     repo = (REPO / "lua" / f"{name}.lua").read_bytes()
     # A read-only script's flags line (``#!lua flags=no-writes``, unknown to Redis 6.2) is
     # not in the export, which runs on every supported server.
     if repo.startswith(b"#!"):
         repo = repo.split(b"\n", 1)[1]
-    prelude = (REPO / "lua" / "prelude.lua").read_bytes()
-    assert vendored.count(prelude) == 1, f"{name}.lua: the prelude is not in the vendored copy"
-    own = vendored.replace(b"\n" + prelude + b"\n", b"", 1)
-    # The scripts that keep the key index (issue 42) have lua/keyed.lua after the prelude.
-    keyed = (REPO / "lua" / "keyed.lua").read_bytes()
-    if name in ("enqueue", "cancel", "reschedule", "tag_bulk"):
-        assert own.count(keyed) == 1, f"{name}.lua: lua/keyed.lua is not in the vendored copy"
-        own = own.replace(keyed + b"\n", b"", 1)
-    assert own == repo, (
+    header, body = _header_and_body(repo)
+    hint = (
         f"sdk/python/src/delayq/lua/{name}.lua differs from lua/{name}.lua: export it again "
         f"(delayq scripts export DIR, then copy DIR/{name}.lua to sdk/python/src/delayq/lua/)"
     )
+    assert vendored.startswith(header) and vendored.endswith(body), hint
+    middle = vendored[len(header) : len(vendored) - len(body)]
+    named = [
+        n.strip()
+        for line in header.splitlines()
+        if line.startswith(b"-- @include ")
+        for n in line[len(b"-- @include ") :].split(b",")
+    ]
+    for inc in named:
+        text = (REPO / "lua" / "include" / f"{inc.decode()}.lua").read_bytes()
+        assert middle.count(text) == 1, f"{name}.lua: include {inc!r} is not in it once"
+    for f in sorted((REPO / "lua" / "include").glob("*.lua")):
+        middle = middle.replace(f.read_bytes(), b"", 1)
+    assert middle.strip(b"\n") == b"", hint
     assert _core.SCRIPTS[name].sha == sha1(vendored)
 
 

@@ -28,17 +28,17 @@
 -- takes an order and its index members in one step) an order is either cancelled here or
 -- dispatched there, never both and never neither. Every argument is checked before the
 -- first write. A move before the shard's earliest due time is published on its wake
--- channel (prelude `wake`).
+-- channel (include `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
 -- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
 -- the key index.
 -- Redis >= 6.2.
+-- @include int, wake, tags, keyed
 
--- prelude.lua: helpers every script may use. Not a script of its own: the engine puts it
--- into each script's text right after that script's header (the SHA1 covers the whole
--- text), so every script runs with these definitions and each file keeps only its own
--- logic. `delayq scripts export` writes the scripts whole, as Redis runs them.
+-- int.lua: `int(s)`, the one check of an integer argument.
+-- An include, not a script: a script that names it in its header (`-- @include int`)
+-- gets it after its header (`engine::scripts::source`).
 
 -- A canonical decimal integer within +-(2^53 - 1) (no spaces, exponents, hex, nan or inf,
 -- nothing a double cannot hold exactly), or nil.
@@ -48,6 +48,10 @@ local function int(s)
   if n > 9007199254740991 or n < -9007199254740991 then return nil end
   return n
 end
+
+-- wake.lua: a shard's earliest due time and its cross-process wake-up.
+-- An include, not a script: a script that names it in its header (`-- @include wake`)
+-- gets it after its header (`engine::scripts::source`).
 
 -- Cross-process wake-ups. `earliest(due)` is a shard's earliest due time (nil: none). After
 -- a write that scheduled orders, the earliest of them due at `due_ms`, `wake(due, before,
@@ -70,6 +74,10 @@ local function wake(due, before, due_ms)
   end
 end
 
+-- tags.lua: an order's tags in its stored value, and their index members.
+-- An include, not a script: a script that names it in its header (`-- @include tags`)
+-- gets it after its header (`engine::scripts::source`).
+
 -- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
 -- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
 -- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
@@ -86,67 +94,9 @@ local function each_tag(list, id, set, v)
   for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
 end
 
--- A stream id's two parts ("<ms>-<seq>") as numbers.
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-
--- Whether stream id a comes before stream id b.
-local function id_less(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  return am < bm or (am == bm and as < bs)
-end
-
--- An XINFO reply's flat list of fields and values as a table (a nil value reads as false).
-local function info_table(flat)
-  local t = {}
-  for i = 1, #flat, 2 do t[flat[i]] = flat[i + 1] end
-  return t
-end
-
--- The consumer groups of a stream, each as a table of its XINFO GROUPS fields (name,
--- consumers, pending, last-delivered-id; entries-read and lag from Redis 7.0); none when
--- the stream does not exist.
-local function groups_of(stream)
-  local out = {}
-  if redis.call('EXISTS', stream) == 0 then return out end
-  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do out[#out + 1] = info_table(g) end
-  return out
-end
-
--- The consumers of one group of a stream, each as a table of its XINFO CONSUMERS fields
--- (name, pending, idle).
-local function consumers_of(stream, group)
-  local out = {}
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
-    out[#out + 1] = info_table(c)
-  end
-  return out
-end
-
--- The names of a stream's consumer groups (none when the stream does not exist).
-local function group_names(stream)
-  local names = {}
-  for _, g in ipairs(groups_of(stream)) do names[#names + 1] = g['name'] end
-  return names
-end
-
--- Opens a priority lane of a shard, once: makes its stream with every consumer group the
--- shard's normal stream has (each reading from the start of the lane) and sets the lane's
--- marker field in the shard's marker HASH, from which readers learn that it is in use.
-local function open_lane(lane, normal, meta, marker)
-  if redis.call('EXISTS', lane) == 1 then return end
-  for _, g in ipairs(group_names(normal)) do
-    redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
-  end
-  redis.call('HSET', meta, marker, '1')
-end
-
 -- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
--- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
--- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+-- dequeue, cancel, reschedule, tag_bulk). An include, not a script: a script that names it
+-- in its header (`-- @include keyed`) gets it after its header (`engine::scripts::source`).
 --
 -- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
 -- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled

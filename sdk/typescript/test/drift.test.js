@@ -13,28 +13,37 @@ import { BIN, PKG_DIR, REPO, delayq } from "./support/harness.js";
 const sha1 = (file) => createHash("sha1").update(readFileSync(file)).digest("hex");
 const vendored = (name) => path.join(PKG_DIR, "lua", `${name}.lua`);
 
-test("drift: every vendored script is the repository's lua/<name>.lua with lua/prelude.lua after its header", { timeout: 90_000 }, () => {
+test("drift: every vendored script is the repository's lua/<name>.lua with the includes its header names after the header", { timeout: 90_000 }, () => {
   assert.deepEqual(
     readdirSync(path.join(PKG_DIR, "lua")).sort(),
     SCRIPT_NAMES.map((n) => `${n}.lua`).sort(),
     "the package vendors exactly the scripts it runs",
   );
-  const prelude = readFileSync(path.join(REPO, "lua", "prelude.lua"), "utf8");
+  const incDir = path.join(REPO, "lua", "include");
+  const includes = readdirSync(incDir).filter((f) => f.endsWith(".lua")).map((f) => readFileSync(path.join(incDir, f), "utf8"));
   for (const name of SCRIPT_NAMES) {
     // A read-only script's flags line (`#!lua flags=no-writes`, unknown to Redis 6.2) is
     // not in the export, which runs on every supported server.
     const repo = readFileSync(path.join(REPO, "lua", `${name}.lua`), "utf8").replace(/^#![^\n]*\n/, "");
+    const lines = repo.split(/(?<=\n)/);
+    let n = 0;
+    while (n < lines.length && lines[n].startsWith("--")) n += 1;
+    const header = lines.slice(0, n).join("");
+    const body = lines.slice(n).join("");
     const copy = readFileSync(vendored(name), "utf8");
-    assert.equal(copy.split(prelude).length, 2, `sdk/typescript/lua/${name}.lua: the prelude is not in it once`);
-    let own = copy.replace(`\n${prelude}\n`, "");
-    // The scripts that keep the key index (issue 42) have lua/keyed.lua after the prelude.
-    if (["enqueue", "cancel", "reschedule", "tag_bulk"].includes(name)) {
-      const keyed = readFileSync(path.join(REPO, "lua", "keyed.lua"), "utf8");
-      assert.equal(own.split(keyed).length, 2, `sdk/typescript/lua/${name}.lua: lua/keyed.lua is not in it once`);
-      own = own.replace(`${keyed}\n`, "");
+    const hint = `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: export it again (delayq scripts export DIR)`;
+    // The engine puts the includes the header names (`-- @include a, b`: lua/include/<a>.lua)
+    // after the header: the copy is the repo's header, those includes, then its body.
+    assert.ok(copy.startsWith(header) && copy.endsWith(body), hint);
+    let middle = copy.slice(header.length, copy.length - body.length);
+    for (const line of header.split("\n").filter((l) => l.startsWith("-- @include "))) {
+      for (const inc of line.slice("-- @include ".length).split(",").map((x) => x.trim())) {
+        const text = readFileSync(path.join(incDir, `${inc}.lua`), "utf8");
+        assert.equal(middle.split(text).length, 2, `${name}.lua: include ${inc} is not in it once`);
+      }
     }
-    assert.equal(own, repo,
-      `sdk/typescript/lua/${name}.lua differs from lua/${name}.lua: export it again (delayq scripts export DIR)`);
+    for (const text of includes) middle = middle.replace(text, "");
+    assert.equal(middle.replace(/\n/g, ""), "", hint);
     assert.equal(SCRIPTS[name].sha, sha1(vendored(name)), `the SHA the client sends for ${name}.lua`);
   }
 });

@@ -21,41 +21,57 @@ pub use registry::*;
 
 use crate::engine::error::Error;
 
-/// Source of `lua/prelude.lua`: the helpers every script may use (`int()`), put into each
-/// script's text by [`source`].
-pub const PRELUDE_LUA: &str = include_str!("../../../lua/prelude.lua");
+/// The helpers a script may include, by name (`lua/include/<name>.lua`). A script names
+/// the ones it calls in its header (`-- @include int, wake`); an include may name others
+/// the same way. [`source`] puts them into the script's text after its header, each once,
+/// an include's own includes before it.
+pub const INCLUDES: [(&str, &str); 7] = [
+    ("int", include_str!("../../../lua/include/int.lua")),
+    ("wake", include_str!("../../../lua/include/wake.lua")),
+    ("tags", include_str!("../../../lua/include/tags.lua")),
+    (
+        "stream_ids",
+        include_str!("../../../lua/include/stream_ids.lua"),
+    ),
+    ("groups", include_str!("../../../lua/include/groups.lua")),
+    ("lanes", include_str!("../../../lua/include/lanes.lua")),
+    ("keyed", include_str!("../../../lua/include/keyed.lua")),
+];
 
-/// Source of `lua/keyed.lua`: the helpers of the scripts that keep a shard's key index
-/// (issue 42), put into those scripts' text after the prelude by [`source_keyed`].
-pub const KEYED_LUA: &str = include_str!("../../../lua/keyed.lua");
-
-/// A script's text as Redis runs it, as [`source`], with the key index helpers
-/// ([`KEYED_LUA`]) after the prelude.
-pub fn source_keyed(file: &str) -> String {
-    let (flags, file) = split_flags(file);
-    let header: usize = file
-        .split_inclusive('\n')
+/// The names a text's header (its leading `--` lines) includes (`-- @include a, b`).
+pub fn includes_of(text: &str) -> Vec<&str> {
+    text.lines()
+        .skip_while(|l| l.starts_with("#!"))
         .take_while(|l| l.starts_with("--"))
-        .map(str::len)
-        .sum();
-    format!(
-        "{flags}{}\n{PRELUDE_LUA}\n{KEYED_LUA}\n{}",
-        &file[..header],
-        &file[header..]
-    )
+        .filter_map(|l| l.strip_prefix("-- @include "))
+        .flat_map(|names| names.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .collect()
 }
 
-/// The scripts built with [`source_keyed`]: those that keep a shard's key index.
-pub const KEYED_SCRIPTS: [&str; 5] = ["enqueue", "dequeue", "cancel", "reschedule", "tag_bulk"];
-
-/// The text of script `name` (the file name without `.lua`) from its file: [`source_keyed`]
-/// for the [`KEYED_SCRIPTS`], [`source`] for the others.
-pub fn source_named(name: &str, file: &str) -> String {
-    if KEYED_SCRIPTS.contains(&name) {
-        source_keyed(file)
-    } else {
-        source(file)
+/// Appends include `name` (after its own includes) to `out`, once.
+fn resolve<'a>(name: &'a str, out: &mut Vec<(&'a str, &'static str)>) {
+    if out.iter().any(|(n, _)| *n == name) {
+        return;
     }
+    let Some(&(name, text)) = INCLUDES.iter().find(|(n, _)| *n == name) else {
+        // The scripts are the crate's own files: a unit test loads every one.
+        panic!("lua: no include named {name:?} (lua/include/)");
+    };
+    for dep in includes_of(text) {
+        resolve(dep, out);
+    }
+    out.push((name, text));
+}
+
+/// The includes a script's text gets, in order: each named include after its own.
+pub fn resolved_includes(file: &str) -> Vec<(&str, &'static str)> {
+    let mut out = Vec::new();
+    for name in includes_of(file) {
+        resolve(name, &mut out);
+    }
+    out
 }
 
 /// The first line of a read-only script: Redis 7.0+ then runs it on read-only replicas and
@@ -63,8 +79,8 @@ pub fn source_named(name: &str, file: &str) -> String {
 pub const NO_WRITES: &str = "#!lua flags=no-writes\n";
 
 /// A script's text as Redis runs it: its file's flags line (`#!lua ...`, when it has one),
-/// its header (the leading `--` lines), then the prelude, then the rest of the file. The
-/// SHA1 covers the whole text.
+/// its header (the leading `--` lines), then the includes its header names
+/// ([`resolved_includes`]), then the rest of the file. The SHA1 covers the whole text.
 pub fn source(file: &str) -> String {
     let (flags, file) = split_flags(file);
     let header: usize = file
@@ -72,11 +88,14 @@ pub fn source(file: &str) -> String {
         .take_while(|l| l.starts_with("--"))
         .map(str::len)
         .sum();
-    format!(
-        "{flags}{}\n{PRELUDE_LUA}\n{}",
-        &file[..header],
-        &file[header..]
-    )
+    let mut text = format!("{flags}{}", &file[..header]);
+    for (_, inc) in resolved_includes(file) {
+        text.push('\n');
+        text.push_str(inc);
+    }
+    text.push('\n');
+    text.push_str(&file[header..]);
+    text
 }
 
 /// A script's flags line (`#!lua ...\n`, or nothing) and the rest of its text.
@@ -236,7 +255,8 @@ mod tests {
     /// The commands a script's own text calls (`redis.call('X'` / `redis.pcall('X'`), upper
     /// case; a call whose command is not a literal reads as `?` (it may write).
     fn commands(text: &str) -> Vec<String> {
-        let own = text.replacen(PRELUDE_LUA, "", 1).replacen(KEYED_LUA, "", 1);
+        // Includes too: a script includes only the helpers it calls.
+        let own = text;
         let mut out = Vec::new();
         for pat in ["redis.call(", "redis.pcall("] {
             for (i, _) in own.match_indices(pat) {
@@ -295,11 +315,67 @@ mod tests {
         assert_eq!(read_only, ["get", "history", "stats"]);
     }
 
+    /// The helper functions (`local function name(`) a text defines.
+    fn defined(text: &str) -> Vec<&str> {
+        text.match_indices("local function ")
+            .filter_map(|(i, p)| text[i + p.len()..].split('(').next())
+            .collect()
+    }
+
+    /// Whether `text`, without its comment lines, calls function `f`.
+    fn calls(text: &str, f: &str) -> bool {
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with("--"))
+            .any(|l| {
+                l.match_indices(&format!("{f}(")).any(|(i, _)| {
+                    let before = l[..i].chars().next_back();
+                    !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+                        && !l[..i].ends_with("local function ")
+                })
+            })
+    }
+
+    /// Each script includes exactly what it calls: every helper it (or an include it gets)
+    /// calls is defined by an include it gets, and every include it names is called.
+    #[test]
+    fn every_script_includes_the_helpers_it_calls_and_only_those() {
+        let helpers: Vec<(&str, &str)> = INCLUDES
+            .iter()
+            .flat_map(|(inc, text)| defined(text).into_iter().map(move |f| (f, *inc)))
+            .collect();
+        assert!(helpers.len() > 10, "{helpers:?}");
+        for (name, text) in flagged() {
+            let got: Vec<&str> = resolved_includes(legacy(text))
+                .into_iter()
+                .map(|(n, _)| n)
+                .collect();
+            for (f, inc) in &helpers {
+                if calls(text, f) {
+                    assert!(
+                        got.contains(inc),
+                        "{name}.lua calls {f} but does not include {inc}"
+                    );
+                }
+            }
+            for inc in includes_of(legacy(text)) {
+                let (_, inc_text) = INCLUDES.iter().find(|(n, _)| *n == inc).unwrap();
+                let used = defined(inc_text).iter().any(|f| {
+                    let without: String = text.replacen(inc_text, "", 1);
+                    calls(&without, f)
+                });
+                assert!(
+                    used,
+                    "{name}.lua includes {inc} but calls none of its helpers"
+                );
+            }
+        }
+    }
+
     #[test]
     fn the_flags_line_stays_first_and_the_legacy_form_drops_only_it() {
-        let text = source("#!lua flags=no-writes\n-- a.lua: a header\n-- more\nreturn 1\n");
-        assert!(text.starts_with("#!lua flags=no-writes\n-- a.lua: a header\n-- more\n"));
-        assert!(text.contains(PRELUDE_LUA));
+        let text = source("#!lua flags=no-writes\n-- a.lua: a header\n-- @include int\nreturn 1\n");
+        assert!(text.starts_with("#!lua flags=no-writes\n-- a.lua: a header\n-- @include int\n"));
+        assert!(text.contains(INCLUDES[0].1));
         assert!(text.ends_with("return 1\n"));
         let plain = legacy(&text);
         assert!(plain.starts_with("-- a.lua: a header\n"));

@@ -13,17 +13,16 @@ use std::sync::LazyLock;
 
 /// Source of `lua/enqueue.lua`.
 pub static ENQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source_named("enqueue", include_str!("../../../lua/enqueue.lua")));
+    LazyLock::new(|| super::source(include_str!("../../../lua/enqueue.lua")));
 /// Source of `lua/dequeue.lua`.
 pub static DEQUEUE_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source_named("dequeue", include_str!("../../../lua/dequeue.lua")));
+    LazyLock::new(|| super::source(include_str!("../../../lua/dequeue.lua")));
 /// Source of `lua/cancel.lua`.
 pub static CANCEL_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source_named("cancel", include_str!("../../../lua/cancel.lua")));
+    LazyLock::new(|| super::source(include_str!("../../../lua/cancel.lua")));
 /// Source of `lua/reschedule.lua`.
-pub static RESCHEDULE_LUA: LazyLock<String> = LazyLock::new(|| {
-    super::source_named("reschedule", include_str!("../../../lua/reschedule.lua"))
-});
+pub static RESCHEDULE_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/reschedule.lua")));
 
 static ENQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&ENQUEUE_LUA));
 static DEQUEUE: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&DEQUEUE_LUA));

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 /// Source of `lua/tag_bulk.lua`.
 pub static TAG_BULK_LUA: LazyLock<String> =
-    LazyLock::new(|| super::source_named("tag_bulk", include_str!("../../../lua/tag_bulk.lua")));
+    LazyLock::new(|| super::source(include_str!("../../../lua/tag_bulk.lua")));
 
 static TAG_BULK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TAG_BULK_LUA));
 

@@ -1,6 +1,6 @@
 -- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
--- dequeue, cancel, reschedule). Not a script of its own: the engine puts it into those
--- scripts' text right after the prelude (`delayq scripts export` writes them whole).
+-- dequeue, cancel, reschedule, tag_bulk). An include, not a script: a script that names it
+-- in its header (`-- @include keyed`) gets it after its header (`engine::scripts::source`).
 --
 -- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
 -- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled

@@ -1,0 +1,24 @@
+-- wake.lua: a shard's earliest due time and its cross-process wake-up.
+-- An include, not a script: a script that names it in its header (`-- @include wake`)
+-- gets it after its header (`engine::scripts::source`).
+
+-- Cross-process wake-ups. `earliest(due)` is a shard's earliest due time (nil: none). After
+-- a write that scheduled orders, the earliest of them due at `due_ms`, `wake(due, before,
+-- due_ms)` publishes `due_ms` on the shard's wake channel (its due key with `wake` for
+-- `due`: `{tag}:wake`) when it is earlier than the shard's earliest before the write:
+-- every dispatcher of the queue listens there and looks at the shard then. Sharded
+-- (`SPUBLISH`, Redis 7) where the server has it, `PUBLISH` on 6.2. Cost: O(1) + one
+-- `ZRANGE 0 0`, O(log n), per call.
+local function earliest(due)
+  local f = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
+  return tonumber(f[2])
+end
+local function wake(due, before, due_ms)
+  if due_ms and (not before or due_ms < before) then
+    local channel = string.sub(due, 1, -4) .. 'wake'
+    -- A refused publish (no SPUBLISH on 6.2; an ACL without the channel) never fails the
+    -- write: the dispatchers' fallback poll finds the order.
+    local r = redis.pcall('SPUBLISH', channel, due_ms)
+    if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
+  end
+end
