@@ -30,6 +30,7 @@
 
 mod pubsub;
 mod sentinel;
+mod sentinel_policy;
 mod tls;
 mod url;
 

@@ -2,6 +2,7 @@
 //! follows it through failovers.
 
 use super::explain_tls;
+use super::sentinel_policy::{Attempts, Verdict, is_permanent, judge};
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
@@ -308,37 +309,9 @@ impl SentinelTarget {
     }
 }
 
-/// True for a failure that waiting does not fix: a TLS or client configuration error, a
-/// refused login or permission.
-pub(super) fn is_permanent(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::InvalidClientConfig
-            | ErrorKind::AuthenticationFailed
-            | ErrorKind::Server(ServerErrorKind::NoPerm)
-    )
-}
-
-/// The error codes of a call a server refused for its role or state (see
-/// [`Reply::is_from_replica`]): nothing was done; the master is resolved again and the call
-/// retried.
-pub(super) const REFUSED_FOR_ROLE: [&str; 5] = [
-    "READONLY",
-    "UNBLOCKED",
-    "MASTERDOWN",
-    "NOREPLICAS",
-    "LOADING",
-];
-
 /// A connection being opened (shared by every caller that waits for it).
 pub(super) type Connecting = Shared<BoxFuture<'static, RedisResult<MultiplexedConnection>>>;
 
-/// Most attempts of one call at getting an answer from a master.
-pub(super) const SENTINEL_ATTEMPTS: u32 = 12;
-/// The first wait between attempts (doubling).
-pub(super) const SENTINEL_FIRST_DELAY: Duration = Duration::from_millis(50);
-/// The longest wait between attempts.
-pub(super) const SENTINEL_MAX_DELAY: Duration = Duration::from_millis(500);
 /// How often the watcher asks a sentinel where the master is.
 pub(super) const SENTINEL_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -347,7 +320,7 @@ pub(super) const SENTINEL_WATCH_INTERVAL: Duration = Duration::from_millis(500);
 /// Clones share one multiplexed connection. When it breaks or times out, when the server
 /// answers as a replica (`READONLY`, or `UNBLOCKED` for a blocked read on a demoted
 /// master) or refuses writes for want of replicas (`NOREPLICAS`, see
-/// [`REFUSED_FOR_ROLE`]), or when the target's watcher hears the sentinels name another master (it asks
+/// [`sentinel_policy::REFUSED_FOR_ROLE`]), or when the target's watcher hears the sentinels name another master (it asks
 /// every 500 ms), the master is resolved through the sentinels again and a new connection
 /// opened, once for all clones. A call that the server refused so did nothing and is
 /// retried on the new master (bounded attempts with doubling delays, within the response
@@ -388,18 +361,11 @@ pub(super) enum Reply {
 }
 
 impl Reply {
-    /// True when a reply says the server refused the call for its role or state during a
-    /// failover, so that nothing was done and another master (or the same one a moment
-    /// later) may take it: a replica (`READONLY`, `UNBLOCKED`, `MASTERDOWN`), a master that
-    /// fewer replicas than its `min-replicas-to-write` follow (`NOREPLICAS`: the old master
-    /// of a failover, or a new one before a replica follows it), a server loading its data
-    /// (`LOADING`).
-    pub(super) fn is_from_replica(&self) -> bool {
-        let is =
-            |v: &Value| matches!(v, Value::ServerError(e) if REFUSED_FOR_ROLE.contains(&e.code()));
+    /// The reply's values (one, or a pipeline's).
+    pub(super) fn values(&self) -> &[Value] {
         match self {
-            Reply::One(v) => is(v),
-            Reply::Many(vs) => vs.iter().any(is),
+            Reply::One(v) => std::slice::from_ref(v),
+            Reply::Many(vs) => vs,
         }
     }
 }
@@ -472,10 +438,9 @@ impl SentinelConn {
         &self,
         deadline: Instant,
     ) -> RedisResult<(u64, MultiplexedConnection)> {
-        let mut delay = SENTINEL_FIRST_DELAY;
-        let mut attempt = 0;
+        let mut attempts = Attempts::new(deadline);
         loop {
-            attempt += 1;
+            attempts.start();
             let (generation, epoch, connecting) = self.current();
             if epoch != self.shared.target.epoch() {
                 // The sentinels named another master since this connection was opened.
@@ -496,15 +461,11 @@ impl SentinelConn {
                 }
             };
             self.invalidate(generation);
-            if is_permanent(&e)
-                || attempt >= SENTINEL_ATTEMPTS
-                || Instant::now() + delay >= deadline
-            {
+            let Some(wait) = attempts.after_failure(is_permanent(&e), Instant::now()) else {
                 return Err(e);
-            }
+            };
             tracing::debug!(master = %self.shared.target.master_name, error = %e, "resolving the master again");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(SENTINEL_MAX_DELAY);
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -516,10 +477,9 @@ impl SentinelConn {
 
     pub(super) async fn request(&self, req: Request<'_>) -> RedisResult<Reply> {
         let deadline = self.deadline();
-        let mut delay = SENTINEL_FIRST_DELAY;
-        let mut attempt = 0;
+        let mut attempts = Attempts::new(deadline);
         loop {
-            attempt += 1;
+            attempts.start();
             let (generation, mut c) = self.obtain(deadline).await?;
             let sent = match req {
                 Request::One(cmd) => c.req_packed_command(cmd).await.map(Reply::One),
@@ -528,24 +488,21 @@ impl SentinelConn {
                     .await
                     .map(Reply::Many),
             };
-            match sent {
-                Ok(reply) if reply.is_from_replica() => {
+            match judge(sent.as_ref().map(Reply::values)) {
+                Verdict::Refused => {
                     // A replica (or a master short of replicas) refused it: nothing was
                     // done; find the master again.
                     self.invalidate(generation);
-                    if attempt >= SENTINEL_ATTEMPTS || Instant::now() + delay >= deadline {
-                        return Ok(reply);
+                    match attempts.after_failure(false, Instant::now()) {
+                        Some(wait) => tokio::time::sleep(wait).await,
+                        None => return sent,
                     }
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(SENTINEL_MAX_DELAY);
                 }
-                Ok(reply) => return Ok(reply),
-                Err(e) => {
-                    if e.is_unrecoverable_error() || e.is_timeout() || e.is_connection_dropped() {
-                        // It may have run: no retry here; the next call reconnects.
-                        self.invalidate(generation);
-                    }
-                    return Err(e);
+                Verdict::Answer | Verdict::Failed => return sent,
+                Verdict::MayHaveRun => {
+                    // It may have run: no retry here; the next call reconnects.
+                    self.invalidate(generation);
+                    return sent;
                 }
             }
         }
