@@ -35,11 +35,14 @@ pub struct ScheduledAnswer {
     pub id: String,
     /// When it is due, unix ms.
     pub due_at_ms: i64,
-    /// `created`, `updated`, `unchanged` or `duplicate`.
+    /// `created`, `updated`, `unchanged`, `duplicate` or `cancelled_by_event`.
     pub outcome: ScheduleOutcome,
     /// With `duplicate`: when the id was last dispatched, unix ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dispatched_at_ms: Option<i64>,
+    /// With `cancelled_by_event`: the name of the event that arrived first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
 }
 
 impl ScheduledAnswer {
@@ -50,6 +53,7 @@ impl ScheduledAnswer {
             due_at_ms: s.due_at_ms,
             outcome: s.outcome,
             dispatched_at_ms: s.dispatched_at_ms,
+            event: s.event,
         }
     }
 }
@@ -527,6 +531,7 @@ mod tests {
             due_at_ms: 5,
             outcome: ScheduleOutcome::Created,
             dispatched_at_ms: None,
+            event: None,
         };
         assert_eq!(
             serde_json::to_value(&a).unwrap(),

@@ -524,6 +524,7 @@ impl Run {
                         due_at_ms: a.due_at_ms,
                         outcome: a.outcome,
                         dispatched_at_ms: a.dispatched_at_ms,
+                        event: a.event,
                     })
                     .collect();
                 let spec: Vec<(&str, &str, i64, Priority)> = spec

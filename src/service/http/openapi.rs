@@ -130,12 +130,13 @@ fn priority() -> Value {
 }
 
 fn schemas() -> Value {
-    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate"],
-        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again)"});
+    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate", "cancelled_by_event"],
+        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again). cancelled_by_event: an event matching one of the queue's cancel_on rules arrived before, within the rule's remember window; nothing was written and the order never fires"});
     let scheduled = object(
         &["queue", "id", "due_at_ms", "outcome"],
         json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome,
-               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"}}),
+               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"},
+               "event": {"type": "string", "description": "with cancelled_by_event: the event's name"}}),
     );
     let group_stats = object(
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
