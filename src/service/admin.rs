@@ -371,7 +371,8 @@ impl Admin {
     /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
     /// its count when none is given). Idempotent; another shard count than the registered
     /// one is refused. `history_retention`, the default `expires_after` (zero clears it)
-    /// and `dedup_window`, when given, are set on it (checked before anything is written).
+    /// `dedup_window` and the `cancel_on` rules, when given, are set on it (checked before
+    /// anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
@@ -379,7 +380,11 @@ impl Admin {
         history_retention: Option<Duration>,
         expires_after: Option<Duration>,
         dedup_window: Option<Duration>,
+        cancel_on: Option<&[crate::engine::events::CancelRule]>,
     ) -> Result<QueueCreated> {
+        if let Some(rules) = cancel_on {
+            crate::engine::events::validate_rules(rules)?;
+        }
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
         }
@@ -406,6 +411,9 @@ impl Admin {
         }
         if let Some(w) = dedup_window {
             self.queues.set_dedup_window(queue, w).await?;
+        }
+        if let Some(rules) = cancel_on {
+            self.queues.set_cancel_on(queue, rules).await?;
         }
         Ok(created)
     }

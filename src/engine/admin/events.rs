@@ -32,11 +32,12 @@ impl Queues {
             .query_async(&mut self.client.connection())
             .await
             .ctx("reading the cancel_on rules")?;
-        let old_v = old
-            .as_deref()
-            .and_then(StoredRules::parse)
-            .map(|s| s.v)
-            .unwrap_or_default();
+        let before = old.as_deref().and_then(StoredRules::parse);
+        if before.as_ref().map_or(&[][..], |s| s.rules.as_slice()) == rules {
+            // Unchanged (a restart applying its configuration): nothing to do.
+            return Ok(());
+        }
+        let old_v = before.map(|s| s.v).unwrap_or_default();
         let new_v = if rules.is_empty() {
             ""
         } else {

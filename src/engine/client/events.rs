@@ -59,6 +59,45 @@ impl Event {
         self
     }
 
+    /// An event as a JSON body holds it: `{"name": ..., "data": {...}, "id": ...}` (`data`
+    /// defaults to `{}`, `id` to none), checked as [`Event::validate`]; anything else is
+    /// refused naming the field.
+    pub fn from_json(v: &serde_json::Value) -> std::result::Result<Self, InvalidInput> {
+        let bad = |name: &'static str, reason: &str| InvalidInput::Option {
+            name,
+            reason: reason.into(),
+        };
+        let o = v
+            .as_object()
+            .ok_or_else(|| bad("event", "must be an object {name, data, id}"))?;
+        if let Some(k) = o
+            .keys()
+            .find(|k| !["name", "data", "id"].contains(&k.as_str()))
+        {
+            return Err(InvalidInput::Option {
+                name: "event",
+                reason: format!("unknown field {k:?} (name, data, id)"),
+            });
+        }
+        let name = match o.get("name") {
+            Some(serde_json::Value::String(n)) => n.clone(),
+            None => return Err(bad("name", "an event needs a name")),
+            Some(_) => return Err(bad("name", "must be a string")),
+        };
+        let id = match o.get("id") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(i)) => Some(i.clone()),
+            Some(_) => return Err(bad("id", "must be a string")),
+        };
+        let e = Event {
+            name,
+            data: o.get("data").cloned().unwrap_or_else(empty_object),
+            id,
+        };
+        e.validate()?;
+        Ok(e)
+    }
+
     /// Checks name (field `name`), id (field `id`) and data (field `data`: an object).
     pub fn validate(&self) -> std::result::Result<(), InvalidInput> {
         validate_event_name(&self.name)?;
