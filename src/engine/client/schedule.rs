@@ -373,6 +373,9 @@ struct Texts<'a> {
     tokens: &'a [Vec<String>],
 }
 
+/// Per order: the stored text (empty when no order needs one) and the match tokens.
+type StoredTexts = (Vec<Option<String>>, Vec<Vec<String>>);
+
 /// Per order, the stored text (see [`Texts`]) and the cancel-on-event match tokens of the
 /// queue's `rules` (see [`crate::engine::events`]; no rules: no work). A matched value too
 /// long is refused naming the order's index.
@@ -380,7 +383,7 @@ fn stored_texts(
     producer: &trace::Producer,
     orders: &[NewOrder],
     rules: &[crate::engine::events::CancelRule],
-) -> Result<(Vec<Option<String>>, Vec<Vec<String>>)> {
+) -> Result<StoredTexts> {
     let mut tokens: Vec<Vec<String>> = Vec::new();
     if !rules.is_empty() {
         for (index, o) in orders.iter().enumerate() {
