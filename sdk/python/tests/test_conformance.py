@@ -150,8 +150,6 @@ def test_case(server, case, kind):
 
     opts = {"clock": lambda: DOC["now_ms"]}
     expect = case["expect"]
-    if case["op"] == "post_event" and kind == "asyncio":
-        pytest.skip("the asyncio client has no post_event yet")
     if case["op"] == "connect":
         try:
             c = delayq.Client(server.url, namespace=case["namespace"], **opts) if kind == "sync" else AsyncFacade(server.url, namespace=case["namespace"], **opts)

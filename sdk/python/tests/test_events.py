@@ -13,12 +13,12 @@ import delayq
 from conftest import run_bin
 
 
-def test_post_event_cancels_the_matching_orders_once(redis_server, ns):
+def test_post_event_cancels_the_matching_orders_once(redis_server, ns, make_client):
     url = redis_server.url
     run_bin("queue", "create", "ev", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
     for i in range(3):
         run_bin("schedule", "ev", f"o-{i}", "--in", "1h", "--payload", json.dumps({"order_id": i}), url=url, namespace=ns)
-    c = delayq.Client(url, namespace=ns)
+    c = make_client(url, namespace=ns)
     a = c.post_event("order.paid", {"order_id": 1, "amount": 5}, id="pay-1")
     assert (a["cancelled"], a["queues"], a["duplicate"], a["matched_rules"]) == (1, {"ev": 1}, False, 1)
     again = c.post_event("order.paid", {"order_id": 1}, id="pay-1")
@@ -39,8 +39,8 @@ def test_tokens_are_the_rust_clients():
 
 @pytest.mark.parametrize("name,data,id,field", [("", {}, None, "name"), ("a\x07", {}, None, "name"), ("x" * 129, {}, None, "name"),
                                                 ("order.paid", [1], None, "data"), ("order.paid", {}, "", "id")])
-def test_bad_events_name_the_field_and_write_nothing(redis_server, ns, name, data, id, field):
-    c = delayq.Client(redis_server.url, namespace=ns)
+def test_bad_events_name_the_field_and_write_nothing(redis_server, ns, make_client, name, data, id, field):
+    c = make_client(redis_server.url, namespace=ns)
     before = redis_server.client.dbsize()
     with pytest.raises(delayq.InvalidInput) as e:
         c.post_event(name, data, id=id)

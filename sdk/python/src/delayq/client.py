@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import datetime as _dt
 import threading
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -485,26 +484,13 @@ class Client:
             records = [self._r.hget(self._keys.record(q), "cancel_on") for q in names]
         except redis.RedisError as e:
             raise c.wrap("reading the queues' cancel_on rules", e) from None
-        hits = []
-        for q, rec in zip(names, records):
-            if rec is None:
-                continue
-            try:
-                stored = json.loads(c._text(rec))
-            except ValueError:
-                continue
-            for r in stored.get("rules", []):
-                if r.get("event") != name:
-                    continue
-                token = rules.event_token(name, r.get("match", []), data)
-                if token is not None:
-                    hits.append((q, token, int(r.get("remember_ms", 900_000))))
+        hits = rules.event_hits(name, data, names, records)
         out["matched_rules"] = len(hits)
         now = self.now_ms()
         seen = None
         if id is not None:
             seen = "{%s}:event:%s" % (self._keys.ns, id)
-            window = max([h[2] for h in hits] or [900_000])
+            window = max([h[2] for h in hits] or [rules.DEFAULT_REMEMBER_MS])
             try:
                 first = self._r.set(seen, now, nx=True, px=window)
             except redis.RedisError as e:
@@ -522,7 +508,7 @@ class Client:
                     remembered = self._keys.tag(q, s) + ":remembered"
                     self._r.zadd(remembered, {token: now + remember}, gt=True)
                     self._r.zremrangebyscore(remembered, "-inf", now)
-                    self._r.zremrangebyrank(remembered, 0, -(100_000 + 1))
+                    self._r.zremrangebyrank(remembered, 0, -(rules.MAX_REMEMBERED + 1))
                     due = self._keys.due(q, s)
                     keys = [due, self._keys.payload(q, s), self._keys.levels(q, s), self._keys.tag(q, s) + ":debounce", c.tags_key(due),
                             self._keys.tag(q, s) + ":keyed", self._keys.tag(q, s) + ":key_ring"]

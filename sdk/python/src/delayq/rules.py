@@ -651,3 +651,29 @@ def event_token(event: str, paths: Sequence[str], data: Any) -> Optional[str]:
             return None
         parts.append(json.dumps(p) + ":" + text)
     return "\x01" + event + " {" + ",".join(parts) + "}"
+
+
+#: The default ``remember`` window of a rule, ms (15 min).
+DEFAULT_REMEMBER_MS = 900_000
+#: Most remembered tokens per shard.
+MAX_REMEMBERED = 100_000
+
+
+def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any]) -> List[Any]:
+    """The (queue, token, remember_ms) of every rule of ``queues`` (their records' ``cancel_on``
+    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds."""
+    hits = []
+    for q, rec in zip(queues, records):
+        if rec is None:
+            continue
+        try:
+            stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
+        except ValueError:
+            continue
+        for r in stored.get("rules", []):
+            if r.get("event") != name:
+                continue
+            token = event_token(name, r.get("match", []), data)
+            if token is not None:
+                hits.append((q, token, int(r.get("remember_ms", DEFAULT_REMEMBER_MS))))
+    return hits
