@@ -24,6 +24,7 @@ def test_post_event_cancels_the_matching_orders_once(redis_server, ns, make_clie
     again = c.post_event("order.paid", {"order_id": 1}, id="pay-1")
     assert (again["cancelled"], again["duplicate"]) == (0, True)
     assert [c.get("ev", f"o-{i}") is None for i in range(3)] == [False, True, False]
+    assert c.get("ev", "o-0").tags == (), "the match token is not shown as a tag"
     # Event first: the Rust producer's order inside the window is cancelled_by_event.
     assert c.post_event("order.paid", {"order_id": 7})["cancelled"] == 0
     out = run_bin("schedule", "ev", "o-7", "--in", "1h", "--payload", '{"order_id":7}', url=url, namespace=ns)

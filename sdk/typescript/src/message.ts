@@ -167,14 +167,17 @@ export function checkTags(tags: unknown): string[] {
   return tags as string[];
 }
 
-/** The tags of a stored value: the list between its first two GS (none: empty). */
+/**
+ * The tags of a stored value: the list between its first two GS (none: empty), without the
+ * cancel-on-event match tokens stored among them (they start with \x01; src/engine/events.rs).
+ */
 export function storedTags(raw: string): string[] {
   const start = raw.indexOf("\x1d");
   if (start < 0) return [];
   const end = raw.indexOf("\x1d", start + 1);
   if (end < 0) return [];
   const inner = raw.slice(start + 1, end);
-  return inner === "" ? [] : inner.split("\x1f");
+  return inner === "" ? [] : inner.split("\x1f").filter((t) => !t.startsWith("\x01"));
 }
 
 /**

@@ -39,6 +39,7 @@ test("postEvent cancels the matching orders once and is remembered", async () =>
   assert.deepEqual([again.cancelled, again.duplicate], [0, true]);
   const left = await Promise.all([0, 1, 2].map((i) => client.get("ev", `o-${i}`)));
   assert.deepEqual(left.map((o) => o === null), [false, true, false]);
+  assert.deepEqual(left[0].tags, [], "the match token is not shown as a tag");
   assert.equal((await client.postEvent("order.paid", { order_id: 7 })).cancelled, 0);
   const r = await bin("schedule", "ev", "o-7", "--in", "1h", "--payload", '{"order_id":7}');
   assert.equal(JSON.parse(r.stdout).outcome, "cancelled_by_event");
