@@ -238,3 +238,58 @@ async fn bad_rules_and_events_are_refused_naming_the_field() {
     }
     assert_eq!(support::snapshot(&client).await, before);
 }
+
+/// Schedules and events for the same orders racing each other: every order is either
+/// scheduled and then cancelled by its event, or answered cancelled_by_event; none is left
+/// scheduled, and the counts agree (the event remembers before it sweeps).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_racing_its_order_never_misses_it() {
+    let (_s, client) = start().await;
+    client
+        .admin()
+        .set_cancel_on(CLOSE, &paid_rule())
+        .await
+        .unwrap();
+    const N: usize = 300;
+    let c = client.clone();
+    let producer = tokio::spawn(async move {
+        let mut created = 0;
+        let mut refused = 0;
+        for i in 0..N {
+            let o = NewOrder::new(
+                format!("o-{i}"),
+                When::in_ms(3_600_000),
+                json!({"order_id": i}),
+            );
+            match c
+                .schedule_with(CLOSE, o, Mode::Upsert)
+                .await
+                .unwrap()
+                .outcome
+            {
+                ScheduleOutcome::Created => created += 1,
+                ScheduleOutcome::CancelledByEvent => refused += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        (created, refused)
+    });
+    let c = client.clone();
+    let payer = tokio::spawn(async move {
+        let mut swept = 0;
+        for i in 0..N {
+            let e = Event::new("order.paid", json!({"order_id": i}));
+            swept += c.post_event(&e).await.unwrap().cancelled;
+        }
+        swept
+    });
+    let (created, refused) = producer.await.unwrap();
+    let swept = payer.await.unwrap();
+    assert_eq!(created + refused, N);
+    assert_eq!(
+        swept, created as u64,
+        "every order written before its event was swept"
+    );
+    let left: i64 = raw(&client, &["ZCARD", "{dq:order-close:0}:due"]).await;
+    assert_eq!(left, 0, "no order outlived its event");
+}
