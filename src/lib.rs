@@ -82,6 +82,7 @@ pub use engine::admin::dead::{DeadLetter, Selection};
 pub use engine::admin::history::{GroupHistory, GroupState, OrderHistory, OrderState};
 pub use engine::admin::stats::{GroupStats, PriorityStats, QueueStats};
 pub use engine::backoff::Backoff;
+pub use engine::client::events::{Event, EventPosted};
 pub use engine::client::tags::{TagCounts, TagMove, TagPage, TaggedOrder};
 pub use engine::client::{Client, ClientOptions, Durability};
 #[cfg(feature = "test-util")]
@@ -89,6 +90,7 @@ pub use engine::clock::ManualClock;
 pub use engine::clock::{Clock, RedisClock};
 pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
 pub use engine::error::{Error, InvalidInput, Result};
+pub use engine::events::CancelRule;
 pub use engine::housekeeping::{Housekeeper, HousekeepingOptions};
 pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,

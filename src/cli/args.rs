@@ -98,6 +98,19 @@ pub enum Command {
         #[arg(long, allow_hyphen_values = true)]
         key: Option<String>,
     },
+    /// Post an event (e.g. order.paid): cancels the scheduled orders of every queue whose
+    /// cancel_on rules name it and match its data, and is remembered for the rules'
+    /// windows; answers how many orders it cancelled.
+    Event {
+        /// The event name.
+        name: String,
+        /// Its data, a JSON object (the rules' match fields are read here).
+        #[arg(long, default_value = "{}")]
+        data: String,
+        /// Its id: a repeated post with the same id does nothing (answers duplicate).
+        #[arg(long)]
+        id: Option<String>,
+    },
     /// Show a scheduled order (exit 1 when not scheduled).
     Get {
         /// Queue name.
@@ -347,6 +360,11 @@ pub enum QueueAction {
         /// dispatched within it answers duplicate unless --repeat.
         #[arg(long)]
         dedup_window: Option<String>,
+        /// A cancel-on-event rule, EVENT:FIELD[,FIELD...][@REMEMBER] (e.g.
+        /// order.paid:order_id, remembered 15m by default); repeatable. Orders whose payload
+        /// field equals an event's data field are cancelled by the event.
+        #[arg(long = "cancel-on")]
+        cancel_on: Vec<String>,
     },
     /// List the registered queues, one JSON line each.
     List,

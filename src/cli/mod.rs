@@ -22,6 +22,7 @@ mod cancel;
 mod cron;
 mod dead;
 pub mod demo;
+mod event;
 mod get;
 mod healthcheck;
 mod migrate;
@@ -203,6 +204,7 @@ async fn dispatch(cli: Cli) -> VerbResult {
     match cli.command {
         c @ Command::Schedule { .. } => schedule::run(&g, c).await,
         Command::Get { queue, id } => get::run(&g, &queue, &id).await,
+        Command::Event { name, data, id } => event::run(&g, &name, &data, id).await,
         Command::Cancel {
             queue,
             id,

@@ -15,8 +15,14 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             history_retention,
             expires_after,
             dedup_window,
+            cancel_on,
         } => {
             QueueName::new(&queue)?;
+            let rules = cancel_on
+                .iter()
+                .map(|r| crate::engine::events::parse_rule(r))
+                .collect::<Result<Vec<_>, _>>()?;
+            crate::engine::events::validate_rules(&rules)?;
             let retention = history_retention
                 .as_deref()
                 .map(|t| parse_duration("--history-retention", t))
@@ -40,8 +46,15 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             }
             let a = Admin::connect(&g.redis_url, &g.namespace).await?;
             print_json(
-                &a.create_queue(&queue, Some(shards), retention, expires_after, window)
-                    .await?,
+                &a.create_queue(
+                    &queue,
+                    Some(shards),
+                    retention,
+                    expires_after,
+                    window,
+                    (!rules.is_empty()).then_some(rules.as_slice()),
+                )
+                .await?,
             );
         }
         QueueAction::List => {

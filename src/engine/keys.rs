@@ -126,6 +126,7 @@ impl Keyspace {
             tags: format!("{tag}:tags"),
             keyed: format!("{tag}:keyed"),
             key_ring: format!("{tag}:key_ring"),
+            remembered: format!("{tag}:remembered"),
             level: Priority::Normal,
             lane: tag.clone(),
             tag,
@@ -142,6 +143,12 @@ impl Keyspace {
     /// pause flags as last set).
     pub fn queue_record(&self, queue: &QueueName) -> String {
         format!("{{{}}}:queue:{}", self.ns, queue)
+    }
+
+    /// STRING: a posted event's id, kept for the longest `remember` window of the rules it
+    /// matched (see [`crate::engine::events`]): a repeated post with that id does nothing.
+    pub fn event_id(&self, id: &str) -> String {
+        format!("{{{}}}:event:{}", self.ns, id)
     }
 
     /// SET of the queues being deleted: their records are marked `deleting` and their keys
@@ -266,6 +273,10 @@ pub struct ShardKeys {
     /// ZSET: the keys that have scheduled orders, each scored by its earliest due time
     /// (at least the time it was last served): the dispatcher's fair-share rotation.
     pub key_ring: String,
+    /// ZSET: cancel-on-event match tokens of events that arrived, each scored by until when
+    /// it is remembered, unix ms (see [`crate::engine::events`]); at most
+    /// [`crate::engine::events::MAX_REMEMBERED`] members.
+    pub remembered: String,
     /// The hash tag, `{<ns>:<queue>:<shard>}`.
     pub tag: String,
     /// The shard's index.

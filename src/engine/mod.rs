@@ -44,6 +44,7 @@ pub mod conn;
 pub mod dispatcher;
 pub mod duration;
 pub mod error;
+pub mod events;
 pub mod expiry;
 pub mod flow;
 pub mod history;

@@ -18,6 +18,10 @@ pub enum ScheduleOutcome {
     /// The id is not waiting and was dispatched within the queue's dedup window: nothing
     /// was written (see [`crate::engine::time_rules`]; `repeat` schedules it again).
     Duplicate,
+    /// A cancel-on-event rule matched an event that arrived before, within its `remember`
+    /// window: nothing was written and the order never fires (see
+    /// [`crate::engine::events`]).
+    CancelledByEvent,
 }
 
 /// The result of scheduling one order.
@@ -34,6 +38,9 @@ pub struct Scheduled {
     /// With `Duplicate`: when the id was last dispatched, unix ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatched_at_ms: Option<i64>,
+    /// With `CancelledByEvent`: the event's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
 }
 
 /// What happened to one order of a batch that failed part way
@@ -49,6 +56,8 @@ pub enum ItemOutcome {
     Unchanged,
     /// Not written: dispatched within the queue's dedup window.
     Duplicate,
+    /// Not written: an event that arrived first cancelled it.
+    CancelledByEvent,
     /// Not written: Redis refused its call before writing anything (e.g. out of memory).
     NotWritten,
     /// May or may not have been written (its call timed out or lost its connection).
@@ -62,6 +71,7 @@ impl From<ScheduleOutcome> for ItemOutcome {
             ScheduleOutcome::Updated => ItemOutcome::Updated,
             ScheduleOutcome::Unchanged => ItemOutcome::Unchanged,
             ScheduleOutcome::Duplicate => ItemOutcome::Duplicate,
+            ScheduleOutcome::CancelledByEvent => ItemOutcome::CancelledByEvent,
         }
     }
 }

@@ -113,7 +113,9 @@ pub(crate) fn encode(tags: &[String], body: &str) -> String {
 
 /// Splits the part of a stored value after its expiry and key prefixes into its tags and
 /// the rest (the trace-prefixed or plain payload). A body that does not start with GS, or
-/// has no closing GS, has no tags and is returned whole.
+/// has no closing GS, has no tags and is returned whole. The match tokens of cancel-on-event
+/// rules ([`crate::engine::events`]) are stored as tags and left out here: the one place
+/// tags are decoded, so no reader (get, history, dead letters, deliveries) shows them.
 pub(crate) fn split_stored(body: &str) -> (Vec<String>, &str) {
     let Some(rest) = body.strip_prefix(OPEN) else {
         return (Vec::new(), body);
@@ -125,7 +127,10 @@ pub(crate) fn split_stored(body: &str) -> (Vec<String>, &str) {
     let tags = if list.is_empty() {
         Vec::new()
     } else {
-        list.split(SEP).map(str::to_owned).collect()
+        list.split(SEP)
+            .filter(|t| !crate::engine::events::is_token(t))
+            .map(str::to_owned)
+            .collect()
     };
     (tags, &rest[end + OPEN.len_utf8()..])
 }
@@ -190,6 +195,8 @@ mod tests {
         assert_eq!(split_stored(&body), (v(&["a", "b:c"]), "~00-x~{\"a\":1}"));
         assert_eq!(encode(&[], "{}"), "{}");
         assert_eq!(split_stored("{}"), (vec![], "{}"));
+        let with_token = encode(&v(&["a", "\u{1}order.paid {\"order_id\":1}"]), "{}");
+        assert_eq!(split_stored(&with_token), (v(&["a"]), "{}"));
         assert_eq!(split_stored("\u{1d}open"), (vec![], "\u{1d}open"));
         assert_eq!(of_stored(&format!("12:!5!{body}")), v(&["a", "b:c"]));
         assert_eq!(of_stored("12:{}"), Vec::<String>::new());

@@ -35,11 +35,14 @@ pub struct ScheduledAnswer {
     pub id: String,
     /// When it is due, unix ms.
     pub due_at_ms: i64,
-    /// `created`, `updated`, `unchanged` or `duplicate`.
+    /// `created`, `updated`, `unchanged`, `duplicate` or `cancelled_by_event`.
     pub outcome: ScheduleOutcome,
     /// With `duplicate`: when the id was last dispatched, unix ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dispatched_at_ms: Option<i64>,
+    /// With `cancelled_by_event`: the name of the event that arrived first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
 }
 
 impl ScheduledAnswer {
@@ -50,6 +53,7 @@ impl ScheduledAnswer {
             due_at_ms: s.due_at_ms,
             outcome: s.outcome,
             dispatched_at_ms: s.dispatched_at_ms,
+            event: s.event,
         }
     }
 }
@@ -367,7 +371,8 @@ impl Admin {
     /// Registers a queue (`shards` defaults to 1 for a new queue; an existing queue keeps
     /// its count when none is given). Idempotent; another shard count than the registered
     /// one is refused. `history_retention`, the default `expires_after` (zero clears it)
-    /// and `dedup_window`, when given, are set on it (checked before anything is written).
+    /// `dedup_window` and the `cancel_on` rules, when given, are set on it (checked before
+    /// anything is written).
     pub async fn create_queue(
         &self,
         queue: &str,
@@ -375,7 +380,11 @@ impl Admin {
         history_retention: Option<Duration>,
         expires_after: Option<Duration>,
         dedup_window: Option<Duration>,
+        cancel_on: Option<&[crate::engine::events::CancelRule]>,
     ) -> Result<QueueCreated> {
+        if let Some(rules) = cancel_on {
+            crate::engine::events::validate_rules(rules)?;
+        }
         if let Some(r) = history_retention {
             HistoryPolicy::new(r)?;
         }
@@ -402,6 +411,9 @@ impl Admin {
         }
         if let Some(w) = dedup_window {
             self.queues.set_dedup_window(queue, w).await?;
+        }
+        if let Some(rules) = cancel_on {
+            self.queues.set_cancel_on(queue, rules).await?;
         }
         Ok(created)
     }
@@ -527,6 +539,7 @@ mod tests {
             due_at_ms: 5,
             outcome: ScheduleOutcome::Created,
             dispatched_at_ms: None,
+            event: None,
         };
         assert_eq!(
             serde_json::to_value(&a).unwrap(),

@@ -121,6 +121,9 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
             client.admin().set_dedup_window(q, w).await?;
         }
     }
+    for (q, rules) in settings.cancel_on.iter().flatten() {
+        client.admin().set_cancel_on(q, rules).await?;
+    }
     // The configured recurring schedules (created, or replaced by what the file says).
     let schedules = crate::engine::schedules::Schedules::new(&client);
     for s in &settings.schedules {

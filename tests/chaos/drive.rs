@@ -130,6 +130,7 @@ async fn run_op(w: &World, via: Via, queue: &str, id: &str, kind: &Kind) -> Res 
                         ScheduleOutcome::Updated => "updated",
                         ScheduleOutcome::Unchanged => "unchanged",
                         ScheduleOutcome::Duplicate => "duplicate",
+                        ScheduleOutcome::CancelledByEvent => "cancelled_by_event",
                     }
                     .into(),
                 ),

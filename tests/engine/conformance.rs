@@ -21,18 +21,21 @@ use std::sync::Arc;
 
 const INPUTS: &str = include_str!("../conformance/inputs.json");
 
-const OPS: [&str; 6] = [
+const OPS: [&str; 7] = [
     "schedule",
     "schedule_many",
     "cancel",
     "get",
     "reschedule",
     "connect",
+    "post_event",
 ];
 
 /// Every key a case may have (README, format 5); another key means the file changed format.
-const CASE_KEYS: [&str; 24] = [
+const CASE_KEYS: [&str; 26] = [
     "name",
+    "event",
+    "data",
     "op",
     "queue",
     "id",
@@ -288,6 +291,17 @@ impl Run {
                 },
             );
         }
+        if op == "post_event" {
+            let event = delayq::Event {
+                name: text(case, "event")?.to_owned(),
+                data: case.get("data").cloned().unwrap_or(serde_json::Value::Null),
+                id: case.get("id").and_then(|v| v.as_str()).map(str::to_owned),
+            };
+            return Ok(match self.client.post_event(&event).await {
+                Ok(_) => Outcome::Ok("posted".into()),
+                Err(e) => Outcome::of(&e),
+            });
+        }
         let queue = text(case, "queue")?;
         match op {
             "schedule" => {
@@ -524,6 +538,7 @@ impl Run {
                         due_at_ms: a.due_at_ms,
                         outcome: a.outcome,
                         dispatched_at_ms: a.dispatched_at_ms,
+                        event: a.event,
                     })
                     .collect();
                 let spec: Vec<(&str, &str, i64, Priority)> = spec

@@ -13,6 +13,7 @@ mod crash;
 mod dead_letters;
 mod durability;
 mod engine;
+mod events;
 mod expiry;
 mod failure;
 mod history;

@@ -9,6 +9,7 @@ mod support;
 
 mod cli;
 mod edge;
+mod events;
 mod expiry;
 mod flow;
 mod http;

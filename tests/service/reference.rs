@@ -357,6 +357,12 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
             json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX}})
         }
         "serde_json::Value" => json!({}),
+        // cancel_on: rules checked by engine::events (every surface's one place).
+        "Vec<serde_json::Value>" => {
+            json!({"type": "array", "items": {"type": "object", "required": ["event", "match"],
+                "properties": {"event": {"type": "string"}, "match": {"anyOf": [{"type": "string"}, strings]},
+                    "remember": {"type": "string"}, "queues": strings}}})
+        }
         "DispatchConfig" => {
             json!({"anyOf": [{"type": "string", "enum": ["all", "none"]}, strings]})
         }

@@ -154,6 +154,9 @@ class AsyncFacade:
     def reschedule(self, *a: Any, **k: Any) -> Any:
         return self._run(self.inner.reschedule(*a, **k))
 
+    def post_event(self, *a: Any, **k: Any) -> Any:
+        return self._run(self.inner.post_event(*a, **k))
+
     def cancel_tag(self, *a: Any, **k: Any) -> Any:
         return self._run(self.inner.cancel_tag(*a, **k))
 

@@ -12,14 +12,14 @@ from conftest import REPO, RedisServer, create_queue
 
 DOC = json.loads((REPO / "tests" / "conformance" / "inputs.json").read_text(encoding="utf-8"))
 CASES: List[Dict[str, Any]] = DOC["cases"]
-OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect"}
+OPS = {"schedule", "schedule_many", "cancel", "get", "reschedule", "connect", "post_event"}
 
 
 CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
     "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
-    "key",
+    "key", "event", "data",
 }
 
 
@@ -109,6 +109,8 @@ def run_case(client: Any, case: Dict[str, Any]) -> Any:
         return client.schedule_many(q, orders, mode=mode)
     if op == "cancel":
         return client.cancel(q, case["id"])
+    if op == "post_event":
+        return client.post_event(case["event"], case.get("data"), id=case.get("id"))
     if op == "get":
         return client.get(q, case["id"])
     if op == "reschedule":

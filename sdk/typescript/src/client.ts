@@ -17,6 +17,7 @@ import {
   checkNamespace,
   checkQueue,
   queueRecordKey,
+  queuesKey,
   shardKeys,
   shardOf,
 } from "./keys.js";
@@ -27,8 +28,10 @@ import {
   type When,
   checkOrder,
   checkPriority,
+  checkEvent,
   checkTags,
   decodeStored,
+  eventToken,
   laneArg,
   payloadText,
   resolveWhen,
@@ -79,6 +82,22 @@ export interface ClientOptions {
 export type ScheduleOutcome = "created" | "updated" | "unchanged" | "duplicate";
 export type CancelOutcome = "cancelled" | "not_found";
 export type RescheduleOutcome = "rescheduled" | "not_found";
+
+/** What posting one event did (Client.postEvent). */
+export interface EventPosted {
+  /** The event's name. */
+  name: string;
+  /** Its id, if it had one. */
+  id?: string;
+  /** Orders it cancelled, over every queue. */
+  cancelled: number;
+  /** Per queue (queues with none left out). */
+  queues: Record<string, number>;
+  /** How many (queue, rule) pairs it matched. */
+  matchedRules: number;
+  /** Its id was posted before, within the window: nothing was done. */
+  duplicate: boolean;
+}
 
 /** The result of scheduling one order. */
 export interface Scheduled {
@@ -508,6 +527,78 @@ export class Client {
       }
     }
     return total;
+  }
+
+  /**
+   * Posts an event (src/engine/client/events.rs): cancels the scheduled orders of every
+   * queue whose `cancel_on` rules name it and whose payload matches `data`, and remembers it
+   * for the rules' windows (an order scheduled inside one is answered `cancelled_by_event`).
+   * `id` makes a retried post harmless (`duplicate: true`, nothing cancelled).
+   */
+  async postEvent(name: string, data: Record<string, unknown> = {}, opts: { id?: string } = {}): Promise<EventPosted> {
+    checkEvent(name, data, opts.id);
+    const conn = this.core.conn;
+    const out: EventPosted = { name, cancelled: 0, queues: {}, matchedRules: 0, duplicate: false };
+    if (opts.id !== undefined) out.id = opts.id;
+    const names = ((await conn.smembers(queuesKey(this.core.ns))) as string[]).sort();
+    const hits: { queue: string; token: string; remember: number }[] = [];
+    for (const q of names) {
+      const rec = await conn.hget(queueRecordKey(this.core.ns, q), "cancel_on");
+      if (rec === null) continue;
+      let stored: { rules?: { event?: string; match?: string[]; remember_ms?: number }[] };
+      try {
+        stored = JSON.parse(rec);
+      } catch {
+        continue;
+      }
+      for (const r of stored.rules ?? []) {
+        if (r.event !== name) continue;
+        const token = eventToken(name, r.match ?? [], data);
+        if (token !== null) hits.push({ queue: q, token, remember: Number(r.remember_ms ?? 900_000) });
+      }
+    }
+    out.matchedRules = hits.length;
+    const now = this.nowMs();
+    let seen: string | null = null;
+    if (opts.id !== undefined) {
+      seen = `{${this.core.ns}}:event:${opts.id}`;
+      const window = Math.max(900_000, ...hits.map((h) => h.remember));
+      const first = await conn.set(seen, String(now), "PX", window, "NX");
+      if (first === null) {
+        out.duplicate = true;
+        out.matchedRules = 0;
+        return out;
+      }
+    }
+    try {
+      for (const h of hits) {
+        const ref = await this.queueRef(h.queue);
+        for (let shard = 0; shard < ref.shards; shard++) {
+          const k = shardKeys(this.core.ns, h.queue, shard);
+          const remembered = `${k.tag}:remembered`;
+          await conn.zadd(remembered, "GT", String(now + h.remember), h.token);
+          await conn.zremrangebyscore(remembered, "-inf", String(now));
+          await conn.zremrangebyrank(remembered, 0, -(100_000 + 1));
+          let cursor = "";
+          for (;;) {
+            const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [h.token, "200", "cancel", "", cursor], "posting an event (tag_bulk.lua)");
+            if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("posting an event (tag_bulk.lua)", "not an array of 3");
+            const n = Number(r[0]);
+            if (n > 0) {
+              out.cancelled += n;
+              out.queues[h.queue] = (out.queues[h.queue] ?? 0) + n;
+            }
+            if (Number(r[2]) !== 1 || r[1] === null || r[1] === undefined) break;
+            cursor = String(r[1]);
+          }
+        }
+      }
+    } catch (e) {
+      // Not applied in full: the id is forgotten so that a retry does the rest.
+      if (seen !== null) await conn.del(seen).catch(() => undefined);
+      throw e;
+    }
+    return out;
   }
 
   /**

@@ -167,14 +167,17 @@ export function checkTags(tags: unknown): string[] {
   return tags as string[];
 }
 
-/** The tags of a stored value: the list between its first two GS (none: empty). */
+/**
+ * The tags of a stored value: the list between its first two GS (none: empty), without the
+ * cancel-on-event match tokens stored among them (they start with \x01; src/engine/events.rs).
+ */
 export function storedTags(raw: string): string[] {
   const start = raw.indexOf("\x1d");
   if (start < 0) return [];
   const end = raw.indexOf("\x1d", start + 1);
   if (end < 0) return [];
   const inner = raw.slice(start + 1, end);
-  return inner === "" ? [] : inner.split("\x1f");
+  return inner === "" ? [] : inner.split("\x1f").filter((t) => !t.startsWith("\x01"));
 }
 
 /**
@@ -639,4 +642,46 @@ export function decodeStored(raw: string): { enqueuedAtMs: number | null; json: 
     }
   }
   return { enqueuedAtMs: null, json: raw };
+}
+
+/** Longest event name or event id, bytes (src/engine/events.rs). */
+export const MAX_EVENT_LEN = 128;
+
+/**
+ * Checks an event as Client::post_event does: `name` (1..=128 bytes of `A-Z a-z 0-9 . _ -
+ * : /`), `data` (a JSON object), `id` (1..=128 bytes without control characters); the error
+ * names the field.
+ */
+export function checkEvent(name: unknown, data: unknown, id: unknown): void {
+  const bad = (field: string, reason: string) => new InvalidInputError("invalid_option", `invalid option ${field}: ${reason}`);
+  if (typeof name !== "string" || name === "") throw bad("name", "the event name must not be empty");
+  const n = Buffer.byteLength(name, "utf8");
+  if (n > MAX_EVENT_LEN) throw bad("name", `the event name must be at most ${MAX_EVENT_LEN} bytes, got ${n}`);
+  if (!/^[A-Za-z0-9._:/-]+$/.test(name)) throw bad("name", "the event name holds a character outside A-Z a-z 0-9 . _ - : /");
+  if (id !== undefined && id !== null) {
+    if (typeof id !== "string" || id === "" || Buffer.byteLength(id, "utf8") > MAX_EVENT_LEN || /[\u0000-\u001f\u007f-\u009f]/.test(id)) {
+      throw bad("id", "must be 1..=128 bytes without control characters");
+    }
+  }
+  if (typeof data !== "object" || data === null || Array.isArray(data)) throw bad("data", "must be a JSON object");
+}
+
+/**
+ * The match token of `data` under a rule (`null` when a path holds no scalar):
+ * `"\x01<event> {"<path>":<value JSON>,...}"`, byte for byte the Rust client's.
+ */
+export function eventToken(event: string, paths: string[], data: unknown): string | null {
+  const parts: string[] = [];
+  for (const p of paths) {
+    let v: unknown = data;
+    for (const seg of p.split(".")) {
+      if (typeof v !== "object" || v === null || Array.isArray(v) || !Object.hasOwn(v, seg)) return null;
+      v = (v as Record<string, unknown>)[seg];
+    }
+    if (v === null || typeof v === "object" || v === undefined) return null;
+    const text = JSON.stringify(v);
+    if (text === undefined || Buffer.byteLength(text, "utf8") > 256) return null;
+    parts.push(`${JSON.stringify(p)}:${text}`);
+  }
+  return `\x01${event} {${parts.join(",")}}`;
 }

@@ -11,12 +11,12 @@ import { LocalRedis, REPO, createQueue } from "./support/harness.js";
 
 const FILE = path.join(REPO, "tests/conformance/inputs.json");
 const spec = JSON.parse(readFileSync(FILE, "utf8"));
-const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule", "connect"]);
+const OPS = new Set(["schedule", "schedule_many", "cancel", "get", "reschedule", "connect", "post_event"]);
 const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
   "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
-  "key",
+  "key", "event", "data",
 ]);
 
 let redis;
@@ -95,6 +95,8 @@ async function run(c) {
       return client.scheduleMany(c.queue, ordersOf(c), opts);
     case "cancel":
       return client.cancel(c.queue, c.id);
+    case "post_event":
+      return client.postEvent(c.event, c.data, { id: c.id });
     case "get":
       return client.get(c.queue, c.id);
     case "reschedule":

@@ -10,6 +10,7 @@
 //! registry through the client's catalog (`engine::client::catalog`).
 
 pub mod dead;
+mod events;
 mod expiry;
 pub mod history;
 pub mod kinds;

@@ -39,6 +39,10 @@ pub struct QueueInfo {
     pub expires_after_ms: Option<i64>,
     /// Its dedup window after dispatch, ms (0: none; see [`crate::engine::time_rules`]).
     pub dedup_window_ms: i64,
+    /// Its cancel-on-event rules (see [`crate::engine::events`]; none: left out of the
+    /// JSON).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub cancel_on: Vec<crate::engine::events::CancelRule>,
 }
 
 /// What is still in a queue: why a delete without `force` was refused.
@@ -223,6 +227,7 @@ impl Queues {
                     history_retention_ms: flags.history.retention_ms(),
                     expires_after_ms: flags.expires_after_ms,
                     dedup_window_ms: self.dedup_window(&q).await?.as_ms(),
+                    cancel_on: self.cancel_on(&q).await?,
                 }))
             }
             None => Ok(None),
@@ -244,7 +249,8 @@ impl Queues {
                 .arg(crate::engine::flow::pause_field(None))
                 .arg(RETENTION_FIELD)
                 .arg(crate::engine::expiry::QUEUE_FIELD)
-                .arg(DEDUP_FIELD);
+                .arg(DEDUP_FIELD)
+                .arg(crate::engine::events::RECORD_FIELD);
         }
         type Record = (
             Option<u16>,
@@ -252,6 +258,7 @@ impl Queues {
             Option<i64>,
             Option<i64>,
             Option<i64>,
+            Option<String>,
         );
         let records: Vec<Record> = pipe
             .query_async(&mut self.client.connection())
@@ -260,18 +267,25 @@ impl Queues {
         Ok(names
             .into_iter()
             .zip(records)
-            .filter_map(|(queue, (shards, paused, history, expires, dedup))| {
-                shards.map(|shards| QueueInfo {
-                    queue,
-                    shards,
-                    paused: paused.is_some(),
-                    history_retention_ms: history
-                        .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms)
-                        .retention_ms(),
-                    expires_after_ms: expires.filter(|e| *e > 0),
-                    dedup_window_ms: DedupWindow::from_ms(dedup.unwrap_or(0)).as_ms(),
-                })
-            })
+            .filter_map(
+                |(queue, (shards, paused, history, expires, dedup, rules))| {
+                    shards.map(|shards| QueueInfo {
+                        queue,
+                        shards,
+                        paused: paused.is_some(),
+                        history_retention_ms: history
+                            .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms)
+                            .retention_ms(),
+                        expires_after_ms: expires.filter(|e| *e > 0),
+                        dedup_window_ms: DedupWindow::from_ms(dedup.unwrap_or(0)).as_ms(),
+                        cancel_on: rules
+                            .as_deref()
+                            .and_then(crate::engine::events::StoredRules::parse)
+                            .map(|s| s.rules)
+                            .unwrap_or_default(),
+                    })
+                },
+            )
             .collect())
     }
 

@@ -17,6 +17,7 @@
 
 use super::{Client, MAX_SHARDS};
 use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
+use crate::engine::events::{RECORD_FIELD, StoredRules};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::scripts::{self, ScriptRefusal};
 use serde::Serialize;
@@ -39,6 +40,28 @@ pub(crate) struct QueueRef {
     pub(crate) shards: u16,
     /// The epoch, checked by `enqueue.lua` against each shard's marker.
     pub(crate) epoch: String,
+    /// Its cancel-on-event rules, as the record held them (see [`crate::engine::events`]).
+    pub(crate) rules: Option<std::sync::Arc<StoredRules>>,
+}
+
+impl QueueRef {
+    /// `enqueue.lua`'s epoch argument: the epoch, then the rules' version (see
+    /// `lua/enqueue.lua`, ARGV[3]).
+    pub(crate) fn epoch_arg(&self) -> String {
+        let v = self.rules.as_ref().map_or("", |r| r.v.as_str());
+        format!("{}\u{1f}{v}", self.epoch)
+    }
+
+    /// The rules (empty: none).
+    pub(crate) fn cancel_rules(&self) -> &[crate::engine::events::CancelRule] {
+        self.rules.as_ref().map_or(&[], |r| r.rules.as_slice())
+    }
+}
+
+fn stored_rules(text: Option<String>) -> Option<std::sync::Arc<StoredRules>> {
+    text.as_deref()
+        .and_then(StoredRules::parse)
+        .map(std::sync::Arc::new)
 }
 
 /// How often a running worker says it is alive (well within [`GROUP_ALIVE_WITHIN`](crate::engine::admin::GROUP_ALIVE_WITHIN)).
@@ -112,17 +135,20 @@ impl Client {
             }
             self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&epoch))
                 .await?;
-            let (now_epoch, deleting): (Option<String>, Option<String>) = redis::cmd("HMGET")
-                .arg(self.keyspace().queue_record(q))
-                .arg("epoch")
-                .arg("deleting")
-                .query_async(&mut self.connection())
-                .await
-                .ctx("checking the queue registry")?;
+            let (now_epoch, deleting, rules): (Option<String>, Option<String>, Option<String>) =
+                redis::cmd("HMGET")
+                    .arg(self.keyspace().queue_record(q))
+                    .arg("epoch")
+                    .arg("deleting")
+                    .arg(RECORD_FIELD)
+                    .query_async(&mut self.connection())
+                    .await
+                    .ctx("checking the queue registry")?;
             if now_epoch.as_deref() == Some(epoch.as_str()) && deleting.is_none() {
                 let r = QueueRef {
                     shards: stored,
                     epoch,
+                    rules: stored_rules(rules),
                 };
                 self.remember(q, r.clone());
                 return Ok((created == 1, r));
@@ -255,22 +281,27 @@ impl Client {
         if let Some(r) = self.inner_known().get(queue.as_str()) {
             return Ok(Some(r.clone()));
         }
-        let (shards, epoch, deleting): (Option<u16>, Option<String>, Option<String>) =
-            redis::cmd("HMGET")
-                .arg(self.keyspace().queue_record(queue))
-                .arg("shards")
-                .arg("epoch")
-                .arg("deleting")
-                .query_async(&mut self.connection())
-                .await
-                .ctx("reading the queue registry")?;
+        type Record = (Option<u16>, Option<String>, Option<String>, Option<String>);
+        let (shards, epoch, deleting, rules): Record = redis::cmd("HMGET")
+            .arg(self.keyspace().queue_record(queue))
+            .arg("shards")
+            .arg("epoch")
+            .arg("deleting")
+            .arg(RECORD_FIELD)
+            .query_async(&mut self.connection())
+            .await
+            .ctx("reading the queue registry")?;
         if deleting.is_some() {
             // Being deleted: it no longer exists for producers and administration.
             return Ok(None);
         }
         match (shards, epoch) {
             (Some(shards), Some(epoch)) => {
-                let r = QueueRef { shards, epoch };
+                let r = QueueRef {
+                    shards,
+                    epoch,
+                    rules: stored_rules(rules),
+                };
                 self.remember(queue, r.clone());
                 Ok(Some(r))
             }

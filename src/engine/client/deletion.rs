@@ -115,6 +115,7 @@ impl Client {
             k.tags.clone(),
             k.keyed.clone(),
             k.key_ring.clone(),
+            k.remembered.clone(),
             k.dead.clone(),
             k.ticks(),
         ];

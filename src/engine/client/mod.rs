@@ -8,6 +8,7 @@ pub(crate) mod catalog;
 mod deletion;
 mod durable;
 mod durable_call;
+pub mod events;
 mod options;
 mod replicas;
 mod schedule;

@@ -106,53 +106,15 @@ impl Client {
             },
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
-        // Orders with an `expires_after` store it in front of everything (see
-        // `engine::expiry`), keyed orders their key next (see `engine::order_key`), tagged
-        // orders their tags after that (see `engine::tags`), then the trace context.
-        let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
-        let tagged = orders.iter().any(|o| !o.tags.is_empty());
-        let keyed = orders.iter().any(|o| o.key.is_some());
-        let stored: Vec<Option<String>> = if producer.is_traced() || expiring || tagged || keyed {
-            orders
-                .iter()
-                .map(|o| {
-                    let traced = producer
-                        .stored(o.trace.as_ref())
-                        .map(|c| c.encode(o.payload.as_str()));
-                    let traced = if o.tags.is_empty() {
-                        traced
-                    } else {
-                        Some(crate::engine::tags::encode(
-                            &o.tags,
-                            traced.as_deref().unwrap_or(o.payload.as_str()),
-                        ))
-                    };
-                    let keyed = match &o.key {
-                        Some(k) => Some(crate::engine::order_key::encode(
-                            k,
-                            traced.as_deref().unwrap_or(o.payload.as_str()),
-                        )),
-                        None => traced,
-                    };
-                    match o.expires_after_ms {
-                        Some(e) => Some(crate::engine::expiry::encode(
-                            e,
-                            keyed.as_deref().unwrap_or(o.payload.as_str()),
-                        )),
-                        None => keyed,
-                    }
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let texts = Texts {
+        let (mut stored, mut tokens) = stored_texts(&producer, orders, qref.cancel_rules())?;
+        let mut texts = Texts {
             orders,
             stored: &stored,
+            tokens: &tokens,
         };
         let mut calls = self.plan_enqueue(&queue, qref.shards, orders);
         let mut outcomes = self
-            .enqueue_calls(&calls, &qref.epoch, &texts, &dues, now, if_absent)
+            .enqueue_calls(&calls, &qref.epoch_arg(), &texts, &dues, now, if_absent)
             .instrument(producer.span.clone())
             .await;
         // Every call refused by enqueue.lua (nothing written): the queue was deleted, or
@@ -169,9 +131,16 @@ impl Client {
                 });
             }
             qref = fresh;
+            // The rules may have changed: the orders' match tokens are computed again.
+            (stored, tokens) = stored_texts(&producer, orders, qref.cancel_rules())?;
+            texts = Texts {
+                orders,
+                stored: &stored,
+                tokens: &tokens,
+            };
             calls = self.plan_enqueue(&queue, qref.shards, orders);
             outcomes = self
-                .enqueue_calls(&calls, &qref.epoch, &texts, &dues, now, if_absent)
+                .enqueue_calls(&calls, &qref.epoch_arg(), &texts, &dues, now, if_absent)
                 .instrument(producer.span.clone())
                 .await;
         }
@@ -190,6 +159,8 @@ impl Client {
         let mut results: Vec<Option<ItemOutcome>> = vec![None; orders.len()];
         // Per order: the due time the script set, and a duplicate's last dispatch.
         let mut set_by_script: Vec<(Option<i64>, Option<i64>)> = vec![(None, None); orders.len()];
+        // Per order cancelled by an event that arrived first: the event's name.
+        let mut by_event: Vec<Option<String>> = vec![None; orders.len()];
         let (mut failed, mut succeeded): (Option<Error>, bool) = (None, false);
         for ((_, idxs), r) in calls.iter().zip(outcomes) {
             match r {
@@ -198,6 +169,7 @@ impl Client {
                     for (&i, o) in idxs.iter().zip(outs) {
                         results[i] = Some(o.outcome.into());
                         set_by_script[i] = (o.due_ms, o.dispatched_at_ms);
+                        by_event[i] = o.event;
                     }
                 }
                 Err(e) => {
@@ -235,6 +207,10 @@ impl Client {
             queue.as_str(),
             results.iter().filter(|o| written(o)).count() as u64,
         );
+        let early = by_event.iter().filter(|e| e.is_some()).count() as u64;
+        if early > 0 {
+            telemetry::cancelled_by(queue.as_str(), "event", early);
+        }
         if let Some(e) = failed {
             producer.failed(&redact::error(&e.to_string()));
             // No call went through: the error says for the whole batch whether anything may
@@ -256,27 +232,31 @@ impl Client {
         }
         results
             .into_iter()
-            .zip(orders.iter().zip(dues).zip(set_by_script))
-            .map(|(o, ((order, due), (set_due, dispatched_at_ms)))| {
-                let outcome = match o {
-                    Some(ItemOutcome::Created) => ScheduleOutcome::Created,
-                    Some(ItemOutcome::Updated) => ScheduleOutcome::Updated,
-                    Some(ItemOutcome::Unchanged) => ScheduleOutcome::Unchanged,
-                    Some(ItemOutcome::Duplicate) => ScheduleOutcome::Duplicate,
-                    _ => {
-                        return Err(Error::Reply {
-                            context: "scheduling orders",
-                            detail: "an order got no outcome".into(),
-                        });
-                    }
-                };
-                Ok(Scheduled {
-                    id: order.id.clone(),
-                    due_at_ms: set_due.unwrap_or(due),
-                    outcome,
-                    dispatched_at_ms,
-                })
-            })
+            .zip(orders.iter().zip(dues).zip(set_by_script).zip(by_event))
+            .map(
+                |(o, (((order, due), (set_due, dispatched_at_ms)), event))| {
+                    let outcome = match o {
+                        Some(ItemOutcome::Created) => ScheduleOutcome::Created,
+                        Some(ItemOutcome::Updated) => ScheduleOutcome::Updated,
+                        Some(ItemOutcome::Unchanged) => ScheduleOutcome::Unchanged,
+                        Some(ItemOutcome::Duplicate) => ScheduleOutcome::Duplicate,
+                        Some(ItemOutcome::CancelledByEvent) => ScheduleOutcome::CancelledByEvent,
+                        _ => {
+                            return Err(Error::Reply {
+                                context: "scheduling orders",
+                                detail: "an order got no outcome".into(),
+                            });
+                        }
+                    };
+                    Ok(Scheduled {
+                        id: order.id.clone(),
+                        due_at_ms: set_due.unwrap_or(due),
+                        outcome,
+                        dispatched_at_ms,
+                        event,
+                    })
+                },
+            )
             .collect()
     }
 
@@ -341,7 +321,7 @@ impl Client {
                             orders[i].repeat,
                             orders[i].debounce.as_ref(),
                         ),
-                        tagged: !orders[i].tags.is_empty(),
+                        tagged: !orders[i].tags.is_empty() || texts.has_tokens(i),
                     })
                     .collect()
             })
@@ -389,9 +369,99 @@ struct Texts<'a> {
     orders: &'a [NewOrder],
     /// Per order, the stored text of a traced or expiring order (empty when none is).
     stored: &'a [Option<String>],
+    /// Per order, its cancel-on-event match tokens (empty when the queue has no rules).
+    tokens: &'a [Vec<String>],
+}
+
+/// Per order: the stored text (empty when no order needs one) and the match tokens.
+type StoredTexts = (Vec<Option<String>>, Vec<Vec<String>>);
+
+/// Per order, the stored text (see [`Texts`]) and the cancel-on-event match tokens of the
+/// queue's `rules` (see [`crate::engine::events`]; no rules: no work). A matched value too
+/// long is refused naming the order's index.
+fn stored_texts(
+    producer: &trace::Producer,
+    orders: &[NewOrder],
+    rules: &[crate::engine::events::CancelRule],
+) -> Result<StoredTexts> {
+    let mut tokens: Vec<Vec<String>> = Vec::new();
+    if !rules.is_empty() {
+        for (index, o) in orders.iter().enumerate() {
+            let doc = o.payload.to_value();
+            let mut mine = Vec::new();
+            for r in rules {
+                match r.token(&doc) {
+                    Ok(Some(t)) => mine.push(t),
+                    Ok(None) => {}
+                    Err(e) => {
+                        return Err(InvalidInput::InBatch {
+                            index,
+                            source: Box::new(e),
+                        }
+                        .into());
+                    }
+                }
+            }
+            tokens.push(mine);
+        }
+    }
+    let has = |i: usize| tokens.get(i).is_some_and(|t| !t.is_empty());
+    // Orders with an `expires_after` store it in front of everything (see
+    // `engine::expiry`), keyed orders their key next (see `engine::order_key`), tagged
+    // orders their tags (and match tokens) after that (see `engine::tags`), then the trace
+    // context.
+    let expiring = orders.iter().any(|o| o.expires_after_ms.is_some());
+    let tagged = orders
+        .iter()
+        .enumerate()
+        .any(|(i, o)| !o.tags.is_empty() || has(i));
+    let keyed = orders.iter().any(|o| o.key.is_some());
+    if !(producer.is_traced() || expiring || tagged || keyed) {
+        return Ok((Vec::new(), tokens));
+    }
+    let stored = orders
+        .iter()
+        .enumerate()
+        .map(|(i, o)| {
+            let traced = producer
+                .stored(o.trace.as_ref())
+                .map(|c| c.encode(o.payload.as_str()));
+            let traced = if o.tags.is_empty() && !has(i) {
+                traced
+            } else {
+                let all: Vec<String> = match tokens.get(i) {
+                    Some(t) if !t.is_empty() => o.tags.iter().chain(t).cloned().collect(),
+                    _ => o.tags.clone(),
+                };
+                Some(crate::engine::tags::encode(
+                    &all,
+                    traced.as_deref().unwrap_or(o.payload.as_str()),
+                ))
+            };
+            let keyed = match &o.key {
+                Some(k) => Some(crate::engine::order_key::encode(
+                    k,
+                    traced.as_deref().unwrap_or(o.payload.as_str()),
+                )),
+                None => traced,
+            };
+            match o.expires_after_ms {
+                Some(e) => Some(crate::engine::expiry::encode(
+                    e,
+                    keyed.as_deref().unwrap_or(o.payload.as_str()),
+                )),
+                None => keyed,
+            }
+        })
+        .collect();
+    Ok((stored, tokens))
 }
 
 impl Texts<'_> {
+    fn has_tokens(&self, i: usize) -> bool {
+        self.tokens.get(i).is_some_and(|t| !t.is_empty())
+    }
+
     fn payload(&self, i: usize) -> &str {
         match self.stored.get(i) {
             Some(Some(text)) => text,

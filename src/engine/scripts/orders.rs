@@ -47,7 +47,7 @@ pub(crate) struct EnqueueArg<'a> {
 }
 
 /// What `enqueue.lua` did with one order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Enqueued {
     pub outcome: ScheduleOutcome,
     /// The due time the script set (a debounced order's, capped), when it differs from the
@@ -55,6 +55,8 @@ pub(crate) struct Enqueued {
     pub due_ms: Option<i64>,
     /// A duplicate's last dispatch, unix ms.
     pub dispatched_at_ms: Option<i64>,
+    /// Cancelled by an event that arrived first: the event's name.
+    pub event: Option<String>,
 }
 
 /// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
@@ -77,7 +79,8 @@ pub(crate) fn enqueue_invocation<'a>(
         .key(&keys.tags)
         .key(&keys.debounce)
         .key(&keys.keyed)
-        .key(&keys.key_ring);
+        .key(&keys.key_ring)
+        .key(&keys.remembered);
     let rules = orders.iter().any(|o| !o.rules.is_empty());
     let keyed = orders.iter().any(|o| o.key.is_some());
     // A call without tags says so: the script does no work per order for tags.
@@ -154,6 +157,16 @@ pub(crate) fn enqueue_outcomes(codes: Vec<redis::Value>, orders: usize) -> Resul
         .map(|v| {
             let (code, ms) = match v {
                 redis::Value::Int(c) => (c, None),
+                redis::Value::Array(a) if matches!(a.first(), Some(redis::Value::Int(4))) => {
+                    let (_, token): (i64, String) = redis::from_redis_value(redis::Value::Array(a))
+                        .map_err(|e| bad(e.to_string()))?;
+                    return Ok(Enqueued {
+                        outcome: ScheduleOutcome::CancelledByEvent,
+                        due_ms: None,
+                        dispatched_at_ms: None,
+                        event: Some(crate::engine::events::event_of_token(&token).to_owned()),
+                    });
+                }
                 other => {
                     let (c, ms): (i64, i64) =
                         redis::from_redis_value(other).map_err(|e| bad(e.to_string()))?;
@@ -172,6 +185,7 @@ pub(crate) fn enqueue_outcomes(codes: Vec<redis::Value>, orders: usize) -> Resul
                 outcome,
                 due_ms: ms.filter(|_| !duplicate),
                 dispatched_at_ms: ms.filter(|_| duplicate),
+                event: None,
             })
         })
         .collect()

@@ -142,7 +142,13 @@ pub fn cancelled(queue: &str) {
     cancelled_by(queue, "id", 1);
 }
 
-/// `n` orders cancelled, for `reason` (`id`, `tag`).
+/// A posted event (see [`crate::engine::events`]): `outcome` is `matched` (some rule named
+/// it), `unmatched` or `duplicate` (its id was seen within the window).
+pub fn event_received(outcome: &'static str) {
+    metrics::counter!("delayq_events_received_total", "outcome" => outcome).increment(1);
+}
+
+/// `n` orders cancelled, for `reason` (`id`, `tag`, `event`).
 pub fn cancelled_by(queue: &str, reason: &'static str, n: u64) {
     metrics::counter!("delayq_cancelled_total", "queue" => queue.to_owned(), "reason" => reason)
         .increment(n);

@@ -98,6 +98,9 @@ pub struct Settings {
     /// The dedup window set on every queue created at start-up (`None`: leave each as it
     /// is).
     pub dedup_window: Option<Duration>,
+    /// The cancel-on-event rules of each queue of the configuration (`None`: leave each
+    /// queue's as they are).
+    pub cancel_on: Option<Vec<(String, Vec<crate::engine::events::CancelRule>)>>,
     /// The reconciliation job, when on.
     pub reconciliation: Option<ReconcileSpec>,
     /// Recurring schedules declared at start-up.
@@ -265,6 +268,11 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     queues.extend(schedules.iter().map(|s| s.queue.clone()));
     queues.sort();
     queues.dedup();
+    let cancel_on = config
+        .cancel_on
+        .as_deref()
+        .map(|rules| cancel_on_rules(rules, &queues))
+        .transpose()?;
     let dispatch = sections::dispatch_selection(config.dispatch.as_ref())?;
     let log_format = sections::log_format(config.log_format.as_deref())?;
     let telemetry = sections::telemetry(&config.telemetry)?;
@@ -286,9 +294,61 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         history_retention,
         expires_after,
         dedup_window,
+        cancel_on,
         reconciliation,
         schedules,
     })
+}
+
+/// `cancel_on`: each rule checked as every surface checks it, with an optional `queues`
+/// list (each one of the configuration's queues); per queue, the rules that apply to it.
+fn cancel_on_rules(
+    rules: &[serde_json::Value],
+    queues: &[String],
+) -> Result<Vec<(String, Vec<crate::engine::events::CancelRule>)>, ConfigError> {
+    let key = crate::engine::events::FIELD;
+    let mut per_rule = Vec::new();
+    for (i, v) in rules.iter().enumerate() {
+        let mut v = v.clone();
+        let only = match v.as_object_mut().and_then(|o| o.remove("queues")) {
+            None => None,
+            Some(serde_json::Value::Array(a)) => Some(
+                a.iter()
+                    .map(|q| match q.as_str() {
+                        Some(q) if queues.iter().any(|c| c == q) => Ok(q.to_owned()),
+                        _ => Err(ConfigError::at(
+                            key,
+                            format!("rule {i}: queues must name queues of the configuration"),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(_) => {
+                return Err(ConfigError::at(
+                    key,
+                    format!("rule {i}: queues must be a list of queue names"),
+                ));
+            }
+        };
+        let mut rule = crate::engine::events::rules_from_json(&serde_json::Value::Array(vec![v]))
+            .map_err(at_key(key))?;
+        per_rule.push((only, rule.remove(0)));
+    }
+    let out: Vec<(String, Vec<crate::engine::events::CancelRule>)> = queues
+        .iter()
+        .map(|q| {
+            let mine: Vec<_> = per_rule
+                .iter()
+                .filter(|(only, _)| only.as_ref().is_none_or(|o| o.contains(q)))
+                .map(|(_, r)| r.clone())
+                .collect();
+            (q.clone(), mine)
+        })
+        .collect();
+    for (_, r) in &out {
+        crate::engine::events::validate_rules(r).map_err(at_key(key))?;
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -59,6 +59,11 @@ pub struct Config {
     /// `0s`: off; unset: each queue keeps its own, off unless set): scheduling an id
     /// dispatched within it answers `duplicate` unless the order asks to `repeat`.
     pub dedup_window: Option<String>,
+    /// Cancel-on-event rules (e.g. `[{ event = "order.paid", match = "order_id", remember =
+    /// "15m", queues = ["order-close", "reminder"] }]`): set on the queues a rule names
+    /// (every queue of the configuration without `queues`); given, it replaces each
+    /// queue's rules (`[]` removes them); unset: each queue keeps its own.
+    pub cancel_on: Option<Vec<serde_json::Value>>,
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
@@ -169,6 +174,7 @@ impl Default for Config {
             history_retention: None,
             expires_after: None,
             dedup_window: None,
+            cancel_on: None,
             http: HttpConfig::default(),
             dispatcher: DispatcherConfig::default(),
             housekeeping: HousekeepingConfig::default(),
@@ -212,6 +218,7 @@ pub const TOP_LEVEL_KEYS: &[&str] = &[
     "history_retention",
     "expires_after",
     "dedup_window",
+    "cancel_on",
     "http",
     "dispatcher",
     "housekeeping",

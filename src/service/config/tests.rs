@@ -628,3 +628,34 @@ fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
     .unwrap_err();
     assert_eq!(e.key.as_deref(), Some("handlers[0].lease"));
 }
+
+#[test]
+fn cancel_on_rules_are_checked_naming_their_key_and_set_per_queue() {
+    let s = load_str(
+        "queues = [\"order-close\", \"reminder\", \"webhooks\"]\ncancel_on = [{ event = \"order.paid\", match = \"order_id\", queues = [\"order-close\", \"reminder\"] }, { event = \"order.refunded\", match = [\"order_id\"], remember = \"1h\" }]",
+        env(),
+    )
+    .unwrap();
+    let per: Vec<(String, usize)> = s
+        .cancel_on
+        .unwrap()
+        .into_iter()
+        .map(|(q, r)| (q, r.len()))
+        .collect();
+    let want = [("order-close", 2), ("reminder", 2), ("webhooks", 1)];
+    assert_eq!(per, want.map(|(q, n)| (q.to_owned(), n)));
+    assert!(
+        load_str("queues = [\"q\"]", env())
+            .unwrap()
+            .cancel_on
+            .is_none()
+    );
+    for bad in [
+        "cancel_on = [{ event = \"order.paid\" }]",
+        "cancel_on = [{ event = \"order.paid\", match = \"$.a\" }]",
+        "cancel_on = [{ event = \"order.paid\", match = \"a\", queues = [\"nope\"] }]",
+    ] {
+        let e = load_str(&format!("queues = [\"q\"]\n{bad}"), env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("cancel_on"), "{bad}: {e}");
+    }
+}

@@ -11,6 +11,7 @@
 //! - [`messages`], [`queues`]: the handlers.
 //! - `pull`: pull consumption (`/v1/queues/{queue}/groups/{group}:receive`, `:ack`,
 //!   `:nack`, `:extend`) over the library's `Puller`.
+//! - `events`: `POST /v1/events`, events that cancel the orders their rules match.
 //! - `schedules`: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
 //! - `consumers`: consumer-only tokens ([`ConsumerToken`]), which may only pull from their
 //!   groups.
@@ -23,6 +24,7 @@ pub mod clients;
 mod consumers;
 pub(crate) mod edge;
 pub mod error;
+mod events;
 pub mod limits;
 mod messages;
 mod openapi;
@@ -289,6 +291,7 @@ pub fn app(state: AppState) -> Router {
             "/v1/queues/{queue}/tags/{tag}/messages",
             get(tags::queue_list),
         )
+        .route("/v1/events", post(events::post_events))
         .route("/v1/queues/{queue}/stats", get(queues::stats))
         .route("/v1/queues/{queue}/dead", get(queues::dead_list))
         .route("/v1/queues/{queue}/dead/replay", post(queues::dead_replay))

@@ -74,7 +74,19 @@ fn tag_schemas() -> Value {
         "TagPage": object(&["orders", "next"], json!({"orders": {"type": "array", "items": object(&["queue", "id", "due_at_ms"], json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int()}))}, "next": nullable("string")})),
         "TagAction": {"type": "object", "additionalProperties": false,
             "description": ":cancel takes {} (or no body); :reschedule exactly one of due_at (RFC 3339 or unix ms), delay_ms (from now) or shift_ms (added to each order's due time, may be negative)",
-            "properties": {"due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]}, "delay_ms": {"type": "integer", "minimum": 0}, "shift_ms": {"type": "integer"}}}
+            "properties": {"due_at": {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "integer"}]}, "delay_ms": {"type": "integer", "minimum": 0}, "shift_ms": {"type": "integer"}}},
+        "Event": {"type": "object", "additionalProperties": false, "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": "^[A-Za-z0-9._:/-]+$"},
+                "data": {"type": "object", "description": "the rules' match fields are read here (data.order_id); default {}"},
+                "id": {"type": "string", "minLength": 1, "maxLength": 128, "description": "a repeated post with this id within the rules' longest remember window answers duplicate and cancels nothing"}}},
+        "EventPosted": object(&["name", "cancelled", "queues", "matched_rules", "duplicate"], json!({"name": {"type": "string"}, "id": {"type": "string"},
+            "cancelled": int(), "queues": {"type": "object", "additionalProperties": int(), "description": "orders cancelled per queue (queues with none left out)"},
+            "matched_rules": int(), "duplicate": {"type": "boolean"}})),
+        "CancelRule": {"type": "object", "additionalProperties": false, "required": ["event", "match"],
+            "properties": {"event": {"type": "string", "minLength": 1, "maxLength": 128},
+                "match": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 4}],
+                    "description": "dotted JSON field paths (order_id, customer.id) compared between the order's payload and the event's data; required (a rule without one is refused)"},
+                "remember": {"type": "string", "description": "how long an event that arrives first is remembered (default 15m, at most 7d)"}}}
     })
 }
 
@@ -94,6 +106,10 @@ fn tag_paths() -> Value {
                 json!({"200": ok("the counts", "TagCounts")})),
             "post": op("`{tag}:cancel` (every scheduled order with the tag, in every queue: worked in bounded batches, each atomic with dispatch; repeating it answers 0) or `{tag}:reschedule` (body: exactly one of due_at, delay_ms, shift_ms)", vec![&tag_action], Some("TagAction"),
                 json!({"200": ok("how many orders were cancelled or moved, in total and per queue", "TagCounts")}))
+        },
+        "/v1/events": {
+            "post": op("Post an event (or an array of them): cancels the scheduled orders of every queue whose cancel_on rules name it and whose payload matches its data, and remembers it for the rules' remember window (an order scheduled inside it answers cancelled_by_event)", vec![], Some("Event"),
+                json!({"200": ok("what it did (a batch: {results: [...]})", "EventPosted")}))
         },
         "/v1/tags/{tag}/messages": {"get": op("The scheduled orders with the tag in every queue, by queue then id, paged (`next` is the next page's `after`)", vec![&tag, &tag_limit, &after], None,
             json!({"200": ok("a page and the cursor of the next", "TagPage")}))},
@@ -130,12 +146,13 @@ fn priority() -> Value {
 }
 
 fn schemas() -> Value {
-    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate"],
-        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again)"});
+    let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate", "cancelled_by_event"],
+        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again). cancelled_by_event: an event matching one of the queue's cancel_on rules arrived before, within the rule's remember window; nothing was written and the order never fires"});
     let scheduled = object(
         &["queue", "id", "due_at_ms", "outcome"],
         json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome,
-               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"}}),
+               "dispatched_at_ms": {"type": "integer", "description": "with duplicate: when the id was last dispatched, unix ms"},
+               "event": {"type": "string", "description": "with cancelled_by_event: the event's name"}}),
     );
     let group_stats = object(
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
@@ -244,7 +261,8 @@ fn schemas() -> Value {
             "shards": {"type": "integer", "minimum": 1, "maximum": 1024},
             "history_retention": {"type": "string", "description": "a duration: 24h, 7d, 0s (off)"},
             "expires_after": {"type": "string", "description": "the default expires_after of orders that set none: a duration (30m, 1h); 0s clears it"},
-            "dedup_window": {"type": "string", "description": "a duration (24h; 0s: off, the default): scheduling an id that is not waiting and was dispatched within it answers 200 duplicate and writes nothing, unless the message gives repeat; at most 10 years"}}},
+            "dedup_window": {"type": "string", "description": "a duration (24h; 0s: off, the default): scheduling an id that is not waiting and was dispatched within it answers 200 duplicate and writes nothing, unless the message gives repeat; at most 10 years"},
+            "cancel_on": {"type": "array", "maxItems": 8, "items": {"$ref": "#/components/schemas/CancelRule"}, "description": "cancel-on-event rules, replacing the queue's ([] removes them)"}}},
         "QueueCreated": object(&["queue", "shards", "created"], json!({"queue": {"type": "string"}, "shards": int(), "created": {"type": "boolean"}})),
         "QueueDeleted": object(&["queue", "deleted", "scheduled", "unread", "pending", "dead"], json!({"queue": {"type": "string"},
             "deleted": {"type": "boolean"}, "scheduled": int(), "unread": int(), "pending": int(), "dead": int()})),

@@ -26,6 +26,9 @@ struct CreateQueueBody {
     /// A duration (`24h`, `0s` = off): scheduling an id dispatched within it answers
     /// `duplicate`.
     dedup_window: Option<String>,
+    /// Cancel-on-event rules (`[{"event": ..., "match": [...], "remember": "15m"}]`; `[]`
+    /// removes them).
+    cancel_on: Option<serde_json::Value>,
 }
 
 pub(super) async fn create_queue(
@@ -39,6 +42,7 @@ pub(super) async fn create_queue(
             history_retention: None,
             expires_after: None,
             dedup_window: None,
+            cancel_on: None,
         },
         other => json_body(other)?,
     };
@@ -57,9 +61,21 @@ pub(super) async fn create_queue(
         .as_deref()
         .map(|t| crate::engine::duration::parse_duration("dedup_window", t))
         .transpose()?;
+    let cancel_on = b
+        .cancel_on
+        .as_ref()
+        .map(crate::engine::events::rules_from_json)
+        .transpose()?;
     let a = st
         .admin
-        .create_queue(&queue, b.shards, retention, expires_after, window)
+        .create_queue(
+            &queue,
+            b.shards,
+            retention,
+            expires_after,
+            window,
+            cancel_on.as_deref(),
+        )
         .await?;
     let status = if a.created {
         StatusCode::CREATED

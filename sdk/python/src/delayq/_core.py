@@ -744,7 +744,8 @@ def decode_get(id: str, reply: Sequence[Any]) -> Optional[ScheduledOrder]:
 
 def stored_tags(text: str) -> Tuple[str, ...]:
     """The tags of a stored value: the list between its first two GS (none: empty; a key
-    prefix before them holds no control character)."""
+    prefix before them holds no control character), without the cancel-on-event match
+    tokens stored among them (they start with \x01; src/engine/events.rs)."""
     start = text.find("\x1d")
     if start < 0:
         return ()
@@ -752,4 +753,4 @@ def stored_tags(text: str) -> Tuple[str, ...]:
     if end < 0:
         return ()
     inner = text[start + 1:end]
-    return tuple(inner.split("\x1f")) if inner else ()
+    return tuple(t for t in inner.split("\x1f") if not t.startswith("\x01")) if inner else ()

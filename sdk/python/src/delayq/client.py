@@ -468,6 +468,69 @@ class Client:
                 cursor = last
         return total
 
+    def post_event(self, name: str, data: Optional[Dict[str, Any]] = None, *, id: Optional[str] = None) -> Dict[str, Any]:
+        """Posts an event (src/engine/client/events.rs): cancels the scheduled orders of every
+        queue whose ``cancel_on`` rules name it and whose payload matches ``data``, and
+        remembers it for the rules' windows (an order scheduled inside one is answered
+        ``cancelled_by_event``). ``id`` makes a retried post harmless (``duplicate``).
+        Returns ``{"name", "cancelled", "queues", "matched_rules", "duplicate"}``."""
+        data = {} if data is None else data
+        rules.check_event(name, data, id)
+        out: Dict[str, Any] = {"name": name, "cancelled": 0, "queues": {}, "matched_rules": 0, "duplicate": False}
+        if id is not None:
+            out["id"] = id
+        try:
+            names = sorted(c._text(n) for n in self._r.smembers(self._keys.queues()))
+            records = [self._r.hget(self._keys.record(q), "cancel_on") for q in names]
+        except redis.RedisError as e:
+            raise c.wrap("reading the queues' cancel_on rules", e) from None
+        hits = rules.event_hits(name, data, names, records)
+        out["matched_rules"] = len(hits)
+        now = self.now_ms()
+        seen = None
+        if id is not None:
+            seen = "{%s}:event:%s" % (self._keys.ns, id)
+            window = max([h[2] for h in hits] or [rules.DEFAULT_REMEMBER_MS])
+            try:
+                first = self._r.set(seen, now, nx=True, px=window)
+            except redis.RedisError as e:
+                raise c.wrap("recording the event id", e) from None
+            if not first:
+                out["duplicate"] = True
+                out["matched_rules"] = 0
+                return out
+        try:
+            for q, token, remember in hits:
+                ref = self._lookup(q)
+                if ref is None:
+                    continue
+                for s in range(ref.shards):
+                    remembered = self._keys.tag(q, s) + ":remembered"
+                    self._r.zadd(remembered, {token: now + remember}, gt=True)
+                    self._r.zremrangebyscore(remembered, "-inf", now)
+                    self._r.zremrangebyrank(remembered, 0, -(rules.MAX_REMEMBERED + 1))
+                    due = self._keys.due(q, s)
+                    keys = [due, self._keys.payload(q, s), self._keys.levels(q, s), self._keys.tag(q, s) + ":debounce", c.tags_key(due),
+                            self._keys.tag(q, s) + ":keyed", self._keys.tag(q, s) + ":key_ring"]
+                    cursor: Any = b""
+                    while True:
+                        reply = self._evalsha(c.TAG_BULK, keys, [token, c.TAG_BATCH, "cancel", "", cursor])
+                        n, last, more = c.tag_bulk_step(reply)
+                        if n:
+                            out["cancelled"] += n
+                            out["queues"][q] = out["queues"].get(q, 0) + n
+                        if not more:
+                            break
+                        cursor = last
+        except redis.RedisError as e:
+            if seen is not None:
+                try:
+                    self._r.delete(seen)
+                except redis.RedisError:
+                    pass
+            raise c.wrap("posting an event", e) from None
+        return out
+
     def reschedule(
         self,
         queue: str,

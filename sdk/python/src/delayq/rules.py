@@ -607,3 +607,73 @@ def rules_arg(repeat: bool, max_wait_ms: Optional[int]) -> bytes:
     """The per-order time-rules argument of enqueue.lua: ``r`` for repeat, then the
     debounce's max wait in ms (empty: neither)."""
     return (b"r" if repeat else b"") + (b"%d" % max_wait_ms if max_wait_ms is not None else b"")
+
+
+# ---------------------------------------------------------------- events (src/engine/events.rs)
+
+#: Longest event name or event id, bytes.
+MAX_EVENT_LEN = 128
+_EVENT_NAME = re.compile(r"^[A-Za-z0-9._:/-]+$")
+
+
+def check_event(name: Any, data: Any, id: Any) -> None:
+    """An event's name (field ``name``: 1..=128 bytes of ``A-Z a-z 0-9 . _ - : /``), data
+    (field ``data``: a JSON object) and id (field ``id``: the rule of order ids, at most 128
+    bytes), as Client::post_event checks them."""
+    if not isinstance(name, str) or name == "":
+        raise InvalidInput("invalid_option", "invalid option name: the event name must not be empty")
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_EVENT_LEN:
+        raise InvalidInput("invalid_option", f"invalid option name: the event name must be at most {MAX_EVENT_LEN} bytes, got {len(raw)}")
+    if not _EVENT_NAME.match(name):
+        raise InvalidInput("invalid_option", "invalid option name: the event name holds a character outside A-Z a-z 0-9 . _ - : /")
+    if id is not None:
+        if not isinstance(id, str) or id == "" or len(id.encode("utf-8", "surrogatepass")) > MAX_EVENT_LEN or any(unicodedata.category(ch) == "Cc" for ch in id):
+            raise InvalidInput("invalid_option", "invalid option id: must be 1..=128 bytes without control characters")
+    if not isinstance(data, dict):
+        raise InvalidInput("invalid_option", "invalid option data: must be a JSON object")
+
+
+def event_token(event: str, paths: Sequence[str], data: Any) -> Optional[str]:
+    """The match token of ``data`` under a rule (``None`` when a path holds no scalar):
+    ``"\\x01<event> {"<path>":<value JSON>,...}"``, byte for byte the Rust client's."""
+    parts = []
+    for p in paths:
+        v = data
+        for seg in p.split("."):
+            if not isinstance(v, dict) or seg not in v:
+                return None
+            v = v[seg]
+        if v is None or isinstance(v, (dict, list)):
+            return None
+        text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+        if len(text.encode("utf-8")) > 256:
+            return None
+        parts.append(json.dumps(p) + ":" + text)
+    return "\x01" + event + " {" + ",".join(parts) + "}"
+
+
+#: The default ``remember`` window of a rule, ms (15 min).
+DEFAULT_REMEMBER_MS = 900_000
+#: Most remembered tokens per shard.
+MAX_REMEMBERED = 100_000
+
+
+def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any]) -> List[Any]:
+    """The (queue, token, remember_ms) of every rule of ``queues`` (their records' ``cancel_on``
+    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds."""
+    hits = []
+    for q, rec in zip(queues, records):
+        if rec is None:
+            continue
+        try:
+            stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
+        except ValueError:
+            continue
+        for r in stored.get("rules", []):
+            if r.get("event") != name:
+                continue
+            token = event_token(name, r.get("match", []), data)
+            if token is not None:
+                hits.append((q, token, int(r.get("remember_ms", DEFAULT_REMEMBER_MS))))
+    return hits

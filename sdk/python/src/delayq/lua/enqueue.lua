@@ -19,6 +19,9 @@
 -- KEYS[8]  optional (with KEYS[7]): the shard's key index ZSET, KEYS[9] its key ring ZSET
 --          (issue 42; see keyed.lua). Needed to write a keyed order, or to upsert an order
 --          that has a key.
+-- KEYS[10] optional: the shard's remembered events ZSET (member = a cancel-on-event match
+--          token, score = until when it is remembered, unix ms; src/engine/events.rs).
+--          Given: a new order carrying a remembered token is not written (code 4).
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched); "upsert+tags" / "nx+tags" when
 --                some order of the call has tags (its payload argument then holds
@@ -27,7 +30,12 @@
 --          due_ms, payload, level, then the rules column (r) and the key column (k: the
 --          order's key, "" for none); KEYS[4..9] are all given. Without ":" the widths below.
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
--- ARGV[3]  the queue's epoch as the caller read it from the registry record
+-- ARGV[3]  the queue's epoch as the caller read it from the registry record; a producer
+--          that computes cancel-on-event tokens appends "\x1f<rules version>" ("" for no
+--          rules): a version other than the marker's field `cancel_on` (or than either of
+--          its "<old>|<new>" while the rules change) is refused as
+--          stale_epoch (the caller re-reads the record); no "\x1f" on a shard with rules is
+--          refused (an older producer would schedule orders without their tokens)
 -- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
 --           with KEYS[4], quadruples: id, due_ms, payload, level ("high", "low", or "" or
 --           "normal" for normal); with KEYS[7], quintuples: ..., level, rules: "" or "r"
@@ -40,13 +48,18 @@
 -- Returns: an array with one code per order, in argument order:
 --          1 = created, 2 = updated (upsert of a known id), 0 = unchanged (nx of a known id);
 --          { 3, dispatched_ms } = duplicate (not waiting, dispatched within the queue's dedup
---          window: nothing written); a debounced order written: { 1 or 2, due_ms }.
+--          window: nothing written); a debounced order written: { 1 or 2, due_ms };
+--          { 4, token } = cancelled by an event that arrived first (a new order with a
+--          match token remembered in KEYS[10]: nothing written).
 --
 -- Tags (issue 43; src/engine/tags.rs): the index is kept exact in this call: a written order's
 -- tags are added, an upsert's old tags (parsed from the old stored value) removed. The
 -- marker's field `tags` says the shard has had tagged orders: while it is absent and the
 -- call carries none, nothing more is done (an untagged call on an untagged shard pays one
 -- more field in the marker's HMGET, nothing per order).
+-- Events (issue 43 item 4): match tokens are tags starting with \x01. Only a call that
+-- carries tags and passes KEYS[10] looks for them (one string.find per order; one ZMSCORE
+-- per 1,000 tokens found): an untagged call does nothing more, per order or per call.
 -- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard marker's field `dedup_ms` (read in
 -- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
 -- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
@@ -214,6 +227,12 @@ end
 if type(ARGV[3]) ~= 'string' or ARGV[3] == '' then
   return redis.error_reply('ERR delayq enqueue: the queue epoch is missing')
 end
+local given_epoch, given_rules = ARGV[3], nil
+local cut = string.find(ARGV[3], '\31', 1, true)
+if cut then
+  given_epoch = string.sub(ARGV[3], 1, cut - 1)
+  given_rules = string.sub(ARGV[3], cut + 1)
+end
 -- w: values per order; rcol, kcol: offsets of the rules and key columns in an order's values.
 local w, rcol, kcol = 3, nil, nil
 if KEYS[4] then w = 4 end
@@ -258,7 +277,7 @@ for i = 4, #ARGV, w do
   end
 end
 
-local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys')
+local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys', 'cancel_on')
 local epoch, window = marker[1], tonumber(marker[2] or '0') or 0
 if marker[4] and not KEYS[6] then
   return redis.error_reply('ERR delayq enqueue: the shard has tagged orders and this producer does not pass the tag index (KEYS[6]): upgrade it')
@@ -269,8 +288,16 @@ end
 if not epoch then
   return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
 end
-if epoch ~= ARGV[3] then
+if epoch ~= given_epoch then
   return redis.error_reply('ERR delayq stale_epoch: the queue was deleted and created again')
+end
+if marker[6] and not given_rules then
+  return redis.error_reply('ERR delayq enqueue: the queue has cancel_on rules and this producer does not compute their match tokens: upgrade it')
+end
+-- While the rules change, the marker holds "<old>|<new>" and either version is accepted.
+if given_rules and given_rules ~= (marker[6] or '')
+    and not string.find('|' .. (marker[6] or '') .. '|', '|' .. given_rules .. '|', 1, true) then
+  return redis.error_reply('ERR delayq stale_epoch: the queue\'s cancel_on rules changed')
 end
 
 -- Which ids are known before the call: one ZMSCORE per 1,000 ids, then one ZADD and one
@@ -296,6 +323,31 @@ if window > 0 then
       local d = tonumber(at[k - s + 1])
       local again = rcol and string.sub(ARGV[w * (k - 1) + 4 + rcol], 1, 1) == 'r'
       if d and not known[k] and not again and d >= tonumber(now) - window then dup[k] = d end
+    end
+  end
+end
+-- Events: a new order with a match token remembered until later than now is answered
+-- { 4, token } and not written.
+local ev = {}
+if tagged and KEYS[10] then
+  local toks, at = {}, {}
+  for k = 1, n do
+    local p = ARGV[w * (k - 1) + 6]
+    if not known[k] and string.find(p, '\29\1', 1, true) then
+      local list = tag_list(p)
+      if list then
+        for t in string.gmatch(list, '[^\31]+') do
+          if string.byte(t, 1) == 1 then toks[#toks + 1] = t; at[#toks] = k end
+        end
+      end
+    end
+  end
+  for s = 1, #toks, 1000 do
+    local e = math.min(s + 999, #toks)
+    local until_ms = redis.call('ZMSCORE', KEYS[10], unpack(toks, s, e))
+    for j = s, e do
+      local u = tonumber(until_ms[j - s + 1])
+      if u and u > tonumber(now) and not ev[at[j]] then ev[at[j]] = toks[j] end
     end
   end
 end
@@ -366,6 +418,8 @@ for k = 1, n do
   local a = w * (k - 1) + 4
   if dup[k] and not seen[id] then
     out[k] = { 3, dup[k] }
+  elseif ev[k] and not seen[id] then
+    out[k] = { 4, ev[k] }
   elseif mode == 'nx' and exists then
     out[k] = 0
   else

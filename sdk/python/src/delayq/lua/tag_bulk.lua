@@ -9,7 +9,8 @@
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
 -- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
 --          keyed.lua): a keyed order's member goes or moves with it
--- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller)
+-- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller), or a
+--          cancel-on-event match token (\x01 then no control characters)
 -- ARGV[2]  at most this many orders, 1..1000
 -- ARGV[3]  the action: "cancel", "at" (a new due time, ARGV[4] unix ms) or "shift" (the due
 --          time moved by ARGV[4] ms, negative or positive; not below 0)
@@ -161,7 +162,10 @@ end
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
-if type(tag) ~= 'string' or tag == '' or string.find(tag, '[%z\1-\31]') then
+-- A cancel-on-event match token (src/engine/events.rs) is a tag whose first byte is \1.
+local body = tag
+if type(tag) == 'string' and string.byte(tag, 1) == 1 then body = string.sub(tag, 2) end
+if type(tag) ~= 'string' or body == '' or string.find(body, '[%z\1-\31]') then
   return redis.error_reply('ERR delayq tag_bulk: the tag must be 1..128 bytes without control characters')
 end
 if not limit or limit < 1 or limit > 1000 then

@@ -1,0 +1,50 @@
+"""Cancel-on-event (issue 43 item 4) through the Python client: ``post_event`` computes the
+Rust client's match tokens byte for byte, cancels the orders the Rust producer scheduled on
+a queue with ``cancel_on`` rules, deduplicates by event id, remembers the event for an order
+scheduled later, and refuses bad events naming the field with nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import delayq
+from conftest import run_bin
+
+
+def test_post_event_cancels_the_matching_orders_once(redis_server, ns, make_client):
+    url = redis_server.url
+    run_bin("queue", "create", "ev", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
+    for i in range(3):
+        run_bin("schedule", "ev", f"o-{i}", "--in", "1h", "--payload", json.dumps({"order_id": i}), url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    a = c.post_event("order.paid", {"order_id": 1, "amount": 5}, id="pay-1")
+    assert (a["cancelled"], a["queues"], a["duplicate"], a["matched_rules"]) == (1, {"ev": 1}, False, 1)
+    again = c.post_event("order.paid", {"order_id": 1}, id="pay-1")
+    assert (again["cancelled"], again["duplicate"]) == (0, True)
+    assert [c.get("ev", f"o-{i}") is None for i in range(3)] == [False, True, False]
+    assert c.get("ev", "o-0").tags == (), "the match token is not shown as a tag"
+    # Event first: the Rust producer's order inside the window is cancelled_by_event.
+    assert c.post_event("order.paid", {"order_id": 7})["cancelled"] == 0
+    out = run_bin("schedule", "ev", "o-7", "--in", "1h", "--payload", '{"order_id":7}', url=url, namespace=ns)
+    assert json.loads(out.stdout)["outcome"] == "cancelled_by_event"
+    assert c.get("ev", "o-7") is None
+
+
+def test_tokens_are_the_rust_clients():
+    assert delayq.rules.event_token("order.paid", ["order_id", "customer.id"], {"order_id": 1234, "customer": {"id": "42"}}) == '\x01order.paid {"order_id":1234,"customer.id":"42"}'
+    assert delayq.rules.event_token("order.paid", ["order_id"], {"order_id": None}) is None
+    assert delayq.rules.event_token("order.paid", ["order_id"], {"x": 1}) is None
+
+
+@pytest.mark.parametrize("name,data,id,field", [("", {}, None, "name"), ("a\x07", {}, None, "name"), ("x" * 129, {}, None, "name"),
+                                                ("order.paid", [1], None, "data"), ("order.paid", {}, "", "id")])
+def test_bad_events_name_the_field_and_write_nothing(redis_server, ns, make_client, name, data, id, field):
+    c = make_client(redis_server.url, namespace=ns)
+    before = redis_server.client.dbsize()
+    with pytest.raises(delayq.InvalidInput) as e:
+        c.post_event(name, data, id=id)
+    assert e.value.code == "invalid_option"
+    assert field in str(e.value)
+    assert redis_server.client.dbsize() == before
