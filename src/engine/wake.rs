@@ -203,7 +203,10 @@ mod tests {
         let r = WakeRegistry::default();
         let w = r.get("q");
         let (a, b) = (w.moved_signal("a"), w.moved_signal("b"));
-        assert!(Arc::ptr_eq(&a, &w.moved_signal("a")), "one signal per group");
+        assert!(
+            Arc::ptr_eq(&a, &w.moved_signal("a")),
+            "one signal per group"
+        );
         let mut waiting_a: Vec<_> = (0..3).map(|_| Box::pin(a.notified())).collect();
         let mut waiting_b = Box::pin(b.notified());
         for n in &mut waiting_a {
