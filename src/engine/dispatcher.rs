@@ -411,8 +411,9 @@ impl Dispatcher {
         if pass.moved > 0 {
             tracing::debug!(queue = %self.queue, moved = pass.moved, "dispatched");
             telemetry::dispatched(self.queue.as_str(), pass.moved as u64);
-            // Long polls of this process waiting on the queue read now (no Redis call).
-            self.wake.moved.notify_waiters();
+            // One long poll of each group waiting on the queue in this process reads now
+            // (no Redis call); one that fills its batch wakes the next.
+            self.wake.dispatched();
         }
         Ok(pass)
     }

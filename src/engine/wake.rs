@@ -36,9 +36,12 @@ pub(crate) struct Wake {
     /// Fired when this process resumes the queue or one of its groups: paused readers and
     /// dispatchers look again at once.
     pub(crate) resume: Notify,
-    /// Fired (to every waiter) when this process's dispatcher moved orders of the queue into
-    /// its streams: waiting pull receives (long polls) read again.
-    pub(crate) moved: Notify,
+    /// Per consumer group, the signal of its waiting pull receives (long polls) in this
+    /// process, held weakly by them: when this process's dispatcher moves orders of the
+    /// queue into its streams, one waiter of each group reads ([`Wake::dispatched`]), not
+    /// all of them; a waiter whose read fills its batch wakes the next. At most one entry
+    /// per group with waiters (dead ones go at each dispatch and each new entry).
+    moved: Mutex<HashMap<String, Weak<Notify>>>,
     /// Fired (to every waiter) on each wake-up heard from another process, whose due time is
     /// then in `heard_ms`: waiting pull receives read at that time.
     pub(crate) heard: Notify,
@@ -85,6 +88,33 @@ impl Wake {
         self.heard.notify_waiters();
     }
 
+    /// The signal of `group`'s waiting pull receives; hold it while waiting.
+    pub(crate) fn moved_signal(&self, group: &str) -> Arc<Notify> {
+        let mut m = self.moved.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get(group).and_then(Weak::upgrade) {
+            return n;
+        }
+        m.retain(|_, w| w.strong_count() > 0);
+        let n = Arc::new(Notify::new());
+        m.insert(group.to_owned(), Arc::downgrade(&n));
+        n
+    }
+
+    /// This process's dispatcher moved orders of the queue into its streams: one waiting
+    /// pull receive of each group reads now (no Redis call here). A group whose waiters are
+    /// all busy reading keeps the wake-up for its next waiter.
+    pub(crate) fn dispatched(&self) {
+        let live: Vec<Arc<Notify>> = {
+            let mut m = self.moved.lock().unwrap_or_else(|p| p.into_inner());
+            m.retain(|_, w| w.strong_count() > 0);
+            m.values().filter_map(Weak::upgrade).collect()
+        };
+        // Notified outside the lock (a waiter woken may ask for its signal at once).
+        for n in live {
+            n.notify_one();
+        }
+    }
+
     /// Takes the wake-ups heard since the last call.
     pub(crate) fn take_pushed(&self) -> HashMap<usize, i64> {
         self.pushed_ms.store(i64::MAX, Ordering::SeqCst);
@@ -117,7 +147,7 @@ impl WakeRegistry {
             pushed_ms: AtomicI64::new(i64::MAX),
             listening: AtomicUsize::new(0),
             resume: Notify::new(),
-            moved: Notify::new(),
+            moved: Mutex::new(HashMap::new()),
             heard: Notify::new(),
             heard_ms: AtomicI64::new(i64::MAX),
             #[cfg(feature = "test-util")]
@@ -167,6 +197,35 @@ impl WakeRegistry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dispatch_wakes_one_waiting_receive_of_each_group() {
+        let r = WakeRegistry::default();
+        let w = r.get("q");
+        let (a, b) = (w.moved_signal("a"), w.moved_signal("b"));
+        assert!(
+            Arc::ptr_eq(&a, &w.moved_signal("a")),
+            "one signal per group"
+        );
+        let mut waiting_a: Vec<_> = (0..3).map(|_| Box::pin(a.notified())).collect();
+        let mut waiting_b = Box::pin(b.notified());
+        for n in &mut waiting_a {
+            n.as_mut().enable();
+        }
+        waiting_b.as_mut().enable();
+        w.dispatched();
+        let ready = |n: &mut std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>>| {
+            futures_util::FutureExt::now_or_never(n.as_mut()).is_some()
+        };
+        let woken_a = waiting_a.iter_mut().map(ready).filter(|r| *r).count();
+        assert_eq!(woken_a, 1, "one of group a's three waiters");
+        assert!(ready(&mut waiting_b), "and group b's");
+        // A group whose waiters are gone is forgotten.
+        drop(waiting_b);
+        drop(b);
+        w.dispatched();
+        assert_eq!(w.moved.lock().unwrap().len(), 1);
+    }
 
     #[test]
     fn an_entry_lives_while_someone_holds_its_signal() {

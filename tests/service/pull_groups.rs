@@ -1,6 +1,7 @@
 //! Pull groups declared in serve's configuration (`[[handlers]] kind = "pull"`): listed with
-//! their kind before any receive, their worker options applied to HTTP pulls, and pulls of a
-//! group that a handler consumes refused.
+//! their kind before any receive, their worker options applied to HTTP pulls, pulls of a
+//! group that a handler consumes refused, and, once the configuration declares pull groups,
+//! pulls of any group it does not declare refused.
 #![allow(clippy::unwrap_used)]
 
 use crate::http::TOKEN;
@@ -76,6 +77,49 @@ url = "http://127.0.0.1:9/ok"
         (st, v["error"]["code"].as_str()),
         (409, Some("wrong_group_kind")),
         "{v}"
+    );
+
+    // A group this configuration does not declare (a typo of "pullers"): refused, and no
+    // consumer group is made for it.
+    for action in ["receive", "ack"] {
+        let body = if action == "receive" {
+            json!({"max": 1})
+        } else {
+            json!({"receipts": ["x"]})
+        };
+        let (st, v) = post(
+            &h,
+            &base,
+            &format!("/v1/queues/order-close/groups/puller:{action}"),
+            body,
+        )
+        .await;
+        assert_eq!(
+            (st, v["error"]["code"].as_str()),
+            (404, Some("group_not_found")),
+            "{v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("not declared for pulls")),
+            "{v}"
+        );
+    }
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let groups: redis::Value = redis::cmd("XINFO")
+        .arg("GROUPS")
+        .arg("{dq:order-close:0}:stream")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        !format!("{groups:?}").contains("\"puller\""),
+        "no group made for the undeclared name: {groups:?}"
     );
 
     let r = h

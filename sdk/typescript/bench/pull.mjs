@@ -1,19 +1,24 @@
 // Pull consumers over HTTP against the webhook path, on one `delayq serve` of its own (the
 // binary of $DELAYQ_BIN, else target/debug/delayq) and a throwaway redis-server:
 //
-//   node bench/pull.mjs [orders=20000] [pullers=4] [max=100]
+//   node bench/pull.mjs [orders=20000] [pullers=4] [max=100] [paths=webhook,pull]
 //
 // For each path, the queue's dispatch is paused, the orders are scheduled due now, then the
 // queue is resumed and the clock runs until every order was handled: acked by the pullers
 // (`:receive` with `max` and a long poll, then one `:ack` of the whole batch), or received
 // by a local HTTP endpoint answering 200 (the webhook group, concurrency 64). Both figures
-// include the dispatch. Prints one JSON line per path.
+// include the dispatch. Prints one JSON line per path, with where the time went: CPU per order
+// of redis-server, serve and this Node process (from /proc and `process.cpuUsage`, so the
+// figures hold on a loaded machine too), and Redis commands per order (`INFO commandstats`).
 
+import { readFileSync } from "node:fs";
 import http from "node:http";
 import { Client, Consumer } from "../dist/index.js";
 import { LocalRedis, Serve, createQueue } from "../test/support/harness.js";
 
-const [orders = 20000, pullers = 4, max = 100] = process.argv.slice(2).map(Number);
+const args = process.argv.slice(2);
+const [orders = 20000, pullers = 4, max = 100] = args.slice(0, 3).map(Number);
+const paths = (args[3] ?? "webhook,pull").split(",");
 const TOKEN = "bench-pull-token-0001";
 
 const hits = { n: 0, done: null, want: orders, at: {} };
@@ -55,6 +60,37 @@ async function api(path) {
   if (!r.ok) throw new Error(`${path}: ${r.status} ${await r.text()}`);
 }
 
+/** A process's CPU time so far (user + system, all threads), ms. */
+function cpuMs(pid) {
+  const f = readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1].split(" ");
+  return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime, stime in clock ticks (USER_HZ = 100)
+}
+
+/** Redis' calls by command so far. */
+async function commandCalls() {
+  const text = await redis.cmd("INFO", "commandstats");
+  const out = {};
+  for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out[m[1]] = Number(m[2]);
+  return out;
+}
+
+/** What the measured part cost, per order: CPU µs of each process, Redis calls by command. */
+async function costs() {
+  const node = process.cpuUsage();
+  return { redis: cpuMs(redis.child.pid), serve: cpuMs(serve.child.pid), node: (node.user + node.system) / 1000, node_kernel: node.system / 1000, calls: await commandCalls() };
+}
+
+function perOrder(before, after) {
+  const us = (k) => Math.round(((after[k] - before[k]) * 1000) / orders);
+  const calls = Object.entries(after.calls)
+    .map(([c, n]) => [c, (n - (before.calls[c] ?? 0)) / orders])
+    .filter(([, n]) => n >= 0.005)
+    .sort((a, b) => b[1] - a[1])
+    .map(([c, n]) => `${c}=${n.toFixed(2)}`)
+    .join(" ");
+  return { cpu_us_per_order: { redis: us("redis"), serve: us("serve"), node: us("node"), of_which_node_kernel: us("node_kernel") }, redis_calls_per_order: calls };
+}
+
 async function load(queue) {
   await api(`/v1/queues/${queue}:pause`);
   for (let i = 0; i < orders; i += 5000) {
@@ -64,21 +100,35 @@ async function load(queue) {
 }
 
 try {
-  // Webhook path.
-  await load("bench-hook");
-  const hooked = new Promise((r) => (hits.done = r));
-  let t0 = performance.now();
-  await api("/v1/queues/bench-hook:resume");
-  await hooked;
-  const hookMs = performance.now() - t0;
-  const upTo = Object.fromEntries(Object.entries(hits.at).map(([f, t]) => [`ms_to_${Math.round(Number(f) * 100)}pct`, Math.round(t - t0)]));
-  console.log(JSON.stringify({ path: "webhook", orders, concurrency: 64, ms: Math.round(hookMs), per_s: Math.round(orders / (hookMs / 1000)), ...upTo }));
+  if (paths.includes("webhook")) {
+    await load("bench-hook");
+    const hooked = new Promise((r) => (hits.done = r));
+    const before = await costs();
+    const t0 = performance.now();
+    await api("/v1/queues/bench-hook:resume");
+    await hooked;
+    const hookMs = performance.now() - t0;
+    const spent = perOrder(before, await costs());
+    const upTo = Object.fromEntries(Object.entries(hits.at).map(([f, t]) => [`ms_to_${Math.round(Number(f) * 100)}pct`, Math.round(t - t0)]));
+    console.log(JSON.stringify({ path: "webhook", orders, concurrency: 64, ms: Math.round(hookMs), per_s: Math.round(orders / (hookMs / 1000)), ...upTo, ...spent }));
+  }
+  if (paths.includes("pull")) await pull();
+} finally {
+  await client.close();
+  await serve.stop();
+  await redis.stop();
+  receiver.close();
+}
 
-  // Pull path.
+async function pull() {
   await load("bench-pull");
   const c = new Consumer({ baseUrl: serve.base, token: TOKEN, queue: "bench-pull", group: "pull", leaseMs: 60_000, timeoutMs: 30_000 });
   let acked = 0;
   let receives = 0;
+  // The clock stops when the last order is acked, not when the other pullers' long polls
+  // (then waiting for orders that will not come) run out.
+  let doneAt = 0;
+  let doneCosts = null;
   const loop = async () => {
     while (acked < orders) {
       const got = await c.receive(max, 60_000, 1000);
@@ -86,17 +136,18 @@ try {
       if (got.length > 0) {
         await c.ack(got);
         acked += got.length;
+        if (acked >= orders && doneAt === 0) {
+          doneAt = performance.now();
+          doneCosts = await costs();
+        }
       }
     }
   };
-  t0 = performance.now();
+  const before = await costs();
+  const t0 = performance.now();
   await api("/v1/queues/bench-pull:resume");
   await Promise.all(Array.from({ length: pullers }, loop));
-  const pullMs = performance.now() - t0;
-  console.log(JSON.stringify({ path: "pull", orders, pullers, max, receives, ms: Math.round(pullMs), per_s: Math.round(orders / (pullMs / 1000)) }));
-} finally {
-  await client.close();
-  await serve.stop();
-  await redis.stop();
-  receiver.close();
+  const pullMs = doneAt - t0;
+  const spent = perOrder(before, doneCosts);
+  console.log(JSON.stringify({ path: "pull", orders, pullers, max, receives, ms: Math.round(pullMs), per_s: Math.round(orders / (pullMs / 1000)), ...spent }));
 }

@@ -210,7 +210,8 @@ export class Consumer {
 
   /**
    * Receives and handles deliveries until `signal` aborts: each delivery is acked when
-   * `handler` resolves and nacked with the error's message when it throws. Each receive is
+   * `handler` resolves (successes finishing within 2 ms of each other share one `:ack`
+   * call, up to 100) and nacked with the error's message when it throws. Each receive is
    * a long poll of `waitMs`; the loop pauses (50 ms doubling to 5 s) only while the server
    * is unreachable. A running handler's lease is extended at half of it. Resolves once
    * stopped and every running handler is settled (or `graceMs` passed); rejects on a
@@ -226,6 +227,7 @@ export class Consumer {
     const running = new Set<Promise<void>>();
     // Set once the grace after a stop ran out: leases are no longer extended or settled.
     let abandoned = false;
+    const acks = new AckBatch(this);
     const settle = async (d: PullDelivery): Promise<void> => {
       let failure: unknown;
       let ok = false;
@@ -251,7 +253,7 @@ export class Consumer {
       }
       if (abandoned) return;
       try {
-        if (ok) await this.ack(d);
+        if (ok) await acks.ack(d);
         else await this.nack(d, { error: errorText(failure), ...(retryInMs === undefined ? {} : { retryInMs }) });
       } catch (e) {
         onError(e, d);
@@ -328,6 +330,46 @@ export class Consumer {
   }
 }
 
+/** Most deliveries `run` acknowledges in one `:ack`. */
+const ACK_BATCH = 100;
+/** How long `run` holds a success for others to share its `:ack`, in ms. */
+const ACK_LINGER_MS = 2;
+
+/**
+ * `run`'s acknowledgements: the successes of handlers finishing within `ACK_LINGER_MS` of
+ * each other (or `ACK_BATCH` of them) share one `:ack` call, as the server's workers batch
+ * theirs; each caller learns its own delivery's result.
+ */
+class AckBatch {
+  private pending: { d: PullDelivery; resolve: () => void; reject: (e: unknown) => void }[] = [];
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  constructor(private readonly consumer: Consumer) {}
+
+  /** Resolves once `d` is acked; rejects with `LeaseLostError` when its lease was lost, or the call's error. */
+  ack(d: PullDelivery): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.pending.push({ d, resolve, reject });
+      if (this.pending.length >= ACK_BATCH) this.flush();
+      else this.timer ??= setTimeout(() => this.flush(), ACK_LINGER_MS);
+    });
+  }
+
+  private flush(): void {
+    clearTimeout(this.timer);
+    this.timer = undefined;
+    const batch = this.pending.splice(0);
+    if (batch.length === 0) return;
+    this.consumer.ack(batch.map((x) => x.d)).then(
+      (statuses) =>
+        batch.forEach((x, i) => {
+          if (statuses[i] === "acked") x.resolve();
+          else x.reject(new LeaseLostError(`ack of ${x.d.id}: the receipt's lease ran out and the delivery was taken over (or it was settled already)`));
+        }),
+      (e: unknown) => batch.forEach((x) => x.reject(e)),
+    );
+  }
+}
+
 function receiptOf(x: Settleable): string {
   const r = typeof x === "string" ? x : x?.receipt;
   if (typeof r !== "string" || r.length === 0) {
@@ -366,116 +408,143 @@ function pause(ms: number, signal?: AbortSignal): Promise<void> {
 
 /**
  * The deliveries of a `:receive` answer, each payload kept as its exact JSON text: the
- * answer is walked member by member and the payload's span cut out of the text (parsing it
- * would round numbers beyond a double).
+ * answer is parsed once (`JSON.parse`) for its fields, and walked once, character code by
+ * character code, to cut each payload's span out of the text (parsing would round numbers
+ * beyond a double).
  */
 export function parseDeliveries(text: string): PullDelivery[] {
-  const top = members(text, 0);
-  const list = top.get("deliveries");
-  if (list === undefined) throw new DelayqError("internal", `unexpected :receive answer: ${text.slice(0, 200)}`);
-  return elements(text, list[0]).map(([start]) => {
-    const m = members(text, start);
-    const raw = (k: string): string | undefined => {
-      const s = m.get(k);
-      return s === undefined ? undefined : text.slice(s[0], s[1]);
-    };
-    const val = (k: string): unknown => {
-      const r = raw(k);
-      return r === undefined ? undefined : JSON.parse(r);
-    };
-    const payloadJson = raw("payload") ?? "null";
+  let body: { deliveries?: unknown };
+  try {
+    body = JSON.parse(text) as { deliveries?: unknown };
+  } catch {
+    throw new DelayqError("internal", `unexpected :receive answer: ${text.slice(0, 200)}`);
+  }
+  const list = body?.deliveries;
+  if (!Array.isArray(list)) throw new DelayqError("internal", `unexpected :receive answer: ${text.slice(0, 200)}`);
+  const spans = payloadSpans(text);
+  if (spans.length !== list.length) throw new DelayqError("internal", "a :receive answer whose deliveries do not each have one payload");
+  return list.map((x: Record<string, unknown>, i) => {
+    const [a, b] = spans[i]!;
     const d: PullDelivery = {
-      id: val("id") as string,
-      payload: JSON.parse(payloadJson),
-      payloadJson,
-      priority: val("priority") as Priority,
-      attempt: val("attempt") as number,
-      dueAtMs: val("due_at_ms") as number,
-      dispatchedAtMs: val("dispatched_at_ms") as number,
-      receipt: val("receipt") as string,
-      leaseUntilMs: val("lease_until_ms") as number,
+      id: x.id as string,
+      payload: x.payload,
+      payloadJson: text.slice(a, b),
+      priority: x.priority as Priority,
+      attempt: x.attempt as number,
+      dueAtMs: x.due_at_ms as number,
+      dispatchedAtMs: x.dispatched_at_ms as number,
+      receipt: x.receipt as string,
+      leaseUntilMs: x.lease_until_ms as number,
     };
-    const enqueued = val("enqueued_at_ms");
-    if (typeof enqueued === "number") d.enqueuedAtMs = enqueued;
-    const tp = val("traceparent");
-    if (typeof tp === "string") d.traceparent = tp;
-    const ts = val("tracestate");
-    if (typeof ts === "string") d.tracestate = ts;
-    const key = val("key");
-    if (typeof key === "string") d.key = key;
+    if (typeof x.enqueued_at_ms === "number") d.enqueuedAtMs = x.enqueued_at_ms;
+    if (typeof x.traceparent === "string") d.traceparent = x.traceparent;
+    if (typeof x.tracestate === "string") d.tracestate = x.tracestate;
+    if (typeof x.key === "string") d.key = x.key;
     return d;
   });
 }
 
 type Span = [number, number];
 
+const QUOTE = 0x22;
+const BACKSLASH = 0x5c;
+const COLON = 0x3a;
+const COMMA = 0x2c;
+const OPEN_OBJECT = 0x7b;
+const CLOSE_OBJECT = 0x7d;
+const OPEN_ARRAY = 0x5b;
+const CLOSE_ARRAY = 0x5d;
+
+function isWs(c: number): boolean {
+  return c === 0x20 || c === 0x09 || c === 0x0a || c === 0x0d;
+}
+
 function skipWs(text: string, i: number): number {
-  while (i < text.length && " \t\r\n".includes(text[i]!)) i++;
+  while (i < text.length && isWs(text.charCodeAt(i))) i++;
   return i;
+}
+
+/** The index after the string whose opening quote is at `i`. */
+function stringEnd(text: string, i: number): number {
+  for (let j = i + 1; j < text.length; j++) {
+    const c = text.charCodeAt(j);
+    if (c === BACKSLASH) j++;
+    else if (c === QUOTE) return j + 1;
+  }
+  throw new DelayqError("internal", "unexpected end of a :receive answer");
 }
 
 /** The end of the JSON value starting at `i` (after whitespace): [start, end). */
 function valueSpan(text: string, i: number): Span {
   const start = skipWs(text, i);
-  let j = start;
-  const c = text[j];
-  if (c === '"') {
-    j++;
-    while (j < text.length && text[j] !== '"') j += text[j] === "\\" ? 2 : 1;
-    return [start, j + 1];
-  }
-  if (c === "{" || c === "[") {
+  const c = text.charCodeAt(start);
+  if (c === QUOTE) return [start, stringEnd(text, start)];
+  if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
     let depth = 0;
-    for (; j < text.length; j++) {
-      const ch = text[j];
-      if (ch === '"') {
-        j = valueSpan(text, j)[1] - 1;
-      } else if (ch === "{" || ch === "[") {
-        depth++;
-      } else if (ch === "}" || ch === "]") {
-        if (--depth === 0) return [start, j + 1];
-      }
+    for (let j = start; j < text.length; j++) {
+      const ch = text.charCodeAt(j);
+      if (ch === QUOTE) j = stringEnd(text, j) - 1;
+      else if (ch === OPEN_OBJECT || ch === OPEN_ARRAY) depth++;
+      else if ((ch === CLOSE_OBJECT || ch === CLOSE_ARRAY) && --depth === 0) return [start, j + 1];
     }
     throw new DelayqError("internal", "unexpected end of a :receive answer");
   }
-  while (j < text.length && !",}] \t\r\n".includes(text[j]!)) j++;
+  let j = start;
+  for (; j < text.length; j++) {
+    const ch = text.charCodeAt(j);
+    if (ch === COMMA || ch === CLOSE_OBJECT || ch === CLOSE_ARRAY || isWs(ch)) break;
+  }
   if (j === start) throw new DelayqError("internal", `unexpected :receive answer at ${start}`);
   return [start, j];
 }
 
-/** The members of the object starting at `i`: key -> value span. */
-function members(text: string, i: number): Map<string, Span> {
-  const out = new Map<string, Span>();
+/**
+ * Calls `each(key, valueStart)` for the members of the object at `i` (after whitespace);
+ * `each` returns where the value ends. Returns the index after the object.
+ */
+function walkObject(text: string, i: number, each: (key: string, at: number) => number): number {
   let j = skipWs(text, i);
-  if (text[j] !== "{") throw new DelayqError("internal", `expected an object in a :receive answer at ${j}`);
+  if (text.charCodeAt(j) !== OPEN_OBJECT) throw new DelayqError("internal", `expected an object in a :receive answer at ${j}`);
   j = skipWs(text, j + 1);
-  if (text[j] === "}") return out;
+  if (text.charCodeAt(j) === CLOSE_OBJECT) return j + 1;
   for (;;) {
-    const key = valueSpan(text, j);
-    j = skipWs(text, key[1]);
-    if (text[j] !== ":") throw new DelayqError("internal", `expected ':' in a :receive answer at ${j}`);
-    const v = valueSpan(text, j + 1);
-    out.set(JSON.parse(text.slice(key[0], key[1])) as string, v);
-    j = skipWs(text, v[1]);
-    if (text[j] === "}") return out;
-    if (text[j] !== ",") throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
-    j++;
+    if (text.charCodeAt(j) !== QUOTE) throw new DelayqError("internal", `expected a key in a :receive answer at ${j}`);
+    const keyEnd = stringEnd(text, j);
+    const key = text.slice(j + 1, keyEnd - 1);
+    j = skipWs(text, keyEnd);
+    if (text.charCodeAt(j) !== COLON) throw new DelayqError("internal", `expected ':' in a :receive answer at ${j}`);
+    j = skipWs(text, each(key, skipWs(text, j + 1)));
+    const c = text.charCodeAt(j);
+    if (c === CLOSE_OBJECT) return j + 1;
+    if (c !== COMMA) throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
+    j = skipWs(text, j + 1);
   }
 }
 
-/** The element spans of the array starting at `i`. */
-function elements(text: string, i: number): Span[] {
+/** The span of each delivery's `payload` in a `:receive` answer, in order: one pass. */
+function payloadSpans(text: string): Span[] {
   const out: Span[] = [];
-  let j = skipWs(text, i);
-  if (text[j] !== "[") throw new DelayqError("internal", `expected an array in a :receive answer at ${j}`);
-  j = skipWs(text, j + 1);
-  if (text[j] === "]") return out;
-  for (;;) {
-    const v = valueSpan(text, j);
-    out.push(v);
-    j = skipWs(text, v[1]);
-    if (text[j] === "]") return out;
-    if (text[j] !== ",") throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
-    j++;
-  }
+  walkObject(text, 0, (key, at) => {
+    // A key with an escape is no key the server sends.
+    if (key !== "deliveries") return valueSpan(text, at)[1];
+    if (text.charCodeAt(at) !== OPEN_ARRAY) throw new DelayqError("internal", `expected an array in a :receive answer at ${at}`);
+    let j = skipWs(text, at + 1);
+    if (text.charCodeAt(j) === CLOSE_ARRAY) return j + 1;
+    for (;;) {
+      let payload: Span | undefined;
+      j = walkObject(text, j, (k, v) => {
+        const span = valueSpan(text, v);
+        if (k === "payload") payload = span;
+        return span[1];
+      });
+      if (payload === undefined) throw new DelayqError("internal", "a delivery without a payload in a :receive answer");
+      out.push(payload);
+      j = skipWs(text, j);
+      const c = text.charCodeAt(j);
+      if (c === CLOSE_ARRAY) return j + 1;
+      if (c !== COMMA) throw new DelayqError("internal", `expected ',' in a :receive answer at ${j}`);
+      j++;
+    }
+  });
+  return out;
 }

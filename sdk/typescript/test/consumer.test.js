@@ -15,7 +15,7 @@ let client;
 
 before(async () => {
   redis = await LocalRedis.start();
-  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact", "pull-long", "pull-wait", "pull-grace"]) await createQueue(redis.url, q);
+  for (const q of ["pull-ack", "pull-retry", "pull-lease", "pull-dead", "pull-exact", "pull-long", "pull-wait", "pull-grace", "pull-batch"]) await createQueue(redis.url, q);
   serve = await Serve.start(`
 redis_url = "${redis.url}"
 namespace = "dq"
@@ -134,6 +134,38 @@ test("run: a throwing handler is nacked with its text and comes back at attempt 
   assert.deepEqual(seen, [["r1", 1], ["r1", 2]]);
   assert.deepEqual(errors, []);
   assert.deepEqual(await c.receive(10), []);
+});
+
+test("run: handlers that finish together share one :ack call", async () => {
+  const c = consumer("pull-batch");
+  await c.receive(1); // joins the group
+  for (let i = 0; i < 10; i++) await client.schedule("pull-batch", { id: `b${i}`, delayMs: 0, payload: { i } });
+  const sizes = [];
+  const ack = c.ack.bind(c);
+  c.ack = (x) => {
+    sizes.push(Array.isArray(x) ? x.length : 1);
+    return ack(x);
+  };
+  let release;
+  const gate = new Promise((r) => (release = r));
+  const started = new Set();
+  const stop = new AbortController();
+  const loop = c.run(
+    async (d) => {
+      started.add(d.id);
+      await gate;
+    },
+    { concurrency: 10, signal: stop.signal, waitMs: 500 },
+  );
+  try {
+    await waitFor("all 10 handlers running", () => started.size === 10);
+    release();
+    await waitFor("all 10 acked", async () => (await pending("pull-batch")) === 0);
+  } finally {
+    stop.abort();
+    await loop;
+  }
+  assert.deepEqual(sizes, [10]);
 });
 
 test("run: a handler running past its lease keeps it (extended), is acked once and not redelivered", async () => {

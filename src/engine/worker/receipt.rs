@@ -32,9 +32,9 @@ pub(super) struct Receipt {
 
 /// Signs and checks receipts for one puller (queue, group, consumer) under one key.
 pub(super) struct Signer {
-    key: Vec<u8>,
-    /// `queue \0 group \0 consumer \0`: binds every receipt to its puller.
-    scope: Vec<u8>,
+    /// The MAC keyed and fed the receipts' prefix and scope (`queue \0 group \0 consumer
+    /// \0`, which binds every receipt to its puller), made once: each receipt clones it.
+    keyed: Hmac<Sha256>,
 }
 
 impl std::fmt::Debug for Signer {
@@ -56,15 +56,16 @@ impl Signer {
             scope.extend_from_slice(part.as_bytes());
             scope.push(0);
         }
-        Signer { key, scope }
+        // HMAC takes a key of any length.
+        let mut keyed = Hmac::<Sha256>::new_from_slice(&key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+        keyed.update(b"delayq-receipt-v1\0");
+        keyed.update(&scope);
+        Signer { keyed }
     }
 
     fn mac(&self, body: &str) -> Hmac<Sha256> {
-        // HMAC takes a key of any length.
-        let mut m = Hmac::<Sha256>::new_from_slice(&self.key)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
-        m.update(b"delayq-receipt-v1\0");
-        m.update(&self.scope);
+        let mut m = self.keyed.clone();
         m.update(body.as_bytes());
         m
     }
@@ -75,8 +76,10 @@ impl Signer {
         let tag = self.mac(&body).finalize().into_bytes();
         let mut out = body;
         out.push('.');
+        const HEX: &[u8; 16] = b"0123456789abcdef";
         for b in &tag[..MAC_BYTES] {
-            out.push_str(&format!("{b:02x}"));
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
         }
         out
     }
@@ -151,6 +154,16 @@ mod tests {
     fn a_signed_receipt_opens_to_its_fields() {
         let text = signer().sign(&sample());
         assert_eq!(signer().open(&text, 3), Ok(sample()));
+    }
+
+    #[test]
+    fn a_receipt_is_the_documented_hmac_so_every_version_of_a_deployment_reads_it() {
+        // HMAC-SHA256(key, "delayq-receipt-v1\0" queue\0 group\0 consumer\0 body), first
+        // 16 bytes in hex, computed outside (Python's hmac module).
+        assert_eq!(
+            signer().sign(&sample()),
+            "1.1700000000000-3.1700000030000.2.7a960bfadf4a1cf65eab4fab43277441"
+        );
     }
 
     #[test]

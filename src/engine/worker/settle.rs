@@ -524,6 +524,22 @@ pub(super) fn ack_pipeline(
         .arg(last)
         .arg(ids.len() + OWNED_SLACK)
         .arg(consumer);
+    ack_commands(&mut pipe, keys, group, entries, history);
+    pipe
+}
+
+/// What an acknowledgement writes for entries of one shard, appended to `pipe`: `XACK`
+/// (its reply first), the timers' `ZREM`, the error records' `HDEL` and the history markers
+/// ([`ack_pipeline`] less its ownership check: a pull's compare-and-set on each lease
+/// settled ownership already).
+pub(super) fn ack_commands(
+    pipe: &mut redis::Pipeline,
+    keys: &ShardKeys,
+    group: &str,
+    entries: &[(String, u32)],
+    history: &HistoryPolicy,
+) {
+    let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
     pipe.cmd("XACK").arg(&keys.stream).arg(group).arg(&ids);
     pipe.cmd("ZREM").arg(keys.timers(group)).arg(&ids);
     // Always: an ack by a previous owner (whose attempt 1 another consumer retried) must
@@ -531,7 +547,7 @@ pub(super) fn ack_pipeline(
     pipe.cmd("HDEL").arg(keys.errors(group)).arg(&ids);
     let retried: Vec<&(String, u32)> = entries.iter().filter(|(_, n)| *n > 1).collect();
     if retried.is_empty() {
-        return pipe;
+        return;
     }
     let mut buckets: HashMap<String, (i64, Vec<(String, String)>)> = HashMap::new();
     for (id, n) in retried {
@@ -548,7 +564,6 @@ pub(super) fn ack_pipeline(
         pipe.cmd("HSET").arg(&bucket).arg(fields);
         pipe.cmd("PEXPIREAT").arg(&bucket).arg(expires_at);
     }
-    pipe
 }
 
 /// The lowest and highest of stream entry ids (`<ms>-<seq>`), compared as ids.

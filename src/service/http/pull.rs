@@ -100,8 +100,9 @@ impl Pullers {
 /// The puller of `queue`/`group` and its default lease: 404 when the queue is not
 /// registered, 409 `wrong_group_kind` when the group is declared with a kind other than
 /// `pull` (checked when this process first pulls it). A group declared `pull` in this
-/// process's configuration gets its options; any other, the defaults. No lock is held
-/// across the registry lookups.
+/// process's configuration gets its options; one recorded `pull` by another process, the
+/// defaults; an undeclared one is 404 `group_not_found` when this configuration declares
+/// pull groups, else pulled with the defaults. No lock is held across the registry lookups.
 async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
     let k = (queue.to_owned(), group.to_owned());
     if let Some(p) = st.pullers.lock().get(&k) {
@@ -117,7 +118,10 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
     }
     crate::engine::keys::validate_member_name("group", group).map_err(Error::from)?;
     let kind = st.admin.engine_admin().group_kind(queue, group).await?;
-    if let Some(kind) = kind.filter(|k| k != crate::engine::admin::kinds::PULL) {
+    if let Some(kind) = kind
+        .as_deref()
+        .filter(|k| *k != crate::engine::admin::kinds::PULL)
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "wrong_group_kind",
@@ -128,6 +132,13 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
     }
     let (opts, lease) = match st.pullers.declared.get(&k) {
         Some(g) => (g.opts.clone(), g.lease),
+        // This configuration declares its pull groups: any other is a typo or a group
+        // nobody set up, refused before a consumer group is created (a deployment that
+        // declares none pulls any group with the defaults). A group another process
+        // declared `pull` (recorded in the registry) is accepted, with the defaults.
+        None if !st.pullers.declared.is_empty() && kind.is_none() => {
+            return Err(undeclared(queue, group));
+        }
         None => (WorkerOptions::default(), DEFAULT_LEASE),
     };
     let mut p = Puller::for_registered(client, queue, group, opts.consumer(CONSUMER))?;
@@ -140,6 +151,18 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
         map.clear();
     }
     Ok(map.entry(k).or_insert(p).clone())
+}
+
+/// 404 `group_not_found`: a pull of a group that serve's configuration, which declares its
+/// pull groups, does not declare (and no process recorded as `pull`).
+fn undeclared(queue: &str, group: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "group_not_found",
+        format!(
+            "group {group:?} of queue {queue:?} is not declared for pulls: serve's configuration declares its pull groups ([[handlers]] kind = \"pull\") and this is not one of them"
+        ),
+    )
 }
 
 /// `POST .../{group}:receive` body.

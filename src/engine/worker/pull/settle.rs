@@ -3,7 +3,7 @@
 
 use super::super::Delivery;
 use super::super::receipt::Receipt;
-use super::super::settle::{ack_pipeline, handled_metric, late_acks, settle_dead, settle_retry};
+use super::super::settle::{ack_commands, handled_metric, settle_dead, settle_retry};
 use super::{Extended, MAX_LEASE, Nack, Puller, Settled, bad_option, check_count, check_lease};
 use crate::engine::duration::ms;
 use crate::engine::error::{Error, RedisContext, Result};
@@ -79,8 +79,11 @@ impl Puller {
         Ok(out)
     }
 
-    /// Acknowledges entries of one lane this consumer holds (the worker's ack pipeline);
-    /// returns how many Redis acknowledged.
+    /// Acknowledges entries of one lane this consumer holds (fenced, or just taken): the
+    /// worker's ack commands in one pipeline (one `XACK` of them all, the timers' `ZREM`,
+    /// the history markers), without the worker's ownership check, since the fence (a
+    /// compare-and-set on each lease) settled it and counted the late ones. Returns how many
+    /// Redis acknowledged.
     pub(super) async fn ack_lane(&self, lane: u16, entries: &[(String, u32)]) -> Option<u64> {
         let s = &self.s;
         let keys = &s.lanes[usize::from(lane)];
@@ -89,7 +92,8 @@ impl Puller {
         } else {
             HistoryPolicy::from_ms(0)
         };
-        let pipe = ack_pipeline(keys, &s.group, &s.consumer, entries, &history);
+        let mut pipe = redis::pipe();
+        ack_commands(&mut pipe, keys, &s.group, entries, &history);
         let r = with_retries("XACK", RetryPolicy::CALL, None, || {
             let mut conn = s.client.connection();
             let pipe = &pipe;
@@ -104,16 +108,11 @@ impl Puller {
         .await;
         match r {
             Ok(replies) => {
-                let acked = match replies.get(1) {
+                let acked = match replies.first() {
                     Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
                     _ => 0,
                 };
                 s.stats.acked.fetch_add(acked, Ordering::Relaxed);
-                let late = late_acks(entries, replies.into_iter().next());
-                if late > 0 {
-                    s.stats.late_acks.fetch_add(late, Ordering::Relaxed);
-                    s.metrics().late_acks(late);
-                }
                 Some(acked)
             }
             Err(e) => {

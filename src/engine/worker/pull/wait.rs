@@ -3,8 +3,11 @@
 //!
 //! A receive that found nothing waits, holding no Redis connection and no task of its own,
 //! for the first of:
-//! - this process's dispatcher of the queue moving orders into its streams
-//!   ([`Wake::moved`](crate::engine::wake::Wake), fired to every waiter);
+//! - this process's dispatcher of the queue moving orders into its streams: one waiting
+//!   receive of each group is woken ([`Wake::dispatched`](crate::engine::wake::Wake)), not
+//!   every one; a receive that fills its batch (`max`) wakes the next waiter of its group,
+//!   since more may be there, so a burst is taken by as many waiters as it needs and an
+//!   order alone costs one read, not one per waiting receive;
 //! - a wake-up from another process (`engine::listen`: the shard's earliest due time, on
 //!   `{ns:q:s}:wake`; the waiter holds a watch on the queue's channels while it waits, so
 //!   they are heard even where no dispatcher of the queue runs): it reads at that due time,
@@ -88,6 +91,7 @@ impl Puller {
         let s = &self.s;
         let deadline = Instant::now() + wait;
         let wake = s.client.wake().get(s.queue.as_str());
+        let moved_signal = wake.moved_signal(&s.group);
         // One set of keys per shard, in shard order (a shard's lanes share its channel).
         let shards: Vec<ShardKeys> = s.lanes.iter().step_by(3).cloned().collect();
         let _watch = s.client.listener().watch(&wake, &shards);
@@ -96,12 +100,16 @@ impl Puller {
         let mut chase: Option<Duration> = None;
         loop {
             // Registered before the read, so a move during it is not missed.
-            let moved = wake.moved.notified();
+            let moved = moved_signal.notified();
             let resumed = wake.resume.notified();
             tokio::pin!(moved, resumed);
             moved.as_mut().enable();
             resumed.as_mut().enable();
             let got = self.receive(max, lease).await?;
+            if got.len() >= max {
+                // A full batch: more may be waiting; the group's next waiter looks.
+                moved_signal.notify_one();
+            }
             if !got.is_empty() || cancel.is_cancelled() || Instant::now() >= deadline {
                 return Ok(got);
             }
