@@ -342,6 +342,14 @@ impl ShardKeys {
     pub fn history(&self, bucket_ms: i64, bucket: i64) -> String {
         format!("{}:history:{bucket_ms}:{bucket}", self.tag)
     }
+
+    /// ZSET: bucket number -> when (unix ms) a marker was last written into that history
+    /// bucket of this shard. Markers land in the bucket of their entry's time, which may be
+    /// sealed (no longer written by dispatches); the stats' count cache re-counts the
+    /// buckets touched since it last looked (see [`crate::engine::history_counts`]).
+    pub fn history_touched(&self) -> String {
+        format!("{}:history:touched", self.tag)
+    }
 }
 
 /// The shard of an order id: FNV-1a (64-bit) of the id's UTF-8 bytes, modulo `shards`.

@@ -373,6 +373,13 @@ pub fn pull_waiting(n: usize) {
     metrics::gauge!("delayq_pull_waiting").set(n as f64);
 }
 
+/// How many sealed history buckets this process's stats cache holds (bounded by
+/// [`crate::engine::history_counts::MAX_CACHED_BUCKETS`]).
+#[allow(clippy::cast_precision_loss)]
+pub fn history_count_cache(n: usize) {
+    metrics::gauge!("delayq_history_count_cache_buckets").set(n as f64);
+}
+
 /// How many queues this process's supervisor dispatches.
 #[allow(clippy::cast_precision_loss)]
 pub fn supervised_queues(n: usize) {

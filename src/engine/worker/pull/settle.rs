@@ -89,7 +89,14 @@ impl Puller {
         } else {
             HistoryPolicy::from_ms(0)
         };
-        let pipe = ack_pipeline(keys, &s.group, &s.consumer, entries, &history);
+        let pipe = ack_pipeline(
+            keys,
+            &s.group,
+            &s.consumer,
+            entries,
+            &history,
+            s.client.now_ms(),
+        );
         let r = with_retries("XACK", RetryPolicy::CALL, None, || {
             let mut conn = s.client.connection();
             let pipe = &pipe;
