@@ -163,6 +163,12 @@ impl Keyspace {
         format!("{{{}}}:readyz", self.ns)
     }
 
+    /// STRING (expiring after a minute): the write a replication barrier waits for
+    /// ([`crate::Client::replicated_barrier`]).
+    pub fn replication_barrier(&self) -> String {
+        format!("{{{}}}:replicated", self.ns)
+    }
+
     /// HASH: one recurring schedule's record (`spec` JSON, `gen`, `next`, `last`, `ticks`,
     /// `missed`, `created_ms`, `updated_ms`; see `lua/schedule.lua`).
     pub fn schedule_record(&self, queue: &QueueName, id: &str) -> String {
