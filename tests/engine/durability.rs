@@ -557,3 +557,62 @@ async fn admin_writes_wait_for_the_replicas_under_replicated_durability() {
     client.admin().create_queue("qc", 1).await.unwrap();
     assert!(record(&replica_client, "qc").await);
 }
+
+/// Issue 39 item 11 (`/readyz`): with `durability = "replicated"`, `/readyz` is 200 while
+/// durable writes are acknowledged and 503 `not_replicated` while the replica they wait for
+/// does not follow (the master still takes writes, so a write probe alone says 200).
+#[tokio::test]
+async fn readyz_is_not_ready_while_durable_writes_would_be_refused() {
+    use tower::ServiceExt;
+    let master = LocalRedis::start().unwrap();
+    let (replica, _replica_client) = synced_replica(&master).await;
+    let probe = Client::connect(&master.url()).await.unwrap();
+    wait_for(
+        "the master to count its replica online",
+        Duration::from_secs(60),
+        || {
+            let c = probe.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c.connection())
+                    .await
+                    .unwrap();
+                info.contains("state=online")
+            }
+        },
+    )
+    .await;
+    let client = Client::connect_with(
+        &master.url(),
+        ClientOptions::default().durability(Durability::EveryReplica {
+            timeout: Duration::from_millis(300),
+        }),
+    )
+    .await
+    .unwrap();
+    let router = delayq::service::http::app(delayq::service::http::AppState::new(client, vec![]));
+    let readyz = || async {
+        let req = axum::http::Request::builder()
+            .uri("/readyz")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+    };
+    assert_eq!(readyz().await.0, 200);
+    replica.suspend().unwrap();
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not_replicated"), "{body}");
+    replica.resume().unwrap();
+    wait_for("ready again", Duration::from_secs(30), || async {
+        readyz().await.0 == 200
+    })
+    .await;
+}
