@@ -57,7 +57,8 @@ pub(crate) const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
 ];
 
 /// The process's Prometheus handle (installs the recorder on first call). `None` when another
-/// recorder was installed first.
+/// recorder was installed first. Its own `render()` holds neither the per-queue counters nor
+/// the histograms ([`QueueSeries`]): [`render`] writes the whole text.
 pub fn handle() -> Option<&'static PrometheusHandle> {
     installed().map(|(h, _)| h)
 }
