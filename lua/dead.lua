@@ -5,7 +5,10 @@
 -- KEYS[2]  the group's timers ZSET for this shard
 -- KEYS[3]  the shard's dead-letter STREAM
 -- KEYS[4]  the group's errors HASH for this shard (see retry.lua): the entry's field is removed
--- KEYS[5]  the shard's history bucket of the entry (by the entry id's time; see dequeue.lua)
+-- KEYS[5]  the shard's history bucket of the entry (by the entry id's time; see dequeue.lua):
+--          "...:history:<bucket ms>:<bucket number>"
+-- KEYS[6]  the shard's history touched log ZSET (bucket number -> last marker write, ms):
+--          the bucket may be sealed, and the stats' count cache re-counts what it names
 -- ARGV[1]  group
 -- ARGV[2]  consumer that failed it
 -- ARGV[3]  entry id
@@ -14,7 +17,8 @@
 -- ARGV[6]  now, unix ms
 -- ARGV[7]  the history marker field of (group, entry): "\1<group>\1<entry id>"
 -- ARGV[8]  when the history bucket expires, unix ms (0 = history off: KEYS[5] is untouched)
--- ARGV[9]  optional: the entry expired (see src/engine/expiry.rs): how late, ms, its hand-off
+-- ARGV[9]  how long the touched log keeps a write, ms (src/engine/history.rs, TOUCH_KEEP_MS)
+-- ARGV[10] optional: the entry expired (see src/engine/expiry.rs): how late, ms, its hand-off
 --          to the group would have been past due + expires_after. The dead letter then
 --          also carries reason = expired and late_ms, and the history marker is
 --          "x<attempts>:<late ms>:<dead-letter id>" (the group's state reads `expired`).
@@ -24,7 +28,8 @@
 -- entry reason = expired, late_ms. The history marker
 -- is "d<attempts>:<dead-letter id>".
 -- Cost: O(log n) in the pending list and the streams (XPENDING and XRANGE by id, XADD, XACK,
--- ZREM, HDEL, HSET): one entry per call; the expired form adds two fields, nothing more.
+-- ZREM, HDEL, HSET, and the touched log's ZADD and trim, O(log n) in the buckets touched
+-- within TOUCH_KEEP_MS): one entry per call; the expired form adds two fields, nothing more.
 -- Returns: 1 = dead-lettered; 0 = the entry is no longer this consumer's (nothing changed).
 -- Why one script: the dead letter, the XACK and the timer go together, so an entry is never
 -- both acknowledged and lost, nor dead-lettered twice. Redis >= 6.2.
@@ -36,7 +41,12 @@ local hist_at = int(ARGV[8])
 if not hist_at or hist_at < 0 or type(ARGV[7]) ~= 'string' then
   return redis.error_reply('ERR delayq dead: history marker and expiry expected')
 end
-local late = ARGV[9]
+local keep = int(ARGV[9])
+local bucket = string.match(KEYS[5], ':(%-?%d+)$')
+if not keep or keep < 1 or not bucket then
+  return redis.error_reply('ERR delayq dead: history bucket key and touched-log span expected')
+end
+local late = ARGV[10]
 if late ~= nil and (not int(late) or int(late) < 0) then
   return redis.error_reply('ERR delayq dead: the lateness of an expired entry must be ms')
 end
@@ -78,5 +88,9 @@ if hist_at > 0 then
     redis.call('HSET', KEYS[5], ARGV[7], 'd' .. ARGV[4] .. ':' .. did)
   end
   redis.call('PEXPIREAT', KEYS[5], hist_at)
+  local now = int(ARGV[6])
+  redis.call('ZADD', KEYS[6], 'GT', now, bucket)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', '(' .. (now - keep))
+  redis.call('PEXPIRE', KEYS[6], keep)
 end
 return 1

@@ -32,6 +32,13 @@ pub(crate) const RETENTION_FIELD: &str = "history_ms";
 /// The length of a history bucket, ms: one hour, independent of the retention.
 pub const HISTORY_BUCKET_MS: i64 = 3_600_000;
 
+/// How long a marker write stays in a shard's touched log ([`crate::engine::keys::ShardKeys::history_touched`]):
+/// the longest retention plus two buckets, past which its bucket has expired whatever the
+/// retention was; the log is trimmed to it on every marker write, so it holds at most the
+/// buckets touched in that span.
+#[allow(clippy::cast_possible_truncation)] // 90 days of ms fit an i64 many times over
+pub const TOUCH_KEEP_MS: i64 = MAX_HISTORY_RETENTION.as_millis() as i64 + 2 * HISTORY_BUCKET_MS;
+
 /// A queue's history retention and the bucket arithmetic that follows from it: the one
 /// place buckets are computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +130,41 @@ impl HistoryPolicy {
             }
             _ => (keys.history(self.bucket_ms(), 0), 0),
         }
+    }
+
+    /// Records in `pipe` that a marker was written at `now_ms` into the bucket holding the
+    /// markers of `entry_id` (nothing when history is off): the shard's touched log, which
+    /// the stats' count cache reads (see [`crate::engine::history_counts`]). `dead.lua` does
+    /// the same inside its script.
+    pub(crate) fn touch(
+        &self,
+        pipe: &mut redis::Pipeline,
+        keys: &ShardKeys,
+        entry_id: &str,
+        now_ms: i64,
+    ) {
+        if let (true, Some(ms)) = (self.is_on(), entry_ms(entry_id)) {
+            let log = keys.history_touched();
+            pipe.cmd("ZADD")
+                .arg(&log)
+                .arg("GT")
+                .arg(now_ms)
+                .arg(self.bucket_of(ms))
+                .ignore();
+            pipe.cmd("ZREMRANGEBYSCORE")
+                .arg(&log)
+                .arg("-inf")
+                .arg(format!("({}", now_ms - TOUCH_KEEP_MS))
+                .ignore();
+            pipe.cmd("PEXPIRE").arg(&log).arg(TOUCH_KEEP_MS).ignore();
+        }
+    }
+
+    /// The current bucket at `now_ms`: buckets before the one before it are sealed (a
+    /// dispatch, replay or redelivery writes the bucket of its own `now`, so only markers,
+    /// which go to their entry's bucket, still reach them).
+    pub(crate) fn current(&self, now_ms: i64) -> i64 {
+        self.bucket_of(now_ms)
     }
 
     /// The keys of every bucket of `keys`' shard that may hold history now, newest first.

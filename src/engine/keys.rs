@@ -170,6 +170,12 @@ impl Keyspace {
         format!("{{{}}}:readyz", self.ns)
     }
 
+    /// STRING (expiring after a minute): the write a replication barrier waits for
+    /// ([`crate::Client::replicated_barrier`]).
+    pub fn replication_barrier(&self) -> String {
+        format!("{{{}}}:replicated", self.ns)
+    }
+
     /// HASH: one recurring schedule's record (`spec` JSON, `gen`, `next`, `last`, `ticks`,
     /// `missed`, `created_ms`, `updated_ms`; see `lua/schedule.lua`).
     pub fn schedule_record(&self, queue: &QueueName, id: &str) -> String {
@@ -352,6 +358,14 @@ impl ShardKeys {
     /// [`crate::engine::history`]).
     pub fn history(&self, bucket_ms: i64, bucket: i64) -> String {
         format!("{}:history:{bucket_ms}:{bucket}", self.tag)
+    }
+
+    /// ZSET: bucket number -> when (unix ms) a marker was last written into that history
+    /// bucket of this shard. Markers land in the bucket of their entry's time, which may be
+    /// sealed (no longer written by dispatches); the stats' count cache re-counts the
+    /// buckets touched since it last looked (see [`crate::engine::history_counts`]).
+    pub fn history_touched(&self) -> String {
+        format!("{}:history:touched", self.tag)
     }
 }
 

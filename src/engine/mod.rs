@@ -48,6 +48,7 @@ pub mod events;
 pub mod expiry;
 pub mod flow;
 pub mod history;
+pub mod history_counts;
 pub mod housekeeping;
 pub mod keys;
 pub(crate) mod listen;

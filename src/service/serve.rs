@@ -107,10 +107,16 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
     warn_if_acknowledged_writes_unprotected(&client).await;
     // Every queue of the configuration exists from now on: orders into it are accepted.
     for q in &settings.queues {
-        client
-            .admin()
-            .create_queue(q, settings.client.shards)
-            .await?;
+        match client.admin().create_queue(q, settings.client.shards).await {
+            // Declared on the master; a replica has not confirmed it yet: not a reason to
+            // refuse to start (the supervisor declares it again if Redis loses it).
+            Err(e @ crate::engine::error::Error::NotReplicated { .. }) => {
+                tracing::warn!(queue = %q, error = %e, "a configured queue is not confirmed by the replicas yet");
+            }
+            other => {
+                other?;
+            }
+        }
         if let Some(r) = settings.history_retention {
             client.admin().set_history_retention(q, r).await?;
         }
@@ -133,6 +139,10 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<()> {
                 e @ crate::engine::error::InvalidInput::Option { name: "end", .. },
             )) => {
                 tracing::warn!(queue = ?s.queue, schedule = ?s.id, error = %e, "a configured recurring schedule has ended: not declared");
+                continue;
+            }
+            Err(e @ crate::engine::error::Error::NotReplicated { .. }) => {
+                tracing::warn!(queue = ?s.queue, schedule = ?s.id, error = %e, "a configured recurring schedule is not confirmed by the replicas yet");
                 continue;
             }
             other => other?,

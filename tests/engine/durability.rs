@@ -472,3 +472,147 @@ async fn every_replica_durability_waits_for_each_replica_and_covers_cancels_and_
     assert!(score(&second_client, "e").await.is_some());
     drop(first);
 }
+
+/// Issue 39 item 11 (admin writes): with `durability = "replicated"`, a queue create, a
+/// schedule create and removal and a queue delete answer once the replica has them; with
+/// the replica hung, each is `NotReplicated` (applied on the master, may be lost with it)
+/// instead of an acknowledgement a failover could undo.
+#[tokio::test]
+async fn admin_writes_wait_for_the_replicas_under_replicated_durability() {
+    let master = LocalRedis::start().unwrap();
+    let (replica, replica_client) = synced_replica(&master).await;
+    let probe = Client::connect(&master.url()).await.unwrap();
+    wait_for(
+        "the master to count its replica online",
+        Duration::from_secs(60),
+        || {
+            let c = probe.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c.connection())
+                    .await
+                    .unwrap();
+                info.contains("state=online")
+            }
+        },
+    )
+    .await;
+    let every = Durability::EveryReplica {
+        timeout: Duration::from_secs(30),
+    };
+    let client = Client::connect_with(&master.url(), ClientOptions::default().durability(every))
+        .await
+        .unwrap();
+    let record = |c: &Client, q: &'static str| {
+        let key = c
+            .keyspace()
+            .queue_record(&delayq::engine::keys::QueueName::new(q).unwrap());
+        let mut conn = c.connection();
+        async move {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n == 1
+        }
+    };
+    client.admin().create_queue("qa", 1).await.unwrap();
+    assert!(record(&replica_client, "qa").await);
+    let schedules = delayq::Schedules::new(&client);
+    schedules
+        .upsert(&delayq::ScheduleSpec::every("qa", "tick", "1h", json!({})))
+        .await
+        .unwrap();
+
+    // The replica hangs: every admin write is refused as not replicated.
+    replica.suspend().unwrap();
+    let slow = client.with_durability(Durability::EveryReplica {
+        timeout: Duration::from_millis(300),
+    });
+    let not_replicated = |what: &str, r: Result<(), Error>| match r {
+        Err(Error::NotReplicated { acked: 0, .. }) => {}
+        other => panic!("{what}: expected NotReplicated, got {other:?}"),
+    };
+    not_replicated("create", slow.admin().create_queue("qb", 1).await.map(drop));
+    let slow_schedules = delayq::Schedules::new(&slow);
+    not_replicated(
+        "schedule upsert",
+        slow_schedules
+            .upsert(&delayq::ScheduleSpec::every("qa", "other", "1h", json!({})))
+            .await
+            .map(drop),
+    );
+    not_replicated(
+        "schedule remove",
+        slow_schedules.remove("qa", "tick").await.map(drop),
+    );
+    not_replicated(
+        "delete",
+        slow.admin().delete_queue("qa", true).await.map(drop),
+    );
+    replica.resume().unwrap();
+    // Once it follows again, the same writes are acknowledged.
+    client.admin().create_queue("qc", 1).await.unwrap();
+    assert!(record(&replica_client, "qc").await);
+}
+
+/// Issue 39 item 11 (`/readyz`): with `durability = "replicated"`, `/readyz` is 200 while
+/// durable writes are acknowledged and 503 `not_replicated` while the replica they wait for
+/// does not follow (the master still takes writes, so a write probe alone says 200).
+#[tokio::test]
+async fn readyz_is_not_ready_while_durable_writes_would_be_refused() {
+    use tower::ServiceExt;
+    let master = LocalRedis::start().unwrap();
+    let (replica, _replica_client) = synced_replica(&master).await;
+    let probe = Client::connect(&master.url()).await.unwrap();
+    wait_for(
+        "the master to count its replica online",
+        Duration::from_secs(60),
+        || {
+            let c = probe.clone();
+            async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut c.connection())
+                    .await
+                    .unwrap();
+                info.contains("state=online")
+            }
+        },
+    )
+    .await;
+    let client = Client::connect_with(
+        &master.url(),
+        ClientOptions::default().durability(Durability::EveryReplica {
+            timeout: Duration::from_millis(300),
+        }),
+    )
+    .await
+    .unwrap();
+    let router = delayq::service::http::app(delayq::service::http::AppState::new(client, vec![]));
+    let readyz = || async {
+        let req = axum::http::Request::builder()
+            .uri("/readyz")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status.as_u16(), String::from_utf8_lossy(&body).into_owned())
+    };
+    assert_eq!(readyz().await.0, 200);
+    replica.suspend().unwrap();
+    let (status, body) = readyz().await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("not_replicated"), "{body}");
+    replica.resume().unwrap();
+    wait_for("ready again", Duration::from_secs(30), || async {
+        readyz().await.0 == 200
+    })
+    .await;
+}

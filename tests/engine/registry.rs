@@ -610,7 +610,7 @@ fn spin(d: Duration) {
 
 /// The value of the line `series` (name and labels, exactly) in the process's metrics.
 fn metric(series: &str) -> f64 {
-    let text = delayq::service::metrics::handle().unwrap().render();
+    let text = delayq::service::metrics::render(None);
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)

@@ -210,8 +210,12 @@ impl Queues {
     /// answers `created: false`; one with another count is refused
     /// ([`Error::ShardMismatch`]) and left as it is. Refused with [`Error::TooManyQueues`]
     /// when the namespace already has `max_queues` queues.
+    /// With `durability = "replicated"` it answers once the replicas have the queue
+    /// ([`Client::replicated_barrier`](crate::Client::replicated_barrier)).
     pub async fn create_queue(&self, queue: &str, shards: u16) -> Result<QueueCreated> {
-        self.client.declare_queue(queue, shards).await
+        let created = self.client.declare_queue(queue, shards).await?;
+        self.client.replicated_barrier().await?;
+        Ok(created)
     }
 
     /// A registered queue, or `None`.
@@ -364,6 +368,8 @@ impl Queues {
                 contents.add(f);
             }
         }
+        // `durability = "replicated"`: answered once the replicas have the delete.
+        self.client.replicated_barrier().await?;
         Ok(contents)
     }
 

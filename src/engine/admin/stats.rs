@@ -125,21 +125,23 @@ impl Queues {
             .get(crate::engine::history::RETENTION_FIELD)
             .and_then(|v| v.parse().ok())
             .map_or_else(HistoryPolicy::default, HistoryPolicy::from_ms);
+        let epoch = flags.get("epoch").map_or("", String::as_str);
         let mut groups: BTreeMap<String, GroupStats> = BTreeMap::new();
         for keys in self.client.registered_keys(&q).await? {
-            let buckets = history.buckets(&keys, now);
-            // History off (retention 0): no bucket, and an empty pipeline is no command.
-            if !buckets.is_empty() {
-                let mut hlen = redis::pipe();
-                for bucket in buckets {
-                    hlen.cmd("HLEN").arg(bucket);
-                }
-                let counts: Vec<u64> = hlen
-                    .query_async(&mut self.client.connection())
-                    .await
-                    .ctx("counting the order history (HLEN)")?;
-                s.history += counts.iter().sum::<u64>();
-            }
+            // Sealed buckets from this process's cache, the open ones and those written
+            // since it last looked from Redis: O(open buckets), whatever the retention.
+            s.history += self
+                .client
+                .history_counts()
+                .count(
+                    &self.client.connection(),
+                    q.as_str(),
+                    &keys,
+                    epoch,
+                    &history,
+                    now,
+                )
+                .await?;
             let [high, _, low] = keys.lanes();
             let raw: Raw = STATS
                 .for_server(self.client.server())
@@ -217,6 +219,9 @@ impl Queues {
     pub async fn stats_all(&self) -> Result<Vec<QueueStats>> {
         use futures_util::StreamExt;
         let names = self.client.queues().await?;
+        let counts = self.client.history_counts();
+        counts.retain_queues(&names);
+        crate::engine::telemetry::history_count_cache(counts.cached_buckets());
         let results: Vec<(String, Result<QueueStats>)> =
             futures_util::stream::iter(names.into_iter().map(|q| {
                 let c = self.clone();

@@ -133,6 +133,7 @@ impl Client {
             keys.push(self.keyspace().alive(queue));
         }
         keys.extend(history.buckets(k, now_ms));
+        keys.push(k.history_touched());
         keys.sort();
         keys.dedup();
         keys

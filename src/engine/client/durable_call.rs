@@ -101,4 +101,48 @@ impl Client {
         }
         result
     }
+
+    /// With `durability = "replicated"` ([`Durability::Replicated`](super::Durability::Replicated)
+    /// or [`Durability::EveryReplica`](super::Durability::EveryReplica)), waits until the
+    /// replicas a durable schedule waits for have everything this process wrote before the
+    /// call: one small write (the namespace's replication barrier key, expiring after a
+    /// minute) and a `WAIT` as one pipeline on a durable connection. Replication keeps the
+    /// master's order, so a replica past that write holds every write that completed before
+    /// it (queue creates and deletes, schedule changes, made on the shared connection). With
+    /// [`Durability::Leader`](super::Durability::Leader) it does nothing. Fewer replicas, or a
+    /// connection lost, is [`Error::NotReplicated`] (HTTP 503 `not_replicated`): the writes
+    /// were applied on the master and may be lost with it, and repeating them is safe. On a
+    /// Redis Cluster it covers the registry's node only. `/readyz` calls it too, so that it
+    /// answers 200 only while a durable write would be acknowledged.
+    pub async fn replicated_barrier(&self) -> Result<()> {
+        let Some(wait) = self.durable_wait() else {
+            return Ok(());
+        };
+        let bound = durable_bound(self.inner.opts.response_timeout, wait);
+        let deadline = tokio::time::Instant::now() + bound;
+        let (slot, cell, durable, wait) = self.durable_start(wait, deadline).await?;
+        let mut conn = durable.conn.clone();
+        let timeout_ms = u64::try_from(wait.timeout.min(MAX_WAIT).as_millis())
+            .unwrap_or(1000)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(self.keyspace().replication_barrier())
+            .arg(self.now_ms())
+            .arg("PX")
+            .arg(60_000)
+            .ignore();
+        pipe.cmd("WAIT").arg(wait.replicas).arg(timeout_ms);
+        match tokio::time::timeout_at(deadline, pipe.query_async::<(u32,)>(&mut conn)).await {
+            Ok(Ok((acked,))) if acked >= wait.replicas => Ok(()),
+            Ok(Ok((acked,))) => Err(wait.not_replicated(acked)),
+            Ok(Err(e)) if !e.is_io_error() && !e.is_timeout() => {
+                Err(e).ctx("waiting for the replicas (WAIT)")
+            }
+            _ => {
+                slot.discard(&cell);
+                Err(wait.not_replicated(0))
+            }
+        }
+    }
 }

@@ -71,6 +71,9 @@ struct Inner {
     /// Shards whose streams this process wrote to and that the trim chore has not yet
     /// found clean (see [`crate::engine::housekeeping`]).
     pub(crate) touched: touched::Touched,
+    /// Lengths of sealed history buckets, so a stats call's work does not grow with the
+    /// retention (see [`crate::engine::history_counts`]).
+    history_counts: crate::engine::history_counts::HistoryCounts,
 }
 
 impl std::fmt::Debug for Client {
@@ -145,6 +148,7 @@ impl Client {
                 durable_conns: durable::DurableConns::default(),
                 known_queues: Mutex::new(HashMap::new()),
                 touched: Default::default(),
+                history_counts: Default::default(),
             }),
         })
     }
@@ -362,6 +366,11 @@ impl Client {
     /// them clean.
     pub(crate) fn touched(&self) -> &touched::Touched {
         &self.inner.touched
+    }
+
+    /// This process's cache of sealed history buckets' lengths (the stats' `history`).
+    pub(crate) fn history_counts(&self) -> &crate::engine::history_counts::HistoryCounts {
+        &self.inner.history_counts
     }
 
     /// The keys of every shard of `queue`, with this client's configured shard count (the

@@ -214,6 +214,8 @@ impl Schedules {
             )
             .await?;
         }
+        // `durability = "replicated"`: answered once the replicas have the change.
+        self.client.replicated_barrier().await?;
         Ok(ScheduleUpserted {
             queue: queue.as_str().to_owned(),
             id: spec.id.clone(),
@@ -267,6 +269,7 @@ impl Schedules {
             return Ok(false);
         };
         self.sync(&queue, id, generation, Change::Remove).await?;
+        self.client.replicated_barrier().await?;
         Ok(true)
     }
 

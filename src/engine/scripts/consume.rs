@@ -188,6 +188,7 @@ pub(crate) async fn dead_letter<C: ConnectionLike>(
         .key(&keys.dead)
         .key(keys.errors(a.group))
         .key(bucket)
+        .key(keys.history_touched())
         .arg(a.group)
         .arg(a.consumer)
         .arg(a.entry_id)
@@ -195,7 +196,8 @@ pub(crate) async fn dead_letter<C: ConnectionLike>(
         .arg(a.error)
         .arg(a.now_ms)
         .arg(marker_field(a.group, a.entry_id))
-        .arg(expires_at);
+        .arg(expires_at)
+        .arg(crate::engine::history::TOUCH_KEEP_MS);
     if let Some(late) = a.late_ms {
         inv.arg(late);
     }

@@ -31,6 +31,8 @@
 //! | `delayq_dispatcher_restarts_total` | counter | queue: dispatchers a supervisor started again after they stopped on their own (a panic, a refusal) |
 //! | `delayq_wake_channels` | gauge | (none): wake channels this process's listener holds (one per shard of each queue a dispatcher here runs) |
 //! | `delayq_wake_reconnects_total` | counter | (none): times the wake-up listener's connection ended and was opened again |
+//! | `delayq_metric_series` | gauge | (none): label sets of per-queue counters and histograms the service holds (those of a queue the registry no longer lists go at the second refresh) |
+//! | `delayq_history_count_cache_buckets` | gauge | (none): sealed history buckets whose length this process caches for the stats (bounded; see [`crate::engine::history_counts`]) |
 //! | `delayq_pull_waiting` | gauge | (none): pull receives of this process waiting for an entry (long polls) |
 //! | `delayq_schedule_ticks_total` | counter | queue: ticks of recurring schedules enqueued |
 //! | `delayq_schedule_missed_total` | counter | queue: ticks of recurring schedules missed (no scheduler ran in time) |
@@ -44,7 +46,10 @@
 //! Gauges labelled by queue (and group) are shown only while the queue (and group) exists:
 //! the service drops the series of deleted ones when it renders ([`QUEUE_GAUGES`]).
 //! The service's recorder also forgets a gauge not set for a minute (every refresh sets
-//! those of what exists), so a deleted queue's gauges do not stay in memory.
+//! those of what exists), so a deleted queue's gauges do not stay in memory. Counters and
+//! histograms labelled by queue are kept in a registry the service owns
+//! (`service::metrics::QueueSeries`): a deleted queue's are left out of the text at once and
+//! dropped when a second refresh still does not list it; a live queue's are never reset.
 
 mod redis_calls;
 pub use redis_calls::{RedisOp, RedisReply, redis_error_kind, timed_redis_call};
@@ -377,6 +382,13 @@ pub fn wake_reconnected() {
 #[allow(clippy::cast_precision_loss)]
 pub fn pull_waiting(n: usize) {
     metrics::gauge!("delayq_pull_waiting").set(n as f64);
+}
+
+/// How many sealed history buckets this process's stats cache holds (bounded by
+/// [`crate::engine::history_counts::MAX_CACHED_BUCKETS`]).
+#[allow(clippy::cast_precision_loss)]
+pub fn history_count_cache(n: usize) {
+    metrics::gauge!("delayq_history_count_cache_buckets").set(n as f64);
 }
 
 /// How many queues this process's supervisor dispatches.

@@ -452,7 +452,14 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
         // Every shard's pipeline in flight together (one round trip, not one per shard).
         let calls = by_shard.into_iter().map(|(lane, entries)| {
             let keys = &s.lanes[usize::from(lane)];
-            let pipe = ack_pipeline(keys, &s.group, &s.consumer, &entries, &history);
+            let pipe = ack_pipeline(
+                keys,
+                &s.group,
+                &s.consumer,
+                &entries,
+                &history,
+                s.client.now_ms(),
+            );
             let client = &s.client;
             async move {
                 let pipe = &pipe;
@@ -513,6 +520,7 @@ pub(super) fn ack_pipeline(
     consumer: &str,
     entries: &[(String, u32)],
     history: &HistoryPolicy,
+    now_ms: i64,
 ) -> redis::Pipeline {
     let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
     let mut pipe = redis::pipe();
@@ -524,7 +532,7 @@ pub(super) fn ack_pipeline(
         .arg(last)
         .arg(ids.len() + OWNED_SLACK)
         .arg(consumer);
-    ack_commands(&mut pipe, keys, group, entries, history);
+    ack_commands(&mut pipe, keys, group, entries, history, now_ms);
     pipe
 }
 
@@ -538,6 +546,7 @@ pub(super) fn ack_commands(
     group: &str,
     entries: &[(String, u32)],
     history: &HistoryPolicy,
+    now_ms: i64,
 ) {
     let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
     pipe.cmd("XACK").arg(&keys.stream).arg(group).arg(&ids);
@@ -550,7 +559,7 @@ pub(super) fn ack_commands(
         return;
     }
     let mut buckets: HashMap<String, (i64, Vec<(String, String)>)> = HashMap::new();
-    for (id, n) in retried {
+    for (id, n) in retried.iter().copied() {
         let (bucket, expires_at) = history.marker_target(keys, id);
         if expires_at > 0 {
             buckets
@@ -563,6 +572,10 @@ pub(super) fn ack_commands(
     for (bucket, (expires_at, fields)) in buckets {
         pipe.cmd("HSET").arg(&bucket).arg(fields);
         pipe.cmd("PEXPIREAT").arg(&bucket).arg(expires_at);
+    }
+    // After the markers: a stats read between the two sees the touch again next time.
+    for (id, _) in retried {
+        history.touch(pipe, keys, id, now_ms);
     }
 }
 

@@ -373,6 +373,26 @@ async fn readyz(State(st): State<AppState>) -> Response {
             .await
     })
     .await;
+    // With `durability = "replicated"`, ready only while a durable write would be
+    // acknowledged: the replicas it waits for follow (a write and a `WAIT`).
+    let del = match del {
+        Ok(Ok(_)) => {
+            match tokio::time::timeout(Duration::from_secs(2), client.replicated_barrier()).await {
+                Ok(Ok(())) => Ok(Ok(0)),
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "/readyz: durable writes are not acknowledged");
+                    return ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not_replicated",
+                    "the replicas durable writes wait for do not follow (durability = \"replicated\")",
+                )
+                .into_response();
+                }
+                Err(_) => Err(()),
+            }
+        }
+        other => other.map_err(|_| ()),
+    };
     match del {
         Ok(Ok(_)) => Json(json!({"status": "ready"})).into_response(),
         Ok(Err(e)) if e.code().is_some() => {

@@ -93,7 +93,14 @@ impl Puller {
             HistoryPolicy::from_ms(0)
         };
         let mut pipe = redis::pipe();
-        ack_commands(&mut pipe, keys, &s.group, entries, &history);
+        ack_commands(
+            &mut pipe,
+            keys,
+            &s.group,
+            entries,
+            &history,
+            s.client.now_ms(),
+        );
         let r = with_retries("XACK", RetryPolicy::CALL, None, || {
             let mut conn = s.client.connection();
             let pipe = &pipe;

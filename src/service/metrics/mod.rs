@@ -3,10 +3,13 @@
 //!
 //! The metric names and labels are listed in [`crate::engine::telemetry`].
 
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::sync::OnceLock;
+mod series;
+pub use series::{Layered, QueueSeries};
 
-static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use std::sync::{Arc, OnceLock};
+
+static HANDLE: OnceLock<Option<(PrometheusHandle, Arc<QueueSeries>)>> = OnceLock::new();
 
 /// A gauge not set for this long is forgotten by the recorder (its label set freed). Every
 /// refresh before a render sets the gauges of every queue and group that exists (and the
@@ -36,36 +39,50 @@ pub(crate) const HTTP_REQUEST_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Each histogram's buckets, by name (the exporter's and [`series`]' one table).
+pub(crate) const HISTOGRAM_BUCKETS: &[(&str, &[f64])] = &[
+    (crate::engine::telemetry::LATENESS_SECONDS, LATENESS_BUCKETS),
+    (
+        crate::engine::telemetry::REDELIVERY_AGE_SECONDS,
+        REDELIVERY_BUCKETS,
+    ),
+    (
+        crate::engine::telemetry::REDIS_CALL_SECONDS,
+        REDIS_CALL_BUCKETS,
+    ),
+    (
+        crate::engine::telemetry::HTTP_REQUEST_SECONDS,
+        HTTP_REQUEST_BUCKETS,
+    ),
+];
+
 /// The process's Prometheus handle (installs the recorder on first call). `None` when another
-/// recorder was installed first.
+/// recorder was installed first. Its own `render()` holds neither the per-queue counters nor
+/// the histograms ([`QueueSeries`]): [`render`] writes the whole text.
 pub fn handle() -> Option<&'static PrometheusHandle> {
+    installed().map(|(h, _)| h)
+}
+
+/// The handle and the per-queue series of the installed recorder.
+fn installed() -> Option<&'static (PrometheusHandle, Arc<QueueSeries>)> {
     HANDLE
         .get_or_init(|| {
-            let builder = builder(GAUGE_IDLE_TIMEOUT)
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::engine::telemetry::LATENESS_SECONDS.into()),
-                    LATENESS_BUCKETS,
-                )
-                .ok()?
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::engine::telemetry::REDELIVERY_AGE_SECONDS.into()),
-                    REDELIVERY_BUCKETS,
-                )
-                .ok()?
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::engine::telemetry::REDIS_CALL_SECONDS.into()),
-                    REDIS_CALL_BUCKETS,
-                )
-                .ok()?
-                .set_buckets_for_metric(
-                    Matcher::Full(crate::engine::telemetry::HTTP_REQUEST_SECONDS.into()),
-                    HTTP_REQUEST_BUCKETS,
-                )
-                .ok()?;
+            let mut builder = builder(GAUGE_IDLE_TIMEOUT);
+            for (name, buckets) in HISTOGRAM_BUCKETS {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full((*name).into()), buckets)
+                    .ok()?;
+            }
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
-            metrics::set_global_recorder(recorder).ok()?;
-            Some(handle)
+            let series = Arc::new(QueueSeries::default());
+            let layered = Layered {
+                inner: recorder,
+                series: series.clone(),
+                buckets: HISTOGRAM_BUCKETS,
+            };
+            metrics::set_global_recorder(layered).ok()?;
+            Some((handle, series))
         })
         .as_ref()
 }
@@ -133,20 +150,32 @@ impl Live {
 
 /// The Prometheus text. With `live`, the queue gauges
 /// ([`QUEUE_GAUGES`](crate::engine::telemetry::QUEUE_GAUGES)) of queues and groups that no
-/// longer exist are left out (the recorder cannot forget a series).
+/// longer exist are left out (the exporter forgets them once idle), and so are the per-queue
+/// counters and histograms of deleted queues, which [`QueueSeries`] then drops.
 pub fn render(live: Option<&Live>) -> String {
-    let text = handle().map(|h| h.render()).unwrap_or_default();
-    let Some(live) = live else {
-        return text;
+    let Some((handle, series)) = installed() else {
+        return String::new();
     };
+    render_with(handle, series, live)
+}
+
+/// [`render`] with a given recorder's parts.
+#[allow(clippy::cast_precision_loss)]
+fn render_with(handle: &PrometheusHandle, series: &QueueSeries, live: Option<&Live>) -> String {
+    if let Some(live) = live {
+        series.retain(&live.queues);
+    }
+    metrics::gauge!("delayq_metric_series").set(series.len() as f64);
+    let text = handle.render();
     let mut out = String::with_capacity(text.len());
     for line in text.lines() {
-        if !line.starts_with('#') && !keep_line(line, live) {
+        if live.is_some_and(|live| !line.starts_with('#') && !keep_line(line, live)) {
             continue;
         }
         out.push_str(line);
         out.push('\n');
     }
+    out.push_str(&series.render(live.map(|l| &l.queues)));
     out
 }
 
@@ -222,6 +251,90 @@ mod tests {
             );
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
+    }
+
+    /// Issue 39 item 17: 50 queues record counters, histograms and gauges; 49 are deleted.
+    /// `/metrics` no longer names them, the label sets held go down (`delayq_metric_series`),
+    /// and the live queue's counter and histogram keep counting (no reset).
+    #[test]
+    fn a_deleted_queues_counters_and_histograms_leave_metrics_and_memory() {
+        let recorder = builder(std::time::Duration::from_secs(3600)).build_recorder();
+        let handle = recorder.handle();
+        let series = Arc::new(QueueSeries::default());
+        let layered = Layered {
+            inner: recorder,
+            series: series.clone(),
+            buckets: HISTOGRAM_BUCKETS,
+        };
+        let stats = |q: &str| crate::engine::admin::stats::QueueStats {
+            queue: q.into(),
+            scheduled: 1,
+            overdue: 0,
+            oldest_overdue_ms: 0,
+            next_due_at_ms: None,
+            stream_length: 0,
+            dead: 0,
+            history: 0,
+            paused: false,
+            groups: Vec::new(),
+            priorities: Vec::new(),
+        };
+        let names: Vec<String> = (0..50).map(|i| format!("q{i}")).collect();
+        metrics::with_local_recorder(&layered, || {
+            for q in &names {
+                record_stats(&stats(q));
+                crate::engine::telemetry::dispatched(q, 1);
+                let g = crate::engine::telemetry::GroupMetrics::new(q, "close");
+                g.handled("success");
+            }
+        });
+        let series_gauge = |text: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix("delayq_metric_series "))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0)
+        };
+        let all = metrics::with_local_recorder(&layered, || render_with(&handle, &series, None));
+        assert!(
+            all.contains(r#"delayq_dispatched_total{queue="q7"} 1"#),
+            "{all}"
+        );
+        assert!(
+            all.contains(r#"delayq_lateness_seconds_count{queue="q7""#)
+                || all.contains("delayq_handled_total{queue=\"q7\""),
+            "{all}"
+        );
+        let before = series_gauge(&all);
+        assert!(before >= 100.0, "{before}");
+        // q0 lives on; q1..q49 are deleted from the registry.
+        let live = Live::of(&[stats("q0")]);
+        for _ in 0..2 {
+            let text = metrics::with_local_recorder(&layered, || {
+                render_with(&handle, &series, Some(&live))
+            });
+            for q in &names[1..] {
+                assert!(
+                    !text.contains(&format!("queue=\"{q}\"")),
+                    "{q} still named:\n{text}"
+                );
+            }
+        }
+        metrics::with_local_recorder(&layered, || {
+            crate::engine::telemetry::dispatched("q0", 1);
+        });
+        let text =
+            metrics::with_local_recorder(&layered, || render_with(&handle, &series, Some(&live)));
+        let after = series_gauge(&text);
+        assert!(after > 0.0 && after * 10.0 < before, "{before} -> {after}");
+        // The live queue's counter went on from 1: no reset.
+        assert!(
+            text.contains(r#"delayq_dispatched_total{queue="q0"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"delayq_handled_total{queue="q0",group="close",outcome="success"} 1"#),
+            "{text}"
+        );
     }
 
     #[test]
