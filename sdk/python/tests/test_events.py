@@ -48,3 +48,55 @@ def test_bad_events_name_the_field_and_write_nothing(redis_server, ns, make_clie
     assert e.value.code == "invalid_option"
     assert field in str(e.value)
     assert redis_server.client.dbsize() == before
+
+
+def test_schedule_into_a_queue_with_rules_carries_the_match_tokens(redis_server, ns, make_client):
+    # The Python producer schedules into a queue with cancel_on rules (refused before it
+    # computed the tokens): an event then cancels exactly the matching order.
+    url = redis_server.url
+    run_bin("queue", "create", "evp", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    res = c.schedule_many("evp", [delayq.Order(f"p-{i}", delay_ms=3_600_000, payload={"order_id": i}, tags=["customer:7"]) for i in range(3)])
+    assert [r.outcome for r in res] == [delayq.Outcome.CREATED] * 3
+    out = run_bin("event", "order.paid", "--data", '{"order_id":1}', url=url, namespace=ns)
+    assert json.loads(out.stdout)["cancelled"] == 1
+    assert [c.get("evp", f"p-{i}") is None for i in range(3)] == [False, True, False]
+    assert c.get("evp", "p-0").tags == ("customer:7",), "the match token is not shown as a tag"
+    # The SDK's own post_event finds the SDK's tokens too.
+    assert c.post_event("order.paid", {"order_id": 2})["cancelled"] == 1
+    assert c.get("evp", "p-2") is None and c.get("evp", "p-0") is not None
+
+
+def test_event_first_then_schedule_answers_cancelled_by_event(redis_server, ns, make_client):
+    url = redis_server.url
+    run_bin("queue", "create", "evf", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    run_bin("event", "order.paid", "--data", '{"order_id":9}', url=url, namespace=ns)
+    r = c.schedule("evf", "o-9", delay_ms=3_600_000, payload={"order_id": 9})
+    assert (r.outcome, r.event) == (delayq.Outcome.CANCELLED_BY_EVENT, "order.paid")
+    assert c.get("evf", "o-9") is None
+    # Another order is not touched by the remembered event.
+    assert c.schedule("evf", "o-10", delay_ms=3_600_000, payload={"order_id": 10}).outcome == delayq.Outcome.CREATED
+
+
+def test_changed_rules_are_read_again(redis_server, ns, make_client):
+    # The client read the record before the rules changed (stale_epoch): it re-reads it
+    # and schedules with the new rules' tokens.
+    url = redis_server.url
+    run_bin("queue", "create", "evc", url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    assert c.schedule("evc", "a", delay_ms=3_600_000, payload={"order_id": 1}).outcome == delayq.Outcome.CREATED
+    run_bin("queue", "create", "evc", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
+    assert c.schedule("evc", "b", delay_ms=3_600_000, payload={"order_id": 2}).outcome == delayq.Outcome.CREATED
+    assert c.post_event("order.paid", {"order_id": 2})["cancelled"] == 1
+    assert c.get("evc", "b") is None
+
+
+def test_an_overlong_match_value_is_refused_naming_cancel_on(redis_server, ns, make_client):
+    url = redis_server.url
+    run_bin("queue", "create", "evl", "--cancel-on", "order.paid:order_id", url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    with pytest.raises(delayq.InvalidInput) as e:
+        c.schedule("evl", "x", delay_ms=1000, payload={"order_id": "x" * 300})
+    assert "cancel_on" in str(e.value)
+    assert c.get("evl", "x") is None

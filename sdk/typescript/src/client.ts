@@ -33,6 +33,9 @@ import {
   decodeStored,
   eventToken,
   laneArg,
+  orderTokens,
+  storedRules,
+  type StoredRule,
   payloadText,
   resolveWhen,
   storedBody,
@@ -79,7 +82,7 @@ export interface ClientOptions {
   clock?: () => number;
 }
 
-export type ScheduleOutcome = "created" | "updated" | "unchanged" | "duplicate";
+export type ScheduleOutcome = "created" | "updated" | "unchanged" | "duplicate" | "cancelled_by_event";
 export type CancelOutcome = "cancelled" | "not_found";
 export type RescheduleOutcome = "rescheduled" | "not_found";
 
@@ -107,6 +110,11 @@ export interface Scheduled {
   outcome: ScheduleOutcome;
   /** With `duplicate`: when the id was last dispatched, unix ms. */
   dispatchedAtMs?: number;
+  /**
+   * With `cancelled_by_event`: the name of the event that arrived first (within the rule's
+   * remember window); nothing was written and the order never fires.
+   */
+  event?: string;
 }
 
 /** A scheduled order, as read back with `get`. */
@@ -133,6 +141,10 @@ export interface ScheduledOrder {
 interface QueueRef {
   shards: number;
   epoch: string | null;
+  /** The version of its cancel_on rules ("" for none), sent after the epoch. */
+  rulesVersion: string;
+  /** Its cancel_on rules (empty: none). */
+  rules: StoredRule[];
 }
 
 /** The Redis server's clock: `TIME` read once, advanced with the monotonic clock. */
@@ -180,7 +192,7 @@ interface Call {
   idxs: number[];
 }
 
-type Enqueued = { outcome: ScheduleOutcome; ms: number | null };
+type Enqueued = { outcome: ScheduleOutcome; ms: number | null; event?: string };
 type CallResult = { ok: Enqueued[] } | { err: DelayqError };
 
 function checkDurability(d: unknown): Durability {
@@ -217,12 +229,20 @@ function checkMode(mode: unknown): Mode {
   throw new InvalidInputError("invalid_option", 'invalid option mode: "upsert" or "if_absent"');
 }
 
-/** enqueue.lua's reply: a code per order, or `[code, ms]` (a duplicate's last dispatch, a debounced order's due time). */
+/**
+ * enqueue.lua's reply: a code per order, or `[code, ms]` (a duplicate's last dispatch, a
+ * debounced order's due time), or `[4, token]` (cancelled by the token's event).
+ */
 function outcomes(codes: unknown, n: number): Enqueued[] {
   if (!Array.isArray(codes) || codes.length !== n) {
     throw new ReplyError("scheduling orders (enqueue.lua)", `${Array.isArray(codes) ? codes.length : "no"} outcomes for ${n} orders`);
   }
   return codes.map((raw) => {
+    if (Array.isArray(raw) && Number(raw[0]) === 4) {
+      // The event's name is the token's, up to the space.
+      const event = String(raw[1]).replace(/^\x01/, "").split(" ")[0] as string;
+      return { outcome: "cancelled_by_event", ms: null, event };
+    }
     const [c, ms] = Array.isArray(raw) ? [raw[0], Number(raw[1])] : [raw, null];
     switch (Number(c)) {
       case 1:
@@ -237,6 +257,11 @@ function outcomes(codes: unknown, n: number): Enqueued[] {
         throw new ReplyError("scheduling orders (enqueue.lua)", `unknown outcome code ${String(c)}`);
     }
   });
+}
+
+/** enqueue.lua's ARGV[3]: `<epoch>\x1f<rules version>` ("" for no rules), as the Rust client sends it. */
+function epochArg(ref: QueueRef): string {
+  return `${ref.epoch as string}\x1f${ref.rulesVersion}`;
 }
 
 /** A reply error of enqueue.lua's registry checks. */
@@ -433,21 +458,27 @@ export class Client {
     if (ref.epoch === null) {
       throw new QueueNotFoundError(queue, "its registry record has no epoch (written by an earlier delayq): `delayq queue create` upgrades it");
     }
+    let tokens = this.matchTokens(orders, payloads, ref);
     let calls = plan(orders, bytes, all, ref.shards);
-    let done = await this.enqueueCalls(queue, ref.epoch, calls, orders, dues, payloads, levels, now, mode);
+    let done = await this.enqueueCalls(queue, epochArg(ref), calls, orders, dues, payloads, tokens, levels, now, mode);
     // Every call refused by enqueue.lua (nothing written): the queue was deleted, or deleted
     // and created again. Read the registry once more and retry with what it says.
     if (done.every((r) => "err" in r && r.err instanceof ScriptRefusal)) {
       this.core.known.delete(queue);
       const fresh = await this.queueRef(queue);
-      if (fresh.shards === ref.shards && fresh.epoch === ref.epoch) throw new QueueNotFoundError(queue);
+      if (fresh.shards === ref.shards && fresh.epoch === ref.epoch && fresh.rulesVersion === ref.rulesVersion) {
+        throw new QueueNotFoundError(queue);
+      }
       if (fresh.epoch === null) throw new QueueNotFoundError(queue);
       ref = fresh;
+      // The rules may have changed: the orders' match tokens are computed again.
+      tokens = this.matchTokens(orders, payloads, ref);
       calls = plan(orders, bytes, all, ref.shards);
-      done = await this.enqueueCalls(queue, ref.epoch as string, calls, orders, dues, payloads, levels, now, mode);
+      done = await this.enqueueCalls(queue, epochArg(ref), calls, orders, dues, payloads, tokens, levels, now, mode);
     }
     const results: (ItemOutcome | undefined)[] = new Array(orders.length);
     const extra: (number | null)[] = new Array(orders.length).fill(null);
+    const events: (string | undefined)[] = new Array(orders.length);
     let failed: DelayqError | null = null;
     let succeeded = false;
     calls.forEach((c, k) => {
@@ -457,6 +488,7 @@ export class Client {
         c.idxs.forEach((i, j) => {
           results[i] = r.ok[j]?.outcome;
           extra[i] = r.ok[j]?.ms ?? null;
+          events[i] = r.ok[j]?.event;
         });
         return;
       }
@@ -480,6 +512,9 @@ export class Client {
     }
     return orders.map((o, i) => {
       const outcome = results[i];
+      if (outcome === "cancelled_by_event") {
+        return { id: o.id, dueAtMs: dues[i] as number, outcome, event: events[i] ?? "" };
+      }
       if (outcome !== "created" && outcome !== "updated" && outcome !== "unchanged" && outcome !== "duplicate") {
         throw new ReplyError("scheduling orders", "an order got no outcome");
       }
@@ -667,17 +702,18 @@ export class Client {
     if (cached) return cached;
     let reply: (string | null)[];
     try {
-      reply = await this.core.conn.hmget(queueRecordKey(this.core.ns, queue), "shards", "epoch");
+      reply = await this.core.conn.hmget(queueRecordKey(this.core.ns, queue), "shards", "epoch", "cancel_on");
     } catch (e) {
       throw new RedisError("reading the queue registry", e);
     }
-    const [shards, epoch] = reply;
+    const [shards, epoch, cancelOn] = reply;
     if (shards === null || shards === undefined) throw new QueueNotFoundError(queue);
     const n = Number(shards);
     if (!/^[0-9]+$/.test(shards) || n < 1 || n > MAX_SHARDS) {
       throw new ReplyError("reading the queue registry", `the record's shard count is ${JSON.stringify(shards)}`);
     }
-    const ref = { shards: n, epoch: epoch ?? null };
+    const stored = storedRules(cancelOn);
+    const ref = { shards: n, epoch: epoch ?? null, rulesVersion: stored.v, rules: stored.rules };
     if (ref.epoch !== null) this.core.known.set(queue, ref);
     return ref;
   }
@@ -698,6 +734,21 @@ export class Client {
     }
   }
 
+  /**
+   * Each order's match tokens under the queue's cancel_on rules (none without rules); a
+   * payload value over 256 bytes at a match path is refused naming `cancel_on`.
+   */
+  private matchTokens(orders: NewOrder[], payloads: string[], ref: QueueRef): string[][] {
+    if (ref.rules.length === 0) return [];
+    return orders.map((_, i) => {
+      try {
+        return orderTokens(ref.rules, payloads[i] as string);
+      } catch (e) {
+        throw e instanceof InvalidInputError ? e.inBatch(i) : e;
+      }
+    });
+  }
+
   /** Runs the planned enqueue.lua calls; one result per call, in call order. */
   private async enqueueCalls(
     queue: string,
@@ -706,19 +757,21 @@ export class Client {
     orders: NewOrder[],
     dues: number[],
     payloads: string[],
+    tokens: string[][],
     levels: string[],
     now: number,
     mode: Mode,
   ): Promise<CallResult[]> {
-    // The form the Rust client sends: every shard key (KEYS[1..9]: the tag index is KEYS[6],
-    // the debounce HASH KEYS[7], the key index and ring KEYS[8..9]), the columns named in
+    // The form the Rust client sends: every shard key (KEYS[1..10]: the tag index is KEYS[6],
+    // the debounce HASH KEYS[7], the key index and ring KEYS[8..9], the remembered events
+    // KEYS[10]; the epoch argument is "<epoch>\x1f<rules version>"), the columns named in
     // the mode ("upsert+tags:rk"), one quadruple per order (id, due, payload, level; "" for
     // normal), then the rules column when an order of the call carries time rules and the
     // key column ("" for none) when one has a key.
     const argv = calls.map((c) => {
       const k = shardKeys(this.core.ns, queue, c.shard);
       // A call with tagged orders says so in its mode (enqueue.lua does no tag work otherwise).
-      const tagged = c.idxs.some((i) => ((orders[i] as NewOrder).tags ?? []).length > 0);
+      const tagged = c.idxs.some((i) => ((orders[i] as NewOrder).tags ?? []).length > 0 || (tokens[i] ?? []).length > 0);
       const withRules = c.idxs.some((i) => rulesArg(orders[i] as NewOrder) !== "");
       const withKeys = c.idxs.some((i) => {
         const key = (orders[i] as NewOrder).key;
@@ -728,11 +781,11 @@ export class Client {
       const args: string[] = [`${mode === "if_absent" ? "nx" : "upsert"}${tagged ? "+tags" : ""}:${cols}`, String(now), epoch];
       for (const i of c.idxs) {
         const o = orders[i] as NewOrder;
-        args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string), levels[i] as string);
+        args.push(o.id, String(dues[i]), storedBody(o, payloads[i] as string, tokens[i]), levels[i] as string);
         if (withRules) args.push(rulesArg(o));
         if (withKeys) args.push(o.key ?? "");
       }
-      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.tags, k.debounce, k.keyed, k.keyRing];
+      const keys = [k.due, k.payload, k.meta, k.levels, k.dispatched, k.tags, k.debounce, k.keyed, k.keyRing, `${k.tag}:remembered`];
       return { keys, args, n: c.idxs.length };
     });
     // One pipeline per server: on a cluster each shard is its own slot (its pipeline goes to

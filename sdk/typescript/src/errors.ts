@@ -128,7 +128,7 @@ export class ReplyError extends DelayqError {
 }
 
 /** What happened to one order of a batch that failed part way. */
-export type ItemOutcome = "created" | "updated" | "unchanged" | "duplicate" | "not_written" | "unknown";
+export type ItemOutcome = "created" | "updated" | "unchanged" | "duplicate" | "cancelled_by_event" | "not_written" | "unknown";
 
 /**
  * A batch failed part way: some of its script calls were applied, others were not or may

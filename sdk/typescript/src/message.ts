@@ -200,8 +200,10 @@ export function checkExpiresAfter(ms: unknown): number {
  * `\x1e<key>\x1e` with a key (src/engine/order_key.rs), then `\x1d<tags>\x1d` with tags
  * (src/engine/tags.rs), then the text (the order of src/engine/message.rs).
  */
-export function storedBody(order: NewOrder, payload: string): string {
-  const tagged = order.tags && order.tags.length > 0 ? `\x1d${order.tags.join("\x1f")}\x1d${payload}` : payload;
+export function storedBody(order: NewOrder, payload: string, tokens: string[] = []): string {
+  // The order's match tokens under its queue's cancel_on rules are stored after its tags.
+  const all = tokens.length > 0 ? [...(order.tags ?? []), ...tokens] : (order.tags ?? []);
+  const tagged = all.length > 0 ? `\x1d${all.join("\x1f")}\x1d${payload}` : payload;
   const e = order.expiresAfterMs;
   const k = order.key;
   const keyed = k === undefined || k === null ? tagged : `\x1e${k}\x1e${tagged}`;
@@ -668,9 +670,11 @@ export function checkEvent(name: unknown, data: unknown, id: unknown): void {
 
 /**
  * The match token of `data` under a rule (`null` when a path holds no scalar):
- * `"\x01<event> {"<path>":<value JSON>,...}"`, byte for byte the Rust client's.
+ * `"\x01<event> {"<path>":<value JSON>,...}"`, byte for byte the Rust client's. A value
+ * longer than 256 bytes gives `null`, or with `strict` (an order's payload, as
+ * `CancelRule::token`) is refused naming `cancel_on`.
  */
-export function eventToken(event: string, paths: string[], data: unknown): string | null {
+export function eventToken(event: string, paths: string[], data: unknown, strict = false): string | null {
   const parts: string[] = [];
   for (const p of paths) {
     let v: unknown = data;
@@ -680,8 +684,52 @@ export function eventToken(event: string, paths: string[], data: unknown): strin
     }
     if (v === null || typeof v === "object" || v === undefined) return null;
     const text = JSON.stringify(v);
-    if (text === undefined || Buffer.byteLength(text, "utf8") > 256) return null;
+    if (text === undefined) return null;
+    if (Buffer.byteLength(text, "utf8") > 256) {
+      if (strict) throw optionErr("cancel_on", `the value at ${p} is longer than 256 bytes`);
+      return null;
+    }
     parts.push(`${JSON.stringify(p)}:${text}`);
   }
   return `\x01${event} {${parts.join(",")}}`;
+}
+
+/** A queue's cancel-on-event rule as its registry record stores it (field `cancel_on`). */
+export interface StoredRule {
+  event?: string;
+  match?: string[];
+  remember_ms?: number;
+}
+
+/**
+ * The match tokens of an order's payload (JSON text) under its queue's rules, stored among
+ * its tags, as the Rust client computes them (the same code as postEvent's).
+ */
+export function orderTokens(rules: StoredRule[], payload: string): string[] {
+  if (rules.length === 0) return [];
+  let doc: unknown;
+  try {
+    doc = JSON.parse(payload);
+  } catch {
+    return [];
+  }
+  const out: string[] = [];
+  for (const r of rules) {
+    if (typeof r?.event !== "string") continue;
+    const t = eventToken(r.event, r.match ?? [], doc, true);
+    if (t !== null) out.push(t);
+  }
+  return out;
+}
+
+/** A registry record's `cancel_on` field (`{"v": version, "rules": [...]}`) as (version, rules); unreadable: no rules. */
+export function storedRules(text: string | null | undefined): { v: string; rules: StoredRule[] } {
+  if (text === null || text === undefined) return { v: "", rules: [] };
+  try {
+    const s = JSON.parse(text) as { v?: unknown; rules?: unknown };
+    if (typeof s?.v === "string" && Array.isArray(s.rules)) return { v: s.v, rules: s.rules as StoredRule[] };
+  } catch {
+    // A value this version cannot read counts as no rules (as the Rust client reads it).
+  }
+  return { v: "", rules: [] };
 }

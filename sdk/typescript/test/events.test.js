@@ -67,3 +67,57 @@ test("bad events name the field and write nothing", async () => {
   }
   assert.equal(await admin.dbsize(), before);
 });
+
+test("schedule into a queue with rules carries the match tokens: an event cancels exactly the matching order", async () => {
+  // Refused before the SDK computed the tokens ("this producer does not compute their match tokens").
+  const c = await bin("queue", "create", "evp", "--cancel-on", "order.paid:order_id");
+  assert.equal(c.code, 0, c.stderr);
+  const res = await client.scheduleMany(
+    "evp",
+    [0, 1, 2].map((i) => ({ id: `p-${i}`, delayMs: 3_600_000, payload: { order_id: 100 + i }, tags: ["customer:7"] })),
+  );
+  assert.deepEqual(res.map((r) => r.outcome), ["created", "created", "created"]);
+  const r = await bin("event", "order.paid", "--data", '{"order_id":101}');
+  assert.equal(r.code, 0, r.stderr);
+  assert.deepEqual([JSON.parse(r.stdout).cancelled, JSON.parse(r.stdout).queues], [1, { evp: 1 }], r.stdout);
+  const left = await Promise.all([0, 1, 2].map((i) => client.get("evp", `p-${i}`)));
+  assert.deepEqual(left.map((o) => o === null), [false, true, false]);
+  assert.deepEqual(left[0].tags, ["customer:7"], "the match token is not shown as a tag");
+  // The SDK's own postEvent finds the SDK's tokens too.
+  assert.equal((await client.postEvent("order.paid", { order_id: 102 })).cancelled, 1);
+  assert.equal(await client.get("evp", "p-2"), null);
+  assert.notEqual(await client.get("evp", "p-0"), null);
+});
+
+test("event first: schedule of the matching order answers cancelled_by_event", async () => {
+  const c = await bin("queue", "create", "evf", "--cancel-on", "order.paid:order_id");
+  assert.equal(c.code, 0, c.stderr);
+  const e = await bin("event", "order.paid", "--data", '{"order_id":109}');
+  assert.equal(e.code, 0, e.stderr);
+  const r = await client.schedule("evf", { id: "o-9", delayMs: 3_600_000, payload: { order_id: 109 } });
+  assert.deepEqual([r.outcome, r.event], ["cancelled_by_event", "order.paid"]);
+  assert.equal(await client.get("evf", "o-9"), null);
+  const other = await client.schedule("evf", { id: "o-10", delayMs: 3_600_000, payload: { order_id: 110 } });
+  assert.equal(other.outcome, "created");
+});
+
+test("changed rules are read again (stale_epoch) and the new tokens sent", async () => {
+  const c = await bin("queue", "create", "evc");
+  assert.equal(c.code, 0, c.stderr);
+  assert.equal((await client.schedule("evc", { id: "a", delayMs: 3_600_000, payload: { order_id: 201 } })).outcome, "created");
+  const u = await bin("queue", "create", "evc", "--cancel-on", "order.paid:order_id");
+  assert.equal(u.code, 0, u.stderr);
+  assert.equal((await client.schedule("evc", { id: "b", delayMs: 3_600_000, payload: { order_id: 202 } })).outcome, "created");
+  assert.equal((await client.postEvent("order.paid", { order_id: 202 })).cancelled, 1);
+  assert.equal(await client.get("evc", "b"), null);
+});
+
+test("an overlong match value is refused naming cancel_on, nothing written", async () => {
+  const c = await bin("queue", "create", "evl", "--cancel-on", "order.paid:order_id");
+  assert.equal(c.code, 0, c.stderr);
+  await assert.rejects(
+    client.schedule("evl", { id: "x", delayMs: 1000, payload: { order_id: "x".repeat(300) } }),
+    (e) => e instanceof InvalidInputError && e.message.includes("cancel_on"),
+  );
+  assert.equal(await client.get("evl", "x"), null);
+});

@@ -91,6 +91,9 @@ class Outcome(str, enum.Enum):
     UNCHANGED = "unchanged"
     #: Not waiting and dispatched within the queue's dedup window: nothing written.
     DUPLICATE = "duplicate"
+    #: An event matching one of the queue's ``cancel_on`` rules arrived first, within the
+    #: rule's remember window: nothing written, the order never fires (``Scheduled.event``).
+    CANCELLED_BY_EVENT = "cancelled_by_event"
 
 
 class CancelOutcome(str, enum.Enum):
@@ -173,6 +176,8 @@ class Scheduled:
     outcome: Outcome
     #: With ``duplicate``: when the id was last dispatched, unix ms.
     dispatched_at_ms: Optional[int] = None
+    #: With ``cancelled_by_event``: the name of the event that arrived first.
+    event: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,6 +353,31 @@ class Keys:
 class QueueRef:
     shards: int
     epoch: str
+    #: The record's ``cancel_on`` field (JSON ``{"v": version, "rules": [...]}``), or None.
+    cancel_on: Optional[str] = None
+
+    def rules(self) -> List[Any]:
+        """The queue's cancel-on-event rules (a value this version cannot read: none, as
+        the Rust client reads it)."""
+        return _stored_rules(self.cancel_on)[1]
+
+    def epoch_arg(self) -> str:
+        """enqueue.lua's ARGV[3]: ``<epoch>\x1f<rules version>`` ("" for no rules), as the
+        Rust client sends it (a producer that computes match tokens)."""
+        return self.epoch + "\x1f" + _stored_rules(self.cancel_on)[0]
+
+
+def _stored_rules(text: Optional[str]) -> Tuple[str, List[Any]]:
+    if text is None:
+        return "", []
+    try:
+        stored = json.loads(text)
+        v, rs = stored["v"], stored["rules"]
+    except (ValueError, TypeError, KeyError):
+        return "", []
+    if not isinstance(v, str) or not isinstance(rs, list):
+        return "", []
+    return v, rs
 
 
 def new_epoch(now_ms: int) -> str:
@@ -355,9 +385,18 @@ def new_epoch(now_ms: int) -> str:
     return f"{now_ms:x}-{secrets.randbits(64):016x}"
 
 
-def read_record(reply: Sequence[Any]) -> Tuple[Optional[int], Optional[str]]:
-    shards, epoch = reply
-    return (int(shards) if shards is not None else None, _text(epoch) if epoch is not None else None)
+#: The registry record's fields a producer reads (``read_record``).
+RECORD_FIELDS = ["shards", "epoch", "cancel_on"]
+
+
+def read_record(reply: Sequence[Any]) -> Tuple[Optional[int], Optional[str], Optional[str]]:
+    """HMGET of ``RECORD_FIELDS``: (shards, epoch, cancel_on), each None when absent."""
+    shards, epoch, cancel_on = reply
+    return (
+        int(shards) if shards is not None else None,
+        _text(epoch) if epoch is not None else None,
+        _text(cancel_on) if cancel_on is not None else None,
+    )
 
 
 def _text(v: Any) -> str:
@@ -472,6 +511,26 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
     return out
 
 
+def with_tokens(prepared: List[Prepared], ref: QueueRef) -> List[Prepared]:
+    """The orders with their match tokens under the queue's ``cancel_on`` rules stored
+    among their tags (after them; src/engine/client/schedule.rs ``stored_texts``); a queue
+    without rules: the orders as they are. Recomputed whenever the record is re-read."""
+    rule_list = ref.rules()
+    if not rule_list:
+        return prepared
+    out = []
+    for i, p in enumerate(prepared):
+        try:
+            tokens = rules.order_tokens(rule_list, p.payload.data)
+        except InvalidInput as e:
+            raise e.in_batch(i) from None
+        if tokens:
+            mine = p.tags[1:-1].split(b"\x1f") if p.tags else []
+            p = dataclasses.replace(p, tags=rules.encode_tags(mine + [t.encode("utf-8") for t in tokens]))
+        out.append(p)
+    return out
+
+
 def single(e: InvalidInput) -> InvalidInput:
     """A single order's error names no batch index."""
     return InvalidInput(e.code, e.reason) if e.index is not None else e
@@ -533,10 +592,10 @@ def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared
     # The tag index is KEYS[6]; a call with tagged orders says so in its mode.
     tagged = any(prepared[i].tags for i in call.idxs)
     args: List[Any] = [
-        "EVALSHA", ENQUEUE.sha, 9,
+        "EVALSHA", ENQUEUE.sha, 10,
         keys.due(queue, call.shard), keys.payload(queue, call.shard), keys.meta(queue, call.shard),
         keys.levels(queue, call.shard), tag + ":dispatched", tag + ":tags", tag + ":debounce",
-        tag + ":keyed", tag + ":key_ring",
+        tag + ":keyed", tag + ":key_ring", tag + ":remembered",
     ]
     mode = ("nx" if if_absent else "upsert") + ("+tags" if tagged else "") + ":" + ("r" if with_rules else "") + ("k" if with_keys else "")
     args += [mode, now_ms, epoch]
@@ -565,17 +624,28 @@ def stored_body(p: Prepared) -> bytes:
     return data
 
 
-_CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED, 3: Outcome.DUPLICATE}
+_CODES = {1: Outcome.CREATED, 2: Outcome.UPDATED, 0: Outcome.UNCHANGED, 3: Outcome.DUPLICATE, 4: Outcome.CANCELLED_BY_EVENT}
 
 
-def outcomes(reply: Any, n: int) -> List[Tuple[Outcome, Optional[int]]]:
-    """One ``(outcome, ms)`` per order: ``ms`` is a duplicate's last dispatch or a debounced
-    order's due time (enqueue.lua answers ``{code, ms}`` for those), else None."""
+def _outcome(c: Any) -> Tuple[Outcome, Any]:
+    if not isinstance(c, list):
+        return _CODES[int(c)], None
+    o = _CODES[int(c[0])]
+    if o == Outcome.CANCELLED_BY_EVENT:
+        # { 4, token }: the event's name is the token's, up to the space.
+        return o, _text(c[1]).lstrip("\x01").split(" ", 1)[0]
+    return o, int(c[1])
+
+
+def outcomes(reply: Any, n: int) -> List[Tuple[Outcome, Any]]:
+    """One ``(outcome, extra)`` per order: ``extra`` is a duplicate's last dispatch or a
+    debounced order's due time in ms (enqueue.lua answers ``{code, ms}`` for those), the
+    event's name for ``cancelled_by_event`` (``{4, token}``), else None."""
     if not isinstance(reply, list) or len(reply) != n:
         raise RedisFailure("scheduling orders (enqueue.lua)", ValueError(f"unexpected reply for {n} orders"), NOT_APPLIED, False, False)
     try:
-        return [(_CODES[int(c[0])], int(c[1])) if isinstance(c, list) else (_CODES[int(c)], None) for c in reply]
-    except (KeyError, ValueError, TypeError):
+        return [_outcome(c) for c in reply]
+    except (KeyError, ValueError, TypeError, IndexError, UnicodeDecodeError):
         raise RedisFailure("scheduling orders (enqueue.lua)", ValueError("unknown outcome code"), NOT_APPLIED, False, False) from None
 
 
@@ -628,13 +698,13 @@ def wrap(context: str, e: BaseException) -> DelayqError:
 def assemble(
     queue: str,
     calls: Sequence[Call],
-    results: Sequence[Union[List[Tuple[Outcome, Optional[int]]], DelayqError]],
+    results: Sequence[Union[List[Tuple[Outcome, Any]], DelayqError]],
     prepared: Sequence[Prepared],
 ) -> List[Scheduled]:
     """Per-order results from per-call results; the error the Rust client raises when a call
     failed: the error itself when none succeeded, else :class:`PartialBatch`."""
     per: List[Optional[str]] = [None] * len(prepared)
-    extra: List[Optional[int]] = [None] * len(prepared)
+    extra: List[Any] = [None] * len(prepared)
     failed: Optional[DelayqError] = None
     succeeded = False
     for call, r in zip(calls, results):
@@ -658,6 +728,8 @@ def assemble(
     for p, o, ms in zip(prepared, per, extra):
         if o == Outcome.DUPLICATE.value:
             out.append(Scheduled(p.id, p.due, Outcome(o), ms))
+        elif o == Outcome.CANCELLED_BY_EVENT.value:
+            out.append(Scheduled(p.id, p.due, Outcome(o), event=ms))
         else:
             out.append(Scheduled(p.id, p.due if ms is None else ms, Outcome(o)))
     return out

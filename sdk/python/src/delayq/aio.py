@@ -151,7 +151,7 @@ class AsyncClient:
         if ref is not None:
             return ref
         try:
-            shards, epoch = c.read_record(await self._r.hmget(self._keys.record(queue), ["shards", "epoch"]))
+            shards, epoch, cancel_on = c.read_record(await self._r.hmget(self._keys.record(queue), c.RECORD_FIELDS))
         except redis.RedisError as e:
             raise c.wrap("reading the queue registry", e) from None
         if shards is None:
@@ -159,7 +159,7 @@ class AsyncClient:
         if epoch is None:
             ref = await self._upgrade_record(queue, shards)
         else:
-            ref = c.QueueRef(shards, epoch)
+            ref = c.QueueRef(shards, epoch, cancel_on)
         self._known[queue] = ref
         return ref
 
@@ -284,8 +284,9 @@ class AsyncClient:
         ref = await self._queue_ref(queue)
         if not prepared:
             return []
-        calls = c.plan(ref.shards, prepared)
-        results = await self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+        sent = c.with_tokens(prepared, ref)
+        calls = c.plan(ref.shards, sent)
+        results = await self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         if all(isinstance(r, DelayqError) and getattr(r, "refusal", None) for r in results):
             # Every call refused by enqueue.lua (nothing written): the queue was deleted,
             # or deleted and created again. Re-read the registry once and retry.
@@ -294,15 +295,17 @@ class AsyncClient:
             if fresh == ref:
                 raise QueueNotFound(queue)
             ref = fresh
-            calls = c.plan(ref.shards, prepared)
-            results = await self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+            # The rules may have changed: the orders' match tokens are computed again.
+            sent = c.with_tokens(prepared, ref)
+            calls = c.plan(ref.shards, sent)
+            results = await self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         out: List[Any] = []
         for r in results:
             if isinstance(r, DelayqError) and getattr(r, "refusal", None):
                 self._forget(queue)
                 r = QueueNotFound(queue)
             out.append(r)
-        return c.assemble(queue, calls, out, prepared)
+        return c.assemble(queue, calls, out, sent)
 
     async def _enqueue(self, queue: str, calls: List[c.Call], prepared: List[c.Prepared], epoch: str, if_absent: bool, now: int) -> List[Any]:
         argv = [c.enqueue_args(self._keys, queue, call, prepared, epoch, if_absent, now) for call in calls]

@@ -146,7 +146,7 @@ class Client:
         if ref is not None:
             return ref
         try:
-            shards, epoch = c.read_record(self._r.hmget(self._keys.record(queue), ["shards", "epoch"]))
+            shards, epoch, cancel_on = c.read_record(self._r.hmget(self._keys.record(queue), c.RECORD_FIELDS))
         except redis.RedisError as e:
             raise c.wrap("reading the queue registry", e) from None
         if shards is None:
@@ -154,7 +154,7 @@ class Client:
         if epoch is None:
             ref = self._upgrade_record(queue, shards)
         else:
-            ref = c.QueueRef(shards, epoch)
+            ref = c.QueueRef(shards, epoch, cancel_on)
         self._known[queue] = ref
         return ref
 
@@ -279,8 +279,9 @@ class Client:
         ref = self._queue_ref(queue)
         if not prepared:
             return []
-        calls = c.plan(ref.shards, prepared)
-        results = self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+        sent = c.with_tokens(prepared, ref)
+        calls = c.plan(ref.shards, sent)
+        results = self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         if all(isinstance(r, DelayqError) and getattr(r, "refusal", None) for r in results):
             # Every call refused by enqueue.lua (nothing written): the queue was deleted,
             # or deleted and created again. Re-read the registry once and retry.
@@ -289,15 +290,17 @@ class Client:
             if fresh == ref:
                 raise QueueNotFound(queue)
             ref = fresh
-            calls = c.plan(ref.shards, prepared)
-            results = self._enqueue(queue, calls, prepared, ref.epoch, if_absent, now)
+            # The rules may have changed: the orders' match tokens are computed again.
+            sent = c.with_tokens(prepared, ref)
+            calls = c.plan(ref.shards, sent)
+            results = self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         out: List[Any] = []
         for r in results:
             if isinstance(r, DelayqError) and getattr(r, "refusal", None):
                 self._forget(queue)
                 r = QueueNotFound(queue)
             out.append(r)
-        return c.assemble(queue, calls, out, prepared)
+        return c.assemble(queue, calls, out, sent)
 
     def _enqueue(self, queue: str, calls: List[c.Call], prepared: List[c.Prepared], epoch: str, if_absent: bool, now: int) -> List[Any]:
         argv = [c.enqueue_args(self._keys, queue, call, prepared, epoch, if_absent, now) for call in calls]

@@ -634,9 +634,11 @@ def check_event(name: Any, data: Any, id: Any) -> None:
         raise InvalidInput("invalid_option", "invalid option data: must be a JSON object")
 
 
-def event_token(event: str, paths: Sequence[str], data: Any) -> Optional[str]:
+def event_token(event: str, paths: Sequence[str], data: Any, strict: bool = False) -> Optional[str]:
     """The match token of ``data`` under a rule (``None`` when a path holds no scalar):
-    ``"\\x01<event> {"<path>":<value JSON>,...}"``, byte for byte the Rust client's."""
+    ``"\\x01<event> {"<path>":<value JSON>,...}"``, byte for byte the Rust client's. A
+    value longer than 256 bytes gives ``None``, or with ``strict`` (an order's payload, as
+    ``CancelRule::token``) is refused naming ``cancel_on``."""
     parts = []
     for p in paths:
         v = data
@@ -648,6 +650,8 @@ def event_token(event: str, paths: Sequence[str], data: Any) -> Optional[str]:
             return None
         text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
         if len(text.encode("utf-8")) > 256:
+            if strict:
+                raise InvalidInput("invalid_option", f"invalid option cancel_on: the value at {p} is longer than 256 bytes")
             return None
         parts.append(json.dumps(p) + ":" + text)
     return "\x01" + event + " {" + ",".join(parts) + "}"
@@ -657,6 +661,25 @@ def event_token(event: str, paths: Sequence[str], data: Any) -> Optional[str]:
 DEFAULT_REMEMBER_MS = 900_000
 #: Most remembered tokens per shard.
 MAX_REMEMBERED = 100_000
+
+
+def order_tokens(rule_list: Sequence[Any], payload: bytes) -> List[str]:
+    """The match tokens of an order's payload (JSON text) under its queue's rules (the
+    record's ``cancel_on`` list), stored among its tags, as the Rust client computes them."""
+    if not rule_list:
+        return []
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return []
+    out = []
+    for r in rule_list:
+        if not isinstance(r, dict) or not isinstance(r.get("event"), str):
+            continue
+        token = event_token(r["event"], r.get("match", []), doc, strict=True)
+        if token is not None:
+            out.append(token)
+    return out
 
 
 def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any]) -> List[Any]:

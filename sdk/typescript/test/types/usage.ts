@@ -29,8 +29,9 @@ export async function usage(): Promise<void> {
     { id: "e", debounce: { delayMs: 500, maxWaitMs: 2000 }, repeat: true },
   ];
   const many: Scheduled[] = await dq.scheduleMany("order-close", orders, { mode: "if_absent" });
-  const outcome: "created" | "updated" | "unchanged" | "duplicate" = many[0]!.outcome;
+  const outcome: "created" | "updated" | "unchanged" | "duplicate" | "cancelled_by_event" = many[0]!.outcome;
   const dispatchedAt: number | undefined = many[0]!.dispatchedAtMs;
+  const cancelledBy: string | undefined = many[0]!.event;
   const cancelled: "cancelled" | "not_found" = await dq.cancel("order-close", "order-1234");
   const moved: "rescheduled" | "not_found" = await dq.reschedule("order-close", "a", { delayMs: 5 });
   const level: Priority = "low";
@@ -48,7 +49,7 @@ export async function usage(): Promise<void> {
     else if (e instanceof PartialBatchError) console.log(e.results.map((r) => r.outcome));
     else if (e instanceof DelayqError && e.writeOutcome === "unknown") console.log(e.code);
   }
-  console.log(outcome, dispatchedAt, cancelled, moved, text, priority);
+  console.log(outcome, dispatchedAt, cancelledBy, cancelled, moved, text, priority);
   await dq.close();
 }
 
