@@ -126,7 +126,9 @@ async fn a_master_killed_mid_run_loses_no_durably_acknowledged_schedule() {
     let client = Client::connect_with(&url, ClientOptions::default().shards(3).durability(durable))
         .await
         .unwrap();
-    support::declare_queues(&client).await;
+    // The queues are declared before the cluster's replicas may have caught up: the test
+    // is about the orders' writes, so the declaration does not wait for them.
+    support::declare_queues(&client.with_durability(Durability::Leader)).await;
     let rec = Recorder::default();
     let cancel = CancellationToken::new();
     let w = Worker::new(

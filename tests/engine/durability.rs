@@ -549,6 +549,23 @@ async fn admin_writes_wait_for_the_replicas_under_replicated_durability() {
         slow_schedules.remove("qa", "tick").await.map(drop),
     );
     not_replicated(
+        "pause",
+        slow.admin().set_paused("qa", None, true).await.map(drop),
+    );
+    not_replicated(
+        "dedup window",
+        slow.admin()
+            .set_dedup_window("qa", Duration::from_secs(60))
+            .await,
+    );
+    not_replicated(
+        "dead-letter purge",
+        slow.admin()
+            .dead_purge("qa", None, &delayq::Selection::All)
+            .await
+            .map(drop),
+    );
+    not_replicated(
         "delete",
         slow.admin().delete_queue("qa", true).await.map(drop),
     );

@@ -279,9 +279,11 @@ async fn a_retry_past_the_deadline_is_not_handed_over() {
         .await
         .unwrap();
     let c = client.clone();
+    // The worker counts the expiry once the dead letter is written: await both.
+    let st = stats.clone();
     wait_for("the retry's dead letter", WAIT, move || {
-        let c = c.clone();
-        async move { dead_count(&c, "close").await == 1 }
+        let (c, st) = (c.clone(), st.clone());
+        async move { dead_count(&c, "close").await == 1 && st.expired.load(Ordering::Relaxed) == 1 }
     })
     .await;
     assert!(released.load(Ordering::SeqCst));

@@ -207,37 +207,45 @@ impl Queues {
             .await?
             .history;
         let history = &history;
-        self.apply_dead(queue, group, which, 200, |keys, chunk| async move {
-            let now = self.client.now_ms();
-            scripts::replay(
-                &mut self.client.connection(),
-                &keys,
-                group,
-                &chunk,
-                now,
-                history,
-            )
-            .await
-        })
-        .await
+        let n = self
+            .apply_dead(queue, group, which, 200, |keys, chunk| async move {
+                let now = self.client.now_ms();
+                scripts::replay(
+                    &mut self.client.connection(),
+                    &keys,
+                    group,
+                    &chunk,
+                    now,
+                    history,
+                )
+                .await
+            })
+            .await?;
+        self.client.replicated_barrier().await?;
+        Ok(n)
     }
 
-    /// Deletes dead letters for good. Returns how many were deleted.
+    /// Deletes dead letters for good. Returns how many were deleted. Replays and purges, like
+    /// every admin write, answer once the replicas have them under `durability =
+    /// "replicated"` ([`Client::replicated_barrier`](crate::Client::replicated_barrier)).
     pub async fn dead_purge(
         &self,
         queue: &str,
         group: Option<&str>,
         which: &Selection,
     ) -> Result<u64> {
-        self.apply_dead(queue, group, which, 500, |keys, chunk| async move {
-            redis::cmd("XDEL")
-                .arg(&keys.dead)
-                .arg(&chunk)
-                .query_async::<u64>(&mut self.client.connection())
-                .await
-                .ctx("purging dead letters")
-        })
-        .await
+        let n = self
+            .apply_dead(queue, group, which, 500, |keys, chunk| async move {
+                redis::cmd("XDEL")
+                    .arg(&keys.dead)
+                    .arg(&chunk)
+                    .query_async::<u64>(&mut self.client.connection())
+                    .await
+                    .ctx("purging dead letters")
+            })
+            .await?;
+        self.client.replicated_barrier().await?;
+        Ok(n)
     }
 
     /// Runs `op` on the selected dead letters, `chunk` ids of one shard per call; `All` is

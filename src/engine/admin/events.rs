@@ -75,7 +75,7 @@ impl Queues {
             .await?;
         // This process's producers use the new rules at once.
         self.client.forget(&q);
-        Ok(())
+        self.client.replicated_barrier().await
     }
 
     /// `queue`'s cancel-on-event rules, as its record says (empty: none).

@@ -81,7 +81,10 @@ impl QueueContents {
 
 impl Queues {
     /// Pauses or resumes dispatch of `queue` (`group` = `None`) or consumption by one group.
-    /// [`Error::QueueNotFound`] / [`Error::GroupNotFound`] when they do not exist.
+    /// [`Error::QueueNotFound`] / [`Error::GroupNotFound`] when they do not exist. With
+    /// `durability = "replicated"` it answers once the replicas have it
+    /// ([`Client::replicated_barrier`](crate::Client::replicated_barrier)), as every admin
+    /// write does.
     pub async fn set_paused(
         &self,
         queue: &str,
@@ -133,6 +136,7 @@ impl Queues {
                 crate::engine::listen::publish_now(&self.client, &keys).await;
             }
         }
+        self.client.replicated_barrier().await?;
         Ok(PauseState {
             queue: queue.to_owned(),
             group: group.map(str::to_owned),
@@ -181,7 +185,7 @@ impl Queues {
                     .ctx("dropping the dispatched ids")?;
             }
         }
-        Ok(())
+        self.client.replicated_barrier().await
     }
 
     /// `queue`'s dedup window, as its record says.
@@ -431,6 +435,7 @@ impl Queues {
         // Its idle workers look at their lanes when the registry changes: they find the
         // group gone and stop.
         self.client.bump_registry().await?;
+        self.client.replicated_barrier().await?;
         Ok(g.pending)
     }
 
