@@ -18,6 +18,7 @@
 //! elapsed. The pending list keeps the entry and its delivery count (= attempt number), so
 //! attempts survive restarts.
 
+mod ack;
 mod block;
 mod entry;
 mod expire;

@@ -26,8 +26,12 @@ use serde::{Deserialize, Serialize};
 
 /// The page.
 const INDEX_HTML: &str = include_str!("assets/index.html");
-/// Its script.
-const APP_JS: &str = include_str!("assets/app.js");
+/// Its script: `app.js`, then the pages kept in files of their own (one script, so they
+/// share its helpers).
+const APP_JS: &str = concat!(
+    include_str!("assets/app.js"),
+    include_str!("assets/tags.js")
+);
 /// Its style sheet.
 const APP_CSS: &str = include_str!("assets/app.css");
 
