@@ -19,7 +19,7 @@ struct Lane {
 pub(super) struct LanePlan {
     lanes: Vec<Lane>,
     /// Which lanes may have entries: all at first; then those the blocking wait reported
-    /// new entries in, or whose last read came back full (or failed).
+    /// new entries in, or whose last read came back full; all of them after a failed read.
     pub(super) to_read: Vec<usize>,
     /// Which lanes are in use: every `normal` lane; a `high` or `low` lane once its stream
     /// exists (`read.lua` reports the shard's lanes in use with every read). A lane in use
@@ -53,7 +53,8 @@ pub(super) enum LaneOutcome {
     Paused { lanes: u8 },
     /// The lane's stream does not exist (a `high` or `low` lane not used yet).
     Missing { lanes: u8 },
-    /// The read failed: the lane is read again later.
+    /// The read failed: every lane is read again later (the blocking wait reads the same
+    /// streams, so it fails too and cannot tell which healthy lanes got entries).
     Failed,
 }
 
@@ -84,6 +85,8 @@ pub(super) struct Pass {
     /// leaves the rotation).
     asked: Option<(usize, usize)>,
     paused: bool,
+    /// A read of this pass failed.
+    failed: bool,
 }
 
 impl LanePlan {
@@ -168,6 +171,7 @@ impl LanePlan {
             stage,
             asked: None,
             paused: false,
+            failed: false,
         }
     }
 
@@ -300,7 +304,7 @@ impl Pass {
                     }
                     taken += got;
                 }
-                LaneOutcome::Failed => self.again.push(i),
+                LaneOutcome::Failed => self.failed = true,
             }
         }
         self.left = self.left.saturating_sub(taken);
@@ -312,8 +316,14 @@ impl Pass {
         }
     }
 
-    /// Ends the pass: the lanes that may have more are the ones to read next.
+    /// Ends the pass: the lanes that may have more are the ones to read next; every lane
+    /// after a failed read (one broken stream fails the blocking wait over all of them, so
+    /// reads are then the only way to see new entries on the healthy ones).
     pub(super) fn finish(mut self, plan: &mut LanePlan) {
+        if self.failed {
+            plan.to_read = plan.all();
+            return;
+        }
         self.again.sort_unstable();
         self.again.dedup();
         plan.to_read = self.again;
@@ -499,7 +509,7 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_read_is_read_again_and_a_restart_forgets_the_lanes_in_use() {
+    fn a_failed_read_makes_every_lane_read_again_and_a_restart_forgets_the_lanes_in_use() {
         let mut p = plan(2);
         run(&mut p, 10, None, |i, _| {
             if i == 4 {
@@ -508,7 +518,11 @@ mod tests {
                 LaneOutcome::Read { got: 0, lanes: 3 }
             }
         });
-        assert_eq!(p.to_read, [4], "the failed lane (shard 1's normal)");
+        assert_eq!(
+            p.to_read,
+            p.all(),
+            "shard 1's normal lane failed: the healthy lanes are read again too"
+        );
         assert!(p.live.iter().all(|l| *l), "every lane learnt in use");
         p.restart();
         assert_eq!(p.to_read, p.all());
