@@ -358,7 +358,7 @@ healthy redis 60
 timeout 60 "${podman[@]}" start "$serve" >/dev/null 2>>"$work/podman.err"
 python3 "$here/api.py" ready "$base" 60 || fail "serve not ready after the restart"
 python3 "$here/api.py" received "$work/received.log" "$work/plan.tsv" 60 || fail "orders lost"
-python3 "$here/api.py" history "$base" order-close "$work/plan.tsv" webhook close-in-db ||
+python3 "$here/api.py" history "$base" order-close "$work/plan.tsv" 60 webhook close-in-db ||
   fail "order histories"
 closed=$(psql_ci -tAc "SELECT count(*) FROM orders WHERE status = 'closed' AND id LIKE 'ci-$run_id-%'")
 echo "$closed/100 orders closed in PostgreSQL"

@@ -8,7 +8,7 @@ order's history. The bearer token comes from DELAYQ_TOKEN (never printed).
     api.py sql       PLAN.tsv                         (INSERT statements for the orders table)
     api.py schedule  BASE QUEUE PLAN.tsv
     api.py received  RECEIVER.log PLAN.tsv TIMEOUT_S [AT_LEAST]
-    api.py history   BASE QUEUE PLAN.tsv GROUP...
+    api.py history   BASE QUEUE PLAN.tsv SECONDS GROUP...
 """
 
 import json
@@ -143,22 +143,29 @@ def received(log, path, timeout_s, at_least=None):
         time.sleep(0.2)
 
 
-def history(base, queue, path, *groups):
-    problems = []
-    for oid, _ in read_plan(path):
-        status, body = call("GET", f"{base}/v1/queues/{queue}/messages/{oid}")
-        if status != 200:
-            problems.append(f"{oid}: GET answered {status}")
-            continue
-        h = json.loads(body)
-        states = {g["group"]: g["state"] for g in h.get("groups", [])}
-        if h.get("state") != "dispatched" or any(states.get(g) != "done" for g in groups):
-            problems.append(f"{oid}: {h.get('state')} {states}")
-    if problems:
-        print(f"{len(problems)} orders not done: {problems[:5]}", file=sys.stderr)
-        return 1
-    print(f"every order dispatched and done in {', '.join(groups)}")
-    return 0
+def history(base, queue, path, timeout_s, *groups):
+    """Waits until every order of the plan is dispatched and done in each group (an entry
+    its stopped consumer never ran comes back once handed back or its lease runs out)."""
+    deadline = time.monotonic() + float(timeout_s)
+    while True:
+        problems = []
+        for oid, _ in read_plan(path):
+            status, body = call("GET", f"{base}/v1/queues/{queue}/messages/{oid}")
+            if status != 200:
+                problems.append(f"{oid}: GET answered {status}")
+                continue
+            h = json.loads(body)
+            states = {g["group"]: g["state"] for g in h.get("groups", [])}
+            if h.get("state") != "dispatched" or any(states.get(g) != "done" for g in groups):
+                problems.append(f"{oid}: {h.get('state')} {states}")
+        if not problems:
+            print(f"every order dispatched and done in {', '.join(groups)}")
+            return 0
+        if time.monotonic() > deadline:
+            print(f"{len(problems)} orders not done after {timeout_s}s: {problems[:5]}",
+                  file=sys.stderr)
+            return 1
+        time.sleep(0.5)
 
 
 def main(argv):

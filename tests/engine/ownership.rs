@@ -264,6 +264,76 @@ async fn shutdown_is_bounded_under_a_backlog() {
     );
 }
 
+/// A worker stopping with entries taken ahead of a free slot (prefetched) hands them back:
+/// the next consumer takes them at once, not after the visibility timeout (600 s here, so
+/// a leftover lease would keep them away for the whole test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_hands_back_the_entries_it_never_ran() {
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    let started = Arc::new(AtomicUsize::new(0));
+    let go = Arc::new(tokio::sync::Notify::new());
+    let (s2, go2) = (started.clone(), go.clone());
+    let a = Worker::new(
+        &client,
+        Q,
+        "close",
+        move |_d: Delivery| {
+            s2.fetch_add(1, Ordering::SeqCst);
+            let go = go2.clone();
+            async move {
+                go.notified().await;
+                Ok(())
+            }
+        },
+        WorkerOptions::default()
+            .concurrency(1)
+            .prefetch(5)
+            .visibility_timeout(Duration::from_secs(600))
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    a.ensure_groups().await.unwrap();
+    let ids = schedule_due_now(&client, 4, "h").await;
+    dispatch_all(&client).await;
+    let cancel = CancellationToken::new();
+    let ha = tokio::spawn(a.run(cancel.clone()));
+    // One order runs, the other three wait for its slot, all four taken by this worker.
+    let (c2, s3) = (client.clone(), started.clone());
+    wait_for("one running, four taken", WAIT, move || {
+        let (c, s) = (c2.clone(), s3.clone());
+        async move {
+            s.load(Ordering::SeqCst) == 1
+                && pending(&c, "{dq:order-close:0}:stream", "close").await == 4
+        }
+    })
+    .await;
+    cancel.cancel();
+    go.notify_one();
+    ha.await.unwrap().unwrap();
+    assert_eq!(started.load(Ordering::SeqCst), 1, "only one order ran");
+    // The next process (same visibility timeout) takes the three it never ran.
+    let rec = support::Recorder::default();
+    let b = Worker::new(
+        &client,
+        Q,
+        "close",
+        rec.handler(),
+        WorkerOptions::default()
+            .visibility_timeout(Duration::from_secs(600))
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let hb = tokio::spawn(b.run(cancel.clone()));
+    rec.wait_len(3, WAIT).await;
+    cancel.cancel();
+    hb.await.unwrap().unwrap();
+    let mut got: Vec<String> = rec.deliveries().into_iter().map(|d| d.id).collect();
+    got.sort();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got.iter().all(|id| ids.contains(id)), "{got:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_shard_does_not_hold_up_the_others() {
     let (_s, client) = start_with(ClientOptions::default().shards(4)).await;

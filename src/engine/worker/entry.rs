@@ -280,12 +280,13 @@ impl LeaseSet {
             .collect()
     }
 
-    /// Removes `key` if `generation` still owns it.
-    fn unhold(&self, key: &EntryKey, generation: u64) {
+    /// Removes `key` if `generation` still owns it; answers its last lease end then.
+    fn unhold(&self, key: &EntryKey, generation: u64) -> Option<i64> {
         let mut held = self.lock();
         if held.get(key).is_some_and(|h| h.generation == generation) {
-            held.remove(key);
+            return held.remove(key).map(|h| h.until_ms);
         }
+        None
     }
 
     /// How many entries are held.
@@ -337,6 +338,26 @@ impl Lease {
     pub(super) fn release(mut self) {
         if let Some((k, g)) = self.key.take() {
             self.set.unhold(&k, g);
+        }
+    }
+
+    /// Gives the entry back unhandled (the worker stops before a handler slot came free):
+    /// its timer moves to now, by compare-and-set on the lease end this worker last set
+    /// (`extend.lua`), so the next consumer takes it at once instead of after the
+    /// visibility timeout. When the call fails, the lease simply runs out as before.
+    pub(super) async fn hand_back<H>(mut self, s: &Shared<H>) {
+        let Some((key, g)) = self.key.take() else {
+            return;
+        };
+        let Some(until) = self.set.unhold(&key, g) else {
+            return;
+        };
+        let (shard, id) = key;
+        let timers = s.lanes[usize::from(shard)].timers(&s.group);
+        let now = s.client.now_ms();
+        let mut conn = s.client.connection();
+        if let Err(e) = scripts::extend(&mut conn, &timers, now, &[(id, until)]).await {
+            tracing::debug!(error = %e, "handing an unhandled entry back failed; its lease runs out instead");
         }
     }
 }

@@ -26,7 +26,8 @@ use tracing::Instrument;
 /// Spawns the task that owns `t` until it is settled: it waits for a handler slot (the
 /// entry's lease is extended meanwhile), handles it and settles it. A panic anywhere in that
 /// path drops the lease unsettled, so the entry comes due again when its lease runs out.
-/// Entries still waiting for a slot when the worker stops are left to their lease.
+/// Entries still waiting for a slot when the worker stops are handed back
+/// ([`super::entry::Lease::hand_back`]): the next consumer takes them at once.
 pub(super) fn spawn_process<H: Handler>(
     tasks: &mut JoinSet<()>,
     s: &Arc<Shared<H>>,
@@ -41,9 +42,12 @@ pub(super) fn spawn_process<H: Handler>(
             slot = s.sem.clone().acquire_owned() => slot.ok(),
             _ = s.stopping.cancelled() => None,
         };
-        if let Some(slot) = slot {
-            process_guarded(&s, &ack_tx, t).await;
-            drop(slot);
+        match slot {
+            Some(slot) => {
+                process_guarded(&s, &ack_tx, t).await;
+                drop(slot);
+            }
+            None => t.lease.hand_back(&s).await,
         }
         drop(permit);
     });
