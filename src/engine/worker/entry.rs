@@ -16,7 +16,7 @@
 //! lease this worker last set), so an extension that races a settlement cannot overwrite a
 //! retry time or revive an acknowledged entry.
 
-use super::{Delivery, DeliveryFlag, Shared, lane_index};
+use super::{Delivery, DeliveryFlag, LaneId, Shared};
 use crate::engine::duration::ms;
 use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys};
@@ -186,7 +186,7 @@ pub(super) fn to_taken<H>(
 ) -> Taken {
     let lease = s
         .leases
-        .hold(lane_index(lane.shard, lane.level), entry_id, lease_until);
+        .hold(LaneId::of(lane.shard, lane.level), entry_id, lease_until);
     let expires_after_ms = fields.as_ref().and_then(|f| {
         f.iter()
             .find(|(k, _)| k == "data")
@@ -215,8 +215,8 @@ pub(super) fn to_taken<H>(
     }
 }
 
-/// (shard, stream entry id).
-pub(super) type EntryKey = (u16, String);
+/// (lane, stream entry id).
+pub(super) type EntryKey = (LaneId, String);
 
 /// One held entry: the lease end last set (unix ms) and the generation of the [`Lease`]
 /// that owns it.
@@ -241,8 +241,8 @@ impl LeaseSet {
     }
 
     /// Takes ownership of an entry leased until `until_ms`.
-    pub(super) fn hold(self: &Arc<Self>, shard: u16, entry_id: &str, until_ms: i64) -> Lease {
-        let key = (shard, entry_id.to_owned());
+    pub(super) fn hold(self: &Arc<Self>, lane: LaneId, entry_id: &str, until_ms: i64) -> Lease {
+        let key = (lane, entry_id.to_owned());
         let generation = self
             .next_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -261,8 +261,8 @@ impl LeaseSet {
 
     /// When the entry is held (its copy still runs or waits here), records the lease end a
     /// reclaim just set and answers true: the reclaimed copy is not handled.
-    pub(super) fn renew_if_held(&self, shard: u16, entry_id: &str, until_ms: i64) -> bool {
-        match self.lock().get_mut(&(shard, entry_id.to_owned())) {
+    pub(super) fn renew_if_held(&self, lane: LaneId, entry_id: &str, until_ms: i64) -> bool {
+        match self.lock().get_mut(&(lane, entry_id.to_owned())) {
             Some(h) => {
                 h.until_ms = until_ms;
                 true
@@ -271,11 +271,11 @@ impl LeaseSet {
         }
     }
 
-    /// The ids of the entries of lane `shard` that are held.
-    pub(super) fn held_in(&self, shard: u16) -> Vec<String> {
+    /// The ids of the entries of lane `lane` that are held.
+    pub(super) fn held_in(&self, lane: LaneId) -> Vec<String> {
         self.lock()
             .keys()
-            .filter(|(s, _)| *s == shard)
+            .filter(|(l, _)| *l == lane)
             .map(|(_, id)| id.clone())
             .collect()
     }
@@ -295,23 +295,23 @@ impl LeaseSet {
         self.lock().len()
     }
 
-    /// The held entries of each shard, with their last lease end.
-    fn snapshot(&self) -> HashMap<u16, Vec<(String, i64)>> {
-        let mut by_shard: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
-        for ((shard, id), h) in self.lock().iter() {
-            by_shard
-                .entry(*shard)
+    /// The held entries of each lane, with their last lease end.
+    fn snapshot(&self) -> HashMap<LaneId, Vec<(String, i64)>> {
+        let mut by_lane: HashMap<LaneId, Vec<(String, i64)>> = HashMap::new();
+        for ((lane, id), h) in self.lock().iter() {
+            by_lane
+                .entry(*lane)
                 .or_default()
                 .push((id.clone(), h.until_ms));
         }
-        by_shard
+        by_lane
     }
 
     /// Records the new lease end of the entries `extend.lua` extended that are still held.
-    fn extended(&self, shard: u16, ids: Vec<String>, until_ms: i64) {
+    fn extended(&self, lane: LaneId, ids: Vec<String>, until_ms: i64) {
         let mut held = self.lock();
         for id in ids {
-            if let Some(h) = held.get_mut(&(shard, id)) {
+            if let Some(h) = held.get_mut(&(lane, id)) {
                 h.until_ms = until_ms;
             }
         }
@@ -326,11 +326,11 @@ pub(super) struct Lease {
 }
 
 impl Lease {
-    /// The entry: (shard, stream entry id).
-    pub(super) fn key(&self) -> (u16, &str) {
+    /// The entry: (lane, stream entry id).
+    pub(super) fn key(&self) -> (LaneId, &str) {
         match &self.key {
-            Some(((shard, id), _)) => (*shard, id),
-            None => (0, ""),
+            Some(((lane, id), _)) => (*lane, id),
+            None => (LaneId(0), ""),
         }
     }
 
@@ -352,8 +352,8 @@ impl Lease {
         let Some(until) = self.set.unhold(&key, g) else {
             return;
         };
-        let (shard, id) = key;
-        let timers = s.lanes[usize::from(shard)].timers(&s.group);
+        let (lane, id) = key;
+        let timers = s.lanes[lane.index()].timers(&s.group);
         let now = s.client.now_ms();
         let mut conn = s.client.connection();
         if let Err(e) = scripts::extend(&mut conn, &timers, now, &[(id, until)]).await {
@@ -371,7 +371,7 @@ impl Drop for Lease {
 }
 
 /// Extends the leases of every held entry every third of the visibility timeout, one
-/// `extend.lua` call per shard.
+/// `extend.lua` call per lane.
 pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
     let every = s.opts.visibility_timeout / 3;
     loop {
@@ -384,17 +384,17 @@ pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
             continue;
         }
         let until = s.client.now_ms() + ms(s.opts.visibility_timeout);
-        let calls = snapshot.into_iter().map(|(shard, held)| {
+        let calls = snapshot.into_iter().map(|(lane, held)| {
             let mut conn = s.client.connection();
-            let key = s.lanes[usize::from(shard)].timers(&s.group);
+            let key = s.lanes[lane.index()].timers(&s.group);
             async move {
                 let r = scripts::extend(&mut conn, &key, until, &held).await;
-                (shard, r)
+                (lane, r)
             }
         });
-        for (shard, r) in futures_util::future::join_all(calls).await {
+        for (lane, r) in futures_util::future::join_all(calls).await {
             match r {
-                Ok(ids) => s.leases.extended(shard, ids, until),
+                Ok(ids) => s.leases.extended(lane, ids, until),
                 Err(e) => {
                     tracing::warn!(error = %e, "extending leases failed; retrying next round")
                 }
@@ -408,10 +408,29 @@ mod lease_tests {
     use super::*;
 
     #[test]
+    fn lanes_are_numbered_shard_by_shard_most_urgent_first() {
+        use crate::engine::priority::Priority;
+        assert_eq!(LaneId::of(0, Priority::High).index(), 0);
+        assert_eq!(LaneId::of(0, Priority::Low).index(), 2);
+        assert_eq!(LaneId::of(2, Priority::Normal).index(), 7);
+        assert_ne!(
+            LaneId::of(1, Priority::High),
+            LaneId(1),
+            "lane 1 is shard 0's normal lane"
+        );
+        assert_eq!(LaneId::checked(8, 9), Some(LaneId(8)));
+        assert_eq!(
+            LaneId::checked(9, 9),
+            None,
+            "a queue of 3 shards has lanes 0..=8"
+        );
+    }
+
+    #[test]
     fn a_lease_leaves_the_set_when_released_or_dropped() {
         let set = Arc::new(LeaseSet::default());
-        let a = set.hold(0, "1-0", 10);
-        let b = set.hold(1, "2-0", 10);
+        let a = set.hold(LaneId(0), "1-0", 10);
+        let b = set.hold(LaneId(1), "2-0", 10);
         assert_eq!(set.len(), 2);
         a.release();
         assert_eq!(set.len(), 1);
@@ -422,24 +441,24 @@ mod lease_tests {
     #[test]
     fn a_second_lease_of_one_entry_is_never_undone_by_the_first() {
         let set = Arc::new(LeaseSet::default());
-        let old = set.hold(0, "1-0", 10);
-        let new = set.hold(0, "1-0", 20);
+        let old = set.hold(LaneId(0), "1-0", 10);
+        let new = set.hold(LaneId(0), "1-0", 20);
         old.release(); // the older copy settles first
         assert_eq!(set.len(), 1, "the newer owner still holds it");
-        assert!(set.renew_if_held(0, "1-0", 30));
-        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 30)]);
+        assert!(set.renew_if_held(LaneId(0), "1-0", 30));
+        assert_eq!(set.snapshot()[&LaneId(0)], vec![("1-0".to_owned(), 30)]);
         drop(new);
-        assert!(!set.renew_if_held(0, "1-0", 40));
+        assert!(!set.renew_if_held(LaneId(0), "1-0", 40));
     }
 
     #[test]
     fn only_held_entries_record_an_extension() {
         let set = Arc::new(LeaseSet::default());
-        let a = set.hold(0, "1-0", 10);
-        set.extended(0, vec!["1-0".into(), "9-0".into()], 20);
-        assert_eq!(set.snapshot()[&0], vec![("1-0".to_owned(), 20)]);
+        let a = set.hold(LaneId(0), "1-0", 10);
+        set.extended(LaneId(0), vec!["1-0".into(), "9-0".into()], 20);
+        assert_eq!(set.snapshot()[&LaneId(0)], vec![("1-0".to_owned(), 20)]);
         a.release();
-        set.extended(0, vec!["1-0".into()], 30);
+        set.extended(LaneId(0), vec!["1-0".into()], 30);
         assert!(set.snapshot().is_empty());
     }
 }

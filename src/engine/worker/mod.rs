@@ -66,7 +66,7 @@ struct Shared<H> {
     group: String,
     consumer: String,
     /// Every priority lane of every shard of the queue, shard by shard and most urgent
-    /// first: the lane of shard `s` and level `p` is at [`lane_index`]`(s, p)`.
+    /// first: the lane of shard `s` and level `p` is at [`LaneId::of`]`(s, p)`.
     lanes: Vec<ShardKeys>,
     handler: H,
     hooks: Arc<dyn Hooks>,
@@ -99,12 +99,34 @@ struct Shared<H> {
     gate: Option<(Arc<multi::Gate>, usize)>,
 }
 
-/// Where the lane of shard `shard` and level `p` is in [`Shared::lanes`] (and in lease keys:
-/// stream entry ids are unique per stream, not per shard).
-pub(super) fn lane_index(shard: u16, p: Priority) -> u16 {
-    // At most MAX_SHARDS (1024) shards of 3 lanes: fits.
-    // The rank is 0..=2 (`Priority::rank`, the one mapping of levels to indexes).
-    shard * 3 + u16::try_from(p.rank()).unwrap_or(0)
+/// One lane of the queue: a shard's stream of one priority level, by its place in
+/// [`Shared::lanes`] (shard by shard, most urgent first). Leases, receipts and ack batches
+/// name lanes, never shards: stream entry ids are unique per stream, and a shard has three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(super) struct LaneId(u16);
+
+impl LaneId {
+    /// The lane of shard `shard` and level `p`.
+    pub(super) fn of(shard: u16, p: Priority) -> Self {
+        // At most MAX_SHARDS (1024) shards of 3 lanes: fits.
+        // The rank is 0..=2 (`Priority::rank`, the one mapping of levels to indexes).
+        LaneId(shard * 3 + u16::try_from(p.rank()).unwrap_or(0))
+    }
+
+    /// A lane number as a receipt carries it, when the queue (of `lanes` lanes) has it.
+    pub(super) fn checked(n: u16, lanes: usize) -> Option<Self> {
+        (usize::from(n) < lanes).then_some(LaneId(n))
+    }
+
+    /// Its place in [`Shared::lanes`].
+    pub(super) fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    /// The number a receipt carries.
+    pub(super) fn number(self) -> u16 {
+        self.0
+    }
 }
 
 impl<H> Shared<H> {
@@ -151,7 +173,7 @@ impl<H> Shared<H> {
 
     /// The keys of shard `shard`'s lane of level `p`.
     fn lane(&self, shard: u16, p: Priority) -> &ShardKeys {
-        &self.lanes[usize::from(lane_index(shard, p))]
+        &self.lanes[LaneId::of(shard, p).index()]
     }
 
     /// Reads the queue's epoch afresh and keeps it as the one this worker joined.

@@ -3,13 +3,14 @@
 //!
 //! A receipt names one delivery's stream entry and its lease: `<lane>.<entry id>.<lease
 //! end, unix ms>.<attempt>.<mac>`, where the lane is the index of the shard's priority lane
-//! (see [`lane_index`](super::lane_index)), the lease end is the score the group's timers
+//! (see [`LaneId`]), the lease end is the score the group's timers
 //! ZSET holds for the entry while this delivery owns it, and the MAC is HMAC-SHA256 (first
 //! 16 bytes, hex) over those fields and the queue, group and consumer, under the puller's
 //! key. A receipt cannot be forged or moved to another entry, group or puller; it is
 //! honoured only while the timer still holds its lease end (compare-and-set, `extend.lua`),
 //! so a lease that ran out and was taken over makes it stale (`lease_lost`).
 
+use super::LaneId;
 use crate::engine::error::InvalidInput;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -20,8 +21,8 @@ const MAC_BYTES: usize = 16;
 /// The fields a receipt carries.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct Receipt {
-    /// The lane (see [`lane_index`](super::lane_index)).
-    pub lane: u16,
+    /// The lane.
+    pub lane: LaneId,
     /// The stream entry id.
     pub entry_id: String,
     /// The lease end the timers ZSET holds for this delivery, unix ms.
@@ -72,7 +73,13 @@ impl Signer {
 
     /// The receipt text for `r`.
     pub(super) fn sign(&self, r: &Receipt) -> String {
-        let body = format!("{}.{}.{}.{}", r.lane, r.entry_id, r.lease_until, r.attempt);
+        let body = format!(
+            "{}.{}.{}.{}",
+            r.lane.number(),
+            r.entry_id,
+            r.lease_until,
+            r.attempt
+        );
         let tag = self.mac(&body).finalize().into_bytes();
         let mut out = body;
         out.push('.');
@@ -113,9 +120,8 @@ impl Signer {
             return Err(bad("malformed"));
         };
         let lane: u16 = lane.parse().map_err(|_| bad("malformed"))?;
-        if usize::from(lane) >= lanes {
-            return Err(bad("names a lane this queue does not have"));
-        }
+        let lane = LaneId::checked(lane, lanes)
+            .ok_or_else(|| bad("names a lane this queue does not have"))?;
         Ok(Receipt {
             lane,
             entry_id: entry_id.to_owned(),
@@ -143,7 +149,7 @@ mod tests {
 
     fn sample() -> Receipt {
         Receipt {
-            lane: 1,
+            lane: LaneId(1),
             entry_id: "1700000000000-3".into(),
             lease_until: 1_700_000_030_000,
             attempt: 2,

@@ -4,7 +4,7 @@
 use super::entry::to_taken;
 use super::reader::may_take;
 use super::settle::{self, AckSender, spawn_process};
-use super::{Handler, Shared, lane_index};
+use super::{Handler, LaneId, Shared};
 use crate::engine::duration::ms;
 use crate::engine::keys::ShardKeys;
 use crate::engine::reply::{Fields, claimed_entries};
@@ -84,7 +84,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
             if count == 0 {
                 continue;
             }
-            let lane = lane_index(keys.shard, keys.level);
+            let lane = LaneId::of(keys.shard, keys.level);
             let held = s.leases.held_in(lane);
             let Some((claimed, next, missing, kept)) =
                 claim(&s, keys, now, lease_until, count, &held).await

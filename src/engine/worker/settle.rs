@@ -3,7 +3,7 @@
 pub(super) use super::ack::{ack_commands, ack_pipeline, late_acks};
 use super::entry::Lease;
 use super::entry::Taken;
-use super::{Delivery, Handler, HandlerError, HandlerResult, Shared, WorkerStats};
+use super::{Delivery, Handler, HandlerError, HandlerResult, LaneId, Shared, WorkerStats};
 use crate::engine::duration::ms;
 use crate::engine::error::RedisContext;
 use crate::engine::history::HistoryPolicy;
@@ -439,24 +439,24 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                 }
             }
         }
-        // By lane (the lease key's first part; see `lane_index`).
-        let mut by_shard: HashMap<u16, Vec<(String, u32)>> = HashMap::new();
+        // By lane (the lease key's first part).
+        let mut by_lane: HashMap<LaneId, Vec<(String, u32)>> = HashMap::new();
         for a in &buf {
             let (lane, id) = a.lease.key();
-            by_shard
+            by_lane
                 .entry(lane)
                 .or_default()
                 .push((id.to_owned(), a.attempt));
         }
-        let retried = by_shard.values().flatten().any(|(_, n)| *n > 1);
+        let retried = by_lane.values().flatten().any(|(_, n)| *n > 1);
         let history = if retried {
             s.pause.history(&s.client).await
         } else {
             HistoryPolicy::from_ms(0)
         };
-        // Every shard's pipeline in flight together (one round trip, not one per shard).
-        let calls = by_shard.into_iter().map(|(lane, entries)| {
-            let keys = &s.lanes[usize::from(lane)];
+        // Every lane's pipeline in flight together (one round trip, not one per lane).
+        let calls = by_lane.into_iter().map(|(lane, entries)| {
+            let keys = &s.lanes[lane.index()];
             let pipe = ack_pipeline(
                 keys,
                 &s.group,

@@ -27,7 +27,7 @@ use super::receipt::{Receipt, Signer, random_key};
 use super::settle::{
     delivery_metrics, exhausted, handled_metric, settle_dead, settle_expired, settle_missing,
 };
-use super::{Delivery, Shared, WorkerOptions, WorkerStats, ensure_groups, lane_index};
+use super::{Delivery, LaneId, Shared, WorkerOptions, WorkerStats, ensure_groups};
 use crate::engine::client::Client;
 use crate::engine::duration::ms;
 use crate::engine::error::{Error, InvalidInput, Result};
@@ -467,7 +467,7 @@ impl Puller {
         {
             s.stats.skipped.fetch_add(1, Ordering::Relaxed);
             handled_metric(s, "skipped");
-            let lane = lane_index(d.shard, d.priority);
+            let lane = LaneId::of(d.shard, d.priority);
             self.ack_lane(lane, &[(d.entry_id.clone(), d.attempt)])
                 .await;
             return None;
@@ -478,7 +478,7 @@ impl Puller {
         }
         delivery_metrics(s, &d, for_group.is_some());
         let receipt = self.signer.sign(&Receipt {
-            lane: lane_index(d.shard, d.priority),
+            lane: LaneId::of(d.shard, d.priority),
             entry_id: d.entry_id.clone(),
             lease_until,
             attempt: d.attempt,

@@ -1,9 +1,9 @@
 //! Settling pulled deliveries: `ack`, `nack` and `extend`, each honouring a receipt only
 //! while the group's timer still holds its lease (see the parent module).
 
-use super::super::Delivery;
 use super::super::receipt::Receipt;
 use super::super::settle::{ack_commands, handled_metric, settle_dead, settle_retry};
+use super::super::{Delivery, LaneId};
 use super::{Extended, MAX_LEASE, Nack, Puller, Settled, bad_option, check_count, check_lease};
 use crate::engine::duration::ms;
 use crate::engine::error::{Error, RedisContext, Result};
@@ -28,12 +28,12 @@ impl Puller {
     /// receipt's lease; returns the ids moved.
     async fn cas_leases(
         &self,
-        lane: u16,
+        lane: LaneId,
         until: i64,
         held: &[(String, i64)],
     ) -> Result<Vec<String>> {
         let s = &self.s;
-        let key = s.lanes[usize::from(lane)].timers(&s.group);
+        let key = s.lanes[lane.index()].timers(&s.group);
         with_retries("extend.lua", RetryPolicy::CALL, None, || {
             let mut conn = s.client.connection();
             let key = &key;
@@ -45,7 +45,7 @@ impl Puller {
     /// Takes the leases of `rs` (one lane) over for settling: moves each to a fresh lease
     /// end (the visibility timeout from now, never equal to a receipt's) while it still
     /// holds the receipt's. Returns which did.
-    async fn fence(&self, lane: u16, rs: &[&Receipt]) -> Result<Vec<bool>> {
+    async fn fence(&self, lane: LaneId, rs: &[&Receipt]) -> Result<Vec<bool>> {
         let held: Vec<(String, i64)> = rs
             .iter()
             .map(|r| (r.entry_id.clone(), r.lease_until))
@@ -61,7 +61,12 @@ impl Puller {
     /// their lease and now hold `until` (which none of them holds): each pair answers for
     /// itself, also when several name one entry (an older receipt beside a newer one), with
     /// one `extend.lua` call per round of distinct entries.
-    async fn cas_each(&self, lane: u16, until: i64, held: &[(String, i64)]) -> Result<Vec<bool>> {
+    async fn cas_each(
+        &self,
+        lane: LaneId,
+        until: i64,
+        held: &[(String, i64)],
+    ) -> Result<Vec<bool>> {
         let mut out = vec![false; held.len()];
         let mut left: Vec<usize> = (0..held.len()).collect();
         while !left.is_empty() {
@@ -84,9 +89,9 @@ impl Puller {
     /// the history markers), without the worker's ownership check, since the fence (a
     /// compare-and-set on each lease) settled it and counted the late ones. Returns how many
     /// Redis acknowledged.
-    pub(super) async fn ack_lane(&self, lane: u16, entries: &[(String, u32)]) -> Option<u64> {
+    pub(super) async fn ack_lane(&self, lane: LaneId, entries: &[(String, u32)]) -> Option<u64> {
         let s = &self.s;
-        let keys = &s.lanes[usize::from(lane)];
+        let keys = &s.lanes[lane.index()];
         let history = if entries.iter().any(|(_, n)| *n > 1) {
             s.pause.history(&s.client).await
         } else {
@@ -137,7 +142,7 @@ impl Puller {
     pub async fn ack(&self, receipts: &[&str]) -> Result<Vec<Settled>> {
         let opened = self.open_all(receipts)?;
         let s = &self.s;
-        let mut by_lane: HashMap<u16, Vec<usize>> = HashMap::new();
+        let mut by_lane: HashMap<LaneId, Vec<usize>> = HashMap::new();
         for (i, r) in opened.iter().enumerate() {
             by_lane.entry(r.lane).or_default().push(i);
         }
@@ -211,7 +216,7 @@ impl Puller {
         if !self.fence(r.lane, &[&r]).await?[0] {
             return Ok(Settled::LeaseLost);
         }
-        let keys = &s.lanes[usize::from(r.lane)];
+        let keys = &s.lanes[r.lane.index()];
         let d = Delivery {
             queue: s.queue.as_str().to_owned(),
             group: s.group.clone(),
@@ -255,7 +260,7 @@ impl Puller {
         check_lease(lease)?;
         let opened = self.open_all(receipts)?;
         // Each distinct receipt once, by lane.
-        let mut by_lane: HashMap<u16, Vec<(String, i64)>> = HashMap::new();
+        let mut by_lane: HashMap<LaneId, Vec<(String, i64)>> = HashMap::new();
         for r in &opened {
             let held = by_lane.entry(r.lane).or_default();
             let pair = (r.entry_id.clone(), r.lease_until);
@@ -265,7 +270,7 @@ impl Puller {
         }
         let all: Vec<(String, i64)> = by_lane.values().flatten().cloned().collect();
         let until = fresh_end(self.s.client.now_ms() + ms(lease), &all);
-        let mut extended: std::collections::HashSet<(u16, String, i64)> = Default::default();
+        let mut extended: std::collections::HashSet<(LaneId, String, i64)> = Default::default();
         for (lane, held) in by_lane {
             let moved = self.cas_each(lane, until, &held).await?;
             for ((id, l), m) in held.into_iter().zip(moved) {
