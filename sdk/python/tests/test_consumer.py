@@ -319,3 +319,35 @@ def test_errors_carry_the_api_code_and_never_the_token(serve, redis_server, ns):
             assert TOKEN not in text and wrong not in text, text
     for obj in (bad, c, delayq.AsyncConsumer(serve.base_url, TOKEN, QUEUE, GROUP)):
         assert TOKEN not in repr(obj) and wrong not in repr(obj)
+
+
+def test_calls_reuse_one_kept_alive_connection_per_thread(serve, redis_server, ns, monkeypatch):
+    """A connection per call costs a handshake each and leaves a socket in TIME_WAIT behind
+    it (a busy consumer runs out of local ports): 20 calls from one thread open one
+    connection, another thread opens its own, and a connection the server closed is
+    replaced, never written into."""
+    import socket
+
+    opened = []
+    real = socket.create_connection
+
+    def counting(*a, **kw):
+        s = real(*a, **kw)
+        opened.append(s)
+        return s
+
+    monkeypatch.setattr(socket, "create_connection", counting)
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    for _ in range(20):
+        assert c.receive() == []
+    assert len(opened) == 1, f"{len(opened)} connections for 20 calls"
+    t = threading.Thread(target=c.receive)
+    t.start()
+    t.join()
+    assert len(opened) == 2, "another thread has its own connection"
+    # The server's side goes away (as an idle timeout closes it): the next call opens a
+    # new connection and succeeds.
+    opened[0].shutdown(socket.SHUT_RDWR)
+    assert c.receive() == []
+    assert len(opened) == 3
+    c.close()

@@ -20,17 +20,15 @@ import inspect
 import json
 import logging
 import re
-import socket
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
+from ._http import Transport
 from .errors import ApiError, ApiUnreachable, InvalidInput, LeaseLost
 
 log = logging.getLogger("delayq.consumer")
@@ -179,7 +177,8 @@ def _error_text(e: BaseException) -> str:
 class Consumer:
     """A pull consumer of one group of one queue, over the HTTP API (synchronous; every
     call bounded by ``timeout`` seconds). ``token`` is sent as ``Authorization: Bearer``
-    and appears in no error, log line or repr. Thread-safe: each call is its own request.
+    and appears in no error, log line or repr. Thread-safe: each thread keeps its own
+    connection open between calls (see ``delayq._http``).
     """
 
     def __init__(
@@ -206,42 +205,21 @@ class Consumer:
         self.group = group
         self.lease_ms = lease_ms
         self.timeout = float(timeout)
-        self.__token = token
-        self._prefix = (
-            f"{self.base_url}/v1/queues/{urllib.parse.quote(queue, safe='')}"
-            f"/groups/{urllib.parse.quote(group, safe='')}"
-        )
+        self._http = Transport(self.base_url, token, self.timeout)
+        self._path = f"/v1/queues/{urllib.parse.quote(queue, safe='')}/groups/{urllib.parse.quote(group, safe='')}"
 
     def __repr__(self) -> str:
         return f"Consumer(base_url={self.base_url!r}, queue={self.queue!r}, group={self.group!r}, lease_ms={self.lease_ms})"
 
     def _call(self, action: str, body: Dict[str, Any], wait: float = 0.0) -> str:
         """POSTs ``body`` to ``.../{group}:{action}`` (bounded by the timeout plus ``wait``
-        seconds); the answer's text, or an error."""
-        what = f"{action} on {self.queue}/{self.group}"
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.__token:
-            headers["Authorization"] = f"Bearer {self.__token}"
-        req = urllib.request.Request(
-            f"{self._prefix}:{action}", data=json.dumps(body).encode(), headers=headers, method="POST"
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout + wait) as r:
-                return r.read().decode("utf-8")
-        except urllib.error.HTTPError as e:
-            status = e.code
-            try:
-                env = json.loads(e.read().decode("utf-8", "replace"))["error"]
-                code, message = str(env["code"]), str(env["message"])
-            except (ValueError, KeyError, TypeError, OSError):
-                code, message = ("internal" if status >= 500 else "invalid_request"), str(e.reason)
-            finally:
-                e.close()
-            cls = LeaseLost if (status, code) == (409, "lease_lost") else ApiError
-            raise cls(what, status, code, message) from None
-        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
-            cause = e.reason if isinstance(e, urllib.error.URLError) and isinstance(e.reason, BaseException) else e
-            raise ApiUnreachable(what, cause, sent=not isinstance(cause, ConnectionRefusedError)) from None
+        seconds) over this thread's kept-alive connection; the answer's text, or an error."""
+        return self._http.post(f"{self._path}:{action}", body, f"{action} on {self.queue}/{self.group}", wait)
+
+    def close(self) -> None:
+        """Closes the calling thread's kept-alive connection (optional: connections close
+        with their threads; a later call opens a new one)."""
+        self._http.close()
 
     def receive(self, max: int = 10, lease_ms: Optional[int] = None, wait_ms: int = 0) -> List[Delivery]:  # noqa: A002
         """Up to ``max`` due deliveries of the group, each leased for ``lease_ms`` (default:
