@@ -548,3 +548,55 @@ async fn an_idle_worker_blocks_and_does_not_read_every_lane_each_block() {
     cancel.cancel();
     wh.await.unwrap().unwrap();
 }
+
+/// A worker's own retry wakes its reclaim loop at the retry's due time: with the loop's
+/// look (`reclaim_every`) and the lease both an hour, nothing but that wake-up brings the
+/// second attempt within the test's wait.
+#[tokio::test]
+async fn a_retry_set_by_the_worker_wakes_its_reclaim_loop() {
+    let (_s, client) = start_with(ClientOptions::default()).await;
+    let attempts = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u32>::new()));
+    let a2 = attempts.clone();
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        move |d: delayq::Delivery| {
+            a2.lock().unwrap().push(d.attempt);
+            async move {
+                if d.attempt == 1 {
+                    Err(delayq::HandlerError::retry("first attempt fails"))
+                } else {
+                    Ok(())
+                }
+            }
+        },
+        WorkerOptions::default()
+            .block(Duration::from_millis(100))
+            .reclaim_every(HOUR)
+            .visibility_timeout(HOUR)
+            .backoff(delayq::Backoff::Fixed(Duration::from_millis(200))),
+    )
+    .unwrap();
+    w.ensure_groups().await.unwrap();
+    let cancel = CancellationToken::new();
+    let h = tokio::spawn(w.run(cancel.clone()));
+    client
+        .schedule(Q, "r1", When::in_ms(0), &json!({}))
+        .await
+        .unwrap();
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let a3 = attempts.clone();
+    wait_for("the second attempt", WAIT, move || {
+        let n = a3.lock().unwrap().len();
+        async move { n >= 2 }
+    })
+    .await;
+    cancel.cancel();
+    h.await.unwrap().unwrap();
+    assert_eq!(*attempts.lock().unwrap(), vec![1, 2]);
+}

@@ -86,6 +86,8 @@ struct Shared<H> {
     /// The group's pause flag and the queue's history retention, as this process last saw
     /// them.
     pause: crate::engine::flow::QueueWatch,
+    /// Retries this worker set, for its reclaim loop.
+    timer_hint: reclaim::TimerHint,
     /// Handler slots.
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
@@ -159,6 +161,7 @@ impl<H> Shared<H> {
             hooks: Arc::new(NoHooks),
             has_hooks: false,
             metrics: std::sync::OnceLock::new(),
+            timer_hint: reclaim::TimerHint::default(),
             sem: Arc::new(Semaphore::new(opts.concurrency)),
             taken: Arc::new(Semaphore::new(opts.taken_limit())),
             opts,

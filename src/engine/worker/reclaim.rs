@@ -10,13 +10,46 @@ use crate::engine::keys::ShardKeys;
 use crate::engine::reply::{Fields, claimed_entries};
 use crate::engine::scripts;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 /// Most entries one reclaim pass takes.
 const MAX_CLAIM: usize = 100;
+
+/// The earliest timer this worker set itself (a retry) since the reclaim loop last looked,
+/// and the wake-up that tells the loop: without it the loop would see the retry only at its
+/// next look (`reclaim_every`, or an earlier timer it already knew of).
+#[derive(Debug)]
+pub(super) struct TimerHint {
+    at: AtomicI64,
+    wake: Notify,
+}
+
+impl Default for TimerHint {
+    fn default() -> Self {
+        TimerHint {
+            at: AtomicI64::new(i64::MAX),
+            wake: Notify::new(),
+        }
+    }
+}
+
+impl TimerHint {
+    /// A timer at `at_ms` (unix ms) was set: the loop looks by then.
+    pub(super) fn set(&self, at_ms: i64) {
+        self.at.fetch_min(at_ms, Ordering::SeqCst);
+        self.wake.notify_one();
+    }
+
+    /// The earliest timer set since the last call, if any.
+    fn take(&self) -> Option<i64> {
+        let at = self.at.swap(i64::MAX, Ordering::SeqCst);
+        (at != i64::MAX).then_some(at)
+    }
+}
 
 /// Claims due timers until `cancel`; returns the tasks it spawned that still run, so
 /// shutdown can wait for them (and abort them after the grace).
@@ -41,10 +74,15 @@ pub(super) async fn reclaim_loop<H: Handler>(
             return handles;
         }
         while handles.try_join_next().is_some() {}
+        if let Some(at) = s.timer_hint.take() {
+            next_look = next_look.min(at);
+        }
         let wait = u64::try_from(next_look - s.client.now_ms()).unwrap_or(0);
         if wait > 0 {
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                // A retry this worker set: look again by its due time.
+                _ = s.timer_hint.wake.notified() => continue,
                 _ = cancel.cancelled() => return handles,
             }
         }
@@ -279,5 +317,21 @@ pub(super) async fn claim<H>(
             tracing::error!(error = %e, "unexpected reclaim reply");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimerHint;
+
+    #[test]
+    fn a_timer_hint_keeps_the_earliest_and_is_taken_once() {
+        let h = TimerHint::default();
+        assert_eq!(h.take(), None);
+        h.set(500);
+        h.set(300);
+        h.set(900);
+        assert_eq!(h.take(), Some(300));
+        assert_eq!(h.take(), None, "taken");
     }
 }

@@ -229,6 +229,7 @@ pub(super) async fn settle_retry<H>(
     match r {
         Ok(true) => {
             s.stats.retried.fetch_add(1, Ordering::Relaxed);
+            s.timer_hint.set(at);
             tracing::debug!(id = ?d.id, attempt = d.attempt, ?delay, "retry scheduled");
             true
         }
