@@ -28,8 +28,10 @@ pub struct WorkerOptions {
     /// An entry whose consumer stopped extending its lease this long ago is taken over by
     /// another consumer (default 30 s).
     pub visibility_timeout: Duration,
-    /// Longest wait between two looks at the group's due timers (default 1 s); the loop also
-    /// wakes at the earliest timer.
+    /// Longest wait between two looks at the group's due timers while it has any (default
+    /// 1 s); the loop also wakes at the earliest timer and at this worker's own retries. A
+    /// group with no timer at all is looked at less often, doubling up to a third of
+    /// `visibility_timeout`.
     pub reclaim_every: Duration,
     /// Entries taken ahead of free handler slots (default: three times `concurrency`).
     /// Under a backlog, each read then takes up to `concurrency + prefetch` entries (at most

@@ -37,6 +37,43 @@ impl Default for TimerHint {
     }
 }
 
+/// How long the loop waits after a look that saw no timer in any lane (an idle group: nothing
+/// leased, nothing to retry): `reclaim_every`, doubling with each such look up to a third of
+/// the visibility timeout; back to `reclaim_every` once a look sees a timer. An idle worker
+/// then costs one look per lane every few seconds, not every second. Nothing it must act on
+/// soon goes unseen: its own retries wake it ([`TimerHint`]), and a lease another consumer
+/// takes after a look runs out no sooner than a visibility timeout later, by when a look
+/// has seen it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct IdleLooks {
+    base: Duration,
+    cap: Duration,
+    next: Duration,
+}
+
+impl IdleLooks {
+    /// Looks every `reclaim_every` while busy, backing off to `visibility_timeout / 3`.
+    pub(super) fn new(reclaim_every: Duration, visibility_timeout: Duration) -> Self {
+        let cap = (visibility_timeout / 3).max(reclaim_every);
+        IdleLooks {
+            base: reclaim_every,
+            cap,
+            next: reclaim_every,
+        }
+    }
+
+    /// The wait before the next look, after a look that saw a timer or not.
+    pub(super) fn after(&mut self, saw_timer: bool) -> Duration {
+        if saw_timer {
+            self.next = self.base;
+            return self.base;
+        }
+        let wait = self.next;
+        self.next = (self.next * 2).min(self.cap);
+        wait
+    }
+}
+
 impl TimerHint {
     /// A timer at `at_ms` (unix ms) was set: the loop looks by then.
     pub(super) fn set(&self, at_ms: i64) {
@@ -69,6 +106,7 @@ pub(super) async fn reclaim_loop<H: Handler>(
 ) -> JoinSet<()> {
     let mut handles: JoinSet<()> = JoinSet::new();
     let mut next_look = s.client.now_ms();
+    let mut idle = IdleLooks::new(s.opts.reclaim_every, s.opts.visibility_timeout);
     loop {
         if cancel.is_cancelled() {
             return handles;
@@ -90,8 +128,10 @@ pub(super) async fn reclaim_loop<H: Handler>(
             continue;
         }
         let now = s.client.now_ms();
-        next_look = now + ms(s.opts.reclaim_every);
+        next_look = i64::MAX;
         let due = due_shards(&s, now, &mut next_look).await;
+        let saw_timer = !due.is_empty() || next_look != i64::MAX;
+        next_look = next_look.min(now + ms(idle.after(saw_timer)));
         if due.is_empty() {
             continue;
         }
@@ -322,7 +362,26 @@ pub(super) async fn claim<H>(
 
 #[cfg(test)]
 mod tests {
-    use super::TimerHint;
+    use super::{IdleLooks, TimerHint};
+    use std::time::Duration;
+
+    #[test]
+    fn an_idle_group_is_looked_at_less_and_less_often_until_a_timer_shows() {
+        let s = Duration::from_secs;
+        let mut l = IdleLooks::new(s(1), s(30));
+        let waits: Vec<Duration> = (0..6).map(|_| l.after(false)).collect();
+        assert_eq!(
+            waits,
+            [s(1), s(2), s(4), s(8), s(10), s(10)],
+            "capped at 30 s / 3"
+        );
+        assert_eq!(l.after(true), s(1), "a timer: back to reclaim_every");
+        assert_eq!(l.after(false), s(1));
+        assert_eq!(l.after(false), s(2));
+        // A visibility timeout under three looks keeps the looks at reclaim_every.
+        let mut short = IdleLooks::new(s(1), s(2));
+        assert_eq!((short.after(false), short.after(false)), (s(1), s(1)));
+    }
 
     #[test]
     fn a_timer_hint_keeps_the_earliest_and_is_taken_once() {
