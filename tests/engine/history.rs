@@ -203,7 +203,10 @@ async fn an_order_is_followed_from_scheduled_to_done_in_every_group() {
         .unwrap();
     client.cancel(Q, "o-paid").await.unwrap();
     let (st, v) = lookup(&router, "o-paid").await;
-    assert_eq!((st, v["state"].clone()), (StatusCode::OK, json!("cancelled")));
+    assert_eq!(
+        (st, v["state"].clone()),
+        (StatusCode::OK, json!("cancelled"))
+    );
     assert_eq!(v["cancelled"]["reason"], "id");
     assert_eq!(cli_get(&server.url(), "o-paid").1["state"], "cancelled");
     stop.cancel();
