@@ -574,6 +574,35 @@ def tag_bulk_step(reply: Any) -> Tuple[int, Optional[bytes], bool]:
     return int(reply[0]), reply[1], int(reply[2]) == 1 and reply[1] is not None
 
 
+#: The order history (src/engine/history.rs): the record field of a queue's retention (ms),
+#: the retention when it says nothing (24 h), the longest (90 days), the bucket length (1 h).
+RETENTION_FIELD = "history_ms"
+DEFAULT_HISTORY_MS = 24 * 3600 * 1000
+MAX_HISTORY_MS = 90 * 24 * 3600 * 1000
+HISTORY_BUCKET_MS = 3_600_000
+
+
+def cancel_record(shard_tag: str, retention: Any, now: int) -> Tuple[str, int]:
+    """Where cancel.lua / tag_bulk.lua record a cancellation at ``now`` (src/engine/history.rs
+    ``HistoryPolicy::cancel_target``): the shard's history bucket of ``now``
+    (``{tag}:history:<bucket ms>:<bucket>``) and its expiry, 0 when the queue keeps no
+    history (``retention``: the record's ``history_ms`` as read, None for the default)."""
+    try:
+        r = DEFAULT_HISTORY_MS if retention is None else int(retention)
+    except (TypeError, ValueError):
+        r = DEFAULT_HISTORY_MS
+    r = min(max(r, 0), MAX_HISTORY_MS)
+    b = now // HISTORY_BUCKET_MS
+    key = "%s:history:%d:%d" % (shard_tag, HISTORY_BUCKET_MS, b)
+    return key, ((b + 1) * HISTORY_BUCKET_MS + r) if r > 0 else 0
+
+
+def cancel_reason(kind: str, *parts: str) -> str:
+    """A cancel record's reason (src/engine/history.rs ``CancelledBy``): ``id``,
+    ``tag<US><tag>`` or ``event<US><name><US><event id or empty>``."""
+    return "\x1f".join((kind,) + parts)
+
+
 def tags_key(due: str) -> str:
     """The shard's tag index ZSET (src/engine/keys.rs ``ShardKeys::tags``) beside its due
     ZSET ``{tag}:due``."""

@@ -433,6 +433,22 @@ class Client:
             self._keys.tag(queue, s) + ":key_ring",
         )
 
+    def _retention(self, queue: str) -> Any:
+        """The queue's history retention as its record holds it (None: the default)."""
+        try:
+            return self._r.hget(self._keys.record(queue), c.RETENTION_FIELD)
+        except redis.RedisError as e:
+            raise c.wrap("reading the history retention", e) from None
+
+    def _cancel_record(self, queue: str, shard_tag: str, retention: Any = False) -> Tuple[str, int, int]:
+        """The history bucket, its expiry (0: history off) and now, for a cancellation in
+        the shard ``shard_tag`` (``retention`` False: read from the record)."""
+        if retention is False:
+            retention = self._retention(queue)
+        now = self.now_ms()
+        bucket, expiry = c.cancel_record(shard_tag, retention, now)
+        return bucket, expiry, now
+
     def cancel(self, queue: str, id: str) -> c.CancelOutcome:
         """Cancels a scheduled order (e.g. the customer paid). ``not_found`` when it was
         never scheduled, was already cancelled, or was already dispatched."""
@@ -440,7 +456,10 @@ class Client:
         try:
             # The tag index as KEYS[5], the key index and ring as KEYS[6], KEYS[7]: a
             # tagged order's tags and a keyed order's member leave them (cancel.lua).
-            n = self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]), [id])
+            # The history bucket as KEYS[8] with its expiry and now: the cancellation is
+            # recorded in the order history (cancel.lua; none when history is off).
+            bucket, expiry, now = self._cancel_record(queue, keys[0][: -len(":due")])
+            n = self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]) + [bucket], [id, expiry, now])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
@@ -453,6 +472,7 @@ class Client:
         rules.check_queue(queue)
         rules.check_tags([tag])
         ref = self._queue_ref(queue)
+        retention = self._retention(queue)
         total = 0
         for s in range(ref.shards):
             due = self._keys.due(queue, s)
@@ -461,7 +481,8 @@ class Client:
             cursor: Any = b""
             while True:
                 try:
-                    reply = self._evalsha(c.TAG_BULK, keys, [tag, c.TAG_BATCH, "cancel", "", cursor])
+                    bucket, expiry, now = self._cancel_record(queue, self._keys.tag(queue, s), retention)
+                    reply = self._evalsha(c.TAG_BULK, keys + [bucket], [tag, c.TAG_BATCH, "cancel", "", cursor, expiry, now, c.cancel_reason("tag", tag)])
                 except redis.RedisError as e:
                     raise c.wrap("cancelling the orders of a tag (tag_bulk.lua)", e) from None
                 n, last, more = c.tag_bulk_step(reply)
@@ -502,11 +523,13 @@ class Client:
                 out["duplicate"] = True
                 out["matched_rules"] = 0
                 return out
+        reason = c.cancel_reason("event", name, id or "")
         try:
             for q, token, remember in hits:
                 ref = self._lookup(q)
                 if ref is None:
                     continue
+                retention = self._retention(q)
                 for s in range(ref.shards):
                     remembered = self._keys.tag(q, s) + ":remembered"
                     self._r.zadd(remembered, {token: now + remember}, gt=True)
@@ -517,7 +540,8 @@ class Client:
                             self._keys.tag(q, s) + ":keyed", self._keys.tag(q, s) + ":key_ring"]
                     cursor: Any = b""
                     while True:
-                        reply = self._evalsha(c.TAG_BULK, keys, [token, c.TAG_BATCH, "cancel", "", cursor])
+                        bucket, expiry, at = self._cancel_record(q, self._keys.tag(q, s), retention)
+                        reply = self._evalsha(c.TAG_BULK, keys + [bucket], [token, c.TAG_BATCH, "cancel", "", cursor, expiry, at, reason])
                         n, last, more = c.tag_bulk_step(reply)
                         if n:
                             out["cancelled"] += n
