@@ -13,6 +13,9 @@ import {
 } from "./errors.js";
 import {
   MAX_SHARDS,
+  RETENTION_FIELD,
+  cancelReason,
+  cancelRecord,
   checkId,
   checkNamespace,
   checkQueue,
@@ -524,16 +527,31 @@ export class Client {
     });
   }
 
+  /** The queue's history retention as its record holds it (null: the default). */
+  private async retentionOf(queue: string): Promise<string | null> {
+    return (await this.core.conn.hget(queueRecordKey(this.core.ns, queue), RETENTION_FIELD)) as string | null;
+  }
+
+  /** The history bucket, its expiry (0: history off) and now, for a cancellation in the shard `shardTag` (`retention` undefined: read from the record). */
+  private async cancelRecordOf(queue: string, shardTag: string, retention?: string | null): Promise<{ bucket: string; expiresAt: number; now: number }> {
+    const r = retention === undefined ? await this.retentionOf(queue) : retention;
+    const now = this.nowMs();
+    return { ...cancelRecord(shardTag, r, now), now };
+  }
+
   /** Cancels a scheduled order: `not_found` when it was never scheduled, was cancelled or already dispatched. */
   async cancel(queue: string, id: string): Promise<CancelOutcome> {
     checkQueue(queue);
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
+    // The history bucket as KEYS[8] with its expiry and now: the cancellation is recorded
+    // in the order history (cancel.lua; none when history is off).
+    const h = await this.cancelRecordOf(queue, k.tag);
     const n = await this.evalScript(
       SCRIPTS.cancel,
-      [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing],
-      [id],
+      [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, h.bucket],
+      [id, String(h.expiresAt), String(h.now)],
       "cancelling an order (cancel.lua)",
     );
     return Number(n) === 1 ? "cancelled" : "not_found";
@@ -549,12 +567,14 @@ export class Client {
     checkQueue(queue);
     checkTags([tag]);
     const ref = await this.queueRef(queue);
+    const retention = await this.retentionOf(queue);
     let total = 0;
     for (let shard = 0; shard < ref.shards; shard++) {
       const k = shardKeys(this.core.ns, queue, shard);
       let cursor = "";
       for (;;) {
-        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [tag, "200", "cancel", "", cursor], "cancelling the orders of a tag (tag_bulk.lua)");
+        const h = await this.cancelRecordOf(queue, k.tag, retention);
+        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, h.bucket], [tag, "200", "cancel", "", cursor, String(h.expiresAt), String(h.now), cancelReason("tag", tag)], "cancelling the orders of a tag (tag_bulk.lua)");
         if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("cancelling the orders of a tag (tag_bulk.lua)", "not an array of 3");
         total += Number(r[0]);
         if (Number(r[2]) !== 1 || r[1] === null || r[1] === undefined) break;
@@ -605,9 +625,11 @@ export class Client {
         return out;
       }
     }
+    const reason = cancelReason("event", name, opts.id ?? "");
     try {
       for (const h of hits) {
         const ref = await this.queueRef(h.queue);
+        const retention = await this.retentionOf(h.queue);
         for (let shard = 0; shard < ref.shards; shard++) {
           const k = shardKeys(this.core.ns, h.queue, shard);
           const remembered = `${k.tag}:remembered`;
@@ -616,7 +638,8 @@ export class Client {
           await conn.zremrangebyrank(remembered, 0, -(100_000 + 1));
           let cursor = "";
           for (;;) {
-            const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [h.token, "200", "cancel", "", cursor], "posting an event (tag_bulk.lua)");
+            const rec = await this.cancelRecordOf(h.queue, k.tag, retention);
+            const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, rec.bucket], [h.token, "200", "cancel", "", cursor, String(rec.expiresAt), String(rec.now), reason], "posting an event (tag_bulk.lua)");
             if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("posting an event (tag_bulk.lua)", "not an array of 3");
             const n = Number(r[0]);
             if (n > 0) {
