@@ -32,6 +32,24 @@ def test_post_event_cancels_the_matching_orders_once(redis_server, ns, make_clie
     assert c.get("ev", "o-7") is None
 
 
+def test_post_event_honours_the_rules_orders_declared_for_themselves(redis_server, ns, make_client):
+    """Orders scheduled with their own rule (``delayq schedule --cancel-on``) on a queue
+    without rules: the Python client's event cancels them (their tokens carry the rule's
+    window, src/engine/events.rs "Order rules"), leaves their neighbours, and is remembered
+    for the rule."""
+    url = redis_server.url
+    run_bin("queue", "create", "own", url=url, namespace=ns)
+    for id, extra in [("with", ["--cancel-on", "order.paid:order_id@1m"]), ("without", [])]:
+        run_bin("schedule", "own", id, "--in", "1h", "--payload", '{"order_id":9}', *extra, url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    a = c.post_event("order.paid", {"order_id": 9})
+    assert (a["cancelled"], a["queues"], a["matched_rules"]) == (1, {"own": 1}, 1)
+    assert c.get("own", "with") is None and c.get("own", "without") is not None
+    assert c.post_event("order.paid", {"order_id": 10})["cancelled"] == 0
+    out = run_bin("schedule", "own", "o-10", "--in", "1h", "--payload", '{"order_id":10}', "--cancel-on", "order.paid:order_id@1m", url=url, namespace=ns)
+    assert json.loads(out.stdout)["outcome"] == "cancelled_by_event"
+
+
 def test_tokens_are_the_rust_clients():
     assert delayq.rules.event_token("order.paid", ["order_id", "customer.id"], {"order_id": 1234, "customer": {"id": "42"}}) == '\x01order.paid {"order_id":1234,"customer.id":"42"}'
     assert delayq.rules.event_token("order.paid", ["order_id"], {"order_id": None}) is None

@@ -55,6 +55,8 @@ export const ENQUEUE_CALL_ORDERS = 500;
 export const ENQUEUE_CALL_BYTES = 1 << 20;
 /** The longest `WAIT` a durable schedule makes, ms. */
 export const MAX_WAIT_MS = 60_000;
+/** The prefix of a queue record's fields holding the rules its orders declared (src/engine/events.rs). */
+const ORDER_RULE_PREFIX = "order_rule:";
 /** How long a reply on the durable connection may take: the longest WAIT plus the writes. */
 const DURABLE_RESPONSE_TIMEOUT_MS = 70_000;
 /** The Redis clock is read again (TIME) when its anchor is older than this. */
@@ -599,17 +601,30 @@ export class Client {
     const hits: { queue: string; token: string; remember: number }[] = [];
     for (const q of names) {
       const rec = await conn.hget(queueRecordKey(this.core.ns, q), "cancel_on");
-      if (rec === null) continue;
-      let stored: { rules?: { event?: string; match?: string[]; remember_ms?: number }[] };
+      let stored: { rules?: { event?: string; match?: string[]; remember_ms?: number }[] } = {};
       try {
-        stored = JSON.parse(rec);
+        if (rec !== null) stored = JSON.parse(rec);
       } catch {
-        continue;
+        stored = {};
       }
       for (const r of stored.rules ?? []) {
         if (r.event !== name) continue;
         const token = eventToken(name, r.match ?? [], data);
         if (token !== null) hits.push({ queue: q, token, remember: Number(r.remember_ms ?? 900_000) });
+      }
+      // The rules the queue's orders declared for themselves (fields `order_rule:<rule
+      // JSON>`, src/engine/events.rs "Order rules"): their tokens carry their window.
+      for (const f of (await conn.hkeys(queueRecordKey(this.core.ns, q))) as string[]) {
+        if (!f.startsWith(ORDER_RULE_PREFIX)) continue;
+        let r: { event?: string; match?: string[]; remember_ms?: number };
+        try {
+          r = JSON.parse(f.slice(ORDER_RULE_PREFIX.length));
+        } catch {
+          continue;
+        }
+        if (r.event !== name || typeof r.remember_ms !== "number") continue;
+        const token = eventToken(`${name}@${r.remember_ms}`, r.match ?? [], data);
+        if (token !== null) hits.push({ queue: q, token, remember: r.remember_ms });
       }
     }
     out.matchedRules = hits.length;

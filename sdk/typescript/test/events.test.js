@@ -121,3 +121,18 @@ test("an overlong match value is refused naming cancel_on, nothing written", asy
   );
   assert.equal(await client.get("evl", "x"), null);
 });
+
+test("postEvent honours the rules orders declared for themselves", async () => {
+  assert.equal((await bin("queue", "create", "own")).code, 0);
+  for (const [id, extra] of [["with", ["--cancel-on", "order.paid:order_id@1m"]], ["without", []]]) {
+    const r = await bin("schedule", "own", id, "--in", "1h", "--payload", '{"order_id":9}', ...extra);
+    assert.equal(r.code, 0, r.stderr);
+  }
+  const a = await client.postEvent("order.paid", { order_id: 9 });
+  assert.deepEqual([a.cancelled, a.queues], [1, { own: 1 }]);
+  assert.equal(await client.get("own", "with"), null);
+  assert.notEqual(await client.get("own", "without"), null);
+  assert.equal((await client.postEvent("order.paid", { order_id: 10 })).cancelled, 0);
+  const out = await bin("schedule", "own", "o-10", "--in", "1h", "--payload", '{"order_id":10}', "--cancel-on", "order.paid:order_id@1m");
+  assert.equal(JSON.parse(out.stdout).outcome, "cancelled_by_event");
+});

@@ -518,9 +518,10 @@ class AsyncClient:
         try:
             names = sorted(c._text(n) for n in await self._r.smembers(self._keys.queues()))
             records = [await self._r.hget(self._keys.record(q), "cancel_on") for q in names]
+            fields = [await self._r.hkeys(self._keys.record(q)) for q in names]
         except redis.RedisError as e:
             raise c.wrap("reading the queues' cancel_on rules", e) from None
-        hits = rules.event_hits(name, data, names, records)
+        hits = rules.event_hits(name, data, names, records, fields)
         out["matched_rules"] = len(hits)
         await self._resync_if_stale()
         now = self.now_ms()

@@ -506,9 +506,10 @@ class Client:
         try:
             names = sorted(c._text(n) for n in self._r.smembers(self._keys.queues()))
             records = [self._r.hget(self._keys.record(q), "cancel_on") for q in names]
+            fields = [self._r.hkeys(self._keys.record(q)) for q in names]
         except redis.RedisError as e:
             raise c.wrap("reading the queues' cancel_on rules", e) from None
-        hits = rules.event_hits(name, data, names, records)
+        hits = rules.event_hits(name, data, names, records, fields)
         out["matched_rules"] = len(hits)
         now = self.now_ms()
         seen = None

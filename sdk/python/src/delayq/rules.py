@@ -682,21 +682,42 @@ def order_tokens(rule_list: Sequence[Any], payload: bytes) -> List[str]:
     return out
 
 
-def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any]) -> List[Any]:
+#: The prefix of a queue record's fields holding the rules its orders declared.
+ORDER_RULE_PREFIX = "order_rule:"
+
+
+def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any], fields: Optional[Sequence[Any]] = None) -> List[Any]:
     """The (queue, token, remember_ms) of every rule of ``queues`` (their records' ``cancel_on``
-    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds."""
+    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds; with
+    ``fields`` (each record's field names, HKEYS), also of the rules the queues' orders
+    declared for themselves (fields ``order_rule:<rule JSON>``, src/engine/events.rs
+    "Order rules"), whose tokens carry their window: ``\\x01<event>@<remember ms> {...}``."""
     hits = []
-    for q, rec in zip(queues, records):
-        if rec is None:
-            continue
-        try:
-            stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
-        except ValueError:
-            continue
+    for i, (q, rec) in enumerate(zip(queues, records)):
+        stored: Any = {}
+        if rec is not None:
+            try:
+                stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
+            except ValueError:
+                stored = {}
         for r in stored.get("rules", []):
             if r.get("event") != name:
                 continue
             token = event_token(name, r.get("match", []), data)
             if token is not None:
                 hits.append((q, token, int(r.get("remember_ms", DEFAULT_REMEMBER_MS))))
+        for f in (fields[i] if fields is not None else []) or []:
+            text = f.decode() if isinstance(f, bytes) else f
+            if not text.startswith(ORDER_RULE_PREFIX):
+                continue
+            try:
+                r = json.loads(text[len(ORDER_RULE_PREFIX):])
+                remember = int(r["remember_ms"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if r.get("event") != name:
+                continue
+            token = event_token("%s@%d" % (name, remember), r.get("match", []), data)
+            if token is not None:
+                hits.append((q, token, remember))
     return hits
