@@ -202,3 +202,48 @@ async fn with_history_off_a_cancel_writes_no_record() {
     let keys: Vec<String> = support::raw(&client, &["KEYS", "*history*"]).await;
     assert!(keys.is_empty(), "{keys:?}");
 }
+
+/// A reconciliation that sends a cancelled order to a group (its source of truth says it
+/// is due) treats the cancellation's record as no delivery: the order is sent, and its
+/// history then follows the new entry (`dispatched`, the group waiting), not `cancelled`.
+#[tokio::test]
+async fn a_reconciliation_of_a_cancelled_order_is_followed_by_its_history() {
+    let (_server, client) = start().await;
+    delayq::Worker::new(
+        &client,
+        Q,
+        "close",
+        |_d: delayq::Delivery| async { Ok(()) },
+        delayq::WorkerOptions::default(),
+    )
+    .unwrap()
+    .ensure_groups()
+    .await
+    .unwrap();
+    let o = NewOrder::new("c-1", When::in_ms(600_000), json!({"n": 1}));
+    client
+        .schedule_with(Q, o.clone(), delayq::Mode::Upsert)
+        .await
+        .unwrap();
+    client.cancel(Q, "c-1").await.unwrap();
+    assert_eq!(
+        client
+            .admin()
+            .history(Q, "c-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .state,
+        OrderState::Cancelled
+    );
+    let sent = client.admin().redeliver(Q, "close", &[o]).await.unwrap();
+    assert_eq!(
+        sent,
+        vec![delayq::engine::admin::history::Redelivered::Sent]
+    );
+    let h = client.admin().history(Q, "c-1").await.unwrap().unwrap();
+    assert_eq!(h.state, OrderState::Dispatched);
+    assert!(h.cancelled.is_none());
+    assert_eq!(h.groups.len(), 1, "{h:?}");
+    assert_eq!(h.groups[0].group, "close");
+}
