@@ -223,6 +223,7 @@ class Client:
         repeat: bool = False,
         tags: Optional[Sequence[str]] = None,
         key: Optional[str] = None,
+        cancel_on: Optional[Sequence[Dict[str, Any]]] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -243,7 +244,9 @@ class Client:
         most 10 strings, each 1..=128 bytes without control characters, none twice (else
         ``invalid_option``); an upsert replaces the set. ``key``: the order's key (1..=128
         bytes, no control characters, else ``invalid_option``): due orders are dispatched
-        round robin between keys; an upsert without one removes it."""
+        round robin between keys; an upsert without one removes it. ``cancel_on``: the
+        order's own cancel-on-event rules (``[{"event", "match", "remember_ms"}]``, checked as
+        a queue's, else ``invalid_option`` naming ``cancel_on``)."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -259,11 +262,31 @@ class Client:
             repeat=repeat,
             tags=tags,
             key=key,
+            cancel_on=cancel_on,
         )
         try:
             return self.schedule_many(queue, [order], mode=mode)[0]
         except InvalidInput as e:
             raise c.single(e) from None
+
+    def _register_order_rules(self, queue: str, prepared: Sequence[Any]) -> None:
+        """Registers in the queue's record the rules the orders declare for themselves
+        (order_rules.lua; nothing when none does), as the Rust client does."""
+        fields = c.order_rule_fields(prepared)
+        if not fields:
+            return
+        try:
+            n = int(self._evalsha(c.ORDER_RULES, [self._keys.record(queue)], [rules.MAX_ORDER_RULES] + fields))
+        except redis.RedisError as e:
+            raise c.wrap("registering the orders' cancel_on rules (order_rules.lua)", e) from None
+        if n == -1:
+            self._forget(queue)
+            raise QueueNotFound(queue)
+        if n == -2:
+            raise InvalidInput(
+                "invalid_option",
+                f"invalid option cancel_on: the orders of {queue} already declare {rules.MAX_ORDER_RULES} distinct rules: use the queue's rules, or fewer distinct ones",
+            )
 
     def schedule_many(self, queue: str, orders: Iterable[Union[c.Order, dict]], mode: Union[str, c.Mode] = c.Mode.UPSERT) -> List[c.Scheduled]:
         """Schedules a batch (at most 10,000 orders, each with its own ``priority``),
@@ -280,6 +303,8 @@ class Client:
         if not prepared:
             return []
         sent = c.with_tokens(prepared, ref)
+        # The orders' own rules are made known to events before any order carries them.
+        self._register_order_rules(queue, prepared)
         calls = c.plan(ref.shards, sent)
         results = self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         if all(isinstance(r, DelayqError) and getattr(r, "refusal", None) for r in results):
