@@ -29,7 +29,12 @@ import {
   type NewOrder,
   type Priority,
   type When,
+  MAX_ORDER_RULES,
+  type OwnRule,
+  checkCancelOn,
   checkOrder,
+  orderRuleField,
+  ownTokens,
   checkPriority,
   checkEvent,
   checkTags,
@@ -245,7 +250,8 @@ function outcomes(codes: unknown, n: number): Enqueued[] {
   return codes.map((raw) => {
     if (Array.isArray(raw) && Number(raw[0]) === 4) {
       // The event's name is the token's, up to the space.
-      const event = String(raw[1]).replace(/^\x01/, "").split(" ")[0] as string;
+      // An order rule's token carries its window: "<event>@<remember ms>".
+      const event = (String(raw[1]).replace(/^\x01/, "").split(" ")[0] as string).split("@")[0] as string;
       return { outcome: "cancelled_by_event", ms: null, event };
     }
     const [c, ms] = Array.isArray(raw) ? [raw[0], Number(raw[1])] : [raw, null];
@@ -464,6 +470,8 @@ export class Client {
       throw new QueueNotFoundError(queue, "its registry record has no epoch (written by an earlier delayq): `delayq queue create` upgrades it");
     }
     let tokens = this.matchTokens(orders, payloads, ref);
+    // The orders' own rules are made known to events before any order carries them.
+    await this.registerOrderRules(queue, orders);
     let calls = plan(orders, bytes, all, ref.shards);
     let done = await this.enqueueCalls(queue, epochArg(ref), calls, orders, dues, payloads, tokens, levels, now, mode);
     // Every call refused by enqueue.lua (nothing written): the queue was deleted, or deleted
@@ -777,14 +785,30 @@ export class Client {
    * payload value over 256 bytes at a match path is refused naming `cancel_on`.
    */
   private matchTokens(orders: NewOrder[], payloads: string[], ref: QueueRef): string[][] {
-    if (ref.rules.length === 0) return [];
+    const own = orders.map((o) => checkCancelOn(o.cancelOn));
+    if (ref.rules.length === 0 && own.every((r) => r.length === 0)) return [];
     return orders.map((_, i) => {
       try {
-        return orderTokens(ref.rules, payloads[i] as string);
+        // The queue's rules, then the order's own (their tokens carry their window).
+        return [...orderTokens(ref.rules, payloads[i] as string), ...ownTokens(own[i] as OwnRule[], payloads[i] as string)];
       } catch (e) {
         throw e instanceof InvalidInputError ? e.inBatch(i) : e;
       }
     });
+  }
+
+  /** Registers in the queue's record the rules the orders declare for themselves (order_rules.lua; nothing when none does), as the Rust client does. */
+  private async registerOrderRules(queue: string, orders: NewOrder[]): Promise<void> {
+    const fields = [...new Set(orders.flatMap((o) => checkCancelOn(o.cancelOn).map(orderRuleField)))].sort();
+    if (fields.length === 0) return;
+    const n = Number(await this.evalScript(SCRIPTS.order_rules, [queueRecordKey(this.core.ns, queue)], [String(MAX_ORDER_RULES), ...fields], "registering the orders' cancel_on rules (order_rules.lua)"));
+    if (n === -1) {
+      this.core.known.delete(queue);
+      throw new QueueNotFoundError(queue);
+    }
+    if (n === -2) {
+      throw new InvalidInputError("invalid_option", `invalid option cancel_on: the orders of ${queue} already declare ${MAX_ORDER_RULES} distinct rules: use the queue's rules, or fewer distinct ones`);
+    }
   }
 
   /** Runs the planned enqueue.lua calls; one result per call, in call order. */
