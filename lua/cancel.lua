@@ -1,4 +1,5 @@
--- cancel.lua: remove one scheduled order (schedule entry, payload and level together).
+-- cancel.lua: remove one scheduled order (schedule entry, payload and level together) and
+-- record the cancellation in the order history.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
@@ -7,33 +8,31 @@
 -- KEYS[5]  optional (with KEYS[4]): the shard's tag index ZSET (see enqueue.lua)
 -- KEYS[6]  optional (with KEYS[5]): the shard's key index ZSET, KEYS[7] its key ring ZSET
 --          (issue 42; see keyed.lua): a keyed order's member goes with it
+-- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
+--          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
 -- ARGV[1]  order id
+-- ARGV[2]  optional: when the history bucket expires, unix ms (0 or absent: history off,
+--          nothing recorded; src/engine/history.rs `write_target`)
+-- ARGV[3]  with ARGV[2] > 0: now, unix ms (the client's Redis clock)
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the three go together, so no crash leaves a payload or level without its
--- schedule entry, nor an index member without its order. With the tag index, the value is
--- read before it is deleted (HGET: its tags leave the index). Cost: O(log N) in the shard's
--- scheduled orders (ZREM), + O(t log T) for t tags in an index of T members; with KEYS[7]
--- one EXISTS more, and while the shard has keyed orders a ZSCORE and O(log K) in the key
--- index. Redis >= 6.2.
--- @include tags, keyed
-local value = nil
-if KEYS[5] then value = redis.call('HGET', KEYS[2], ARGV[1]) end
-if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
-  local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  key_unindex(KEYS[6], KEYS[7], ARGV[1], tonumber(due), value)
+-- schedule entry, nor an index member without its order; the history record
+-- "c:<now>:<due>:id" (include `unschedule`) is written in the same step, so the history
+-- answers `cancelled` exactly for the orders cancelled. Arguments are checked before the
+-- first write. Cost: O(log N) in the shard's scheduled orders (ZSCORE, ZREM), + O(t log T)
+-- for t tags in an index of T members; with KEYS[7] one EXISTS more, and while the shard
+-- has keyed orders O(log K) in the key index; with history one HSET and one PEXPIREAT.
+-- Redis >= 6.2.
+-- @include unschedule
+local at, now = history_args(ARGV[2], ARGV[3], 'id')
+if not at then return redis.error_reply('ERR delayq cancel: ' .. now) end
+if at > 0 and not KEYS[8] then
+  return redis.error_reply('ERR delayq cancel: history needs its bucket key (KEYS[8])')
 end
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if removed == 1 and KEYS[5] then
-  local list = tag_list(value)
-  if list then
-    local members, rm = {}, {}
-    each_tag(list, ARGV[1], members, true)
-    for m in pairs(members) do rm[#rm + 1] = m end
-    redis.call('ZREM', KEYS[5], unpack(rm))
-  end
-end
-redis.call('HDEL', KEYS[2], ARGV[1])
-if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end
-if KEYS[4] then redis.call('HDEL', KEYS[4], ARGV[1]) end
-return removed
+local keyed = KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local due = unschedule({ due = KEYS[1], payload = KEYS[2], levels = KEYS[3],
+  debounce = KEYS[4], tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }, ARGV[1], keyed, nil)
+if not due then return 0 end
+write_cancels(KEYS[8], at, { ARGV[1], cancel_record(now, due, 'id') })
+return 1

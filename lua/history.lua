@@ -27,6 +27,7 @@
 -- Returns:
 --   false                                        never seen, or past the history retention
 --   { 'scheduled', due_ms, stored value or false, level or false }   waiting for its due time
+--   { 'cancelled', cancel ms, due (its score text), reason }   cancelled (see cancel.lua)
 --   { 'dispatched', entry id, due_ms, entry fields or false (trimmed),
 --     { {group, state, attempts, last_error or false, next_attempt_ms or false,
 --        late_ms or false}, ... },
@@ -80,7 +81,16 @@ local function entry_of(v)
   if not e or parse_id(e) < cutoff then return nil end
   return e, d, lane_no[level] or 0
 end
-local eid, due_ms, elane = entry_of(lookup(id))
+-- A cancelled order's record "c:<cancel ms>:<due>:<reason>" (cancel.lua, tag_bulk.lua;
+-- include unschedule there): the newest record, so the answer, while within the retention.
+local rec = lookup(id)
+local c_at, c_due, c_reason = nil, nil, nil
+if rec then c_at, c_due, c_reason = string.match(rec, '^c:(%d+):([^:]+):(.+)$') end
+if c_at then
+  if tonumber(c_at) >= cutoff then return { 'cancelled', c_at, c_due, c_reason } end
+  rec = nil
+end
+local eid, due_ms, elane = entry_of(rec)
 local ng = #ARGV - 4 - k
 local per, plane = {}, {}
 local any = eid ~= nil

@@ -23,7 +23,8 @@
 -- for_group = <group> and due_ms = now (1), and the group's history follows the new entry:
 -- a redirect "\2<group>\2<order id>" -> "<entry id>:<due ms>" when the order has a record
 -- (the other groups keep reporting what they handled), else the order's record itself
--- (an entry only the group sees: the lookup reports that group alone).
+-- (an entry only the group sees: the lookup reports that group alone). A cancelled
+-- order's record (cancel.lua) counts as none.
 -- Returns one code per order. Error "ERR delayq group_not_found ..." (nothing written) when
 -- the group does not exist on this shard's stream: without it, nothing could tell an order
 -- on its way from a lost one, and every run would append every order again.
@@ -86,6 +87,9 @@ for i = 6 + k, #ARGV, 2 do
         found = redis.call('HGET', KEYS[4 + j], id)
         if found then break end
       end
+      -- A cancellation's record "c:..." (cancel.lua, tag_bulk.lua) is no delivery: the
+      -- order is sent as one never dispatched, and its own record follows the new entry.
+      if found and string.sub(found, 1, 2) == 'c:' then found = nil end
     end
     recorded[i] = found
     local eid, level

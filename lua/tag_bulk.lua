@@ -9,6 +9,8 @@
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
 -- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
 --          keyed.lua): a keyed order's member goes or moves with it
+-- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
+--          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller), or a
 --          cancel-on-event match token (\x01 then no control characters)
 -- ARGV[2]  at most this many orders, 1..1000
@@ -17,14 +19,20 @@
 -- ARGV[4]  the due time or shift for "at" / "shift" ("" for cancel)
 -- ARGV[5]  the cursor: "" for the start, else the last id a previous call answered (the ids
 --          are worked in byte order)
+-- ARGV[6]  optional, cancel only: when the history bucket expires, unix ms (0 or absent:
+--          history off, nothing recorded; src/engine/history.rs `write_target`)
+-- ARGV[7]  with ARGV[6] > 0: now, unix ms (the client's Redis clock)
+-- ARGV[8]  with ARGV[6] > 0: the reason recorded, "tag\31<tag>" or "event\31<name>\31<event
+--          id or empty>" (include `unschedule`, `cancel_record`)
 --
 -- Returns: { affected, last_id or false, more }: how many orders were cancelled or moved,
 --          the last id looked at (the next call's cursor), more = 1 when ids of the tag
 --          remain after it. A member whose order is no longer scheduled (never happens
 --          while every writer keeps the index; a foreign writer's leftovers) is dropped
 --          and not counted. A repeated cancel answers 0.
--- Why one script: each order is cancelled exactly as cancel.lua does (schedule entry,
--- payload, level, debounce record and every index member of it together) or moved as
+-- Why one script: each order is cancelled exactly as cancel.lua does (the shared include
+-- `unschedule`: schedule entry, payload, level, debounce record and every index member of
+-- it together, and its history record "c:<now>:<due>:<reason>" in the same step) or moved as
 -- reschedule.lua does, in one step with the index read, so against dequeue.lua (which
 -- takes an order and its index members in one step) an order is either cancelled here or
 -- dispatched there, never both and never neither. Every argument is checked before the
@@ -33,9 +41,10 @@
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
 -- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
--- the key index.
+-- the key index; a cancel with history adds one HSET of the batch's records and one
+-- PEXPIREAT per call.
 -- Redis >= 6.2.
--- @include int, wake, tags, keyed
+-- @include int, wake, keyed, unschedule
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
@@ -57,6 +66,14 @@ if action == 'at' or action == 'shift' then
 elseif action ~= 'cancel' then
   return redis.error_reply('ERR delayq tag_bulk: the action must be cancel, at or shift')
 end
+local hist_at, now = 0, '0'
+if action == 'cancel' then
+  hist_at, now = history_args(ARGV[6], ARGV[7], ARGV[8])
+  if not hist_at then return redis.error_reply('ERR delayq tag_bulk: ' .. now) end
+  if hist_at > 0 and not KEYS[8] then
+    return redis.error_reply('ERR delayq tag_bulk: history needs its bucket key (KEYS[8])')
+  end
+end
 local cursor = ARGV[5] or ''
 local prefix = tag .. '\31'
 local from = cursor == '' and ('[' .. prefix) or ('(' .. prefix .. cursor)
@@ -66,26 +83,20 @@ if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
 local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local shard = { due = KEYS[1], payload = KEYS[2], levels = KEYS[3], debounce = KEYS[4],
+  tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }
+local hist = {}
 for i = 1, #got do
   local id = string.sub(got[i], #prefix + 1)
   last = id
   if action == 'cancel' then
-    local due = keyed and redis.call('ZSCORE', KEYS[1], id)
-    if redis.call('ZREM', KEYS[1], id) == 1 then
-      local members, rm = {}, {}
-      local value = redis.call('HGET', KEYS[2], id)
-      if keyed then key_unindex(KEYS[6], KEYS[7], id, tonumber(due), value) end
-      local list = tag_list(value)
-      if list then each_tag(list, id, members, true) end
-      members[got[i]] = true
-      for m in pairs(members) do rm[#rm + 1] = m end
-      redis.call('ZREM', KEYS[5], unpack(rm))
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[3], id)
-      redis.call('HDEL', KEYS[4], id)
+    local due = unschedule(shard, id, keyed, got[i])
+    if due then
       affected = affected + 1
-    else
-      redis.call('ZREM', KEYS[5], got[i])
+      if hist_at > 0 then
+        hist[#hist + 1] = id
+        hist[#hist + 1] = cancel_record(now, due, ARGV[8])
+      end
     end
   else
     local score = redis.call('ZSCORE', KEYS[1], id)
@@ -108,4 +119,5 @@ for i = 1, #got do
   end
 end
 if first then wake(KEYS[1], before, first) end
+write_cancels(KEYS[8], hist_at, hist)
 return { affected, last, more }

@@ -97,6 +97,11 @@ pub enum Command {
         /// orders are dispatched round robin between keys. An upsert without one removes it.
         #[arg(long, allow_hyphen_values = true)]
         key: Option<String>,
+        /// The order's own cancel-on-event rule, EVENT:FIELD[,FIELD...][@REMEMBER] (as
+        /// `queue create --cancel-on`); repeatable: an event it names whose data matches
+        /// the payload on those fields cancels the order.
+        #[arg(long = "cancel-on", value_name = "RULE")]
+        cancel_on: Vec<String>,
     },
     /// Post an event (e.g. order.paid): cancels the scheduled orders of every queue whose
     /// cancel_on rules name it and match its data, and is remembered for the rules'

@@ -1,6 +1,6 @@
 //! `delayq schedule QUEUE ID (--in D | --at T [--tz ZONE] | --debounce D --max-wait M)
 //! [--payload JSON] [--if-absent] [--repeat] [--priority P] [--expires-after D] [--tag T]...
-//! [--key K]`.
+//! [--key K] [--cancel-on EVENT:FIELD[,FIELD][@REMEMBER]]...`.
 //!
 //! The order carries the caller's W3C trace context from `TRACEPARENT` and `TRACESTATE`
 //! (the OpenTelemetry convention for command-line tools; see [`trace_from_env`]).
@@ -29,6 +29,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         expires_after,
         tags,
         key,
+        cancel_on,
     } = c
     else {
         return Err(Failure::Runtime("not a schedule command".into()));
@@ -74,6 +75,12 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         crate::engine::order_key::validate(&k)?;
         order = order.with_key(k);
     }
+    let rules = cancel_on
+        .iter()
+        .map(|r| crate::engine::events::parse_rule(r))
+        .collect::<Result<Vec<_>, _>>()?;
+    crate::engine::events::validate_rules(&rules)?;
+    order = order.with_cancel_on(rules);
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }

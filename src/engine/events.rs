@@ -25,6 +25,17 @@
 //! remembered token, and writes nothing. Orders of a queue without rules carry no token
 //! and pay nothing (the script looks for tokens only in a call that carries tags).
 //!
+//! **Order rules.** An order may declare rules of its own on schedule (same type, same
+//! checks, at most [`MAX_RULES`]): its payload gives their tokens as above, but with the
+//! rule's window in the event part (`\x01<event>@<remember ms> {...}`), so that a
+//! remembered event refuses an order exactly within that order's window, whatever other
+//! rules of the same event say. The queue keeps the distinct rules its orders declared
+//! (fields `order_rule:<rule JSON>` of its registry record, at most [`MAX_ORDER_RULES`],
+//! written by `order_rules.lua` before the first order declaring one is scheduled),
+//! and an event computes its tokens for them as for the queue's rules: it cancels the
+//! orders that declared a matching rule and is remembered for them. An event that arrives
+//! before any order of the queue ever declared its rule is not remembered for that rule.
+//!
 //! **Rule versions.** A queue's rules live in its registry record (field [`RECORD_FIELD`],
 //! JSON with a version); each shard's marker holds the version, and `enqueue.lua` refuses a
 //! producer whose cached version differs (it re-reads the record and retries), so no order
@@ -193,9 +204,24 @@ impl CancelRule {
     /// rule: `None` when a path holds no scalar. Refused (naming `cancel_on`) when a value
     /// is longer than [`MAX_VALUE_LEN`].
     pub fn token(&self, doc: &Value) -> Result<Option<String>, InvalidInput> {
+        self.token_as(doc, false)
+    }
+
+    /// The token under this rule declared by an order itself (see "Order rules" in the
+    /// module docs): the event name carries the rule's window, `<event>@<remember ms>`, so
+    /// that a remembered event answers exactly for that window.
+    pub(crate) fn order_token(&self, doc: &Value) -> Result<Option<String>, InvalidInput> {
+        self.token_as(doc, true)
+    }
+
+    fn token_as(&self, doc: &Value, order: bool) -> Result<Option<String>, InvalidInput> {
         let mut s = String::new();
         s.push(TOKEN);
         s.push_str(&self.event);
+        if order {
+            s.push('@');
+            s.push_str(&self.remember_ms.to_string());
+        }
         s.push_str(" {");
         for (i, p) in self.match_paths.iter().enumerate() {
             let Some(v) = scalar_at(doc, p) else {
@@ -330,10 +356,36 @@ pub(crate) fn is_token(tag: &str) -> bool {
     tag.starts_with(TOKEN)
 }
 
-/// The event name of a match token.
+/// The event name of a match token (an order rule's without its `@<remember ms>`).
 pub(crate) fn event_of_token(token: &str) -> &str {
     let t = token.strip_prefix(TOKEN).unwrap_or(token);
-    t.split_once(' ').map_or(t, |(e, _)| e)
+    let e = t.split_once(' ').map_or(t, |(e, _)| e);
+    e.split_once('@').map_or(e, |(e, _)| e)
+}
+
+/// Most distinct rules that a queue's orders may declare for themselves (a schedule that
+/// would add one more is refused, naming `cancel_on`).
+pub const MAX_ORDER_RULES: usize = 64;
+
+/// The prefix of a queue record's fields that hold the rules its orders declared.
+pub(crate) const ORDER_RULE_PREFIX: &str = "order_rule:";
+
+/// A rule declared by an order, as the queue's record keeps it: the field
+/// `order_rule:<rule JSON>` (`order_rules.lua`).
+pub(crate) fn order_rule_field(rule: &CancelRule) -> String {
+    format!(
+        "{ORDER_RULE_PREFIX}{}",
+        serde_json::to_string(rule).unwrap_or_default()
+    )
+}
+
+/// A record field read back as an order rule (`None`: another field, or a rule this
+/// version does not read).
+pub(crate) fn parse_order_rule(field: &str) -> Option<CancelRule> {
+    field
+        .strip_prefix(ORDER_RULE_PREFIX)
+        .and_then(|j| serde_json::from_str::<CancelRule>(j).ok())
+        .filter(|r| r.validate().is_ok())
 }
 
 /// A queue's rules as its record stores them: the version and the list.

@@ -15,11 +15,21 @@
 //!   leaves the marker `a<n>` in the bucket of its entry id's time);
 //! - `dead`: `dead.lua` left the marker `d<n>:<dead-letter id>` there.
 //!
+//! A **cancelled** order (issue 43: by id in `cancel.lua`, by tag or event in
+//! `tag_bulk.lua`) is recorded by the cancelling script itself, in the same call, into the
+//! bucket of the cancel time exactly as a dispatch is (same key, expiry and count): `order id
+//! -> "c:<cancel ms>:<due ms>:<reason>"` ([`CancelledBy`]: `id`, `tag\x1f<tag>` or
+//! `event\x1f<name>\x1f<event id>`). It is a record of the open bucket, like a dispatch's, so
+//! the touched log (for markers written into sealed buckets) has nothing to add. The answer
+//! is then `cancelled` with the reason and the time; an order scheduled again under the same
+//! id answers `scheduled`, and dispatched again, `dispatched` (the newest record wins).
+//!
 //! [`Queues::history`](crate::engine::admin::Queues::history) answers one order; [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) sends orders straight to
 //! one group unless they are still on their way (reconciliation).
 
 use crate::engine::error::InvalidInput;
 use crate::engine::keys::ShardKeys;
+use serde::Serialize;
 use std::time::Duration;
 
 /// History kept when a queue's record says nothing else: 24 hours.
@@ -120,6 +130,21 @@ impl HistoryPolicy {
         (keys.history(self.bucket_ms(), b), at)
     }
 
+    /// Where a cancelling script at `now_ms` records the cancellation: the bucket a
+    /// dispatch at `now_ms` writes ([`HistoryPolicy::write_target`]).
+    pub(crate) fn cancel_target(
+        &self,
+        keys: &ShardKeys,
+        now_ms: i64,
+    ) -> crate::engine::scripts::CancelRecord {
+        let (bucket, expires_at) = self.write_target(keys, now_ms);
+        crate::engine::scripts::CancelRecord {
+            bucket,
+            expires_at,
+            now_ms,
+        }
+    }
+
     /// The bucket key holding the markers of stream entry `entry_id`, and its expiry (0 when
     /// history is off or the id is not a stream id).
     pub(crate) fn marker_target(&self, keys: &ShardKeys, entry_id: &str) -> (String, i64) {
@@ -187,6 +212,84 @@ impl HistoryPolicy {
     }
 }
 
+/// Why an order was cancelled: the reason part of its history record (see the module docs)
+/// and of the history answer's `cancelled` object (`{"reason": "event", "event": ...}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum CancelledBy {
+    /// By its id (`cancel`).
+    Id,
+    /// By a tag it carried (`cancel --tag`).
+    Tag {
+        /// The tag.
+        tag: String,
+    },
+    /// By an event matching a cancel-on-event rule.
+    Event {
+        /// The event's name.
+        event: String,
+        /// The event's id, when it had one.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        event_id: Option<String>,
+    },
+}
+
+/// The separator of a cancel record's reason fields (no tag, event name or id holds it).
+const US: char = '\u{1f}';
+
+impl CancelledBy {
+    /// The reason as the cancelling scripts record it.
+    pub(crate) fn record(&self) -> String {
+        match self {
+            CancelledBy::Id => "id".to_owned(),
+            CancelledBy::Tag { tag } => format!("tag{US}{tag}"),
+            CancelledBy::Event { event, event_id } => {
+                format!("event{US}{event}{US}{}", event_id.as_deref().unwrap_or(""))
+            }
+        }
+    }
+
+    /// A recorded reason read back (`None`: not one this version writes).
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        let mut parts = text.split(US);
+        let by = match (parts.next()?, parts.next(), parts.next()) {
+            ("id", None, None) => CancelledBy::Id,
+            ("tag", Some(tag), None) => CancelledBy::Tag {
+                tag: tag.to_owned(),
+            },
+            ("event", Some(event), Some(id)) => CancelledBy::Event {
+                event: event.to_owned(),
+                event_id: (!id.is_empty()).then(|| id.to_owned()),
+            },
+            _ => return None,
+        };
+        parts.next().is_none().then_some(by)
+    }
+}
+
+impl std::fmt::Display for CancelledBy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CancelledBy::Id => write!(f, "cancelled by id"),
+            CancelledBy::Tag { tag } => write!(f, "cancelled by tag {tag}"),
+            CancelledBy::Event { event, event_id } => match event_id {
+                Some(id) => write!(f, "cancelled by event {event} ({id})"),
+                None => write!(f, "cancelled by event {event}"),
+            },
+        }
+    }
+}
+
+/// A cancelled order's cancellation: the history answer's `cancelled` object.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Cancellation {
+    /// When it was cancelled, unix ms (the Redis clock).
+    pub at_ms: i64,
+    /// Why.
+    #[serde(flatten)]
+    pub by: CancelledBy,
+}
+
 /// The history marker field of (`group`, `entry_id`) in a bucket: it cannot be an order id
 /// (ids hold no control characters).
 pub(crate) fn marker_field(group: &str, entry_id: &str) -> String {
@@ -229,6 +332,39 @@ mod tests {
         assert!(HistoryPolicy::new(Duration::ZERO).is_ok_and(|p| !p.is_on()));
         assert!(HistoryPolicy::new(Duration::from_millis(10)).is_err());
         assert!(HistoryPolicy::new(MAX_HISTORY_RETENTION * 2).is_err());
+    }
+
+    #[test]
+    fn cancel_reasons_read_back_as_written() {
+        for by in [
+            CancelledBy::Id,
+            CancelledBy::Tag {
+                tag: "customer:7".into(),
+            },
+            CancelledBy::Event {
+                event: "order.paid".into(),
+                event_id: Some("pay:1".into()),
+            },
+            CancelledBy::Event {
+                event: "order.paid".into(),
+                event_id: None,
+            },
+        ] {
+            assert_eq!(CancelledBy::parse(&by.record()), Some(by));
+        }
+        assert_eq!(CancelledBy::parse("other"), None);
+        assert_eq!(CancelledBy::parse("id\u{1f}x"), None);
+        let c = Cancellation {
+            at_ms: 5,
+            by: CancelledBy::Event {
+                event: "order.paid".into(),
+                event_id: Some("e1".into()),
+            },
+        };
+        assert_eq!(
+            serde_json::to_value(&c).unwrap(),
+            serde_json::json!({"at_ms": 5, "reason": "event", "event": "order.paid", "event_id": "e1"})
+        );
     }
 
     #[test]

@@ -118,6 +118,9 @@ pub struct NewOrder {
     /// Its key (see [`crate::engine::order_key`]): due orders are dispatched round robin
     /// between keys. `None`: no key (an upsert without a key removes the one it had).
     pub key: Option<String>,
+    /// Its own cancel-on-event rules (see [`crate::engine::events`], "Order rules"):
+    /// checked as a queue's, at most [`crate::engine::events::MAX_RULES`].
+    pub cancel_on: Vec<crate::engine::events::CancelRule>,
 }
 
 impl NewOrder {
@@ -134,7 +137,16 @@ impl NewOrder {
             repeat: false,
             tags: Vec::new(),
             key: None,
+            cancel_on: Vec::new(),
         }
+    }
+
+    /// The same order with its own cancel-on-event rules (replacing any it had): an event
+    /// named by a rule whose data matches the payload on the rule's paths cancels it, as a
+    /// queue's rules do (see [`crate::engine::events`]).
+    pub fn with_cancel_on(mut self, rules: Vec<crate::engine::events::CancelRule>) -> Self {
+        self.cancel_on = rules;
+        self
     }
 
     /// The same order with tags `tags` (at most 10, each 1..=128 bytes without control
@@ -228,6 +240,7 @@ impl NewOrder {
         if let Some(k) = &self.key {
             crate::engine::order_key::validate(k)?;
         }
+        crate::engine::events::validate_rules(&self.cancel_on)?;
         Ok(due)
     }
 }

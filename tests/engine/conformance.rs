@@ -31,8 +31,8 @@ const OPS: [&str; 7] = [
     "post_event",
 ];
 
-/// Every key a case may have (README, format 5); another key means the file changed format.
-const CASE_KEYS: [&str; 26] = [
+/// Every key a case may have (README, format 6); another key means the file changed format.
+const CASE_KEYS: [&str; 27] = [
     "name",
     "event",
     "data",
@@ -59,6 +59,7 @@ const CASE_KEYS: [&str; 26] = [
     "repeat",
     "tags",
     "key",
+    "cancel_on",
 ];
 
 /// Every key an order of a batch may have.
@@ -113,6 +114,10 @@ fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOr
         Some(other) => return Err(format!("key: {other} is not a string")),
         None => order,
     };
+    let order = match o.get("cancel_on") {
+        Some(v) => order.with_cancel_on(rules_of(v)?),
+        None => order,
+    };
     Ok(match o.get("expires_after_ms") {
         Some(v) => NewOrder {
             expires_after_ms: Some(int(v, "expires_after_ms")?),
@@ -122,9 +127,43 @@ fn expiring(o: &serde_json::Map<String, Value>, order: NewOrder) -> Result<NewOr
     })
 }
 
+/// The case's `cancel_on` as given (`[{event, match: path or [paths], remember_ms?}]`),
+/// unchecked: the client checks it.
+fn rules_of(v: &Value) -> Result<Vec<delayq::CancelRule>, String> {
+    let list = v.as_array().ok_or("cancel_on is not an array")?;
+    list.iter()
+        .map(|r| {
+            let paths = match &r["match"] {
+                Value::String(p) => vec![p.clone()],
+                Value::Array(a) => a
+                    .iter()
+                    .map(|p| {
+                        p.as_str()
+                            .map(str::to_owned)
+                            .ok_or("a match path is not a string")
+                    })
+                    .collect::<Result<_, _>>()?,
+                Value::Null => Vec::new(),
+                other => return Err(format!("match: {other} is not a path")),
+            };
+            Ok(delayq::CancelRule {
+                event: r["event"]
+                    .as_str()
+                    .ok_or("event is not a string")?
+                    .to_owned(),
+                match_paths: paths,
+                remember_ms: match r.get("remember_ms") {
+                    Some(v) => int(v, "remember_ms")?,
+                    None => delayq::engine::events::DEFAULT_REMEMBER_MS,
+                },
+            })
+        })
+        .collect()
+}
+
 fn doc() -> Value {
     let doc: Value = serde_json::from_str(INPUTS).expect("inputs.json is JSON");
-    assert_eq!(doc["format"], 5, "inputs.json: unknown format");
+    assert_eq!(doc["format"], 6, "inputs.json: unknown format");
     doc
 }
 

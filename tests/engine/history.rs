@@ -189,19 +189,26 @@ async fn an_order_is_followed_from_scheduled_to_done_in_every_group() {
     assert_eq!(code, 0);
     assert_eq!(cli["groups"], v["groups"]);
 
-    // Never scheduled: 404 and exit 1; a cancelled order never happened.
+    // Never scheduled: 404 and exit 1; a cancelled order says so (issue 43; the reasons are
+    // in cancel_history.rs).
     let (st, v) = lookup(&router, "o-never").await;
     assert_eq!(
         (st, v["error"]["code"].clone()),
         (StatusCode::NOT_FOUND, json!("not_found"))
     );
+    assert_eq!(cli_get(&server.url(), "o-never").0, 1);
     client
         .schedule(Q, "o-paid", When::in_ms(60_000), json!(null))
         .await
         .unwrap();
     client.cancel(Q, "o-paid").await.unwrap();
-    assert_eq!(lookup(&router, "o-paid").await.0, StatusCode::NOT_FOUND);
-    assert_eq!(cli_get(&server.url(), "o-paid").0, 1);
+    let (st, v) = lookup(&router, "o-paid").await;
+    assert_eq!(
+        (st, v["state"].clone()),
+        (StatusCode::OK, json!("cancelled"))
+    );
+    assert_eq!(v["cancelled"]["reason"], "id");
+    assert_eq!(cli_get(&server.url(), "o-paid").1["state"], "cancelled");
     stop.cancel();
     hc.await.unwrap().unwrap();
     hn.await.unwrap().unwrap();

@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod cancel_history;
 mod cluster;
 mod conformance;
 mod crash;
@@ -19,6 +20,7 @@ mod failure;
 mod history;
 mod housekeeping;
 mod keys;
+mod order_rules;
 mod ownership;
 mod priorities;
 mod pull;

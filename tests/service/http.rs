@@ -109,7 +109,13 @@ async fn messages_put_get_delete() {
     assert_eq!((st, v), (StatusCode::OK, json!({"outcome": "cancelled"})));
     let (st, v) = call(&r, "DELETE", uri, None, t).await;
     assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
+    // Its history tells the cancellation (issue 43).
     let (st, v) = call(&r, "GET", uri, None, t).await;
+    assert_eq!(
+        (st, v["state"].clone(), v["cancelled"]["reason"].clone()),
+        (StatusCode::OK, json!("cancelled"), json!("id"))
+    );
+    let (st, v) = call(&r, "GET", "/v1/queues/order-close/messages/never", None, t).await;
     assert_eq!((st, code(&v)), (StatusCode::NOT_FOUND, "not_found"));
     let (st, v) = call(&r, "GET", "/v1/queues", None, t).await;
     assert_eq!(

@@ -258,6 +258,42 @@ async fn an_order_is_looked_up_with_its_state_in_every_group() {
         t.contains("No order nope")
     })
     .await;
+    // A cancelled order tells why (issue 43): scheduled, cancelled by its id, looked up.
+    let r = http()
+        .put(format!(
+            "{}/v1/queues/order-close/messages/order-paid",
+            serve.base()
+        ))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/json")
+        .body(r#"{"delay_ms": 3600000, "payload": {"order": 7}}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let r = http()
+        .delete(format!(
+            "{}/v1/queues/order-close/messages/order-paid",
+            serve.base()
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    b.client
+        .goto(&format!(
+            "{}/ui/#/order?queue=order-close&id=order-paid",
+            serve.base()
+        ))
+        .await
+        .unwrap();
+    b.wait_text("#order-cancelled", "the cancel reason", |t| {
+        t.starts_with("cancelled by id (")
+    })
+    .await;
+    b.wait_text("#order-result h2", "the state", |t| t.contains("cancelled"))
+        .await;
     b.close().await;
 }
 

@@ -19,12 +19,12 @@ CASE_KEYS = {
     "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
     "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
     "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
-    "key", "event", "data",
+    "key", "event", "data", "cancel_on",
 }
 
 
 def test_the_file_is_well_formed():
-    assert DOC["format"] == 5, "a conformance format this reader does not know"
+    assert DOC["format"] == 6, "a conformance format this reader does not know"
     names = [c["name"] for c in CASES]
     assert len(names) == len(set(names)), "case names must be unique"
     for c in CASES:
@@ -68,9 +68,9 @@ def _scheduled_count(server: RedisServer) -> int:
 
 
 def _expiry(d: Dict[str, Any]) -> Dict[str, Any]:
-    """The order's own ``expires_after_ms`` and ``tags`` exactly as the file has them
-    (absent: none)."""
-    return {k: d[k] for k in ("expires_after_ms", "tags") if k in d}
+    """The order's own ``expires_after_ms``, ``tags`` and ``cancel_on`` exactly as the file
+    has them (absent: none)."""
+    return {k: d[k] for k in ("expires_after_ms", "tags", "cancel_on") if k in d}
 
 
 def _key(d: Dict[str, Any]) -> Dict[str, Any]:

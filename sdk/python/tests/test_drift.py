@@ -20,7 +20,7 @@ def sha1(data: bytes) -> str:
 
 
 def test_every_script_the_sdk_runs_is_vendored():
-    assert NAMES == ["cancel", "create_queue", "enqueue", "get", "reschedule", "tag_bulk"]
+    assert NAMES == ["cancel", "create_queue", "enqueue", "get", "order_rules", "reschedule", "tag_bulk"]
     # The enqueue contract of issue 22: three keys (due, payload, the shard's marker) and
     # the epoch as ARGV[3].
     assert b"KEYS[3]" in _core.ENQUEUE.text and b"stale_epoch" in _core.ENQUEUE.text

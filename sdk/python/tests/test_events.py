@@ -32,6 +32,24 @@ def test_post_event_cancels_the_matching_orders_once(redis_server, ns, make_clie
     assert c.get("ev", "o-7") is None
 
 
+def test_post_event_honours_the_rules_orders_declared_for_themselves(redis_server, ns, make_client):
+    """Orders scheduled with their own rule (``delayq schedule --cancel-on``) on a queue
+    without rules: the Python client's event cancels them (their tokens carry the rule's
+    window, src/engine/events.rs "Order rules"), leaves their neighbours, and is remembered
+    for the rule."""
+    url = redis_server.url
+    run_bin("queue", "create", "own", url=url, namespace=ns)
+    for id, extra in [("with", ["--cancel-on", "order.paid:order_id@1m"]), ("without", [])]:
+        run_bin("schedule", "own", id, "--in", "1h", "--payload", '{"order_id":9}', *extra, url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    a = c.post_event("order.paid", {"order_id": 9})
+    assert (a["cancelled"], a["queues"], a["matched_rules"]) == (1, {"own": 1}, 1)
+    assert c.get("own", "with") is None and c.get("own", "without") is not None
+    assert c.post_event("order.paid", {"order_id": 10})["cancelled"] == 0
+    out = run_bin("schedule", "own", "o-10", "--in", "1h", "--payload", '{"order_id":10}', "--cancel-on", "order.paid:order_id@1m", url=url, namespace=ns)
+    assert json.loads(out.stdout)["outcome"] == "cancelled_by_event"
+
+
 def test_tokens_are_the_rust_clients():
     assert delayq.rules.event_token("order.paid", ["order_id", "customer.id"], {"order_id": 1234, "customer": {"id": "42"}}) == '\x01order.paid {"order_id":1234,"customer.id":"42"}'
     assert delayq.rules.event_token("order.paid", ["order_id"], {"order_id": None}) is None
@@ -100,3 +118,47 @@ def test_an_overlong_match_value_is_refused_naming_cancel_on(redis_server, ns, m
         c.schedule("evl", "x", delay_ms=1000, payload={"order_id": "x" * 300})
     assert "cancel_on" in str(e.value)
     assert c.get("evl", "x") is None
+
+
+def test_an_order_declares_its_own_rules(redis_server, ns, make_client):
+    """``cancel_on`` on schedule (src/engine/events.rs "Order rules"): the order carries
+    the Rust client's tokens and registers the same record field, so an event (posted by
+    the Rust side here) cancels it and not its neighbour, and is remembered for the rule."""
+    url = redis_server.url
+    run_bin("queue", "create", "mine", url=url, namespace=ns)
+    c = make_client(url, namespace=ns)
+    rule = [{"event": "order.paid", "match": "order_id", "remember_ms": 60_000}]
+    c.schedule("mine", "with", delay_ms=3_600_000, payload={"order_id": 9}, cancel_on=rule)
+    c.schedule("mine", "without", delay_ms=3_600_000, payload={"order_id": 9})
+    fields = [f for f in redis_server.client.hkeys("{%s}:queue:mine" % ns) if f.startswith(b"order_rule:")]
+    assert fields == [b'order_rule:{"event":"order.paid","match":["order_id"],"remember_ms":60000}']
+    out = json.loads(run_bin("event", "order.paid", "--data", '{"order_id":9}', url=url, namespace=ns).stdout)
+    assert (out["cancelled"], out["queues"]) == (1, {"mine": 1})
+    assert c.get("mine", "with") is None and c.get("mine", "without") is not None
+    # The Rust side's event was remembered for the rule: the SDK's order inside it is refused.
+    run_bin("event", "order.paid", "--data", '{"order_id":10}', url=url, namespace=ns)
+    s = c.schedule("mine", "o-10", delay_ms=3_600_000, payload={"order_id": 10}, cancel_on=rule)
+    assert (s.outcome, s.event) == (delayq.Outcome.CANCELLED_BY_EVENT, "order.paid")
+
+
+@pytest.mark.parametrize("rule", [
+    [{"event": "order.paid"}],
+    [{"event": "order.paid", "match": []}],
+    [{"event": "order.paid", "match": "$.a"}],
+    [{"event": "order.paid", "match": "items[0]"}],
+    [{"event": "", "match": "a"}],
+    [{"event": "a\nb", "match": "a"}],
+    [{"event": "a", "match": "a", "remember_ms": 0}],
+    [{"event": "a", "match": "a", "other": 1}],
+    [{"event": "a", "match": "a"}, {"event": "a", "match": ["a"]}],
+    {"event": "a", "match": "a"},
+])
+def test_bad_order_rules_name_cancel_on_and_write_nothing(redis_server, ns, make_client, rule):
+    run_bin("queue", "create", "mine", url=redis_server.url, namespace=ns)
+    c = make_client(redis_server.url, namespace=ns)
+    before = redis_server.client.dbsize()
+    with pytest.raises(delayq.InvalidInput) as e:
+        c.schedule("mine", "x", delay_ms=1000, payload={"a": 1}, cancel_on=rule)
+    assert e.value.code == "invalid_option" and "cancel_on" in str(e.value)
+    assert redis_server.client.dbsize() == before
+    assert not [f for f in redis_server.client.hkeys("{%s}:queue:mine" % ns) if f.startswith(b"order_rule:")]

@@ -72,10 +72,12 @@ def test_cancelled_before_due_is_never_delivered(serve, redis_server, ns, make_c
     call = hook.next()
     assert call["json"]["id"] == "later" and call["json"]["due_at_ms"] == b.due_at_ms
     assert hook.calls.empty()
-    # The Rust side answers not found, on the command line and over HTTP.
-    assert run_bin("get", "hooked", "cancel-me", url=redis_server.url, namespace=ns, check=False).returncode == 1
+    # The Rust side answers cancelled (by id; issue 43), on the command line and over HTTP.
+    out = json.loads(run_bin("get", "hooked", "cancel-me", url=redis_server.url, namespace=ns).stdout)
+    assert (out["state"], out["cancelled"]["reason"]) == ("cancelled", "id")
     status, body = s.http("GET", "/v1/queues/hooked/messages/cancel-me")
-    assert status == 404, body
+    assert status == 200, body
+    assert json.loads(body)["state"] == "cancelled"
 
 
 def test_the_engine_reads_and_cancels_what_the_sdk_wrote(redis_server, ns, make_client):
@@ -106,7 +108,10 @@ def test_the_sdk_reads_and_cancels_what_the_engine_wrote(redis_server, ns, make_
         assert got.payload_json == text and got.due_at_ms == dues[i]
         assert got.payload["name"] == "заказ ✓ 🎉"
     assert c.cancel("rev", ids[0]) == delayq.CancelOutcome.CANCELLED
-    assert run_bin("get", "rev", ids[0], url=redis_server.url, namespace=ns, check=False).returncode == 1
+    # Gone from the schedule; the engine's history tells the SDK's cancellation (issue 43).
+    assert c.get("rev", ids[0]) is None
+    out = json.loads(run_bin("get", "rev", ids[0], url=redis_server.url, namespace=ns).stdout)
+    assert (out["state"], out["cancelled"]["reason"]) == ("cancelled", "id")
     # An if-absent schedule from the SDK leaves the engine's order as it was.
     assert c.schedule("rev", ids[1], delay_ms=5, payload={}, mode="if_absent").outcome == delayq.Outcome.UNCHANGED
     assert c.get("rev", ids[1]).payload_json == text

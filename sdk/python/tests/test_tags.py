@@ -5,10 +5,12 @@ names the field and writes nothing."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import delayq
-from conftest import create_queue
+from conftest import create_queue, run_bin
 
 NOW = 1_800_000_000_000
 
@@ -56,3 +58,36 @@ def test_refusals_name_the_field_and_write_nothing(redis_server, ns, make_client
     assert e.value.code == "invalid_option"
     assert "tags" in str(e.value)
     assert redis_server.client.dbsize() == before
+
+
+def test_cancellations_are_recorded_in_the_order_history(redis_server, ns, make_client):
+    """By id, by tag and by event, the SDK's cancels pass cancel.lua / tag_bulk.lua the
+    history bucket of now: ``delayq get`` then answers ``cancelled`` with the reason, as for
+    the Rust client's (src/engine/history.rs); with history off nothing is written."""
+    run_bin("queue", "create", "hq", "--cancel-on", "order.paid:order_id", url=redis_server.url, namespace=ns)
+    c = make_client(redis_server.url, namespace=ns)
+    c.schedule("hq", "by-id", delay_ms=600_000, payload={"order_id": 1})
+    c.schedule("hq", "by-tag", delay_ms=600_000, payload={"order_id": 2}, tags=["customer:7"])
+    c.schedule("hq", "by-event", delay_ms=600_000, payload={"order_id": 3})
+    before = c.now_ms()
+    assert c.cancel("hq", "by-id") == delayq.CancelOutcome.CANCELLED
+    assert c.cancel_tag("hq", "customer:7") == 1
+    assert c.post_event("order.paid", {"order_id": 3}, id="pay-3")["cancelled"] == 1
+    expect = {
+        "by-id": {"reason": "id"},
+        "by-tag": {"reason": "tag", "tag": "customer:7"},
+        "by-event": {"reason": "event", "event": "order.paid", "event_id": "pay-3"},
+    }
+    for id, reason in expect.items():
+        got = json.loads(run_bin("get", "hq", id, url=redis_server.url, namespace=ns).stdout)
+        assert got["state"] == "cancelled", got
+        at = got["cancelled"].pop("at_ms")
+        assert at >= before - 1000, (at, before)
+        assert got["cancelled"] == reason
+    # History off: cancelled without a record.
+    run_bin("queue", "create", "off", "--history-retention", "0s", url=redis_server.url, namespace=ns)
+    c.schedule("off", "x", delay_ms=600_000, tags=["t"])
+    c.schedule("off", "y", delay_ms=600_000)
+    assert c.cancel_tag("off", "t") == 1
+    assert c.cancel("off", "y") == delayq.CancelOutcome.CANCELLED
+    assert redis_server.client.keys("{%s:off:*}:history*" % ns) == []

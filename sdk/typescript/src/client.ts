@@ -13,6 +13,9 @@ import {
 } from "./errors.js";
 import {
   MAX_SHARDS,
+  RETENTION_FIELD,
+  cancelReason,
+  cancelRecord,
   checkId,
   checkNamespace,
   checkQueue,
@@ -26,7 +29,12 @@ import {
   type NewOrder,
   type Priority,
   type When,
+  MAX_ORDER_RULES,
+  type OwnRule,
+  checkCancelOn,
   checkOrder,
+  orderRuleField,
+  ownTokens,
   checkPriority,
   checkEvent,
   checkTags,
@@ -52,6 +60,8 @@ export const ENQUEUE_CALL_ORDERS = 500;
 export const ENQUEUE_CALL_BYTES = 1 << 20;
 /** The longest `WAIT` a durable schedule makes, ms. */
 export const MAX_WAIT_MS = 60_000;
+/** The prefix of a queue record's fields holding the rules its orders declared (src/engine/events.rs). */
+const ORDER_RULE_PREFIX = "order_rule:";
 /** How long a reply on the durable connection may take: the longest WAIT plus the writes. */
 const DURABLE_RESPONSE_TIMEOUT_MS = 70_000;
 /** The Redis clock is read again (TIME) when its anchor is older than this. */
@@ -240,7 +250,8 @@ function outcomes(codes: unknown, n: number): Enqueued[] {
   return codes.map((raw) => {
     if (Array.isArray(raw) && Number(raw[0]) === 4) {
       // The event's name is the token's, up to the space.
-      const event = String(raw[1]).replace(/^\x01/, "").split(" ")[0] as string;
+      // An order rule's token carries its window: "<event>@<remember ms>".
+      const event = (String(raw[1]).replace(/^\x01/, "").split(" ")[0] as string).split("@")[0] as string;
       return { outcome: "cancelled_by_event", ms: null, event };
     }
     const [c, ms] = Array.isArray(raw) ? [raw[0], Number(raw[1])] : [raw, null];
@@ -459,6 +470,8 @@ export class Client {
       throw new QueueNotFoundError(queue, "its registry record has no epoch (written by an earlier delayq): `delayq queue create` upgrades it");
     }
     let tokens = this.matchTokens(orders, payloads, ref);
+    // The orders' own rules are made known to events before any order carries them.
+    await this.registerOrderRules(queue, orders);
     let calls = plan(orders, bytes, all, ref.shards);
     let done = await this.enqueueCalls(queue, epochArg(ref), calls, orders, dues, payloads, tokens, levels, now, mode);
     // Every call refused by enqueue.lua (nothing written): the queue was deleted, or deleted
@@ -524,16 +537,31 @@ export class Client {
     });
   }
 
+  /** The queue's history retention as its record holds it (null: the default). */
+  private async retentionOf(queue: string): Promise<string | null> {
+    return (await this.core.conn.hget(queueRecordKey(this.core.ns, queue), RETENTION_FIELD)) as string | null;
+  }
+
+  /** The history bucket, its expiry (0: history off) and now, for a cancellation in the shard `shardTag` (`retention` undefined: read from the record). */
+  private async cancelRecordOf(queue: string, shardTag: string, retention?: string | null): Promise<{ bucket: string; expiresAt: number; now: number }> {
+    const r = retention === undefined ? await this.retentionOf(queue) : retention;
+    const now = this.nowMs();
+    return { ...cancelRecord(shardTag, r, now), now };
+  }
+
   /** Cancels a scheduled order: `not_found` when it was never scheduled, was cancelled or already dispatched. */
   async cancel(queue: string, id: string): Promise<CancelOutcome> {
     checkQueue(queue);
     checkId(id);
     const ref = await this.queueRef(queue);
     const k = shardKeys(this.core.ns, queue, shardOf(id, ref.shards));
+    // The history bucket as KEYS[8] with its expiry and now: the cancellation is recorded
+    // in the order history (cancel.lua; none when history is off).
+    const h = await this.cancelRecordOf(queue, k.tag);
     const n = await this.evalScript(
       SCRIPTS.cancel,
-      [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing],
-      [id],
+      [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, h.bucket],
+      [id, String(h.expiresAt), String(h.now)],
       "cancelling an order (cancel.lua)",
     );
     return Number(n) === 1 ? "cancelled" : "not_found";
@@ -549,12 +577,14 @@ export class Client {
     checkQueue(queue);
     checkTags([tag]);
     const ref = await this.queueRef(queue);
+    const retention = await this.retentionOf(queue);
     let total = 0;
     for (let shard = 0; shard < ref.shards; shard++) {
       const k = shardKeys(this.core.ns, queue, shard);
       let cursor = "";
       for (;;) {
-        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [tag, "200", "cancel", "", cursor], "cancelling the orders of a tag (tag_bulk.lua)");
+        const h = await this.cancelRecordOf(queue, k.tag, retention);
+        const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, h.bucket], [tag, "200", "cancel", "", cursor, String(h.expiresAt), String(h.now), cancelReason("tag", tag)], "cancelling the orders of a tag (tag_bulk.lua)");
         if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("cancelling the orders of a tag (tag_bulk.lua)", "not an array of 3");
         total += Number(r[0]);
         if (Number(r[2]) !== 1 || r[1] === null || r[1] === undefined) break;
@@ -579,17 +609,30 @@ export class Client {
     const hits: { queue: string; token: string; remember: number }[] = [];
     for (const q of names) {
       const rec = await conn.hget(queueRecordKey(this.core.ns, q), "cancel_on");
-      if (rec === null) continue;
-      let stored: { rules?: { event?: string; match?: string[]; remember_ms?: number }[] };
+      let stored: { rules?: { event?: string; match?: string[]; remember_ms?: number }[] } = {};
       try {
-        stored = JSON.parse(rec);
+        if (rec !== null) stored = JSON.parse(rec);
       } catch {
-        continue;
+        stored = {};
       }
       for (const r of stored.rules ?? []) {
         if (r.event !== name) continue;
         const token = eventToken(name, r.match ?? [], data);
         if (token !== null) hits.push({ queue: q, token, remember: Number(r.remember_ms ?? 900_000) });
+      }
+      // The rules the queue's orders declared for themselves (fields `order_rule:<rule
+      // JSON>`, src/engine/events.rs "Order rules"): their tokens carry their window.
+      for (const f of (await conn.hkeys(queueRecordKey(this.core.ns, q))) as string[]) {
+        if (!f.startsWith(ORDER_RULE_PREFIX)) continue;
+        let r: { event?: string; match?: string[]; remember_ms?: number };
+        try {
+          r = JSON.parse(f.slice(ORDER_RULE_PREFIX.length));
+        } catch {
+          continue;
+        }
+        if (r.event !== name || typeof r.remember_ms !== "number") continue;
+        const token = eventToken(`${name}@${r.remember_ms}`, r.match ?? [], data);
+        if (token !== null) hits.push({ queue: q, token, remember: r.remember_ms });
       }
     }
     out.matchedRules = hits.length;
@@ -605,9 +648,11 @@ export class Client {
         return out;
       }
     }
+    const reason = cancelReason("event", name, opts.id ?? "");
     try {
       for (const h of hits) {
         const ref = await this.queueRef(h.queue);
+        const retention = await this.retentionOf(h.queue);
         for (let shard = 0; shard < ref.shards; shard++) {
           const k = shardKeys(this.core.ns, h.queue, shard);
           const remembered = `${k.tag}:remembered`;
@@ -616,7 +661,8 @@ export class Client {
           await conn.zremrangebyrank(remembered, 0, -(100_000 + 1));
           let cursor = "";
           for (;;) {
-            const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing], [h.token, "200", "cancel", "", cursor], "posting an event (tag_bulk.lua)");
+            const rec = await this.cancelRecordOf(h.queue, k.tag, retention);
+            const r = await this.evalScript(SCRIPTS.tag_bulk, [k.due, k.payload, k.levels, k.debounce, k.tags, k.keyed, k.keyRing, rec.bucket], [h.token, "200", "cancel", "", cursor, String(rec.expiresAt), String(rec.now), reason], "posting an event (tag_bulk.lua)");
             if (!Array.isArray(r) || r.length !== 3) throw new ReplyError("posting an event (tag_bulk.lua)", "not an array of 3");
             const n = Number(r[0]);
             if (n > 0) {
@@ -739,14 +785,30 @@ export class Client {
    * payload value over 256 bytes at a match path is refused naming `cancel_on`.
    */
   private matchTokens(orders: NewOrder[], payloads: string[], ref: QueueRef): string[][] {
-    if (ref.rules.length === 0) return [];
+    const own = orders.map((o) => checkCancelOn(o.cancelOn));
+    if (ref.rules.length === 0 && own.every((r) => r.length === 0)) return [];
     return orders.map((_, i) => {
       try {
-        return orderTokens(ref.rules, payloads[i] as string);
+        // The queue's rules, then the order's own (their tokens carry their window).
+        return [...orderTokens(ref.rules, payloads[i] as string), ...ownTokens(own[i] as OwnRule[], payloads[i] as string)];
       } catch (e) {
         throw e instanceof InvalidInputError ? e.inBatch(i) : e;
       }
     });
+  }
+
+  /** Registers in the queue's record the rules the orders declare for themselves (order_rules.lua; nothing when none does), as the Rust client does. */
+  private async registerOrderRules(queue: string, orders: NewOrder[]): Promise<void> {
+    const fields = [...new Set(orders.flatMap((o) => checkCancelOn(o.cancelOn).map(orderRuleField)))].sort();
+    if (fields.length === 0) return;
+    const n = Number(await this.evalScript(SCRIPTS.order_rules, [queueRecordKey(this.core.ns, queue)], [String(MAX_ORDER_RULES), ...fields], "registering the orders' cancel_on rules (order_rules.lua)"));
+    if (n === -1) {
+      this.core.known.delete(queue);
+      throw new QueueNotFoundError(queue);
+    }
+    if (n === -2) {
+      throw new InvalidInputError("invalid_option", `invalid option cancel_on: the orders of ${queue} already declare ${MAX_ORDER_RULES} distinct rules: use the queue's rules, or fewer distinct ones`);
+    }
   }
 
   /** Runs the planned enqueue.lua calls; one result per call, in call order. */

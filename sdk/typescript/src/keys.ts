@@ -147,3 +147,30 @@ export function queueRecordKey(ns: string, queue: string): string {
 export function queuesKey(ns: string): string {
   return `{${ns}}:queues`;
 }
+
+/** The order history (src/engine/history.rs): the record field of a queue's retention (ms),
+ * the retention when it says nothing (24 h), the longest (90 days), the bucket length (1 h). */
+export const RETENTION_FIELD = "history_ms";
+export const DEFAULT_HISTORY_MS = 24 * 3600 * 1000;
+export const MAX_HISTORY_MS = 90 * 24 * 3600 * 1000;
+export const HISTORY_BUCKET_MS = 3_600_000;
+
+/**
+ * Where cancel.lua / tag_bulk.lua record a cancellation at `now` (src/engine/history.rs
+ * `HistoryPolicy::cancel_target`): the shard's history bucket of `now`
+ * (`{tag}:history:<bucket ms>:<bucket>`) and its expiry, 0 when the queue keeps no history
+ * (`retention`: the record's `history_ms` as read, null for the default).
+ */
+export function cancelRecord(shardTag: string, retention: string | null, now: number): { bucket: string; expiresAt: number } {
+  let r = retention === null ? DEFAULT_HISTORY_MS : Number(retention);
+  if (!Number.isFinite(r)) r = DEFAULT_HISTORY_MS;
+  r = Math.min(Math.max(Math.trunc(r), 0), MAX_HISTORY_MS);
+  const b = Math.floor(now / HISTORY_BUCKET_MS);
+  return { bucket: `${shardTag}:history:${HISTORY_BUCKET_MS}:${b}`, expiresAt: r > 0 ? (b + 1) * HISTORY_BUCKET_MS + r : 0 };
+}
+
+/** A cancel record's reason (src/engine/history.rs `CancelledBy`): `id`, `tag<US><tag>` or
+ * `event<US><name><US><event id or empty>`. */
+export function cancelReason(kind: "id" | "tag" | "event", ...parts: string[]): string {
+  return [kind, ...parts].join("\x1f");
+}

@@ -140,6 +140,20 @@ export interface NewOrder extends When {
    * without a key removes the one the order had.
    */
   key?: string;
+  /**
+   * The order's own cancel-on-event rules (`[{event: "order.paid", match: "order_id",
+   * rememberMs: 900_000}]`, checked as a queue's, else `invalid_option` naming
+   * `cancel_on`): an event a rule names whose data matches the payload on its match paths
+   * cancels the order (src/engine/events.rs, "Order rules").
+   */
+  cancelOn?: CancelRule[];
+}
+
+/** One cancel-on-event rule of an order: the event, its match path(s) and how long an event that arrives first is remembered (default 15 min). */
+export interface CancelRule {
+  event: string;
+  match: string | string[];
+  rememberMs?: number;
 }
 
 /** Most tags per order, and the longest tag in bytes (src/engine/tags.rs). */
@@ -601,7 +615,87 @@ export function checkOrder(order: NewOrder, payload: string, nowMs: number, maxP
   if (order.expiresAfterMs !== undefined && order.expiresAfterMs !== null) checkExpiresAfter(order.expiresAfterMs);
   checkTags(order.tags);
   if (order.key !== undefined && order.key !== null) checkKey(order.key);
+  checkCancelOn(order.cancelOn);
   return due;
+}
+
+/** Most rules per order (or queue), match paths per rule, the longest path and `remember` (src/engine/events.rs). */
+export const MAX_RULES = 8;
+export const MAX_MATCH = 4;
+export const MAX_PATH_LEN = 128;
+export const MAX_REMEMBER_MS = 7 * 24 * 3600 * 1000;
+/** Most distinct rules a queue's orders may declare (`MAX_ORDER_RULES`). */
+export const MAX_ORDER_RULES = 64;
+/** A rule's `remember` when it gives none: 15 min (`DEFAULT_REMEMBER_MS`). */
+export const DEFAULT_REMEMBER_MS = 900_000;
+
+/** A checked rule: event, paths, remember (ms). */
+export type OwnRule = [string, string[], number];
+
+/**
+ * Checks an order's own rules as the Rust `events::validate_rules` checks a queue's;
+ * `invalid_option` naming `cancel_on` otherwise. Returns them as (event, paths, remember).
+ */
+export function checkCancelOn(rules: unknown): OwnRule[] {
+  const bad = (reason: string) => optionErr("cancel_on", reason);
+  if (rules === undefined || rules === null) return [];
+  if (!Array.isArray(rules)) throw bad("must be an array of rules {event, match, rememberMs}");
+  if (rules.length > MAX_RULES) throw bad(`at most ${MAX_RULES} rules per queue, got ${rules.length}`);
+  const out: OwnRule[] = [];
+  for (const r of rules as unknown[]) {
+    if (typeof r !== "object" || r === null || Array.isArray(r)) throw bad("each rule must be an object {event, match, rememberMs}");
+    const o = r as Record<string, unknown>;
+    const unknown = Object.keys(o).find((k) => !["event", "match", "rememberMs"].includes(k));
+    if (unknown !== undefined) throw bad(`unknown rule field ${JSON.stringify(unknown)} (event, match, rememberMs)`);
+    const event = o.event;
+    if (typeof event !== "string") throw bad("a rule needs an event name (a string)");
+    if (event === "") throw bad("the event name must not be empty");
+    if (Buffer.byteLength(event, "utf8") > MAX_EVENT_LEN) throw bad(`the event name must be at most ${MAX_EVENT_LEN} bytes`);
+    if (!/^[A-Za-z0-9._:/-]+$/.test(event)) throw bad("the event name holds a character outside A-Z a-z 0-9 . _ - : /");
+    const m = o.match ?? [];
+    const paths = typeof m === "string" ? [m] : m;
+    if (!Array.isArray(paths) || !paths.every((x) => typeof x === "string")) throw bad("match must be a field path or an array of them");
+    if (paths.length === 0) throw bad(`the rule for ${event} has no match field (it would cancel every order)`);
+    if (paths.length > MAX_MATCH) throw bad(`at most ${MAX_MATCH} match fields per rule`);
+    paths.forEach((x: string, i: number) => {
+      if (x === "" || x.length > MAX_PATH_LEN) throw bad(`match path ${JSON.stringify(x)} must be 1..=${MAX_PATH_LEN} bytes`);
+      if (!/^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$/.test(x)) {
+        throw bad(`match path ${JSON.stringify(x)} is not a JSON field path (dotted names of A-Z a-z 0-9 _ -, such as order_id or customer.id)`);
+      }
+      if (paths.slice(0, i).includes(x)) throw bad(`match path ${JSON.stringify(x)} is given twice`);
+    });
+    const remember = o.rememberMs ?? DEFAULT_REMEMBER_MS;
+    if (typeof remember !== "number" || !Number.isInteger(remember) || remember < 1 || remember > MAX_REMEMBER_MS) {
+      throw bad("remember must be 1 ms..=7 days");
+    }
+    if (out.some(([e, p]) => e === event && p.length === paths.length && p.every((x, i) => x === paths[i]))) {
+      throw bad(`the rule for ${event} is given twice`);
+    }
+    out.push([event, [...(paths as string[])], remember]);
+  }
+  return out;
+}
+
+/** A rule an order declares, as the queue's record keeps it: `order_rule:<rule JSON>`, byte for byte the Rust client's. */
+export function orderRuleField([event, paths, remember]: OwnRule): string {
+  return `order_rule:${JSON.stringify({ event, match: paths, remember_ms: remember })}`;
+}
+
+/** The match tokens of an order's payload under its own rules: the event part carries the rule's window, `<event>@<remember ms>`. */
+export function ownTokens(own: OwnRule[], payload: string): string[] {
+  if (own.length === 0) return [];
+  let doc: unknown;
+  try {
+    doc = JSON.parse(payload);
+  } catch {
+    return [];
+  }
+  const out: string[] = [];
+  for (const [event, paths, remember] of own) {
+    const t = eventToken(`${event}@${remember}`, paths, doc, true);
+    if (t !== null) out.push(t);
+  }
+  return out;
 }
 
 /**

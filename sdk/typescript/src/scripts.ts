@@ -6,7 +6,7 @@ import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 /** The scripts this package runs. */
-export const SCRIPT_NAMES = ["enqueue", "cancel", "reschedule", "get", "tag_bulk"] as const;
+export const SCRIPT_NAMES = ["enqueue", "cancel", "reschedule", "get", "tag_bulk", "order_rules"] as const;
 export type ScriptName = (typeof SCRIPT_NAMES)[number];
 
 export interface Script {
@@ -31,6 +31,7 @@ export const SCRIPTS: Record<ScriptName, Script> = {
   reschedule: load("reschedule"),
   get: load("get"),
   tag_bulk: load("tag_bulk"),
+  order_rules: load("order_rules"),
 };
 
 /** True when `e` is Redis's NOSCRIPT answer (the script is not in its cache). */

@@ -16,14 +16,14 @@ const CASE_KEYS = new Set([
   "name", "op", "queue", "id", "delay_ms", "due_ms", "payload", "mode", "orders", "generate",
   "namespace", "fixed_clock", "expect", "index", "priority", "expect_priority",
   "at_local", "timezone", "expect_due_ms", "expires_after_ms", "debounce", "repeat", "tags",
-  "key", "event", "data",
+  "key", "event", "data", "cancel_on",
 ]);
 
 let redis;
 let client;
 
 before(async () => {
-  assert.equal(spec.format, 5, "a conformance format this reader does not know");
+  assert.equal(spec.format, 6, "a conformance format this reader does not know");
   redis = await LocalRedis.start();
   for (const q of spec.queues) await createQueue(redis.url, q.name, q.shards, spec.namespace);
   client = await Client.connect(redis.url, { namespace: spec.namespace, clock: () => spec.now_ms });
@@ -64,6 +64,10 @@ function expiry(o) {
   return {
     ...("expires_after_ms" in o ? { expiresAfterMs: o.expires_after_ms } : {}),
     ...("tags" in o ? { tags: o.tags } : {}),
+    // The rules as given; `remember_ms` is the TypeScript option `rememberMs`.
+    ...("cancel_on" in o
+      ? { cancelOn: o.cancel_on.map(({ remember_ms: ms, ...r }) => (ms === undefined ? r : { ...r, rememberMs: ms })) }
+      : {}),
   };
 }
 

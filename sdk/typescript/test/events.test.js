@@ -121,3 +121,60 @@ test("an overlong match value is refused naming cancel_on, nothing written", asy
   );
   assert.equal(await client.get("evl", "x"), null);
 });
+
+test("postEvent honours the rules orders declared for themselves", async () => {
+  assert.equal((await bin("queue", "create", "own")).code, 0);
+  for (const [id, extra] of [["with", ["--cancel-on", "order.paid:order_id@1m"]], ["without", []]]) {
+    const r = await bin("schedule", "own", id, "--in", "1h", "--payload", '{"order_id":9}', ...extra);
+    assert.equal(r.code, 0, r.stderr);
+  }
+  const a = await client.postEvent("order.paid", { order_id: 9 });
+  assert.deepEqual([a.cancelled, a.queues], [1, { own: 1 }]);
+  assert.equal(await client.get("own", "with"), null);
+  assert.notEqual(await client.get("own", "without"), null);
+  assert.equal((await client.postEvent("order.paid", { order_id: 10 })).cancelled, 0);
+  const out = await bin("schedule", "own", "o-10", "--in", "1h", "--payload", '{"order_id":10}', "--cancel-on", "order.paid:order_id@1m");
+  assert.equal(JSON.parse(out.stdout).outcome, "cancelled_by_event");
+});
+
+test("an order declares its own rules on schedule", async () => {
+  assert.equal((await bin("queue", "create", "mine")).code, 0);
+  const cancelOn = [{ event: "order.paid", match: "order_id", rememberMs: 60_000 }];
+  assert.equal((await client.schedule("mine", { id: "with", delayMs: 3_600_000, payload: { order_id: 9 }, cancelOn })).outcome, "created");
+  await client.schedule("mine", { id: "without", delayMs: 3_600_000, payload: { order_id: 9 } });
+  const fields = (await admin.hkeys("{dq}:queue:mine")).filter((f) => f.startsWith("order_rule:"));
+  assert.deepEqual(fields, ['order_rule:{"event":"order.paid","match":["order_id"],"remember_ms":60000}']);
+  const out = JSON.parse((await bin("event", "order.paid", "--data", '{"order_id":9}')).stdout);
+  assert.deepEqual([out.cancelled, out.queues.mine], [1, 1]);
+  assert.equal(await client.get("mine", "with"), null);
+  assert.notEqual(await client.get("mine", "without"), null);
+  // Remembered for the rule: the order scheduled inside its window is refused.
+  await bin("event", "order.paid", "--data", '{"order_id":10}');
+  const s = await client.schedule("mine", { id: "o-10", delayMs: 3_600_000, payload: { order_id: 10 }, cancelOn });
+  assert.deepEqual([s.outcome, s.event], ["cancelled_by_event", "order.paid"]);
+});
+
+test("bad order rules are refused naming cancel_on, nothing written", async () => {
+  assert.equal((await bin("queue", "create", "mine2")).code, 0);
+  const before = await admin.dbsize();
+  for (const cancelOn of [
+    [{ event: "order.paid" }],
+    [{ event: "order.paid", match: [] }],
+    [{ event: "order.paid", match: "$.a" }],
+    [{ event: "order.paid", match: "items[0]" }],
+    [{ event: "", match: "a" }],
+    [{ event: "a\nb", match: "a" }],
+    [{ event: "a", match: "a", rememberMs: 0 }],
+    [{ event: "a", match: "a", other: 1 }],
+    [{ event: "a", match: "a" }, { event: "a", match: ["a"] }],
+    { event: "a", match: "a" },
+  ]) {
+    await assert.rejects(
+      client.schedule("mine2", { id: "x", delayMs: 1000, payload: { a: 1 }, cancelOn }),
+      (e) => e instanceof InvalidInputError && e.code === "invalid_option" && e.message.includes("cancel_on"),
+      JSON.stringify(cancelOn),
+    );
+  }
+  assert.equal(await admin.dbsize(), before);
+  assert.deepEqual((await admin.hkeys("{dq}:queue:mine2")).filter((f) => f.startsWith("order_rule:")), []);
+});

@@ -73,7 +73,7 @@ test("scheduled here, delivered by delayq serve with the payload byte for byte",
   }
 });
 
-test("cancelled here before due: never delivered, and the Rust side does not know it", { timeout: 90_000 }, async () => {
+test("cancelled here before due: never delivered, and the Rust side's history says cancelled", { timeout: 90_000 }, async () => {
   // The sentinel is due after the cancelled order, in the same shard: once it is
   // delivered, the cancelled one would have been too (one handler slot, earliest first).
   const paid = "paid-1";
@@ -84,11 +84,13 @@ test("cancelled here before due: never delivered, and the Rust side does not kno
   await client.schedule(Q, { id: sentinel, delayMs: 2000, payload: { order: sentinel } });
   await hook.waitFor(sentinel, 30_000);
   assert.ok(!hook.ids().includes(paid), "a cancelled order was delivered");
+  // The SDK's cancel is recorded in the order history (issue 43).
   const [status, body] = await serve.message(Q, paid);
-  assert.equal(status, 404, body);
-  assert.equal(JSON.parse(body).error.code, "not_found");
+  assert.equal(status, 200, body);
+  assert.deepEqual([JSON.parse(body).state, JSON.parse(body).cancelled.reason], ["cancelled", "id"]);
   const cli = await delayq(["--redis-url", redis.url, "get", Q, paid]);
-  assert.equal(cli.code, 1, cli.stdout + cli.stderr);
+  assert.equal(cli.code, 0, cli.stdout + cli.stderr);
+  assert.equal(JSON.parse(cli.stdout).state, "cancelled");
 });
 
 test("scheduled here, read and cancelled by the Rust side", { timeout: 90_000 }, async () => {
@@ -125,8 +127,9 @@ test("scheduled by the Rust side, read and cancelled here", { timeout: 90_000 },
   assert.ok(got.enqueuedAtMs > 0 && got.enqueuedAtMs <= got.dueAtMs);
   assert.equal(await client.reschedule(Q, "rust-1", { delayMs: 700_000 }), "rescheduled");
   assert.equal(await client.cancel(Q, "rust-1"), "cancelled");
-  const [status] = await serve.message(Q, "rust-1");
-  assert.equal(status, 404);
+  const [status, body] = await serve.message(Q, "rust-1");
+  assert.equal(status, 200, body);
+  assert.equal(JSON.parse(body).state, "cancelled");
   // The CLI's schedule too.
   const cli = await delayq(["--redis-url", redis.url, "schedule", Q, "cli-1", "--in", "10m", "--payload", raw]);
   assert.equal(cli.code, 0, cli.stderr);

@@ -6,7 +6,7 @@
 import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 import { Client, InvalidInputError, shardKeys } from "../dist/index.js";
-import { LocalRedis, createQueue } from "./support/harness.js";
+import { LocalRedis, createQueue, delayq } from "./support/harness.js";
 
 const NOW = 1_800_000_000_000;
 let redis;
@@ -68,4 +68,35 @@ test("bad tags are refused naming the field, nothing written", { timeout: 90_000
     });
   }
   assert.equal(await admin.dbsize(), before);
+});
+
+test("cancellations by id, tag and event are recorded in the order history", { timeout: 90_000 }, async () => {
+  const r = await delayq(["--redis-url", redis.url, "queue", "create", "hq", "--cancel-on", "order.paid:order_id"]);
+  assert.equal(r.code, 0, r.stderr);
+  const live = await Client.connect(redis.url);
+  try {
+    await live.schedule("hq", { id: "by-id", delayMs: 600_000, payload: { order_id: 1 } });
+    await live.schedule("hq", { id: "by-tag", delayMs: 600_000, payload: { order_id: 2 }, tags: ["customer:7"] });
+    await live.schedule("hq", { id: "by-event", delayMs: 600_000, payload: { order_id: 3 } });
+    const start = live.nowMs();
+    assert.equal(await live.cancel("hq", "by-id"), "cancelled");
+    assert.equal(await live.cancelTag("hq", "customer:7"), 1);
+    assert.equal((await live.postEvent("order.paid", { order_id: 3 }, { id: "pay-3" })).cancelled, 1);
+    const expect = {
+      "by-id": { reason: "id" },
+      "by-tag": { reason: "tag", tag: "customer:7" },
+      "by-event": { reason: "event", event: "order.paid", event_id: "pay-3" },
+    };
+    for (const [id, reason] of Object.entries(expect)) {
+      const g = await delayq(["--redis-url", redis.url, "get", "hq", id]);
+      assert.equal(g.code, 0, `${id}: ${g.stdout} ${g.stderr}`);
+      const got = JSON.parse(g.stdout);
+      assert.equal(got.state, "cancelled");
+      const { at_ms: at, ...rest } = got.cancelled;
+      assert.ok(at >= start - 1000, `${at} >= ${start}`);
+      assert.deepEqual(rest, reason);
+    }
+  } finally {
+    await live.close();
+  }
 });

@@ -5,7 +5,7 @@
 use super::Queues;
 use crate::engine::client::Client;
 use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
-use crate::engine::history::{HistoryPolicy, RETENTION_FIELD, entry_ms};
+use crate::engine::history::{Cancellation, CancelledBy, HistoryPolicy, RETENTION_FIELD, entry_ms};
 use crate::engine::keys::{QueueName, ShardKeys, shard_of, validate_id, validate_member_name};
 use crate::engine::message::{NewOrder, decode_stored, raw_json};
 use crate::engine::priority::Priority;
@@ -24,6 +24,8 @@ pub enum OrderState {
     Scheduled,
     /// Moved into the stream: see each group's state.
     Dispatched,
+    /// Cancelled before its due time (by id, tag or event): see `cancelled`.
+    Cancelled,
 }
 
 /// Where a dispatched order is in one consumer group.
@@ -71,7 +73,7 @@ pub struct OrderHistory {
     pub queue: String,
     /// The order id.
     pub id: String,
-    /// Scheduled or dispatched.
+    /// Scheduled, dispatched or cancelled.
     pub state: OrderState,
     /// When it is (or was) due, unix ms.
     pub due_at_ms: i64,
@@ -95,6 +97,11 @@ pub struct OrderHistory {
     /// Its key (see [`crate::engine::order_key`]), when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
+    /// A cancelled order's cancellation: when, and by what (`{"at_ms": ..., "reason":
+    /// "id" | "tag" | "event", "tag": ..., "event": ..., "event_id": ...}`); left out of
+    /// the JSON otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancelled: Option<Cancellation>,
 }
 
 /// What [`Queues::redeliver`](crate::engine::admin::Queues::redeliver) did with one order.
@@ -126,8 +133,9 @@ impl Queues {
         self.client.bump_registry().await
     }
 
-    /// What happened to order `id` of `queue`: scheduled, or dispatched with each group's
-    /// state. `None` when it was never seen, was cancelled, or is past the retention.
+    /// What happened to order `id` of `queue`: scheduled, dispatched with each group's
+    /// state, or cancelled (by what, when). `None` when it was never seen, is past the
+    /// retention, or was cancelled while the queue kept no history.
     pub async fn history(&self, queue: &str, id: &str) -> Result<Option<OrderHistory>> {
         let q = QueueName::new(queue)?;
         validate_id(id)?;
@@ -432,6 +440,7 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
         debounce: None,
         tags: Vec::new(),
         key: None,
+        cancelled: None,
     };
     if state == "scheduled" {
         let due = parts
@@ -448,6 +457,28 @@ fn parse_history(queue: &str, id: &str, reply: redis::Value) -> Result<Option<Or
             .map(crate::engine::tags::of_stored)
             .unwrap_or_default();
         h.priority = stored_level(parts.next().as_ref().and_then(text).as_deref());
+        return Ok(Some(h));
+    }
+    if state == "cancelled" {
+        let at_ms = parts
+            .next()
+            .as_ref()
+            .and_then(int)
+            .ok_or_else(|| reply_err("no cancel time"))?;
+        let due = parts
+            .next()
+            .as_ref()
+            .and_then(int)
+            .ok_or_else(|| reply_err("no due time"))?;
+        let by = parts
+            .next()
+            .as_ref()
+            .and_then(text)
+            .as_deref()
+            .and_then(CancelledBy::parse)
+            .ok_or_else(|| reply_err("a cancel reason this version does not know"))?;
+        let mut h = base(OrderState::Cancelled, due);
+        h.cancelled = Some(Cancellation { at_ms, by });
         return Ok(Some(h));
     }
     let entry = parts

@@ -28,8 +28,9 @@ pub struct QueueStats {
     pub stream_length: u64,
     /// Dead letters.
     pub dead: u64,
-    /// Records in the order history (dispatched orders kept for `history_retention`, plus
-    /// the markers of entries that died or needed several attempts).
+    /// Records in the order history (dispatched and cancelled orders kept for
+    /// `history_retention`, plus the markers of entries that died or needed several
+    /// attempts).
     pub history: u64,
     /// Whether dispatch is paused.
     pub paused: bool,

@@ -14,11 +14,12 @@
 use super::Client;
 use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::events::{
-    DEFAULT_REMEMBER_MS, MAX_EVENT_BATCH, MAX_REMEMBERED, RECORD_FIELD, StoredRules,
-    validate_event_id, validate_event_name,
+    DEFAULT_REMEMBER_MS, MAX_EVENT_BATCH, MAX_ORDER_RULES, MAX_REMEMBERED, RECORD_FIELD,
+    StoredRules, order_rule_field, parse_order_rule, validate_event_id, validate_event_name,
 };
+use crate::engine::history::CancelledBy;
 use crate::engine::keys::QueueName;
-use crate::engine::scripts::tags::{BulkAction, tag_bulk};
+use crate::engine::scripts::tags::{BulkAction, OrderRules, order_rules, tag_bulk};
 use crate::engine::telemetry;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -224,8 +225,47 @@ impl Client {
         Ok(out)
     }
 
+    /// Registers in `queue`'s record the rules `orders` declare for themselves
+    /// (`order_rules.lua`; nothing to do when none does): an event posted from then on
+    /// computes its tokens for them. More than [`MAX_ORDER_RULES`] distinct rules per queue
+    /// are refused naming `cancel_on`.
+    pub(super) async fn register_order_rules(
+        &self,
+        queue: &QueueName,
+        orders: &[crate::engine::message::NewOrder],
+    ) -> Result<()> {
+        let mut fields: Vec<String> = orders
+            .iter()
+            .flat_map(|o| o.cancel_on.iter().map(order_rule_field))
+            .collect();
+        if fields.is_empty() {
+            return Ok(());
+        }
+        fields.sort();
+        fields.dedup();
+        let record = self.keyspace().queue_record(queue);
+        match order_rules(&mut self.connection(), &record, MAX_ORDER_RULES, &fields).await? {
+            OrderRules::Added(_) => Ok(()),
+            OrderRules::NoQueue => {
+                self.forget(queue);
+                Err(crate::engine::error::Error::QueueNotFound {
+                    queue: queue.as_str().to_owned(),
+                })
+            }
+            OrderRules::Full => Err(InvalidInput::Option {
+                name: crate::engine::events::FIELD,
+                reason: format!(
+                    "the orders of {queue} already declare {MAX_ORDER_RULES} distinct rules: use the queue's rules, or fewer distinct ones",
+                    queue = queue.as_str()
+                ),
+            }
+            .into()),
+        }
+    }
+
     /// The rules of every queue (read afresh from the records, one pipeline) that name the
-    /// event, with the event's token under each (rules whose paths its data lacks left out).
+    /// event, with the event's token under each (rules whose paths its data lacks left out):
+    /// the queue's rules and those its orders declared (their tokens carry their window).
     async fn event_hits(&self, event: &Event) -> Result<Vec<Hit>> {
         let names = self.queues().await?;
         if names.is_empty() {
@@ -240,19 +280,38 @@ impl Client {
             pipe.cmd("HGET")
                 .arg(self.keyspace().queue_record(q))
                 .arg(RECORD_FIELD);
+            pipe.cmd("HKEYS").arg(self.keyspace().queue_record(q));
         }
-        let records: Vec<Option<String>> = pipe
+        let records: Vec<redis::Value> = pipe
             .query_async(&mut self.connection())
             .await
             .ctx("reading the queues' cancel_on rules")?;
         let mut hits = Vec::new();
-        for (q, rec) in queues.into_iter().zip(records) {
-            let Some(stored) = rec.as_deref().and_then(StoredRules::parse) else {
-                continue;
+        let mut records = records.into_iter();
+        for q in queues {
+            let (Some(rec), Some(fields)) = (records.next(), records.next()) else {
+                break;
             };
-            for r in stored.rules.iter().filter(|r| r.event == event.name) {
+            let rec: Option<String> = redis::from_redis_value(rec).unwrap_or(None);
+            let fields: Vec<String> = redis::from_redis_value(fields).unwrap_or_default();
+            let queue_rules = rec
+                .as_deref()
+                .and_then(StoredRules::parse)
+                .map(|s| s.rules)
+                .unwrap_or_default();
+            let own: Vec<_> = fields.iter().filter_map(|f| parse_order_rule(f)).collect();
+            let all = queue_rules
+                .iter()
+                .map(|r| (r, false))
+                .chain(own.iter().map(|r| (r, true)));
+            for (r, order) in all.filter(|(r, _)| r.event == event.name) {
                 // A value too long for any order's token matches no order.
-                if let Ok(Some(token)) = r.token(&event.data) {
+                let token = if order {
+                    r.order_token(&event.data)
+                } else {
+                    r.token(&event.data)
+                };
+                if let Ok(Some(token)) = token {
                     hits.push(Hit {
                         queue: q.clone(),
                         token,
@@ -268,6 +327,11 @@ impl Client {
     /// carrying it; counts into `out`. A queue deleted meanwhile is skipped.
     async fn apply_hits(&self, hits: &[Hit], out: &mut EventPosted) -> Result<()> {
         let now = self.now_ms();
+        // Each cancellation is recorded in the order's history (by the script).
+        let by = &CancelledBy::Event {
+            event: out.name.clone(),
+            event_id: out.id.clone(),
+        };
         let mut conn = self.connection();
         for h in hits {
             let shards = match self.shards_of(&h.queue).await {
@@ -275,6 +339,9 @@ impl Client {
                 Err(crate::engine::error::Error::QueueNotFound { .. }) => continue,
                 Err(e) => return Err(e),
             };
+            let policy = crate::engine::flow::queue_flags(self, &h.queue, None)
+                .await?
+                .history;
             for keys in self.keyspace().shards(&h.queue, shards) {
                 let cap = isize::try_from(MAX_REMEMBERED).unwrap_or(isize::MAX);
                 let () = redis::pipe()
@@ -299,12 +366,13 @@ impl Client {
                     .ctx("remembering an event")?;
                 let mut cursor: Option<String> = None;
                 loop {
+                    let record = policy.cancel_target(&keys, self.now_ms());
                     let step = tag_bulk(
                         &mut conn,
                         &keys,
                         &h.token,
                         TAG_BATCH,
-                        BulkAction::Cancel,
+                        BulkAction::Cancel(by, &record),
                         cursor.as_deref(),
                     )
                     .await?;

@@ -154,18 +154,24 @@ impl Client {
     }
 
     /// Cancels a scheduled order (e.g. the customer paid). `NotFound` when it was never
-    /// scheduled, was already cancelled, or was already dispatched.
+    /// scheduled, was already cancelled, or was already dispatched. With the queue's history
+    /// on, the order's history then answers `cancelled` (by id, at the Redis time).
     pub async fn cancel(&self, queue: &str, id: &str) -> Result<CancelOutcome> {
         let queue = QueueName::new(queue)?;
         validate_id(id)?;
         let keys = self.shard_keys(&queue, shard_of(id, self.shards_of(&queue).await?));
+        // The cancellation is recorded in the order history by the script itself.
+        let policy = crate::engine::flow::queue_flags(self, &queue, None)
+            .await?
+            .history;
+        let record = policy.cancel_target(&keys, self.now_ms());
         let cancelled = match self.durable_wait() {
             None => {
                 let mut conn = self.inner.conn.clone();
-                scripts::cancel(&mut conn, &keys, id).await?
+                scripts::cancel(&mut conn, &keys, id, &record).await?
             }
             Some(wait) => {
-                let inv = scripts::cancel_invocation(&keys, id);
+                let inv = scripts::cancel_invocation(&keys, id, &record);
                 self.replicated_script(inv, "cancelling an order (cancel.lua)", wait)
                     .await?
                     == 1

@@ -107,6 +107,8 @@ impl Client {
             orders.iter().filter_map(|o| o.trace.as_ref()).collect(),
         );
         let (mut stored, mut tokens) = stored_texts(&producer, orders, qref.cancel_rules())?;
+        // The orders' own rules are made known to events before any order carries them.
+        self.register_order_rules(&queue, orders).await?;
         let mut texts = Texts {
             orders,
             stored: &stored,
@@ -377,20 +379,22 @@ struct Texts<'a> {
 type StoredTexts = (Vec<Option<String>>, Vec<Vec<String>>);
 
 /// Per order, the stored text (see [`Texts`]) and the cancel-on-event match tokens of the
-/// queue's `rules` (see [`crate::engine::events`]; no rules: no work). A matched value too
-/// long is refused naming the order's index.
+/// queue's `rules` and of the order's own (see [`crate::engine::events`]; no rules: no
+/// work). A matched value too long is refused naming the order's index.
 fn stored_texts(
     producer: &trace::Producer,
     orders: &[NewOrder],
     rules: &[crate::engine::events::CancelRule],
 ) -> Result<StoredTexts> {
     let mut tokens: Vec<Vec<String>> = Vec::new();
-    if !rules.is_empty() {
+    if !rules.is_empty() || orders.iter().any(|o| !o.cancel_on.is_empty()) {
         for (index, o) in orders.iter().enumerate() {
             let doc = o.payload.to_value();
             let mut mine = Vec::new();
-            for r in rules {
-                match r.token(&doc) {
+            // The queue's rules, then the order's own (their tokens carry their window).
+            let own = o.cancel_on.iter().map(|r| r.order_token(&doc));
+            for t in rules.iter().map(|r| r.token(&doc)).chain(own) {
+                match t {
                     Ok(Some(t)) => mine.push(t),
                     Ok(None) => {}
                     Err(e) => {

@@ -6,6 +6,7 @@
 
 use super::Client;
 use crate::engine::error::{InvalidInput, RedisContext, Result};
+use crate::engine::history::{CancelledBy, HistoryPolicy};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::message::When;
 use crate::engine::scripts::tags::{BulkAction, tag_bulk};
@@ -212,7 +213,7 @@ impl Client {
     /// batches of [`TAG_BATCH`] per script call, each atomic with dispatch (an order is
     /// either cancelled here or dispatched, never both). Repeating it is harmless (0).
     pub async fn tag_cancel(&self, queue: Option<&str>, tag: &str) -> Result<TagCounts> {
-        let out = self.tag_bulk(queue, tag, BulkAction::Cancel).await?;
+        let out = self.tag_bulk(queue, tag, None).await?;
         for (q, n) in &out.queues {
             telemetry::cancelled_by(q, "tag", *n);
         }
@@ -241,29 +242,44 @@ impl Client {
                 BulkAction::Shift(ms)
             }
         };
-        let out = self.tag_bulk(queue, tag, action).await?;
+        let out = self.tag_bulk(queue, tag, Some(action)).await?;
         for q in out.queues.keys() {
             self.inner.wake.scheduled(q, self.now_ms());
         }
         Ok(out)
     }
 
+    /// Works the orders of `tag` in `queue` (`None`: every queue): moved by `action`, or
+    /// cancelled (`None`; each cancellation recorded in the order history).
     async fn tag_bulk(
         &self,
         queue: Option<&str>,
         tag: &str,
-        action: BulkAction,
+        action: Option<BulkAction<'_>>,
     ) -> Result<TagCounts> {
         validate_tag(tag)?;
         let mut conn = self.inner.conn.clone();
         let mut out = TagCounts::default();
+        let by = CancelledBy::Tag {
+            tag: tag.to_owned(),
+        };
         for q in self.tag_queues(queue).await? {
+            // A move records nothing: history off for it.
+            let policy = match action {
+                Some(_) => HistoryPolicy::from_ms(0),
+                None => {
+                    crate::engine::flow::queue_flags(self, &q, None)
+                        .await?
+                        .history
+                }
+            };
             for keys in self.queue_shards(&q).await? {
                 let mut cursor: Option<String> = None;
                 loop {
+                    let record = policy.cancel_target(&keys, self.now_ms());
+                    let act = action.unwrap_or(BulkAction::Cancel(&by, &record));
                     let step =
-                        tag_bulk(&mut conn, &keys, tag, TAG_BATCH, action, cursor.as_deref())
-                            .await?;
+                        tag_bulk(&mut conn, &keys, tag, TAG_BATCH, act, cursor.as_deref()).await?;
                     out.add(q.as_str(), step.affected);
                     if !step.more {
                         break;

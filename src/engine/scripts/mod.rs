@@ -25,7 +25,7 @@ use crate::engine::error::Error;
 /// the ones it calls in its header (`-- @include int, wake`); an include may name others
 /// the same way. [`source`] puts them into the script's text after its header, each once,
 /// an include's own includes before it.
-pub const INCLUDES: [(&str, &str); 7] = [
+pub const INCLUDES: [(&str, &str); 8] = [
     ("int", include_str!("../../../lua/include/int.lua")),
     ("wake", include_str!("../../../lua/include/wake.lua")),
     ("tags", include_str!("../../../lua/include/tags.lua")),
@@ -36,6 +36,10 @@ pub const INCLUDES: [(&str, &str); 7] = [
     ("groups", include_str!("../../../lua/include/groups.lua")),
     ("lanes", include_str!("../../../lua/include/lanes.lua")),
     ("keyed", include_str!("../../../lua/include/keyed.lua")),
+    (
+        "unschedule",
+        include_str!("../../../lua/include/unschedule.lua"),
+    ),
 ];
 
 /// The names a text's header (its leading `--` lines) includes (`-- @include a, b`).
@@ -177,6 +181,7 @@ pub fn flagged() -> Vec<(&'static str, &'static str)> {
         ("schedule", schedules::SCHEDULE_LUA.as_str()),
         ("tick", schedules::TICK_LUA.as_str()),
         ("tag_bulk", tags::TAG_BULK_LUA.as_str()),
+        ("order_rules", tags::ORDER_RULES_LUA.as_str()),
     ]
 }
 

@@ -243,8 +243,26 @@ pub(crate) async fn dequeue<C: ConnectionLike>(
     })
 }
 
-/// The call of `cancel.lua` for order `id` (its reply: 1 when the order was scheduled).
-pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::ScriptInvocation<'a> {
+/// Where a cancelling script records the cancellation: the history bucket of now, its
+/// expiry (0: history off, nothing recorded) and now, unix ms
+/// ([`crate::engine::history::HistoryPolicy::cancel_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CancelRecord {
+    /// The bucket key.
+    pub bucket: String,
+    /// When it expires, unix ms (0: history off).
+    pub expires_at: i64,
+    /// Now, unix ms.
+    pub now_ms: i64,
+}
+
+/// The call of `cancel.lua` for order `id`, recording into `record` (its reply: 1 when the
+/// order was scheduled).
+pub(crate) fn cancel_invocation<'a>(
+    keys: &ShardKeys,
+    id: &str,
+    record: &CancelRecord,
+) -> redis::ScriptInvocation<'a> {
     let mut inv = CANCEL.prepare_invoke();
     inv.key(&keys.due)
         .key(&keys.payload)
@@ -253,7 +271,10 @@ pub(crate) fn cancel_invocation<'a>(keys: &ShardKeys, id: &str) -> redis::Script
         .key(&keys.tags)
         .key(&keys.keyed)
         .key(&keys.key_ring)
-        .arg(id);
+        .key(&record.bucket)
+        .arg(id)
+        .arg(record.expires_at)
+        .arg(record.now_ms);
     inv
 }
 
@@ -262,8 +283,9 @@ pub(crate) async fn cancel<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     id: &str,
+    record: &CancelRecord,
 ) -> Result<bool> {
-    let n: i64 = cancel_invocation(keys, id)
+    let n: i64 = cancel_invocation(keys, id, record)
         .invoke_async(conn)
         .await
         .ctx("cancelling an order (cancel.lua)")?;

@@ -1,7 +1,10 @@
 //! The tag scripts (issue 43): `tag_bulk.lua`, a bounded batch of one shard's orders with a
-//! tag cancelled or moved.
+//! tag cancelled or moved; `order_rules.lua`, the cancel-on-event rules a queue's orders
+//! declare, registered in its record.
 
+use super::CancelRecord;
 use crate::engine::error::{Error, RedisContext, Result};
+use crate::engine::history::CancelledBy;
 use crate::engine::keys::ShardKeys;
 use redis::aio::ConnectionLike;
 use std::sync::LazyLock;
@@ -12,11 +15,52 @@ pub static TAG_BULK_LUA: LazyLock<String> =
 
 static TAG_BULK: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(&TAG_BULK_LUA));
 
+/// Source of `lua/order_rules.lua`.
+pub static ORDER_RULES_LUA: LazyLock<String> =
+    LazyLock::new(|| super::source(include_str!("../../../lua/order_rules.lua")));
+
+static ORDER_RULES: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&ORDER_RULES_LUA));
+
+/// What `order_rules.lua` answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OrderRules {
+    /// Registered (this many were new).
+    Added(u64),
+    /// The queue is not registered (or being deleted).
+    NoQueue,
+    /// The queue would keep more than the bound.
+    Full,
+}
+
+/// Runs `order_rules.lua` on `record` (a queue's registry record) for `fields`
+/// ([`crate::engine::events::order_rule_field`]).
+pub(crate) async fn order_rules<C: ConnectionLike>(
+    conn: &mut C,
+    record: &str,
+    max: usize,
+    fields: &[String],
+) -> Result<OrderRules> {
+    let n: i64 = ORDER_RULES
+        .key(record)
+        .arg(max)
+        .arg(fields)
+        .invoke_async(conn)
+        .await
+        .ctx("registering the orders' cancel_on rules (order_rules.lua)")?;
+    Ok(match n {
+        -1 => OrderRules::NoQueue,
+        -2 => OrderRules::Full,
+        n => OrderRules::Added(u64::try_from(n).unwrap_or(0)),
+    })
+}
+
 /// What a bulk call does to each order with the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum BulkAction {
-    /// Cancel it.
-    Cancel,
+pub(crate) enum BulkAction<'a> {
+    /// Cancel it, recording the cancellation (the reason, and where: history bucket,
+    /// expiry, now).
+    Cancel(&'a CancelledBy, &'a CancelRecord),
     /// A new due time, unix ms.
     At(i64),
     /// Move its due time by this many ms.
@@ -40,16 +84,16 @@ pub(crate) async fn tag_bulk<C: ConnectionLike>(
     keys: &ShardKeys,
     tag: &str,
     limit: usize,
-    action: BulkAction,
+    action: BulkAction<'_>,
     cursor: Option<&str>,
 ) -> Result<BulkStep> {
     let (name, arg) = match action {
-        BulkAction::Cancel => ("cancel", String::new()),
+        BulkAction::Cancel(..) => ("cancel", String::new()),
         BulkAction::At(ms) => ("at", ms.to_string()),
         BulkAction::Shift(ms) => ("shift", ms.to_string()),
     };
-    let (affected, last, more): (u64, Option<String>, i64) = TAG_BULK
-        .key(&keys.due)
+    let mut inv = TAG_BULK.prepare_invoke();
+    inv.key(&keys.due)
         .key(&keys.payload)
         .key(&keys.levels)
         .key(&keys.debounce)
@@ -60,7 +104,14 @@ pub(crate) async fn tag_bulk<C: ConnectionLike>(
         .arg(limit.clamp(1, 1000))
         .arg(name)
         .arg(arg)
-        .arg(cursor.unwrap_or(""))
+        .arg(cursor.unwrap_or(""));
+    if let BulkAction::Cancel(by, record) = action {
+        inv.key(&record.bucket)
+            .arg(record.expires_at)
+            .arg(record.now_ms)
+            .arg(by.record());
+    }
+    let (affected, last, more): (u64, Option<String>, i64) = inv
         .invoke_async(conn)
         .await
         .ctx("working the orders of a tag (tag_bulk.lua)")?;

@@ -71,6 +71,10 @@ struct MessageBody {
     /// type is refused naming the field.
     #[serde(default)]
     key: Option<Value>,
+    /// The order's own cancel-on-event rules ([`crate::engine::events::rules_from_json`]
+    /// names the field when wrong).
+    #[serde(default)]
+    cancel_on: Option<Value>,
 }
 
 /// `debounce`: `{"delay_ms": ..., "max_wait_ms": ...}`.
@@ -108,6 +112,10 @@ impl MessageBody {
         let order = match &self.tags {
             Some(t) => order.with_tags(crate::engine::tags::from_json(t)?),
             None => order,
+        };
+        let order = match &self.cancel_on {
+            None | Some(Value::Null) => order,
+            Some(v) => order.with_cancel_on(crate::engine::events::rules_from_json(v)?),
         };
         let order = self.expiring(order.with_priority(self.priority()?).repeat(self.repeat))?;
         self.keyed(order)

@@ -147,7 +147,7 @@ fn priority() -> Value {
 
 fn schemas() -> Value {
     let outcome = json!({"type": "string", "enum": ["created", "updated", "unchanged", "duplicate", "cancelled_by_event"],
-        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again). cancelled_by_event: an event matching one of the queue's cancel_on rules arrived before, within the rule's remember window; nothing was written and the order never fires"});
+        "description": "duplicate: the id is not waiting and was dispatched within the queue's dedup_window; nothing was written (give repeat to schedule it again). cancelled_by_event: an event matching one of the queue's (or the order's own) cancel_on rules arrived before, within the rule's remember window; nothing was written and the order never fires"});
     let scheduled = object(
         &["queue", "id", "due_at_ms", "outcome"],
         json!({"queue": {"type": "string"}, "id": {"type": "string"}, "due_at_ms": int(), "outcome": outcome,
@@ -220,6 +220,9 @@ fn schemas() -> Value {
     let repeat = json!({"type": "boolean", "description": "schedule it even if it was dispatched within the queue's dedup_window (otherwise the answer is duplicate and nothing is written)"});
     // Tags (issue 43; src/engine/tags.rs).
     let tags = tags_schema();
+    // An order's own cancel-on-event rules (issue 43; src/engine/events.rs).
+    let cancel_on = json!({"type": "array", "maxItems": crate::engine::events::MAX_RULES, "items": schema_ref("CancelRule"),
+        "description": "the order's own cancel-on-event rules, checked as a queue's (400 invalid_option naming cancel_on): an event they name whose data matches the payload on their match paths cancels it; an event that arrived first within a rule's remember answers cancelled_by_event"});
     json!({
         "Error": object(&["error"], json!({"error": object(&["code", "message"], json!({
             "code": {"type": "string"}, "message": {"type": "string"}}))})),
@@ -235,7 +238,8 @@ fn schemas() -> Value {
             "debounce": debounce.clone(),
             "key": key.clone(),
             "repeat": repeat.clone(),
-            "tags": tags.clone()}},
+            "tags": tags.clone(),
+            "cancel_on": cancel_on.clone()}},
         "BatchMessage": {"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_ID_LEN},
             "delay_ms": {"type": "integer", "minimum": 0},
@@ -248,7 +252,8 @@ fn schemas() -> Value {
             "debounce": debounce,
             "key": key,
             "repeat": repeat,
-            "tags": tags}},
+            "tags": tags,
+            "cancel_on": cancel_on}},
         "Batch": {"type": "object", "additionalProperties": false, "required": ["messages"], "properties": {
             "messages": {"type": "array", "maxItems": MAX_BATCH, "items": schema_ref("BatchMessage")},
             "if_absent": {"type": "boolean"}}},
@@ -440,8 +445,14 @@ fn order_history() -> Value {
             "priority",
         ],
         json!({"queue": {"type": "string"}, "id": {"type": "string"},
-               "state": {"type": "string", "enum": ["scheduled", "dispatched"]}, "due_at_ms": int(),
+               "state": {"type": "string", "enum": ["scheduled", "dispatched", "cancelled"]}, "due_at_ms": int(),
                "payload": {"nullable": true, "description": "byte for byte as scheduled, while scheduled or in the stream"},
+               "cancelled": {"type": "object", "required": ["at_ms", "reason"],
+                   "description": "cancelled orders only (kept for the queue's history retention): when (unix ms, the Redis clock) and by what",
+                   "properties": {"at_ms": int(), "reason": {"type": "string", "enum": ["id", "tag", "event"]},
+                       "tag": {"type": "string", "description": "reason tag: the tag"},
+                       "event": {"type": "string", "description": "reason event: the event's name"},
+                       "event_id": {"type": "string", "description": "reason event: the event's id, when it had one"}}},
                "dispatched_at_ms": nullable("integer"), "entry_id": nullable("string"),
                "groups": {"type": "array", "items": group}, "priority": priority(),
                "debounce": {"type": "object", "description": "a waiting debounced order's first call and cap (its latest due time), unix ms",

@@ -48,7 +48,15 @@ GET = Script("get")
 CREATE_QUEUE = Script("create_queue")
 #: Every vendored script, by name.
 TAG_BULK = Script("tag_bulk")
-SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE, TAG_BULK)}
+ORDER_RULES = Script("order_rules")
+SCRIPTS: Dict[str, Script] = {s.name: s for s in (ENQUEUE, CANCEL, RESCHEDULE, GET, CREATE_QUEUE, TAG_BULK, ORDER_RULES)}
+
+
+def order_rule_fields(prepared: Sequence[Any]) -> List[str]:
+    """The record fields of the rules a batch's orders declare (sorted, each once): what
+    order_rules.lua registers before the batch is written (src/engine/client/events.rs
+    ``register_order_rules``)."""
+    return sorted({rules.order_rule_field(r) for p in prepared for r in p.own_rules})
 
 #: Orders per tag_bulk.lua call (src/engine/client/tags.rs ``TAG_BATCH``).
 TAG_BATCH = 200
@@ -155,6 +163,10 @@ class Order:
     #: The order's key (issue 42): due orders are dispatched round robin between keys. An
     #: upsert without a key removes the one the order had.
     key: Optional[str] = None
+    #: The order's own cancel-on-event rules (``[{"event": "order.paid", "match":
+    #: "order_id", "remember_ms": 900000}]``, checked as a queue's): an event a rule names
+    #: whose data matches the payload on its match paths cancels the order.
+    cancel_on: Optional[Sequence[Dict[str, Any]]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -448,6 +460,8 @@ class Prepared:
     tags: bytes = b""
     #: The order's key, UTF-8 (None: no key).
     key: Optional[bytes] = None
+    #: The order's own cancel-on-event rules, checked: (event, paths, remember_ms).
+    own_rules: Tuple[Any, ...] = ()
 
 
 def to_order(o: Any) -> Order:
@@ -498,9 +512,10 @@ def prepare_batch(queue: str, orders: Sequence[Any], now_ms: int, max_payload: i
             expires = None if o.expires_after_ms is None else rules.check_expires_after(o.expires_after_ms)
             tags = rules.encode_tags(rules.check_tags(o.tags))
             key = None if o.key is None else rules.check_key(o.key)
+            own = tuple(rules.check_cancel_on(o.cancel_on))
         except InvalidInput as e:
             raise e.in_batch(i) from None
-        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags, key))
+        out.append(Prepared(o.id, idb, due, p, levels[i], expires, rules.rules_arg(bool(o.repeat), max_wait), tags, key, own))
     if if_absent:
         for i, o in enumerate(orders):
             if o.debounce is not None:
@@ -516,12 +531,13 @@ def with_tokens(prepared: List[Prepared], ref: QueueRef) -> List[Prepared]:
     among their tags (after them; src/engine/client/schedule.rs ``stored_texts``); a queue
     without rules: the orders as they are. Recomputed whenever the record is re-read."""
     rule_list = ref.rules()
-    if not rule_list:
+    if not rule_list and not any(p.own_rules for p in prepared):
         return prepared
     out = []
     for i, p in enumerate(prepared):
         try:
-            tokens = rules.order_tokens(rule_list, p.payload.data)
+            # The queue's rules, then the order's own (their tokens carry their window).
+            tokens = rules.order_tokens(rule_list, p.payload.data) + rules.own_tokens(p.own_rules, p.payload.data)
         except InvalidInput as e:
             raise e.in_batch(i) from None
         if tokens:
@@ -572,6 +588,35 @@ def tag_bulk_step(reply: Any) -> Tuple[int, Optional[bytes], bool]:
     if not isinstance(reply, (list, tuple)) or len(reply) != 3:
         raise RedisFailure("cancelling the orders of a tag (tag_bulk.lua)", ValueError("unexpected reply"), NOT_APPLIED, False, False)
     return int(reply[0]), reply[1], int(reply[2]) == 1 and reply[1] is not None
+
+
+#: The order history (src/engine/history.rs): the record field of a queue's retention (ms),
+#: the retention when it says nothing (24 h), the longest (90 days), the bucket length (1 h).
+RETENTION_FIELD = "history_ms"
+DEFAULT_HISTORY_MS = 24 * 3600 * 1000
+MAX_HISTORY_MS = 90 * 24 * 3600 * 1000
+HISTORY_BUCKET_MS = 3_600_000
+
+
+def cancel_record(shard_tag: str, retention: Any, now: int) -> Tuple[str, int]:
+    """Where cancel.lua / tag_bulk.lua record a cancellation at ``now`` (src/engine/history.rs
+    ``HistoryPolicy::cancel_target``): the shard's history bucket of ``now``
+    (``{tag}:history:<bucket ms>:<bucket>``) and its expiry, 0 when the queue keeps no
+    history (``retention``: the record's ``history_ms`` as read, None for the default)."""
+    try:
+        r = DEFAULT_HISTORY_MS if retention is None else int(retention)
+    except (TypeError, ValueError):
+        r = DEFAULT_HISTORY_MS
+    r = min(max(r, 0), MAX_HISTORY_MS)
+    b = now // HISTORY_BUCKET_MS
+    key = "%s:history:%d:%d" % (shard_tag, HISTORY_BUCKET_MS, b)
+    return key, ((b + 1) * HISTORY_BUCKET_MS + r) if r > 0 else 0
+
+
+def cancel_reason(kind: str, *parts: str) -> str:
+    """A cancel record's reason (src/engine/history.rs ``CancelledBy``): ``id``,
+    ``tag<US><tag>`` or ``event<US><name><US><event id or empty>``."""
+    return "\x1f".join((kind,) + parts)
 
 
 def tags_key(due: str) -> str:
@@ -633,7 +678,8 @@ def _outcome(c: Any) -> Tuple[Outcome, Any]:
     o = _CODES[int(c[0])]
     if o == Outcome.CANCELLED_BY_EVENT:
         # { 4, token }: the event's name is the token's, up to the space.
-        return o, _text(c[1]).lstrip("\x01").split(" ", 1)[0]
+        # An order rule's token carries its window: "<event>@<remember ms>".
+        return o, _text(c[1]).lstrip("\x01").split(" ", 1)[0].split("@", 1)[0]
     return o, int(c[1])
 
 

@@ -228,6 +228,7 @@ class AsyncClient:
         repeat: bool = False,
         tags: Optional[Sequence[str]] = None,
         key: Optional[str] = None,
+        cancel_on: Optional[Sequence[Dict[str, Any]]] = None,
     ) -> c.Scheduled:
         """Schedules one order: due after ``delay_ms`` (or ``delay``) or at ``due_ms`` (or
         ``at``), or at the local wall-clock time ``at_local`` (``"2027-03-28T09:00"``, no
@@ -248,7 +249,9 @@ class AsyncClient:
         most 10 strings, each 1..=128 bytes without control characters, none twice (else
         ``invalid_option``); an upsert replaces the set. ``key``: the order's key (1..=128
         bytes, no control characters, else ``invalid_option``): due orders are dispatched
-        round robin between keys; an upsert without one removes it."""
+        round robin between keys; an upsert without one removes it. ``cancel_on``: the
+        order's own cancel-on-event rules (``[{"event", "match", "remember_ms"}]``, checked as
+        a queue's, else ``invalid_option`` naming ``cancel_on``)."""
         order = c.Order(
             id,
             delay_ms=delay_ms,
@@ -264,11 +267,31 @@ class AsyncClient:
             repeat=repeat,
             tags=tags,
             key=key,
+            cancel_on=cancel_on,
         )
         try:
             return (await self.schedule_many(queue, [order], mode=mode))[0]
         except InvalidInput as e:
             raise c.single(e) from None
+
+    async def _register_order_rules(self, queue: str, prepared: Sequence[Any]) -> None:
+        """Registers in the queue's record the rules the orders declare for themselves
+        (order_rules.lua; nothing when none does), as the Rust client does."""
+        fields = c.order_rule_fields(prepared)
+        if not fields:
+            return
+        try:
+            n = int(await self._evalsha(c.ORDER_RULES, [self._keys.record(queue)], [rules.MAX_ORDER_RULES] + fields))
+        except redis.RedisError as e:
+            raise c.wrap("registering the orders' cancel_on rules (order_rules.lua)", e) from None
+        if n == -1:
+            self._forget(queue)
+            raise QueueNotFound(queue)
+        if n == -2:
+            raise InvalidInput(
+                "invalid_option",
+                f"invalid option cancel_on: the orders of {queue} already declare {rules.MAX_ORDER_RULES} distinct rules: use the queue's rules, or fewer distinct ones",
+            )
 
     async def schedule_many(self, queue: str, orders: Iterable[Union[c.Order, dict]], mode: Union[str, c.Mode] = c.Mode.UPSERT) -> List[c.Scheduled]:
         """Schedules a batch (at most 10,000 orders, each with its own ``priority``),
@@ -285,6 +308,8 @@ class AsyncClient:
         if not prepared:
             return []
         sent = c.with_tokens(prepared, ref)
+        # The orders' own rules are made known to events before any order carries them.
+        await self._register_order_rules(queue, prepared)
         calls = c.plan(ref.shards, sent)
         results = await self._enqueue(queue, calls, sent, ref.epoch_arg(), if_absent, now)
         if all(isinstance(r, DelayqError) and getattr(r, "refusal", None) for r in results):
@@ -445,6 +470,22 @@ class AsyncClient:
             self._keys.tag(queue, s) + ":key_ring",
         )
 
+    async def _retention(self, queue: str) -> Any:
+        """The queue's history retention as its record holds it (None: the default)."""
+        try:
+            return await self._r.hget(self._keys.record(queue), c.RETENTION_FIELD)
+        except redis.RedisError as e:
+            raise c.wrap("reading the history retention", e) from None
+
+    async def _cancel_record(self, queue: str, shard_tag: str, retention: Any = False) -> Tuple[str, int, int]:
+        """The history bucket, its expiry (0: history off) and now, for a cancellation in
+        the shard ``shard_tag`` (``retention`` False: read from the record)."""
+        if retention is False:
+            retention = await self._retention(queue)
+        now = self.now_ms()
+        bucket, expiry = c.cancel_record(shard_tag, retention, now)
+        return bucket, expiry, now
+
     async def cancel(self, queue: str, id: str) -> c.CancelOutcome:
         """Cancels a scheduled order (e.g. the customer paid). ``not_found`` when it was
         never scheduled, was already cancelled, or was already dispatched."""
@@ -452,7 +493,10 @@ class AsyncClient:
         try:
             # The tag index as KEYS[5], the key index and ring as KEYS[6], KEYS[7]: a
             # tagged order's tags and a keyed order's member leave them (cancel.lua).
-            n = await self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]), [id])
+            # The history bucket as KEYS[8] with its expiry and now: the cancellation is
+            # recorded in the order history (cancel.lua; none when history is off).
+            bucket, expiry, now = await self._cancel_record(queue, keys[0][: -len(":due")])
+            n = await self._evalsha(c.CANCEL, list(keys[:4]) + [c.tags_key(keys[0])] + list(keys[4:]) + [bucket], [id, expiry, now])
         except redis.RedisError as e:
             raise c.wrap("cancelling an order (cancel.lua)", e) from None
         return c.CancelOutcome.CANCELLED if int(n) == 1 else c.CancelOutcome.NOT_FOUND
@@ -465,6 +509,7 @@ class AsyncClient:
         rules.check_queue(queue)
         rules.check_tags([tag])
         ref = await self._queue_ref(queue)
+        retention = await self._retention(queue)
         total = 0
         for s in range(ref.shards):
             due = self._keys.due(queue, s)
@@ -473,7 +518,8 @@ class AsyncClient:
             cursor: Any = b""
             while True:
                 try:
-                    reply = await self._evalsha(c.TAG_BULK, keys, [tag, c.TAG_BATCH, "cancel", "", cursor])
+                    bucket, expiry, now = await self._cancel_record(queue, self._keys.tag(queue, s), retention)
+                    reply = await self._evalsha(c.TAG_BULK, keys + [bucket], [tag, c.TAG_BATCH, "cancel", "", cursor, expiry, now, c.cancel_reason("tag", tag)])
                 except redis.RedisError as e:
                     raise c.wrap("cancelling the orders of a tag (tag_bulk.lua)", e) from None
                 n, last, more = c.tag_bulk_step(reply)
@@ -497,9 +543,10 @@ class AsyncClient:
         try:
             names = sorted(c._text(n) for n in await self._r.smembers(self._keys.queues()))
             records = [await self._r.hget(self._keys.record(q), "cancel_on") for q in names]
+            fields = [await self._r.hkeys(self._keys.record(q)) for q in names]
         except redis.RedisError as e:
             raise c.wrap("reading the queues' cancel_on rules", e) from None
-        hits = rules.event_hits(name, data, names, records)
+        hits = rules.event_hits(name, data, names, records, fields)
         out["matched_rules"] = len(hits)
         await self._resync_if_stale()
         now = self.now_ms()
@@ -515,11 +562,13 @@ class AsyncClient:
                 out["duplicate"] = True
                 out["matched_rules"] = 0
                 return out
+        reason = c.cancel_reason("event", name, id or "")
         try:
             for q, token, remember in hits:
                 ref = await self._lookup(q)
                 if ref is None:
                     continue
+                retention = await self._retention(q)
                 for s in range(ref.shards):
                     remembered = self._keys.tag(q, s) + ":remembered"
                     await self._r.zadd(remembered, {token: now + remember}, gt=True)
@@ -530,7 +579,8 @@ class AsyncClient:
                             self._keys.tag(q, s) + ":keyed", self._keys.tag(q, s) + ":key_ring"]
                     cursor: Any = b""
                     while True:
-                        reply = await self._evalsha(c.TAG_BULK, keys, [token, c.TAG_BATCH, "cancel", "", cursor])
+                        bucket, expiry, at = await self._cancel_record(q, self._keys.tag(q, s), retention)
+                        reply = await self._evalsha(c.TAG_BULK, keys + [bucket], [token, c.TAG_BATCH, "cancel", "", cursor, expiry, at, reason])
                         n, last, more = c.tag_bulk_step(reply)
                         if n:
                             out["cancelled"] += n

@@ -11,7 +11,7 @@ import datetime as _dt
 import json
 import re
 import unicodedata
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from .errors import InvalidInput
 
@@ -682,21 +682,129 @@ def order_tokens(rule_list: Sequence[Any], payload: bytes) -> List[str]:
     return out
 
 
-def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any]) -> List[Any]:
+#: The prefix of a queue record's fields holding the rules its orders declared.
+ORDER_RULE_PREFIX = "order_rule:"
+#: Most rules per order (or queue), match paths per rule, the longest path and ``remember``
+#: (src/engine/events.rs ``MAX_RULES``, ``MAX_MATCH``, ``MAX_PATH_LEN``, ``MAX_REMEMBER_MS``).
+MAX_RULES = 8
+MAX_MATCH = 4
+MAX_PATH_LEN = 128
+MAX_REMEMBER_MS = 7 * 24 * 3600 * 1000
+#: Most distinct rules a queue's orders may declare (``MAX_ORDER_RULES``).
+MAX_ORDER_RULES = 64
+_PATH = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def check_cancel_on(rule_list: Any) -> List[Tuple[str, List[str], int]]:
+    """An order's own cancel-on-event rules (src/engine/events.rs ``validate_rules``, the
+    same checks as a queue's): a list of ``{"event": name, "match": path or [paths],
+    "remember_ms": ms}`` (remember 15 min by default); anything else is refused with
+    ``invalid_option`` naming ``cancel_on``. Returns them as (event, paths, remember_ms)."""
+    def bad(reason: str) -> InvalidInput:
+        return InvalidInput("invalid_option", f"invalid option cancel_on: {reason}")
+
+    if rule_list is None:
+        return []
+    if isinstance(rule_list, (str, bytes, dict)) or not isinstance(rule_list, (list, tuple)):
+        raise bad("must be an array of rules {event, match, remember_ms}")
+    if len(rule_list) > MAX_RULES:
+        raise bad(f"at most {MAX_RULES} rules per queue, got {len(rule_list)}")
+    out: List[Tuple[str, List[str], int]] = []
+    for r in rule_list:
+        if not isinstance(r, dict):
+            raise bad("each rule must be an object {event, match, remember_ms}")
+        unknown = [k for k in r if k not in ("event", "match", "remember_ms")]
+        if unknown:
+            raise bad(f"unknown rule field {unknown[0]!r} (event, match, remember_ms)")
+        event = r.get("event")
+        if not isinstance(event, str):
+            raise bad("a rule needs an event name (a string)")
+        if event == "":
+            raise bad("the event name must not be empty")
+        if len(event.encode("utf-8", "surrogatepass")) > MAX_EVENT_LEN:
+            raise bad(f"the event name must be at most {MAX_EVENT_LEN} bytes")
+        if not _EVENT_NAME.fullmatch(event):
+            raise bad("the event name holds a character outside A-Z a-z 0-9 . _ - : /")
+        m = r.get("match", [])
+        paths = [m] if isinstance(m, str) else m
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(x, str) for x in paths):
+            raise bad("match must be a field path or an array of them")
+        if not paths:
+            raise bad(f"the rule for {event} has no match field (it would cancel every order)")
+        if len(paths) > MAX_MATCH:
+            raise bad(f"at most {MAX_MATCH} match fields per rule")
+        for i, x in enumerate(paths):
+            if not x or len(x) > MAX_PATH_LEN:
+                raise bad(f"match path {x!r} must be 1..={MAX_PATH_LEN} bytes")
+            if not _PATH.fullmatch(x):
+                raise bad(f"match path {x!r} is not a JSON field path (dotted names of A-Z a-z 0-9 _ -, such as order_id or customer.id)")
+            if x in paths[:i]:
+                raise bad(f"match path {x!r} is given twice")
+        remember = r.get("remember_ms", DEFAULT_REMEMBER_MS)
+        if isinstance(remember, bool) or not isinstance(remember, int) or not 1 <= remember <= MAX_REMEMBER_MS:
+            raise bad("remember must be 1 ms..=7 days")
+        if any(e == event and p == list(paths) for e, p, _ in out):
+            raise bad(f"the rule for {event} is given twice")
+        out.append((event, list(paths), remember))
+    return out
+
+
+def order_rule_field(rule: Tuple[str, List[str], int]) -> str:
+    """A rule an order declares, as the queue's record keeps it: ``order_rule:<rule JSON>``,
+    byte for byte the Rust client's (serde: event, match, remember_ms; compact)."""
+    event, paths, remember = rule
+    return ORDER_RULE_PREFIX + json.dumps({"event": event, "match": paths, "remember_ms": remember}, separators=(",", ":"))
+
+
+def own_tokens(own: Sequence[Tuple[str, List[str], int]], payload: bytes) -> List[str]:
+    """The match tokens of an order's payload under its own rules: the event part carries
+    the rule's window, ``<event>@<remember ms>`` (``CancelRule::order_token``)."""
+    if not own:
+        return []
+    try:
+        doc = json.loads(payload)
+    except (ValueError, RecursionError):
+        return []
+    out = []
+    for event, paths, remember in own:
+        token = event_token("%s@%d" % (event, remember), paths, doc, strict=True)
+        if token is not None:
+            out.append(token)
+    return out
+
+
+def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any], fields: Optional[Sequence[Any]] = None) -> List[Any]:
     """The (queue, token, remember_ms) of every rule of ``queues`` (their records' ``cancel_on``
-    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds."""
+    fields, JSON text or ``None``) that names the event and whose paths ``data`` holds; with
+    ``fields`` (each record's field names, HKEYS), also of the rules the queues' orders
+    declared for themselves (fields ``order_rule:<rule JSON>``, src/engine/events.rs
+    "Order rules"), whose tokens carry their window: ``\\x01<event>@<remember ms> {...}``."""
     hits = []
-    for q, rec in zip(queues, records):
-        if rec is None:
-            continue
-        try:
-            stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
-        except ValueError:
-            continue
+    for i, (q, rec) in enumerate(zip(queues, records)):
+        stored: Any = {}
+        if rec is not None:
+            try:
+                stored = json.loads(rec.decode() if isinstance(rec, bytes) else rec)
+            except ValueError:
+                stored = {}
         for r in stored.get("rules", []):
             if r.get("event") != name:
                 continue
             token = event_token(name, r.get("match", []), data)
             if token is not None:
                 hits.append((q, token, int(r.get("remember_ms", DEFAULT_REMEMBER_MS))))
+        for f in (fields[i] if fields is not None else []) or []:
+            text = f.decode() if isinstance(f, bytes) else f
+            if not text.startswith(ORDER_RULE_PREFIX):
+                continue
+            try:
+                r = json.loads(text[len(ORDER_RULE_PREFIX):])
+                remember = int(r["remember_ms"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if r.get("event") != name:
+                continue
+            token = event_token("%s@%d" % (name, remember), r.get("match", []), data)
+            if token is not None:
+                hits.append((q, token, remember))
     return hits

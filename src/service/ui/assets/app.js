@@ -54,6 +54,14 @@ function badge(text, cls) {
   return h('span', { class: `badge ${cls || text}` }, text);
 }
 
+// A cancelled order's `cancelled` object as a sentence: "cancelled by event order.paid
+// (pay-3, 2 min ago)", "cancelled by tag customer:7 (…)", "cancelled by id (…)": nodes.
+function cancelledBy(c) {
+  const what = c.reason === 'event' ? `cancelled by event ${c.event} (${c.event_id ? `${c.event_id}, ` : ''}`
+    : c.reason === 'tag' ? `cancelled by tag ${c.tag} (` : 'cancelled by id (';
+  return [what, when(c.at_ms), ')'];
+}
+
 class ApiError extends Error {
   constructor(status, code, message) {
     super(message);
@@ -592,6 +600,7 @@ function orderPage(params) {
       h('dl', { class: 'facts card', id: 'order-facts' },
         h('dt', {}, 'Queue'), h('dd', {}, o.queue),
         h('dt', {}, 'Due'), h('dd', {}, when(o.due_at_ms)),
+        ...(o.cancelled ? [h('dt', {}, 'Cancelled'), h('dd', { id: 'order-cancelled' }, ...cancelledBy(o.cancelled))] : []),
         h('dt', {}, 'Dispatched'), h('dd', {}, o.dispatched_at_ms ? when(o.dispatched_at_ms) : '–'),
         h('dt', {}, 'Stream entry'), h('dd', {}, o.entry_id || '–'),
         h('dt', {}, 'Key'), h('dd', {}, o.key ? h('code', {}, o.key) : '–'),
@@ -610,10 +619,11 @@ function orderPage(params) {
             h('td', { class: 'num' }, num(g.attempts)),
             h('td', { class: 'wrap' }, g.last_error || '–'),
             h('td', {}, g.next_attempt_at_ms ? when(g.next_attempt_at_ms) : '–'))))))
-        : h('p', { class: 'muted' }, o.state === 'scheduled' ? 'Not dispatched yet: no group has it.' : 'No consumer group.'));
+        : h('p', { class: 'muted' }, o.state === 'scheduled' ? 'Not dispatched yet: no group has it.'
+          : o.state === 'cancelled' ? 'Cancelled before its due time: no group had it.' : 'No consumer group.'));
   }).catch((e) => {
     if (e.status === 404 && e.code === 'not_found')
-      result.replaceChildren(h('p', { class: 'card', id: 'order-missing' }, `No order ${id} in ${queue}: never scheduled, cancelled, or dispatched longer ago than the history retention.`));
+      result.replaceChildren(h('p', { class: 'card', id: 'order-missing' }, `No order ${id} in ${queue}: never scheduled, cancelled or dispatched longer ago than the history retention, or cancelled while the queue kept no history.`));
     else showError(e);
   });
 }

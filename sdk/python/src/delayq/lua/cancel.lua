@@ -1,4 +1,5 @@
--- cancel.lua: remove one scheduled order (schedule entry, payload and level together).
+-- cancel.lua: remove one scheduled order (schedule entry, payload and level together) and
+-- record the cancellation in the order history.
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
@@ -7,16 +8,23 @@
 -- KEYS[5]  optional (with KEYS[4]): the shard's tag index ZSET (see enqueue.lua)
 -- KEYS[6]  optional (with KEYS[5]): the shard's key index ZSET, KEYS[7] its key ring ZSET
 --          (issue 42; see keyed.lua): a keyed order's member goes with it
+-- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
+--          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
 -- ARGV[1]  order id
+-- ARGV[2]  optional: when the history bucket expires, unix ms (0 or absent: history off,
+--          nothing recorded; src/engine/history.rs `write_target`)
+-- ARGV[3]  with ARGV[2] > 0: now, unix ms (the client's Redis clock)
 --
 -- Returns: 1 = cancelled, 0 = not found (never scheduled, or already dispatched).
 -- Why one script: the three go together, so no crash leaves a payload or level without its
--- schedule entry, nor an index member without its order. With the tag index, the value is
--- read before it is deleted (HGET: its tags leave the index). Cost: O(log N) in the shard's
--- scheduled orders (ZREM), + O(t log T) for t tags in an index of T members; with KEYS[7]
--- one EXISTS more, and while the shard has keyed orders a ZSCORE and O(log K) in the key
--- index. Redis >= 6.2.
--- @include tags, keyed
+-- schedule entry, nor an index member without its order; the history record
+-- "c:<now>:<due>:id" (include `unschedule`) is written in the same step, so the history
+-- answers `cancelled` exactly for the orders cancelled. Arguments are checked before the
+-- first write. Cost: O(log N) in the shard's scheduled orders (ZSCORE, ZREM), + O(t log T)
+-- for t tags in an index of T members; with KEYS[7] one EXISTS more, and while the shard
+-- has keyed orders O(log K) in the key index; with history one HSET and one PEXPIREAT.
+-- Redis >= 6.2.
+-- @include unschedule
 
 -- tags.lua: an order's tags in its stored value, and their index members.
 -- An include, not a script: a script that names it in its header (`-- @include tags`)
@@ -102,23 +110,92 @@ local function key_unindex(kidx, kring, id, due, v)
   return nil
 end
 
-local value = nil
-if KEYS[5] then value = redis.call('HGET', KEYS[2], ARGV[1]) end
-if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
-  local due = redis.call('ZSCORE', KEYS[1], ARGV[1])
-  key_unindex(KEYS[6], KEYS[7], ARGV[1], tonumber(due), value)
+-- unschedule.lua: the removal of one scheduled order and its history record, shared by
+-- the scripts that cancel (cancel.lua by id, tag_bulk.lua by tag or event).
+-- An include, not a script: a script that names it in its header (`-- @include unschedule`)
+-- gets it after its header (`engine::scripts::source`).
+-- @include tags, keyed
+
+-- `unschedule(k, id, keyed, member)`: removes order `id` from a shard: its schedule entry,
+-- payload, level and debounce record, its tag index members and (`keyed`: the shard has
+-- keyed orders) its key index member, all together. `k` holds the shard's keys: due,
+-- payload, levels, debounce (each may be nil but due and payload), tags (nil: the shard's
+-- tag index is not kept by the caller), kidx, kring. `member`: one more tag index member to
+-- drop (the one a bulk call read), gone whether or not the order was scheduled. Returns
+-- the order's due score (the string ZSCORE gave) when it was scheduled, else false; the
+-- payload, level and debounce fields are deleted either way (an unscheduled id's leftovers).
+-- Cost: ZSCORE + ZREM, O(log N); with tags one HGET and O(t log T) for t tags in an index of
+-- T members; keyed: O(log K) in the key index.
+local function unschedule(k, id, keyed, member)
+  local value = false
+  if k.tags or keyed then value = redis.call('HGET', k.payload, id) end
+  local due = redis.call('ZSCORE', k.due, id)
+  if due and keyed then key_unindex(k.kidx, k.kring, id, tonumber(due), value) end
+  local removed = due and redis.call('ZREM', k.due, id) == 1
+  local members, rm = {}, {}
+  if member then members[member] = true end
+  if removed and k.tags then
+    local list = tag_list(value)
+    if list then each_tag(list, id, members, true) end
+  end
+  for m in pairs(members) do rm[#rm + 1] = m end
+  if #rm > 0 then redis.call('ZREM', k.tags, unpack(rm)) end
+  if removed or not member then
+    redis.call('HDEL', k.payload, id)
+    if k.levels then redis.call('HDEL', k.levels, id) end
+    if k.debounce then redis.call('HDEL', k.debounce, id) end
+  end
+  if removed then return due end
+  return false
 end
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-if removed == 1 and KEYS[5] then
-  local list = tag_list(value)
-  if list then
-    local members, rm = {}, {}
-    each_tag(list, ARGV[1], members, true)
-    for m in pairs(members) do rm[#rm + 1] = m end
-    redis.call('ZREM', KEYS[5], unpack(rm))
+
+-- The history record of an order cancelled at `now` (unix ms) that was due at `due` (its
+-- ZSCORE string), for `reason`: "id", "tag\31<tag>" or "event\31<name>\31<event id or
+-- empty>" (src/engine/history.rs reads it: `CancelledBy`). A dispatch record starts with
+-- a stream id ("<ms>-<seq>:"), this one with "c:", so neither reads as the other.
+local function cancel_record(now, due, reason)
+  return 'c:' .. now .. ':' .. due .. ':' .. reason
+end
+
+-- `history_args(expiry, now, reason)`: checks the history arguments of a cancelling script
+-- (expiry: unix ms, 0 = history off; now: unix ms; reason as `cancel_record`'s, no other
+-- control character than its separators); returns expiry and now (its text) or nil and the
+-- error text.
+local function history_args(expiry, now, reason)
+  local at = tonumber(expiry or '0')
+  if not at or at < 0 or at % 1 ~= 0 then
+    return nil, 'the history expiry must be unix milliseconds or 0'
+  end
+  if at == 0 then return 0, '0' end
+  if type(now) ~= 'string' or not string.match(now, '^%d+$') then
+    return nil, 'now must be unix milliseconds'
+  end
+  if at > 0 and (type(reason) ~= 'string' or not (reason == 'id'
+      or string.match(reason, '^tag\31[^%z\1-\31]+$')
+      or string.match(reason, '^event\31[^%z\1-\31]+\31[^%z\1-\31]*$'))) then
+    return nil, 'the cancel reason must be id, tag<US><tag> or event<US><name><US><id>'
+  end
+  return at, now
+end
+
+-- `write_cancels(key, at, fields)`: writes the records `fields` (id, record, ...) into the
+-- history bucket `key`, which expires at `at` (0: history off, nothing written), as
+-- dequeue.lua writes a dispatch's. Cost: one HSET of the fields and one PEXPIREAT.
+local function write_cancels(key, at, fields)
+  if at > 0 and #fields > 0 then
+    redis.call('HSET', key, unpack(fields))
+    redis.call('PEXPIREAT', key, at)
   end
 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-if KEYS[3] then redis.call('HDEL', KEYS[3], ARGV[1]) end
-if KEYS[4] then redis.call('HDEL', KEYS[4], ARGV[1]) end
-return removed
+
+local at, now = history_args(ARGV[2], ARGV[3], 'id')
+if not at then return redis.error_reply('ERR delayq cancel: ' .. now) end
+if at > 0 and not KEYS[8] then
+  return redis.error_reply('ERR delayq cancel: history needs its bucket key (KEYS[8])')
+end
+local keyed = KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local due = unschedule({ due = KEYS[1], payload = KEYS[2], levels = KEYS[3],
+  debounce = KEYS[4], tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }, ARGV[1], keyed, nil)
+if not due then return 0 end
+write_cancels(KEYS[8], at, { ARGV[1], cancel_record(now, due, 'id') })
+return 1

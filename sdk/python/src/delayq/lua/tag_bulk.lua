@@ -9,6 +9,8 @@
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
 -- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
 --          keyed.lua): a keyed order's member goes or moves with it
+-- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
+--          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller), or a
 --          cancel-on-event match token (\x01 then no control characters)
 -- ARGV[2]  at most this many orders, 1..1000
@@ -17,14 +19,20 @@
 -- ARGV[4]  the due time or shift for "at" / "shift" ("" for cancel)
 -- ARGV[5]  the cursor: "" for the start, else the last id a previous call answered (the ids
 --          are worked in byte order)
+-- ARGV[6]  optional, cancel only: when the history bucket expires, unix ms (0 or absent:
+--          history off, nothing recorded; src/engine/history.rs `write_target`)
+-- ARGV[7]  with ARGV[6] > 0: now, unix ms (the client's Redis clock)
+-- ARGV[8]  with ARGV[6] > 0: the reason recorded, "tag\31<tag>" or "event\31<name>\31<event
+--          id or empty>" (include `unschedule`, `cancel_record`)
 --
 -- Returns: { affected, last_id or false, more }: how many orders were cancelled or moved,
 --          the last id looked at (the next call's cursor), more = 1 when ids of the tag
 --          remain after it. A member whose order is no longer scheduled (never happens
 --          while every writer keeps the index; a foreign writer's leftovers) is dropped
 --          and not counted. A repeated cancel answers 0.
--- Why one script: each order is cancelled exactly as cancel.lua does (schedule entry,
--- payload, level, debounce record and every index member of it together) or moved as
+-- Why one script: each order is cancelled exactly as cancel.lua does (the shared include
+-- `unschedule`: schedule entry, payload, level, debounce record and every index member of
+-- it together, and its history record "c:<now>:<due>:<reason>" in the same step) or moved as
 -- reschedule.lua does, in one step with the index read, so against dequeue.lua (which
 -- takes an order and its index members in one step) an order is either cancelled here or
 -- dispatched there, never both and never neither. Every argument is checked before the
@@ -33,9 +41,10 @@
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
 -- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
--- the key index.
+-- the key index; a cancel with history adds one HSET of the batch's records and one
+-- PEXPIREAT per call.
 -- Redis >= 6.2.
--- @include int, wake, tags, keyed
+-- @include int, wake, keyed, unschedule
 
 -- int.lua: `int(s)`, the one check of an integer argument.
 -- An include, not a script: a script that names it in its header (`-- @include int`)
@@ -73,26 +82,6 @@ local function wake(due, before, due_ms)
     local r = redis.pcall('SPUBLISH', channel, due_ms)
     if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
   end
-end
-
--- tags.lua: an order's tags in its stored value, and their index members.
--- An include, not a script: a script that names it in its header (`-- @include tags`)
--- gets it after its header (`engine::scripts::source`).
-
--- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
--- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
--- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
--- a JSON text holds none). `each_tag(list, id, set, v)`: set[<tag>\31<id>] = v for each tag.
-local function tag_list(v)
-  if type(v) ~= 'string' then return false end
-  local a = string.find(v, '\29', 1, true)
-  if not a then return false end
-  local b = string.find(v, '\29', a + 1, true)
-  if not b or b == a + 1 then return false end
-  return string.sub(v, a + 1, b - 1)
-end
-local function each_tag(list, id, set, v)
-  for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
 end
 
 -- keyed.lua: helpers of the scripts that keep a shard's key index (issue 42: enqueue,
@@ -159,6 +148,104 @@ local function key_unindex(kidx, kring, id, due, v)
   return nil
 end
 
+-- tags.lua: an order's tags in its stored value, and their index members.
+-- An include, not a script: a script that names it in its header (`-- @include tags`)
+-- gets it after its header (`engine::scripts::source`).
+
+-- Tags (issue 43, src/engine/tags.rs). `tag_list(v)`: the tag list of a stored value or
+-- payload argument, the text between its first two GS ("t1\31t2"), or false when it has
+-- none (a raw GS only ever opens the list: ids, keys and tags forbid control characters and
+-- a JSON text holds none). `each_tag(list, id, set, v)`: set[<tag>\31<id>] = v for each tag.
+local function tag_list(v)
+  if type(v) ~= 'string' then return false end
+  local a = string.find(v, '\29', 1, true)
+  if not a then return false end
+  local b = string.find(v, '\29', a + 1, true)
+  if not b or b == a + 1 then return false end
+  return string.sub(v, a + 1, b - 1)
+end
+local function each_tag(list, id, set, v)
+  for t in string.gmatch(list, '[^\31]+') do set[t .. '\31' .. id] = v end
+end
+
+-- unschedule.lua: the removal of one scheduled order and its history record, shared by
+-- the scripts that cancel (cancel.lua by id, tag_bulk.lua by tag or event).
+-- An include, not a script: a script that names it in its header (`-- @include unschedule`)
+-- gets it after its header (`engine::scripts::source`).
+-- @include tags, keyed
+
+-- `unschedule(k, id, keyed, member)`: removes order `id` from a shard: its schedule entry,
+-- payload, level and debounce record, its tag index members and (`keyed`: the shard has
+-- keyed orders) its key index member, all together. `k` holds the shard's keys: due,
+-- payload, levels, debounce (each may be nil but due and payload), tags (nil: the shard's
+-- tag index is not kept by the caller), kidx, kring. `member`: one more tag index member to
+-- drop (the one a bulk call read), gone whether or not the order was scheduled. Returns
+-- the order's due score (the string ZSCORE gave) when it was scheduled, else false; the
+-- payload, level and debounce fields are deleted either way (an unscheduled id's leftovers).
+-- Cost: ZSCORE + ZREM, O(log N); with tags one HGET and O(t log T) for t tags in an index of
+-- T members; keyed: O(log K) in the key index.
+local function unschedule(k, id, keyed, member)
+  local value = false
+  if k.tags or keyed then value = redis.call('HGET', k.payload, id) end
+  local due = redis.call('ZSCORE', k.due, id)
+  if due and keyed then key_unindex(k.kidx, k.kring, id, tonumber(due), value) end
+  local removed = due and redis.call('ZREM', k.due, id) == 1
+  local members, rm = {}, {}
+  if member then members[member] = true end
+  if removed and k.tags then
+    local list = tag_list(value)
+    if list then each_tag(list, id, members, true) end
+  end
+  for m in pairs(members) do rm[#rm + 1] = m end
+  if #rm > 0 then redis.call('ZREM', k.tags, unpack(rm)) end
+  if removed or not member then
+    redis.call('HDEL', k.payload, id)
+    if k.levels then redis.call('HDEL', k.levels, id) end
+    if k.debounce then redis.call('HDEL', k.debounce, id) end
+  end
+  if removed then return due end
+  return false
+end
+
+-- The history record of an order cancelled at `now` (unix ms) that was due at `due` (its
+-- ZSCORE string), for `reason`: "id", "tag\31<tag>" or "event\31<name>\31<event id or
+-- empty>" (src/engine/history.rs reads it: `CancelledBy`). A dispatch record starts with
+-- a stream id ("<ms>-<seq>:"), this one with "c:", so neither reads as the other.
+local function cancel_record(now, due, reason)
+  return 'c:' .. now .. ':' .. due .. ':' .. reason
+end
+
+-- `history_args(expiry, now, reason)`: checks the history arguments of a cancelling script
+-- (expiry: unix ms, 0 = history off; now: unix ms; reason as `cancel_record`'s, no other
+-- control character than its separators); returns expiry and now (its text) or nil and the
+-- error text.
+local function history_args(expiry, now, reason)
+  local at = tonumber(expiry or '0')
+  if not at or at < 0 or at % 1 ~= 0 then
+    return nil, 'the history expiry must be unix milliseconds or 0'
+  end
+  if at == 0 then return 0, '0' end
+  if type(now) ~= 'string' or not string.match(now, '^%d+$') then
+    return nil, 'now must be unix milliseconds'
+  end
+  if at > 0 and (type(reason) ~= 'string' or not (reason == 'id'
+      or string.match(reason, '^tag\31[^%z\1-\31]+$')
+      or string.match(reason, '^event\31[^%z\1-\31]+\31[^%z\1-\31]*$'))) then
+    return nil, 'the cancel reason must be id, tag<US><tag> or event<US><name><US><id>'
+  end
+  return at, now
+end
+
+-- `write_cancels(key, at, fields)`: writes the records `fields` (id, record, ...) into the
+-- history bucket `key`, which expires at `at` (0: history off, nothing written), as
+-- dequeue.lua writes a dispatch's. Cost: one HSET of the fields and one PEXPIREAT.
+local function write_cancels(key, at, fields)
+  if at > 0 and #fields > 0 then
+    redis.call('HSET', key, unpack(fields))
+    redis.call('PEXPIREAT', key, at)
+  end
+end
+
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
@@ -180,6 +267,14 @@ if action == 'at' or action == 'shift' then
 elseif action ~= 'cancel' then
   return redis.error_reply('ERR delayq tag_bulk: the action must be cancel, at or shift')
 end
+local hist_at, now = 0, '0'
+if action == 'cancel' then
+  hist_at, now = history_args(ARGV[6], ARGV[7], ARGV[8])
+  if not hist_at then return redis.error_reply('ERR delayq tag_bulk: ' .. now) end
+  if hist_at > 0 and not KEYS[8] then
+    return redis.error_reply('ERR delayq tag_bulk: history needs its bucket key (KEYS[8])')
+  end
+end
 local cursor = ARGV[5] or ''
 local prefix = tag .. '\31'
 local from = cursor == '' and ('[' .. prefix) or ('(' .. prefix .. cursor)
@@ -189,26 +284,20 @@ if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
 local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local shard = { due = KEYS[1], payload = KEYS[2], levels = KEYS[3], debounce = KEYS[4],
+  tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }
+local hist = {}
 for i = 1, #got do
   local id = string.sub(got[i], #prefix + 1)
   last = id
   if action == 'cancel' then
-    local due = keyed and redis.call('ZSCORE', KEYS[1], id)
-    if redis.call('ZREM', KEYS[1], id) == 1 then
-      local members, rm = {}, {}
-      local value = redis.call('HGET', KEYS[2], id)
-      if keyed then key_unindex(KEYS[6], KEYS[7], id, tonumber(due), value) end
-      local list = tag_list(value)
-      if list then each_tag(list, id, members, true) end
-      members[got[i]] = true
-      for m in pairs(members) do rm[#rm + 1] = m end
-      redis.call('ZREM', KEYS[5], unpack(rm))
-      redis.call('HDEL', KEYS[2], id)
-      redis.call('HDEL', KEYS[3], id)
-      redis.call('HDEL', KEYS[4], id)
+    local due = unschedule(shard, id, keyed, got[i])
+    if due then
       affected = affected + 1
-    else
-      redis.call('ZREM', KEYS[5], got[i])
+      if hist_at > 0 then
+        hist[#hist + 1] = id
+        hist[#hist + 1] = cancel_record(now, due, ARGV[8])
+      end
     end
   else
     local score = redis.call('ZSCORE', KEYS[1], id)
@@ -231,4 +320,5 @@ for i = 1, #got do
   end
 end
 if first then wake(KEYS[1], before, first) end
+write_cancels(KEYS[8], hist_at, hist)
 return { affected, last, more }
