@@ -306,6 +306,40 @@ async fn config_errors_exit_2_naming_the_key() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
 }
 
+/// The option tables (`[dispatcher]`, `[housekeeping]`, `[dead]`: the library's option
+/// types) take `DELAYQ_<SECTION>__<KEY>` overrides like every other key, checked by the
+/// library and named by their key.
+#[tokio::test]
+async fn option_tables_take_environment_overrides_checked_under_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "redis_url = \"redis://127.0.0.1:1\"\n[dispatcher]\nbatch = 10\n",
+    )
+    .unwrap();
+    for (var, value, key) in [
+        ("DELAYQ_DISPATCHER__MAX_CALL", "2s", "dispatcher.max_call"),
+        ("DELAYQ_DISPATCHER__BATCH", "0", "dispatcher.batch"),
+        (
+            "DELAYQ_HOUSEKEEPING__SWEEP_CRON",
+            "* *",
+            "housekeeping.sweep_cron",
+        ),
+        ("DELAYQ_DEAD__RETENTION", "soon", "dead.retention"),
+    ] {
+        let o = Command::new(BIN)
+            .args(["serve", "--config", p.to_str().unwrap()])
+            .env_remove("DELAYQ_REDIS_URL")
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{var}: {stderr}");
+        assert!(stderr.contains(key), "{var}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn serve_closes_orders_in_the_database_and_reconciles_lost_events() {
     let redis = delayq::LocalRedis::start().unwrap();

@@ -2,10 +2,12 @@
 //! environment variables (nested keys with `__`, e.g. `DELAYQ_HTTP__LISTEN`), unknown keys
 //! and bad values refused at start-up with the key named.
 //!
-//! Each raw section is converted into the library's option type (`ClientOptions`,
-//! `DispatcherOptions`, `HousekeepingOptions`, `WorkerOptions`, `ReconcileOptions`), and the
-//! option type validates itself: ranges and defaults are written once, in the library. A
-//! library error is mapped to the config key it came from.
+//! `[dispatcher]`, `[housekeeping]` and `[dead]` are the library's option types
+//! (`DispatcherOptions`, `HousekeepingOptions`, `DeadLetterOptions`), deserialized as they
+//! are; the other sections are converted into theirs (`ClientOptions`, `WorkerOptions`,
+//! `ReconcileOptions`, `HttpLimits`). Either way the option type validates itself: ranges
+//! and defaults are written once, in the library. A library error is mapped to the config
+//! key it came from.
 
 mod error;
 mod handlers;
@@ -16,13 +18,8 @@ pub use error::ConfigError;
 use error::figment_error;
 pub(crate) use error::{at_key, duration, lib_err};
 pub use handlers::{HandlerKind, HandlerSpec};
-pub use raw::{
-    Config, DeadConfig, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig,
-    ReconciliationConfig, Secrets, TelemetryConfig,
-};
-use sections::{
-    check_http, check_reconciliation, client_options, dispatcher_options, housekeeping_options,
-};
+pub use raw::{Config, HandlerConfig, HttpConfig, ReconciliationConfig, Secrets, TelemetryConfig};
+use sections::{check_http, check_reconciliation, client_options, housekeeping_options};
 
 use crate::engine::client::ClientOptions;
 use crate::engine::dispatcher::DispatcherOptions;
@@ -232,8 +229,9 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     let client = client_options(&config)?;
     let (listen, http) = check_http(&config.http)?;
     let consumer_tokens = sections::consumer_tokens(&config.http)?;
-    let dispatcher = dispatcher_options(&config.dispatcher)?;
-    let housekeeping = housekeeping_options(&config.housekeeping, &config.dead)?;
+    let dispatcher = config.dispatcher.clone();
+    dispatcher.validate().map_err(lib_err("dispatcher", &[]))?;
+    let housekeeping = housekeeping_options(&config)?;
     let mut queues: Vec<String> = Vec::new();
     for (i, q) in config.queues.iter().enumerate() {
         QueueName::new(q).map_err(|e| ConfigError::at(format!("queues[{i}]"), e))?;

@@ -1,7 +1,13 @@
-//! The configuration file as written: TOML sections, every field as the operator spells
-//! it. Unset fields mean "the library's default": no default is written here that a library
-//! option type already has.
+//! The configuration file as written: its composition, and the sections that are the
+//! service's own. A section that is one library option type is that type, which
+//! deserializes itself (`deny_unknown_fields`, its own defaults, durations through
+//! [`human`](crate::engine::duration::human)): `[dispatcher]` is
+//! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
+//! [`DeadLetterOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! is written here that a library option type already has.
 
+use crate::engine::dispatcher::DispatcherOptions;
+use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
 use serde::{Deserialize, Serialize};
 
@@ -67,11 +73,11 @@ pub struct Config {
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
-    pub dispatcher: DispatcherConfig,
+    pub dispatcher: DispatcherOptions,
     /// Housekeeping chores.
-    pub housekeeping: HousekeepingConfig,
+    pub housekeeping: HousekeepingOptions,
     /// Dead-letter retention.
-    pub dead: DeadConfig,
+    pub dead: DeadLetterOptions,
     /// Business handlers: one consumer group each.
     pub handlers: Vec<HandlerConfig>,
     /// The reconciliation job (orders database → Redis).
@@ -176,9 +182,9 @@ impl Default for Config {
             dedup_window: None,
             cancel_on: None,
             http: HttpConfig::default(),
-            dispatcher: DispatcherConfig::default(),
-            housekeeping: HousekeepingConfig::default(),
-            dead: DeadConfig::default(),
+            dispatcher: DispatcherOptions::default(),
+            housekeeping: HousekeepingOptions::default(),
+            dead: DeadLetterOptions::default(),
             handlers: Vec::new(),
             reconciliation: ReconciliationConfig::default(),
             schedules: Vec::new(),
@@ -339,54 +345,6 @@ impl std::fmt::Debug for HttpConfig {
             .field("consumer_tokens", &self.consumer_tokens)
             .finish_non_exhaustive()
     }
-}
-
-/// `[dispatcher]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DispatcherConfig {
-    /// Orders per dequeue call, 1..=1000 (default 1000).
-    pub batch: Option<usize>,
-    /// Longest idle sleep while wake-ups from other processes are not heard (default
-    /// 250 ms).
-    pub max_idle: Option<String>,
-    /// Longest idle sleep while every shard's wake-ups are heard: the fallback look at an
-    /// idle shard, one read of its earliest due time (default 30 s).
-    pub idle_poll: Option<String>,
-    /// How long one dispatch call should hold Redis at most: calls are sized to fit
-    /// (default `4ms`; `0s`: off, every call takes up to `batch`).
-    pub max_call: Option<String>,
-    /// A fixed least time between two passes that moved a few orders (default off:
-    /// `lateness_budget` spaces them from the arrival rate).
-    pub linger: Option<String>,
-    /// How late a due order may be dispatched to move more per call (default `5ms`; `0s`:
-    /// each order as soon as it is due).
-    pub lateness_budget: Option<String>,
-}
-
-/// `[housekeeping]` (six-field cron expressions, seconds first, UTC).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HousekeepingConfig {
-    /// Stream trimming (default every 10 s; a pass calls only the shards this process
-    /// dispatched into until they are clean, and every shard once every 15 minutes).
-    pub trim_cron: Option<String>,
-    /// Idle consumer cleanup (default every 15 minutes).
-    pub consumers_cron: Option<String>,
-    /// Idle time after which a consumer with nothing pending is deleted (default 1 h).
-    pub consumer_max_idle: Option<String>,
-    /// Safety sweep: a probe of each shard's earliest due time (default every minute).
-    pub sweep_cron: Option<String>,
-}
-
-/// `[dead]`: how long and how many dead letters are kept.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DeadConfig {
-    /// Dead letters older than this are deleted (default `14d`).
-    pub retention: Option<String>,
-    /// At most this many per queue (default 100,000).
-    pub max_per_queue: Option<u64>,
 }
 
 /// One `[[handlers]]` entry.

@@ -2,12 +2,10 @@
 //! which validates itself; a library error is blamed on the section's key.
 
 use super::{
-    Config, ConfigError, DeadConfig, DispatcherConfig, HandlerKind, HandlerSpec,
-    HousekeepingConfig, HttpConfig, LogFormat, ReconcileSpec, ReconciliationConfig,
-    TelemetryConfig, TelemetrySettings, duration, lib_err,
+    Config, ConfigError, HandlerKind, HandlerSpec, HttpConfig, LogFormat, ReconcileSpec,
+    ReconciliationConfig, TelemetryConfig, TelemetrySettings, duration, lib_err,
 };
 use crate::engine::client::{ClientOptions, Durability};
-use crate::engine::dispatcher::DispatcherOptions;
 use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
@@ -203,54 +201,11 @@ pub(super) fn consumer_tokens(
     Ok(out)
 }
 
-pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigError> {
-    let mut o = DispatcherOptions::default();
-    if let Some(b) = d.batch {
-        o = o.batch(b);
-    }
-    if let Some(m) = duration("dispatcher.max_idle", d.max_idle.as_deref())? {
-        o = o.max_idle(m);
-    }
-    if let Some(p) = duration("dispatcher.idle_poll", d.idle_poll.as_deref())? {
-        o = o.idle_poll(p);
-    }
-    if let Some(m) = duration("dispatcher.max_call", d.max_call.as_deref())? {
-        o = o.max_call(m);
-    }
-    if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
-        o = o.linger(l);
-    }
-    if let Some(b) = duration("dispatcher.lateness_budget", d.lateness_budget.as_deref())? {
-        o = o.lateness_budget(b);
-    }
-    o.validate().map_err(lib_err("dispatcher", &[]))?;
-    Ok(o)
-}
-
-pub(super) fn housekeeping_options(
-    h: &HousekeepingConfig,
-    dead: &DeadConfig,
-) -> Result<HousekeepingOptions, ConfigError> {
-    let mut o = HousekeepingOptions::default();
-    if let Some(c) = &h.trim_cron {
-        o = o.trim_cron(c.clone());
-    }
-    if let Some(c) = &h.consumers_cron {
-        o = o.consumers_cron(c.clone());
-    }
-    if let Some(c) = &h.sweep_cron {
-        o = o.sweep_cron(c.clone());
-    }
-    let key = "housekeeping.consumer_max_idle";
-    if let Some(d) = duration(key, h.consumer_max_idle.as_deref())? {
-        o = o.consumer_max_idle(d);
-    }
-    if let Some(d) = duration("dead.retention", dead.retention.as_deref())? {
-        o = o.dead_retention(d);
-    }
-    if let Some(n) = dead.max_per_queue {
-        o = o.dead_max_per_queue(n);
-    }
+/// `[housekeeping]` with `[dead]` inside, checked by the library (`dead_max_per_queue` is
+/// `dead.max_per_queue` in the file).
+pub(super) fn housekeeping_options(c: &Config) -> Result<HousekeepingOptions, ConfigError> {
+    let mut o = c.housekeeping.clone();
+    o.dead = c.dead.clone();
     o.validate().map_err(|e| match e {
         InvalidInput::Option {
             name: "dead_max_per_queue",

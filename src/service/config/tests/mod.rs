@@ -142,25 +142,6 @@ fn config_and_library_agree() {
         )
     );
     assert_eq!(w.backoff, d.backoff);
-    let dd = crate::engine::dispatcher::DispatcherOptions::default();
-    assert_eq!(
-        (
-            s.dispatcher.batch,
-            s.dispatcher.max_idle,
-            s.dispatcher.idle_poll,
-            s.dispatcher.max_call,
-            s.dispatcher.linger,
-            s.dispatcher.lateness_budget
-        ),
-        (
-            dd.batch,
-            dd.max_idle,
-            dd.idle_poll,
-            dd.max_call,
-            dd.linger,
-            dd.lateness_budget
-        )
-    );
     let c = crate::engine::client::ClientOptions::default();
     assert_eq!(
         (
@@ -195,23 +176,127 @@ fn config_and_library_agree() {
         ("shards = 0\n", "shards"),
         ("shards = 1025\n", "shards"),
         ("max_payload_bytes = 0\n", "max_payload_bytes"),
-        ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
-        ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
-        ("[dispatcher]\nidle_poll = \"0s\"\n", "dispatcher.idle_poll"),
-        ("[dispatcher]\nmax_call = \"2s\"\n", "dispatcher.max_call"),
-        ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
-        (
-            "[dispatcher]\nlateness_budget = \"2s\"\n",
-            "dispatcher.lateness_budget",
-        ),
-        (
-            "[housekeeping]\ntrim_cron = \"* * *\"\n",
-            "housekeeping.trim_cron",
-        ),
         ("namespace = \"a b\"\n", "namespace"),
     ] {
         let e = load_str(text, env()).unwrap_err();
         assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+    }
+}
+
+/// `[dispatcher]`, `[housekeeping]` and `[dead]` are the library's option types
+/// (`DispatcherOptions`, `HousekeepingOptions`, `DeadLetterOptions`), deserialized as they
+/// are: unset keys keep the library's defaults, durations are written as everywhere else,
+/// the library's ranges are refused under the config's key, and an option the file does
+/// not have (`clock_sync_every`, `dead` inside `[housekeeping]`) is an unknown key.
+#[test]
+fn option_tables_are_the_library_types() {
+    use crate::engine::dispatcher::DispatcherOptions;
+    use crate::engine::housekeeping::HousekeepingOptions;
+    let s = load_str("", env()).unwrap();
+    assert_eq!(s.dispatcher, DispatcherOptions::default());
+    assert_eq!(s.housekeeping, HousekeepingOptions::default());
+    let s = load_str(
+        "[dispatcher]\nmax_call = \"2ms\"\nlinger = \"1ms\"\n\
+         [housekeeping]\nconsumer_max_idle = \"1h30m\"\nsweep_cron = \"*/5 * * * * *\"\n\
+         [dead]\nretention = \"2d\"\nmax_per_queue = 7\n",
+        env(),
+    )
+    .unwrap();
+    let want = DispatcherOptions::default()
+        .max_call(Duration::from_millis(2))
+        .linger(Duration::from_millis(1));
+    assert_eq!((&s.dispatcher, &s.config.dispatcher), (&want, &want));
+    let want = HousekeepingOptions::default()
+        .consumer_max_idle(Duration::from_secs(5400))
+        .sweep_cron("*/5 * * * * *")
+        .dead_retention(Duration::from_secs(2 * 86_400))
+        .dead_max_per_queue(7);
+    assert_eq!(s.housekeeping, want);
+    for (text, key, words) in [
+        (
+            "[dispatcher]\nbatch = 1001\n",
+            "dispatcher.batch",
+            "1..=1000",
+        ),
+        (
+            "[dispatcher]\nbatch = \"many\"\n",
+            "dispatcher.batch",
+            "found a string",
+        ),
+        (
+            "[dispatcher]\nmax_idle = \"0s\"\n",
+            "dispatcher.max_idle",
+            "more than zero",
+        ),
+        (
+            "[dispatcher]\nmax_idle = \"soon\"\n",
+            "dispatcher.max_idle",
+            "is not a duration",
+        ),
+        (
+            "[dispatcher]\nmax_idle = 5\n",
+            "dispatcher.max_idle",
+            "expected a string",
+        ),
+        (
+            "[dispatcher]\nidle_poll = \"0s\"\n",
+            "dispatcher.idle_poll",
+            "more than zero",
+        ),
+        (
+            "[dispatcher]\nmax_call = \"2s\"\n",
+            "dispatcher.max_call",
+            "at most",
+        ),
+        (
+            "[dispatcher]\nlinger = \"51ms\"\n",
+            "dispatcher.linger",
+            "at most 50ms",
+        ),
+        (
+            "[dispatcher]\nlateness_budget = \"2s\"\n",
+            "dispatcher.lateness_budget",
+            "at most",
+        ),
+        (
+            "[dispatcher]\nclock_sync_every = \"1s\"\n",
+            "dispatcher.clock_sync_every",
+            "unknown key",
+        ),
+        (
+            "[housekeeping]\ntrim_cron = \"* * *\"\n",
+            "housekeeping.trim_cron",
+            "",
+        ),
+        (
+            "[housekeeping]\nconsumer_max_idle = \"1hour\"\n",
+            "housekeeping.consumer_max_idle",
+            "unknown unit",
+        ),
+        (
+            "[housekeeping]\ndead = 1\n",
+            "housekeeping.dead",
+            "unknown key \"dead\"",
+        ),
+        (
+            "[dead]\nretention = \"-1s\"\n",
+            "dead.retention",
+            "negative",
+        ),
+        (
+            "[dead]\nmax_per_queue = 0\n",
+            "dead.max_per_queue",
+            "at least 1",
+        ),
+        (
+            "[dead]\nretension = \"1d\"\n",
+            "dead.retension",
+            "unknown key \"retension\"",
+        ),
+    ] {
+        let e = load_str(text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        assert!(e.to_string().contains(words), "{text}: {e}");
     }
 }
 
