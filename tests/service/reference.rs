@@ -127,6 +127,7 @@ fn the_cli_reference_is_what_clap_prints() {
 
 /// One field of a config struct: name, Rust type, doc text, and its attributes' text
 /// (`#[serde(default)]` ...).
+#[derive(Clone)]
 struct Field {
     name: String,
     ty: String,
@@ -318,7 +319,40 @@ fn config_structs() -> (
         attrs.insert(name.clone(), struct_attrs(&src).remove(&name).unwrap());
         structs.push(found);
     }
+    // A field renamed `<options>` is an option type whose keys sit in its table itself
+    // (src/service/config/embed.rs): its fields take its place, and it is no table.
+    let embedded = |f: &Field| f.attrs.contains("rename = \"<options>\"");
+    let inlined: Vec<String> = structs
+        .iter()
+        .flat_map(|(_, _, fields)| fields.iter().filter(|f| embedded(f)))
+        .map(|f| f.ty.clone())
+        .collect();
+    let snapshot = structs.clone();
+    for (_, _, fields) in &mut structs {
+        *fields = fields
+            .iter()
+            .flat_map(|f| match embedded(f) {
+                true => snapshot
+                    .iter()
+                    .find(|(n, _, _)| *n == f.ty)
+                    .unwrap()
+                    .2
+                    .clone(),
+                false => vec![f.clone()],
+            })
+            .collect();
+    }
+    structs.retain(|(n, _, _)| !inlined.contains(n) || structs_use(&snapshot, n));
     (structs, attrs)
+}
+
+/// Whether a field of `structs`, other than an `<options>` one, has the type `name`.
+fn structs_use(structs: &[(String, String, Vec<Field>)], name: &str) -> bool {
+    structs.iter().any(|(_, _, fields)| {
+        fields
+            .iter()
+            .any(|f| !f.attrs.contains("<options>") && table_type(&f.ty) == Some(name))
+    })
 }
 
 fn config_reference() -> String {

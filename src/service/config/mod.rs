@@ -9,6 +9,7 @@
 //! and defaults are written once, in the library. A library error is mapped to the config
 //! key it came from.
 
+mod embed;
 mod error;
 mod handlers;
 pub mod raw;
@@ -29,7 +30,7 @@ use crate::engine::redact;
 use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Format, Toml};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -195,12 +196,17 @@ pub fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
     check(read_raw(text, env)?)
 }
 
-/// The file as written (defaults, then the TOML text, then the environment), unchecked.
+/// The file as written (the TOML text, then the environment; unset keys take their
+/// types' defaults), unchecked. Option keys of a table that is partly an option type are
+/// moved where that type is ([`embed`]) before it is deserialized.
 fn read_raw(text: &str, env: Env) -> Result<Config, ConfigError> {
-    Figment::from(Serialized::defaults(Config::default()))
-        .merge(Toml::string(text))
+    let mut tree: figment::value::Dict = Figment::from(Toml::string(text))
         .merge(env)
         .extract()
+        .map_err(figment_error)?;
+    embed::nest(&mut tree)?;
+    figment::value::Value::from(tree)
+        .deserialize()
         .map_err(figment_error)
 }
 

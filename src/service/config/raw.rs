@@ -3,12 +3,15 @@
 //! deserializes itself (`deny_unknown_fields`, its own defaults, durations through
 //! [`human`](crate::engine::duration::human)): `[dispatcher]` is
 //! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
-//! [`DeadLetterOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! [`DeadLetterOptions`]. A table that is partly one embeds it in a field renamed
+//! `<options>`, whose keys sit in the table itself (see `embed`): `[reconciliation]`'s
+//! [`ReconcileOptions`]. Elsewhere unset fields mean "the library's default": no default
 //! is written here that a library option type already has.
 
 use crate::engine::dispatcher::DispatcherOptions;
 use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
+use crate::orders::reconcile::ReconcileOptions;
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration file. Its `Debug` masks credentials, tokens and secrets.
@@ -466,12 +469,9 @@ pub struct ReconciliationConfig {
     /// The group that closes orders (the only one reconciliation events reach); unset = the
     /// `order-close` handler's group on that queue.
     pub group: Option<String>,
-    /// When to run (six fields, seconds first, UTC; default every 30 s).
-    pub cron: Option<String>,
-    /// How long past its expiry a pending order must be to be rescheduled (default 60 s).
-    pub grace: Option<String>,
-    /// Orders per query and per schedule call, 1..=1000 (default 500).
-    pub batch: Option<usize>,
+    /// `cron`, `grace`, `batch`: the reconciler's options, keys of this same table.
+    #[serde(rename = "<options>")]
+    pub options: ReconcileOptions,
 }
 
 impl std::fmt::Debug for ReconciliationConfig {

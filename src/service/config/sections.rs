@@ -9,7 +9,6 @@ use crate::engine::client::{ClientOptions, Durability};
 use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
-use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
 use std::net::SocketAddr;
 
@@ -264,16 +263,7 @@ pub(super) fn check_reconciliation(
             ));
         }
     };
-    let mut options = ReconcileOptions::default();
-    if let Some(c) = &r.cron {
-        options = options.cron(c.clone());
-    }
-    if let Some(g) = duration("reconciliation.grace", r.grace.as_deref())? {
-        options = options.grace(g);
-    }
-    if let Some(b) = r.batch {
-        options = options.batch(b);
-    }
+    let options = r.options.clone();
     options.validate().map_err(lib_err("reconciliation", &[]))?;
     Ok(Some(ReconcileSpec {
         database_url,

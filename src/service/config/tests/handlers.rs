@@ -76,6 +76,56 @@ fn order_close_errors_name_the_key() {
     }
 }
 
+/// `[reconciliation]` holds the reconciler's `ReconcileOptions` (`cron`, `grace`,
+/// `batch`) beside its own keys: the values reach the options as they are, errors name
+/// `reconciliation.<key>` and list every key of the table, and a bad value is refused even
+/// while reconciliation is off (it used to pass unread).
+#[test]
+fn reconciliation_embeds_the_reconcilers_options() {
+    use crate::orders::reconcile::ReconcileOptions;
+    let text = format!(
+        "{CLOSE}\n[reconciliation]\ngrace = \"2m\"\ncron = \"*/5 * * * * *\"\nbatch = 10\n"
+    );
+    let r = load_str(&text, env()).unwrap().reconciliation.unwrap();
+    let want = ReconcileOptions::default()
+        .grace(Duration::from_secs(120))
+        .cron("*/5 * * * * *")
+        .batch(10);
+    assert_eq!(r.options, want);
+    let all = "(known: enabled, database_url, queue, group, cron, grace, batch)";
+    for (text, key, words) in [
+        (
+            format!("{CLOSE}\n[reconciliation]\nbatch = 0\n"),
+            "reconciliation.batch",
+            "must be 1..=1000",
+        ),
+        (
+            format!("{CLOSE}\n[reconciliation]\nbatch = \"x\"\n"),
+            "reconciliation.batch",
+            "found a string",
+        ),
+        (
+            "[reconciliation]\ngrace = \"soon\"\n".to_owned(),
+            "reconciliation.grace",
+            "is not a duration",
+        ),
+        (
+            "[reconciliation]\ngrase = \"1m\"\n".to_owned(),
+            "reconciliation.grase",
+            all,
+        ),
+        (
+            "[reconciliation]\n\"<options>\" = { grace = \"1m\" }\n".to_owned(),
+            "reconciliation.<options>",
+            all,
+        ),
+    ] {
+        let e = load_str(&text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        assert!(e.to_string().contains(words), "{text}: {e}");
+    }
+}
+
 #[test]
 fn schedules_are_checked_naming_their_field_and_their_queues_created() {
     let ok = load_str(

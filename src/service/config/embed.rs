@@ -1,0 +1,155 @@
+//! Tables that are partly a library option type: `[reconciliation]` carries
+//! `ReconcileOptions`'s keys (`cron`, `grace`, `batch`) beside the service's own (`enabled`,
+//! `database_url`, `queue`, `group`).
+//!
+//! serde's `flatten` would lose `deny_unknown_fields` and the key an error is about, so
+//! before the file is deserialized, the option type's keys of such a table are moved into a
+//! field of their own ([`OPTIONS`], a name no bare TOML key can take), which is the option
+//! type; [`path`] and [`known`] tell errors without it.
+
+use super::ConfigError;
+use crate::orders::reconcile::ReconcileOptions;
+use figment::value::{Dict, Tag, Value};
+use serde::de::{self, Deserializer, Visitor};
+use std::cell::Cell;
+
+/// The field that embeds the option type in a table that is partly one.
+pub(crate) const OPTIONS: &str = "<options>";
+
+/// One table (a top-level key; an array of tables: each) whose option type's keys are
+/// embedded under [`OPTIONS`], and those keys.
+struct Embedded {
+    table: &'static str,
+    keys: fn() -> &'static [&'static str],
+    /// The table's own keys, [`OPTIONS`] among them.
+    table_keys: fn() -> &'static [&'static str],
+}
+
+const EMBEDDED: &[Embedded] = &[Embedded {
+    table: "reconciliation",
+    keys: fields_of::<ReconcileOptions>,
+    table_keys: fields_of::<super::ReconciliationConfig>,
+}];
+
+/// Moves each embedding table's option keys into its [`OPTIONS`] table.
+pub(super) fn nest(root: &mut Dict) -> Result<(), ConfigError> {
+    for e in EMBEDDED {
+        let keys = (e.keys)();
+        match root.get_mut(e.table) {
+            Some(Value::Dict(_, d)) => nest_one(e, e.table, d, keys)?,
+            Some(Value::Array(_, items)) => {
+                for (i, item) in items.iter_mut().enumerate() {
+                    if let Value::Dict(_, d) = item {
+                        nest_one(e, &format!("{}.{i}", e.table), d, keys)?;
+                    }
+                }
+            }
+            // Absent, or not a table: deserialization says what is wrong.
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn nest_one(e: &Embedded, at: &str, d: &mut Dict, keys: &[&str]) -> Result<(), ConfigError> {
+    // Written in the file, the field's own name is an unknown key like any other.
+    if d.contains_key(OPTIONS) {
+        let path = [e.table.to_owned()];
+        return Err(ConfigError::at(
+            format!("{at}.{OPTIONS}"),
+            format!(
+                "unknown key {OPTIONS:?} (known: {})",
+                known(&path, (e.table_keys)()).join(", ")
+            ),
+        ));
+    }
+    let inner: Dict = keys
+        .iter()
+        .filter_map(|k| d.remove(*k).map(|v| ((*k).to_owned(), v)))
+        .collect();
+    d.insert(OPTIONS.to_owned(), Value::Dict(Tag::Default, inner));
+    Ok(())
+}
+
+/// An error's key path without the [`OPTIONS`] step.
+pub(super) fn path(path: &[String]) -> String {
+    let kept: Vec<&str> = path
+        .iter()
+        .map(String::as_str)
+        .filter(|p| *p != OPTIONS)
+        .collect();
+    kept.join(".")
+}
+
+/// A table's known keys, the [`OPTIONS`] field replaced by the option type's keys.
+pub(super) fn known(path: &[String], known: &'static [&'static str]) -> Vec<&'static str> {
+    let table = path.first().map(String::as_str).unwrap_or_default();
+    let options = EMBEDDED
+        .iter()
+        .find(|e| e.table == table)
+        .map_or(&[][..], |e| (e.keys)());
+    known
+        .iter()
+        .flat_map(|k| {
+            if *k == OPTIONS {
+                options
+            } else {
+                std::slice::from_ref(k)
+            }
+        })
+        .copied()
+        .collect()
+}
+
+/// The field names a derived `Deserialize` of `T` asks its deserializer for (its
+/// `deserialize_struct` call): the keys of its table, renames applied, skipped ones left out.
+pub(crate) fn fields_of<T: de::DeserializeOwned>() -> &'static [&'static str] {
+    struct Probe<'a>(&'a Cell<&'static [&'static str]>);
+    impl<'de> Deserializer<'de> for Probe<'_> {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0.set(fields);
+            Err(de::Error::custom("fields read"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+            byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+            identifier ignored_any
+        }
+    }
+    let fields = Cell::new(&[][..]);
+    let _ = T::deserialize(Probe(&fields));
+    fields.get()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fields_of_an_option_type_are_its_keys() {
+        assert_eq!(
+            fields_of::<ReconcileOptions>(),
+            &["cron", "grace", "batch"][..]
+        );
+        assert_eq!(
+            fields_of::<crate::engine::dispatcher::DispatcherOptions>(),
+            &[
+                "batch",
+                "max_idle",
+                "idle_poll",
+                "max_call",
+                "linger",
+                "lateness_budget"
+            ][..]
+        );
+    }
+}
