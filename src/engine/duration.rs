@@ -107,8 +107,18 @@ pub mod human {
 
     /// Reads `500ms`, `30s`, `1h30m`, `2d`.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        from_text(d, |t| parse_duration("duration", t))
+    }
+
+    /// A value written as text and read by `parse` (a duration, a backoff policy, a rate
+    /// limit): an option error is refused with its reason alone (the configuration names
+    /// the key), another with its whole text.
+    pub(crate) fn from_text<'de, D: Deserializer<'de>, T>(
+        d: D,
+        parse: impl FnOnce(&str) -> Result<T, InvalidInput>,
+    ) -> Result<T, D::Error> {
         let text = String::deserialize(d)?;
-        parse_duration("duration", &text).map_err(|e| match e {
+        parse(&text).map_err(|e| match e {
             InvalidInput::Option { reason, .. } => D::Error::custom(reason),
             other => D::Error::custom(other),
         })

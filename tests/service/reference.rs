@@ -162,12 +162,22 @@ fn parse_structs(src: &str) -> Vec<(String, String, Vec<Field>)> {
             (current.as_mut(), t.strip_prefix("pub "))
         {
             let (name, ty) = rest.split_once(':').unwrap();
-            // `#[serde(skip)]`: an option the configuration does not have.
-            if attrs.contains("serde(skip)") || attrs.contains("serde(skip,") {
+            // `#[serde(skip)]`: an option the configuration does not have; `<written>`: the
+            // keys an entry wrote, not a key (src/service/config/embed.rs).
+            if attrs.contains("serde(skip)")
+                || attrs.contains("serde(skip,")
+                || attrs.contains("\"<written>\"")
+            {
                 attrs.clear();
                 doc.clear();
                 continue;
             }
+            // `#[serde(rename = "key")]`: the key is the rename.
+            let name = attrs
+                .split("rename = \"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or(name);
             fields.push(Field {
                 name: name.trim().to_owned(),
                 ty: ty.trim().trim_end_matches(',').to_owned(),
@@ -212,7 +222,8 @@ fn toml_type(ty: &str) -> String {
         "String" => "string".into(),
         "bool" => "boolean".into(),
         "usize" | "u64" | "u32" | "u16" => "integer".into(),
-        "Duration" => "string".into(),
+        "Duration" | "Backoff" | "RateLimit" => "string".into(),
+        "PriorityMode" => "array of integers".into(),
         "Vec<String>" => "array of strings".into(),
         "Vec<u32>" => "array of integers".into(),
         "serde_json::Value" => "any value".into(),
@@ -257,6 +268,9 @@ const VALUE_TYPES: &[&str] = &[
     "serde_json::Value",
     "DispatchConfig",
     "Secrets",
+    "Backoff",
+    "RateLimit",
+    "PriorityMode",
 ];
 
 /// The struct a field type names (`Option<T>`, `Vec<T>`: `T`), unless it is a value.
@@ -309,6 +323,7 @@ fn config_structs() -> (
         let (src, found) = files
             .iter()
             .map(|f| std::fs::read_to_string(f).unwrap())
+            .filter(|src| src.contains(&format!("pub struct {name} {{")))
             .find_map(|src| {
                 let found = parse_structs(&src)
                     .into_iter()
@@ -332,12 +347,22 @@ fn config_structs() -> (
         *fields = fields
             .iter()
             .flat_map(|f| match embedded(f) {
-                true => snapshot
-                    .iter()
-                    .find(|(n, _, _)| *n == f.ty)
-                    .unwrap()
-                    .2
-                    .clone(),
+                // Its keys may be left out where its type has `#[serde(default)]`.
+                true => {
+                    let default = attrs[&f.ty].contains("default");
+                    let (_, _, inner) = snapshot.iter().find(|(n, _, _)| *n == f.ty).unwrap();
+                    inner
+                        .iter()
+                        .map(|g| Field {
+                            attrs: if default {
+                                format!("{}#[serde(default)]", g.attrs)
+                            } else {
+                                g.attrs.clone()
+                            },
+                            ..g.clone()
+                        })
+                        .collect()
+                }
                 false => vec![f.clone()],
             })
             .collect();
@@ -472,13 +497,13 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
         .unwrap_or(ty);
     let strings = json!({"type": "array", "items": {"type": "string"}});
     match ty {
-        "String" | "Duration" => json!({"type": "string"}),
+        "String" | "Duration" | "Backoff" | "RateLimit" => json!({"type": "string"}),
         "bool" => json!({"type": "boolean"}),
         "usize" | "u64" => json!({"type": "integer", "minimum": 0}),
         "u32" => json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),
         "u16" => json!({"type": "integer", "minimum": 0, "maximum": u16::MAX}),
         "Vec<String>" => strings,
-        "Vec<u32>" => {
+        "Vec<u32>" | "PriorityMode" => {
             json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX}})
         }
         "serde_json::Value" => json!({}),

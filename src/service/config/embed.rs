@@ -1,6 +1,7 @@
 //! Tables that are partly a library option type: `[reconciliation]` carries
 //! `ReconcileOptions`'s keys (`cron`, `grace`, `batch`) beside the service's own (`enabled`,
-//! `database_url`, `queue`, `group`).
+//! `database_url`, `queue`, `group`), each `[[handlers]]` entry `WorkerOptions`'s
+//! (`concurrency`, `timeout`, ...) beside its queue, group and kind.
 //!
 //! serde's `flatten` would lose `deny_unknown_fields` and the key an error is about, so
 //! before the file is deserialized, the option type's keys of such a table are moved into a
@@ -8,6 +9,7 @@
 //! type; [`path`] and [`known`] tell errors without it.
 
 use super::ConfigError;
+use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;
 use figment::value::{Dict, Tag, Value};
 use serde::de::{self, Deserializer, Visitor};
@@ -23,13 +25,27 @@ struct Embedded {
     keys: fn() -> &'static [&'static str],
     /// The table's own keys, [`OPTIONS`] among them.
     table_keys: fn() -> &'static [&'static str],
+    /// Whether the table also takes the list of option keys it wrote, as [`WRITTEN`].
+    written: bool,
 }
 
-const EMBEDDED: &[Embedded] = &[Embedded {
-    table: "reconciliation",
-    keys: fields_of::<ReconcileOptions>,
-    table_keys: fields_of::<super::ReconciliationConfig>,
-}];
+const EMBEDDED: &[Embedded] = &[
+    Embedded {
+        table: "reconciliation",
+        keys: fields_of::<ReconcileOptions>,
+        table_keys: fields_of::<super::ReconciliationConfig>,
+        written: false,
+    },
+    Embedded {
+        table: "handlers",
+        keys: fields_of::<WorkerOptions>,
+        table_keys: fields_of::<super::HandlerConfig>,
+        written: true,
+    },
+];
+
+/// The field that lists the option keys a table wrote (where [`Embedded::written`]).
+pub(crate) const WRITTEN: &str = "<written>";
 
 /// Moves each embedding table's option keys into its [`OPTIONS`] table.
 pub(super) fn nest(root: &mut Dict) -> Result<(), ConfigError> {
@@ -52,13 +68,13 @@ pub(super) fn nest(root: &mut Dict) -> Result<(), ConfigError> {
 }
 
 fn nest_one(e: &Embedded, at: &str, d: &mut Dict, keys: &[&str]) -> Result<(), ConfigError> {
-    // Written in the file, the field's own name is an unknown key like any other.
-    if d.contains_key(OPTIONS) {
+    // Written in the file, the fields' own names are unknown keys like any other.
+    if let Some(k) = [OPTIONS, WRITTEN].into_iter().find(|k| d.contains_key(*k)) {
         let path = [e.table.to_owned()];
         return Err(ConfigError::at(
-            format!("{at}.{OPTIONS}"),
+            format!("{at}.{k}"),
             format!(
-                "unknown key {OPTIONS:?} (known: {})",
+                "unknown key {k:?} (known: {})",
                 known(&path, (e.table_keys)()).join(", ")
             ),
         ));
@@ -67,18 +83,32 @@ fn nest_one(e: &Embedded, at: &str, d: &mut Dict, keys: &[&str]) -> Result<(), C
         .iter()
         .filter_map(|k| d.remove(*k).map(|v| ((*k).to_owned(), v)))
         .collect();
+    if e.written {
+        let written = inner.keys().map(|k| Value::from(k.as_str())).collect();
+        d.insert(WRITTEN.to_owned(), Value::Array(Tag::Default, written));
+    }
     d.insert(OPTIONS.to_owned(), Value::Dict(Tag::Default, inner));
     Ok(())
 }
 
-/// An error's key path without the [`OPTIONS`] step.
-pub(super) fn path(path: &[String]) -> String {
-    let kept: Vec<&str> = path
-        .iter()
-        .map(String::as_str)
-        .filter(|p| *p != OPTIONS)
-        .collect();
-    kept.join(".")
+/// An error's key path without the [`OPTIONS`] step. A value an option type refused
+/// (`parsed`: its own message, not a wrong type) is named as the checks after
+/// deserialization name theirs, `handlers[0].timeout`; other errors as figment does,
+/// `handlers.0.concurrency`.
+pub(super) fn path(path: &[String], parsed: bool) -> String {
+    let bracket = parsed && path.iter().any(|p| p == OPTIONS);
+    let mut out = String::new();
+    for p in path.iter().filter(|p| *p != OPTIONS) {
+        if bracket && p.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{p}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(p);
+        }
+    }
+    out
 }
 
 /// A table's known keys, the [`OPTIONS`] field replaced by the option type's keys.
@@ -90,6 +120,7 @@ pub(super) fn known(path: &[String], known: &'static [&'static str]) -> Vec<&'st
         .map_or(&[][..], |e| (e.keys)());
     known
         .iter()
+        .filter(|k| **k != WRITTEN)
         .flat_map(|k| {
             if *k == OPTIONS {
                 options

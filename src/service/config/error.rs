@@ -102,7 +102,7 @@ pub(super) fn figment_error(e: figment::Error) -> ConfigError {
         Kind::Message(m) => crate::engine::redact::text(m.lines().next().unwrap_or_default()),
         other => crate::engine::redact::text(&other.to_string()),
     };
-    let key = super::embed::path(&e.path);
+    let key = super::embed::path(&e.path, matches!(e.kind, Kind::Message(_)));
     if key.is_empty() {
         ConfigError::whole(cause)
     } else {

@@ -5,12 +5,13 @@
 //! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
 //! [`DeadLetterOptions`]. A table that is partly one embeds it in a field renamed
 //! `<options>`, whose keys sit in the table itself (see `embed`): `[reconciliation]`'s
-//! [`ReconcileOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`]. Elsewhere unset fields mean "the library's default": no default
 //! is written here that a library option type already has.
 
 use crate::engine::dispatcher::DispatcherOptions;
 use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
+use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;
 use serde::{Deserialize, Serialize};
 
@@ -365,10 +366,6 @@ pub struct HandlerConfig {
     /// the reads while several have a backlog; without it, strict order.
     #[serde(default)]
     pub queue_weights: Option<Vec<u32>>,
-    /// Three weights for the `high`, `normal` and `low` orders of each queue (e.g.
-    /// `[6, 3, 1]`); without it, strict order.
-    #[serde(default)]
-    pub priority_weights: Option<Vec<u32>>,
     /// The consumer group.
     pub group: String,
     /// `webhook`, `log`, `order-close`, or `pull` (consumed over HTTP by
@@ -384,28 +381,14 @@ pub struct HandlerConfig {
     /// as is), or a list of them while a key is rotated (each signs).
     #[serde(default)]
     pub secret: Option<Secrets>,
-    /// Handler calls at once (default 16).
-    #[serde(default)]
-    pub concurrency: Option<usize>,
-    /// Handler timeout (default 30 s).
-    #[serde(default)]
-    pub timeout: Option<String>,
-    /// Attempts before dead-lettering (default 10).
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-    /// Backoff policy: `fixed:5s`, `linear:2m:1m`, `exponential:1s:10m` (the default).
-    #[serde(default)]
-    pub backoff: Option<String>,
-    /// Pending longer than this with no live lease = reclaimed (default 30 s).
-    #[serde(default)]
-    pub visibility_timeout: Option<String>,
-    /// Entries taken ahead of free handler slots (default three times `concurrency`).
-    #[serde(default)]
-    pub prefetch: Option<usize>,
-    /// At most this many calls per period for the whole group, every process together:
-    /// `200/s`, `30/m`, `1000/h` (default none).
-    #[serde(default)]
-    pub rate_limit: Option<String>,
+    /// `concurrency`, `timeout`, `max_attempts`, `backoff`, `visibility_timeout`,
+    /// `prefetch`, `rate_limit`, `priority_weights`: the worker's options, keys of this same
+    /// entry.
+    #[serde(rename = "<options>", skip_serializing)]
+    pub worker: WorkerOptions,
+    /// Which of the worker's keys the entry wrote (a pull group refuses a handler's own).
+    #[serde(rename = "<written>", default, skip_serializing)]
+    pub written: Vec<String>,
     /// The lease of a receive that names none (kind = pull only; default 30 s; 100ms..12h).
     #[serde(default)]
     pub lease: Option<String>,

@@ -126,6 +126,76 @@ fn reconciliation_embeds_the_reconcilers_options() {
     }
 }
 
+/// A handler's worker keys are the library's `WorkerOptions` (`timeout` is its
+/// `handler_timeout`, `priority_weights` its `priority`): unset keys keep its defaults, the
+/// values reach it as they are, and its limits are refused under the entry's key.
+#[test]
+fn a_handlers_worker_options_are_the_library_type() {
+    use crate::engine::backoff::Backoff;
+    use crate::engine::worker::WorkerOptions;
+    let text =
+        "shutdown_grace = \"3s\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\n";
+    let s = load_str(text, env()).unwrap();
+    let grace = Duration::from_secs(3);
+    assert_eq!(
+        s.handlers[0].worker,
+        WorkerOptions::default().shutdown_grace(grace)
+    );
+    let s = load_str(
+        &format!(
+            "{text}concurrency = 3\ntimeout = \"5s\"\nmax_attempts = 2\nbackoff = \"fixed:1s\"\n\
+             visibility_timeout = \"1m\"\nprefetch = 0\nrate_limit = \"10/s\"\n\
+             priority_weights = [3, 2, 1]\n"
+        ),
+        env(),
+    )
+    .unwrap();
+    let want = WorkerOptions::default()
+        .shutdown_grace(grace)
+        .concurrency(3)
+        .handler_timeout(Duration::from_secs(5))
+        .max_attempts(2)
+        .backoff(Backoff::parse("fixed:1s").unwrap())
+        .visibility_timeout(Duration::from_secs(60))
+        .prefetch(0)
+        .rate_limit(crate::engine::flow::RateLimit::parse("10/s").unwrap())
+        .priority(PriorityMode::Weighted(vec![3, 2, 1]));
+    assert_eq!(s.handlers[0].worker, want);
+    for (line, key) in [
+        (
+            "visibility_timeout = \"29ms\"",
+            "handlers[0].visibility_timeout",
+        ),
+        ("visibility_timeout = \"30ms\"", ""),
+        ("concurrency = 0", "handlers[0].concurrency"),
+        ("concurrency = 10001", "handlers[0].concurrency"),
+        ("concurrency = -1", "handlers.0.concurrency"),
+        ("timeout = \"0s\"", "handlers[0].timeout"),
+        ("timeout = \"soon\"", "handlers[0].timeout"),
+        ("timeout = 5", "handlers.0.timeout"),
+        ("prefetch = 10001", "handlers[0].prefetch"),
+        ("max_attempts = 0", "handlers[0].max_attempts"),
+        ("rate_limit = \"5/y\"", "handlers[0].rate_limit"),
+        ("priority_weights = [6, 1]", "handlers[0].priority_weights"),
+        ("block = \"1s\"", "handlers.0.block"),
+        ("\"<written>\" = []", "handlers.0.<written>"),
+    ] {
+        let r = load_str(&format!("{text}{line}\n"), env());
+        match (key, r) {
+            ("", r) => assert!(r.is_ok(), "{line}: {:?}", r.err()),
+            (key, Err(e)) => assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}"),
+            (key, Ok(_)) => panic!("{line} accepted; expected an error at {key}"),
+        }
+    }
+    // A pull group refuses a handler's own key even set to its default.
+    let e = load_str(
+        "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"pull\"\nconcurrency = 16\n",
+        env(),
+    )
+    .unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("handlers[0].concurrency"), "{e}");
+}
+
 #[test]
 fn schedules_are_checked_naming_their_field_and_their_queues_created() {
     let ok = load_str(
