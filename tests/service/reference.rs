@@ -222,7 +222,7 @@ fn toml_type(ty: &str) -> String {
         "String" => "string".into(),
         "bool" => "boolean".into(),
         "usize" | "u64" | "u32" | "u16" => "integer".into(),
-        "Duration" | "Backoff" | "RateLimit" => "string".into(),
+        "Duration" | "Backoff" | "RateLimit" | "Durability" => "string".into(),
         "PriorityMode" => "array of integers".into(),
         "Vec<String>" => "array of strings".into(),
         "Vec<u32>" => "array of integers".into(),
@@ -271,6 +271,7 @@ const VALUE_TYPES: &[&str] = &[
     "Backoff",
     "RateLimit",
     "PriorityMode",
+    "Durability",
 ];
 
 /// The struct a field type names (`Option<T>`, `Vec<T>`: `T`), unless it is a value.
@@ -497,7 +498,9 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
         .unwrap_or(ty);
     let strings = json!({"type": "array", "items": {"type": "string"}});
     match ty {
-        "String" | "Duration" | "Backoff" | "RateLimit" => json!({"type": "string"}),
+        "String" | "Duration" | "Backoff" | "RateLimit" | "Durability" => {
+            json!({"type": "string"})
+        }
         "bool" => json!({"type": "boolean"}),
         "usize" | "u64" => json!({"type": "integer", "minimum": 0}),
         "u32" => json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),

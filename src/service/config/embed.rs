@@ -1,7 +1,8 @@
 //! Tables that are partly a library option type: `[reconciliation]` carries
 //! `ReconcileOptions`'s keys (`cron`, `grace`, `batch`) beside the service's own (`enabled`,
 //! `database_url`, `queue`, `group`), each `[[handlers]]` entry `WorkerOptions`'s
-//! (`concurrency`, `timeout`, ...) beside its queue, group and kind.
+//! (`concurrency`, `timeout`, ...) beside its queue, group and kind, and the top level
+//! `ClientOptions`'s (`namespace`, `shards`, ...) beside the rest of the file.
 //!
 //! serde's `flatten` would lose `deny_unknown_fields` and the key an error is about, so
 //! before the file is deserialized, the option type's keys of such a table are moved into a
@@ -9,6 +10,7 @@
 //! type; [`path`] and [`known`] tell errors without it.
 
 use super::ConfigError;
+use crate::engine::client::ClientOptions;
 use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;
 use figment::value::{Dict, Tag, Value};
@@ -42,6 +44,13 @@ const EMBEDDED: &[Embedded] = &[
         table_keys: fields_of::<super::HandlerConfig>,
         written: true,
     },
+    // The top level.
+    Embedded {
+        table: "",
+        keys: fields_of::<ClientOptions>,
+        table_keys: fields_of::<super::Config>,
+        written: false,
+    },
 ];
 
 /// The field that lists the option keys a table wrote (where [`Embedded::written`]).
@@ -51,6 +60,10 @@ pub(crate) const WRITTEN: &str = "<written>";
 pub(super) fn nest(root: &mut Dict) -> Result<(), ConfigError> {
     for e in EMBEDDED {
         let keys = (e.keys)();
+        if e.table.is_empty() {
+            nest_one(e, "", root, keys)?;
+            continue;
+        }
         match root.get_mut(e.table) {
             Some(Value::Dict(_, d)) => nest_one(e, e.table, d, keys)?,
             Some(Value::Array(_, items)) => {
@@ -70,9 +83,14 @@ pub(super) fn nest(root: &mut Dict) -> Result<(), ConfigError> {
 fn nest_one(e: &Embedded, at: &str, d: &mut Dict, keys: &[&str]) -> Result<(), ConfigError> {
     // Written in the file, the fields' own names are unknown keys like any other.
     if let Some(k) = [OPTIONS, WRITTEN].into_iter().find(|k| d.contains_key(*k)) {
-        let path = [e.table.to_owned()];
+        let path = [e.table.to_owned(), k.to_owned()];
+        let key = if at.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{at}.{k}")
+        };
         return Err(ConfigError::at(
-            format!("{at}.{k}"),
+            key,
             format!(
                 "unknown key {k:?} (known: {})",
                 known(&path, (e.table_keys)()).join(", ")
@@ -113,7 +131,11 @@ pub(super) fn path(path: &[String], parsed: bool) -> String {
 
 /// A table's known keys, the [`OPTIONS`] field replaced by the option type's keys.
 pub(super) fn known(path: &[String], known: &'static [&'static str]) -> Vec<&'static str> {
-    let table = path.first().map(String::as_str).unwrap_or_default();
+    // The unknown key's table: the top level, or the top-level key it is under.
+    let table = match path {
+        [first, _, ..] => first.as_str(),
+        _ => "",
+    };
     let options = EMBEDDED
         .iter()
         .find(|e| e.table == table)

@@ -5,9 +5,11 @@
 //! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
 //! [`DeadLetterOptions`]. A table that is partly one embeds it in a field renamed
 //! `<options>`, whose keys sit in the table itself (see `embed`): `[reconciliation]`'s
-//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`], and the top level
+//! [`ClientOptions`]. Elsewhere unset fields mean "the library's default": no default
 //! is written here that a library option type already has.
 
+use crate::engine::client::ClientOptions;
 use crate::engine::dispatcher::DispatcherOptions;
 use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
@@ -16,7 +18,7 @@ use crate::orders::reconcile::ReconcileOptions;
 use serde::{Deserialize, Serialize};
 
 /// The whole configuration file. Its `Debug` masks credentials, tokens and secrets.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too). Once the
@@ -31,26 +33,16 @@ pub struct Config {
     pub redis_tls_cert: Option<String>,
     /// The client certificate's PEM private key (`DELAYQ_REDIS_TLS_KEY`).
     pub redis_tls_key: Option<String>,
-    /// Key namespace (default `dq`).
-    pub namespace: Option<String>,
-    /// Shards per queue (default 1).
-    pub shards: Option<u16>,
-    /// Largest accepted payload, bytes (default 64 KiB).
-    pub max_payload_bytes: Option<usize>,
-    /// `leader` (acknowledge once the master has it) or `replicated` (once every replica the
-    /// master has had lately confirms it, within one second; else the API answers 503
-    /// `not_replicated`).
-    pub durability: String,
+    /// `namespace`, `shards`, `max_payload_bytes`, `durability`, `max_queues`,
+    /// `max_groups`: the client's options, top-level keys.
+    #[serde(rename = "<options>", skip_serializing)]
+    pub client: ClientOptions,
     /// Queues created at start-up (besides those of handlers and reconciliation). Which
     /// queues this process dispatches is `dispatch`'s business.
     pub queues: Vec<String>,
     /// Which registered queues this process dispatches: `"all"` (default: every queue of
     /// the registry, followed as it changes), `"none"`, or a list of names.
     pub dispatch: Option<DispatchConfig>,
-    /// Most queues the namespace may have (default 1,000).
-    pub max_queues: Option<usize>,
-    /// Most consumer groups a queue may have (default 100).
-    pub max_groups: Option<usize>,
     /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
     /// this plus a moment, whatever the backlog.
     pub shutdown_grace: Option<String>,
@@ -164,40 +156,6 @@ pub struct ScheduleConfig {
     pub missed: Option<String>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            redis_url: String::new(),
-            redis_tls_ca: None,
-            redis_tls_cert: None,
-            redis_tls_key: None,
-            namespace: None,
-            shards: None,
-            max_payload_bytes: None,
-            durability: "leader".into(),
-            queues: Vec::new(),
-            dispatch: None,
-            max_queues: None,
-            max_groups: None,
-            shutdown_grace: None,
-            startup_timeout: None,
-            history_retention: None,
-            expires_after: None,
-            dedup_window: None,
-            cancel_on: None,
-            http: HttpConfig::default(),
-            dispatcher: DispatcherOptions::default(),
-            housekeeping: HousekeepingOptions::default(),
-            dead: DeadLetterOptions::default(),
-            handlers: Vec::new(),
-            reconciliation: ReconciliationConfig::default(),
-            schedules: Vec::new(),
-            log_format: None,
-            telemetry: TelemetryConfig::default(),
-        }
-    }
-}
-
 /// `dispatch`: a word (`"all"`, `"none"`) or a list of queue names.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -247,9 +205,7 @@ impl std::fmt::Debug for Config {
             .field("redis_tls_ca", &self.redis_tls_ca)
             .field("redis_tls_cert", &self.redis_tls_cert)
             .field("redis_tls_key", &self.redis_tls_key)
-            .field("namespace", &self.namespace)
-            .field("shards", &self.shards)
-            .field("durability", &self.durability)
+            .field("client", &self.client)
             .field("queues", &self.queues)
             .field("dispatch", &self.dispatch)
             .field("http", &self.http)

@@ -5,45 +5,20 @@ use super::{
     Config, ConfigError, HandlerKind, HandlerSpec, HttpConfig, LogFormat, ReconcileSpec,
     ReconciliationConfig, TelemetryConfig, TelemetrySettings, duration, lib_err,
 };
-use crate::engine::client::{ClientOptions, Durability};
+use crate::engine::client::ClientOptions;
 use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
 use crate::service::http::HttpLimits;
 use std::net::SocketAddr;
 
+/// The top-level client keys, checked by the library (a bad namespace is named as such).
 pub(super) fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
-    let mut o = ClientOptions::default();
-    if let Some(ns) = &c.namespace {
-        o = o.namespace(ns.clone());
-    }
-    if let Some(n) = c.shards {
-        o = o.shards(n);
-    }
-    if let Some(n) = c.max_payload_bytes {
-        o = o.max_payload_bytes(n);
-    }
-    if let Some(n) = c.max_queues {
-        o = o.max_queues(n);
-    }
-    if let Some(n) = c.max_groups {
-        o = o.max_groups(n);
-    }
-    o = o.durability(match c.durability.as_str() {
-        "leader" => Durability::Leader,
-        "replicated" => Durability::replicated(),
-        other => {
-            return Err(ConfigError::at(
-                "durability",
-                format!("{other:?} is not leader or replicated"),
-            ));
-        }
-    });
-    o.validate().map_err(|e| match e {
+    c.client.validate().map_err(|e| match e {
         InvalidInput::Namespace { .. } => ConfigError::at("namespace", e),
         e => lib_err("", &[])(e),
     })?;
-    Ok(o)
+    Ok(c.client.clone())
 }
 
 /// `redis_tls_ca`, `redis_tls_cert`, `redis_tls_key`: checked (a `rediss` URL, the

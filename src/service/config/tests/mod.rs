@@ -45,8 +45,10 @@ visibility_timeout = "30s"
 
 #[test]
 fn the_environment_keys_are_the_config_keys() {
-    let v = serde_json::to_value(Config::default()).unwrap();
-    let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    // The file's keys: `Config`'s, the client's options in place of the field that embeds
+    // them.
+    let top = ["namespace".to_owned()];
+    let mut fields = embed::known(&top, embed::fields_of::<Config>());
     let mut known = raw::TOP_LEVEL_KEYS.to_vec();
     fields.sort_unstable();
     known.sort_unstable();
@@ -117,27 +119,42 @@ fn errors_name_the_key() {
     }
 }
 
-/// Config and library agree on the top-level client keys (still copied into
-/// `ClientOptions`): an empty file gives exactly the library's defaults, and a value the
-/// library refuses is refused by the config under its key.
+/// The top-level `namespace`, `shards`, `max_payload_bytes`, `durability`, `max_queues`
+/// and `max_groups` are the library's `ClientOptions`: unset keys keep its defaults, the
+/// values reach it as they are, and its limits are refused under the key.
 #[test]
-fn config_and_library_agree() {
-    let s = load_str("", env()).unwrap();
-    let c = crate::engine::client::ClientOptions::default();
+fn the_client_keys_are_the_library_type() {
+    use crate::engine::client::{ClientOptions, Durability};
     assert_eq!(
-        (
-            s.client.shards,
-            s.client.max_payload_bytes,
-            s.client.namespace.as_str()
-        ),
-        (c.shards, c.max_payload_bytes, c.namespace.as_str())
+        load_str("", env()).unwrap().client,
+        ClientOptions::default()
     );
-    // The library's limits, reported under the config's keys.
+    let s = load_str(
+        "namespace = \"shop\"\nshards = 4\nmax_payload_bytes = 1000\ndurability = \"replicated\"\n\
+         max_queues = 10\nmax_groups = 5\n",
+        env(),
+    )
+    .unwrap();
+    let want = ClientOptions::default()
+        .namespace("shop")
+        .shards(4)
+        .max_payload_bytes(1000)
+        .durability(Durability::replicated())
+        .max_queues(10)
+        .max_groups(5);
+    assert_eq!(s.client, want);
     for (text, key) in [
         ("shards = 0\n", "shards"),
         ("shards = 1025\n", "shards"),
+        ("shards = 70000\n", "shards"),
         ("max_payload_bytes = 0\n", "max_payload_bytes"),
         ("namespace = \"a b\"\n", "namespace"),
+        ("durability = \"always\"\n", "durability"),
+        ("durability = 1\n", "durability"),
+        ("max_queues = 0\n", "max_queues"),
+        ("max_groups = 10001\n", "max_groups"),
+        ("response_timeout = \"1s\"\n", "response_timeout"),
+        ("\"<options>\" = {}\n", "<options>"),
     ] {
         let e = load_str(text, env()).unwrap_err();
         assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
