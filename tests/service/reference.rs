@@ -222,7 +222,8 @@ fn toml_type(ty: &str) -> String {
         "String" => "string".into(),
         "bool" => "boolean".into(),
         "usize" | "u64" | "u32" | "u16" => "integer".into(),
-        "Duration" | "Backoff" | "RateLimit" | "Durability" => "string".into(),
+        "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => "string".into(),
+        "Vec<std::net::IpAddr>" => "array of strings".into(),
         "PriorityMode" => "array of integers".into(),
         "Vec<String>" => "array of strings".into(),
         "Vec<u32>" => "array of integers".into(),
@@ -272,6 +273,8 @@ const VALUE_TYPES: &[&str] = &[
     "RateLimit",
     "PriorityMode",
     "Durability",
+    "std::net::IpAddr",
+    "MetricsToken",
 ];
 
 /// The struct a field type names (`Option<T>`, `Vec<T>`: `T`), unless it is a value.
@@ -498,9 +501,10 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
         .unwrap_or(ty);
     let strings = json!({"type": "array", "items": {"type": "string"}});
     match ty {
-        "String" | "Duration" | "Backoff" | "RateLimit" | "Durability" => {
+        "String" | "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => {
             json!({"type": "string"})
         }
+        "Vec<std::net::IpAddr>" => strings,
         "bool" => json!({"type": "boolean"}),
         "usize" | "u64" => json!({"type": "integer", "minimum": 0}),
         "u32" => json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),

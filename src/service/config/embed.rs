@@ -2,7 +2,8 @@
 //! `ReconcileOptions`'s keys (`cron`, `grace`, `batch`) beside the service's own (`enabled`,
 //! `database_url`, `queue`, `group`), each `[[handlers]]` entry `WorkerOptions`'s
 //! (`concurrency`, `timeout`, ...) beside its queue, group and kind, and the top level
-//! `ClientOptions`'s (`namespace`, `shards`, ...) beside the rest of the file.
+//! `ClientOptions`'s (`namespace`, `shards`, ...) beside the rest of the file, `[http]`
+//! `HttpLimits`'s beside `listen`, `tokens` and `consumer_tokens`.
 //!
 //! serde's `flatten` would lose `deny_unknown_fields` and the key an error is about, so
 //! before the file is deserialized, the option type's keys of such a table are moved into a
@@ -13,6 +14,7 @@ use super::ConfigError;
 use crate::engine::client::ClientOptions;
 use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;
+use crate::service::http::HttpLimits;
 use figment::value::{Dict, Tag, Value};
 use serde::de::{self, Deserializer, Visitor};
 use std::cell::Cell;
@@ -43,6 +45,12 @@ const EMBEDDED: &[Embedded] = &[
         keys: fields_of::<WorkerOptions>,
         table_keys: fields_of::<super::HandlerConfig>,
         written: true,
+    },
+    Embedded {
+        table: "http",
+        keys: fields_of::<HttpLimits>,
+        table_keys: fields_of::<super::HttpConfig>,
+        written: false,
     },
     // The top level.
     Embedded {

@@ -15,10 +15,11 @@ use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
 use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;
-use serde::{Deserialize, Serialize};
+use crate::service::http::HttpLimits;
+use serde::Deserialize;
 
 /// The whole configuration file. Its `Debug` masks credentials, tokens and secrets.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too). Once the
@@ -35,7 +36,7 @@ pub struct Config {
     pub redis_tls_key: Option<String>,
     /// `namespace`, `shards`, `max_payload_bytes`, `durability`, `max_queues`,
     /// `max_groups`: the client's options, top-level keys.
-    #[serde(rename = "<options>", skip_serializing)]
+    #[serde(rename = "<options>")]
     pub client: ClientOptions,
     /// Queues created at start-up (besides those of handlers and reconciliation). Which
     /// queues this process dispatches is `dispatch`'s business.
@@ -91,7 +92,7 @@ pub struct Config {
 
 /// `[telemetry]`: OpenTelemetry traces. Nothing is exported unless `otlp_endpoint` (or the
 /// standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// The collector's OTLP/HTTP base URL (`http://collector:4318`; `/v1/traces` is
@@ -133,7 +134,7 @@ impl std::fmt::Debug for TelemetryConfig {
 }
 
 /// `[[schedules]]`: a recurring schedule (see `engine::schedules`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
     /// The queue its ticks go to.
@@ -157,7 +158,7 @@ pub struct ScheduleConfig {
 }
 
 /// `dispatch`: a word (`"all"`, `"none"`) or a list of queue names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum DispatchConfig {
     /// `"all"` or `"none"`.
@@ -218,34 +219,17 @@ impl std::fmt::Debug for Config {
 }
 
 /// `[http]`. Unset limits are [`HttpLimits`](crate::service::http::HttpLimits)'s defaults.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Address to listen on.
     pub listen: String,
     /// Bearer tokens accepted on `/v1/...`; empty = the API is open (a warning is logged).
     pub tokens: Vec<String>,
-    /// Largest request body, bytes (413 above; default 1 MiB).
-    pub max_body_bytes: Option<usize>,
-    /// A request head must arrive within this of its first byte (default `10s`).
-    pub header_timeout: Option<String>,
-    /// A request body must arrive within this (default `30s`).
-    pub body_timeout: Option<String>,
-    /// An idle keep-alive connection is closed after this (default `60s`).
-    pub idle_timeout: Option<String>,
-    /// A client that takes no byte of a response for this long is cut off (default `30s`).
-    pub write_timeout: Option<String>,
-    /// A request's handling is cut off after this (default `30s`).
-    pub request_timeout: Option<String>,
-    /// Connections served at once (default 10,000; kept under the open-files limit).
-    pub max_connections: Option<usize>,
-    /// Host names requests may name (421 otherwise); default localhost, 127.0.0.1, [::1]
-    /// and the listen address; `["*"]` behind a proxy that checks the host itself.
-    pub allowed_hosts: Option<Vec<String>>,
-    /// Reverse proxies whose `X-Forwarded-For` names the client (for the sign-in limits).
-    pub trusted_proxies: Vec<String>,
-    /// A bearer token `/metrics` requires (default: none, `/metrics` is open).
-    pub metrics_token: Option<String>,
+    /// `max_body_bytes`, the timeouts, `max_connections`, `allowed_hosts`,
+    /// `trusted_proxies`, `metrics_token`: the HTTP edge's limits, keys of this same table.
+    #[serde(rename = "<options>")]
+    pub limits: HttpLimits,
     /// Consumer-only tokens, each `{token = "...", groups = ["queue/group", ...]}`: it may
     /// only receive, ack, nack and extend on those groups (403 `forbidden_for_token` on
     /// anything else); needs `tokens`.
@@ -253,7 +237,7 @@ pub struct HttpConfig {
 }
 
 /// `[[http.consumer_tokens]]`: a bearer token for pull consumers of some groups.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerTokenConfig {
     /// The bearer token (at least 8 characters, no spaces; never logged).
@@ -276,16 +260,7 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: "127.0.0.1:7070".into(),
             tokens: Vec::new(),
-            max_body_bytes: None,
-            header_timeout: None,
-            body_timeout: None,
-            idle_timeout: None,
-            write_timeout: None,
-            request_timeout: None,
-            max_connections: None,
-            allowed_hosts: None,
-            trusted_proxies: Vec::new(),
-            metrics_token: None,
+            limits: HttpLimits::default(),
             consumer_tokens: Vec::new(),
         }
     }
@@ -296,19 +271,14 @@ impl std::fmt::Debug for HttpConfig {
         f.debug_struct("HttpConfig")
             .field("listen", &self.listen)
             .field("tokens", &format_args!("{} hidden", self.tokens.len()))
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("allowed_hosts", &self.allowed_hosts)
-            .field(
-                "metrics_token",
-                &self.metrics_token.as_ref().map(|_| "hidden"),
-            )
+            .field("limits", &self.limits)
             .field("consumer_tokens", &self.consumer_tokens)
             .finish_non_exhaustive()
     }
 }
 
 /// One `[[handlers]]` entry.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
     /// The queue (or `queues`).
@@ -340,10 +310,10 @@ pub struct HandlerConfig {
     /// `concurrency`, `timeout`, `max_attempts`, `backoff`, `visibility_timeout`,
     /// `prefetch`, `rate_limit`, `priority_weights`: the worker's options, keys of this same
     /// entry.
-    #[serde(rename = "<options>", skip_serializing)]
+    #[serde(rename = "<options>")]
     pub worker: WorkerOptions,
     /// Which of the worker's keys the entry wrote (a pull group refuses a handler's own).
-    #[serde(rename = "<written>", default, skip_serializing)]
+    #[serde(rename = "<written>", default)]
     pub written: Vec<String>,
     /// The lease of a receive that names none (kind = pull only; default 30 s; 100ms..12h).
     #[serde(default)]
@@ -368,7 +338,7 @@ impl std::fmt::Debug for HandlerConfig {
 }
 
 /// One webhook secret, or several (key rotation).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum Secrets {
     /// One secret.
@@ -396,7 +366,7 @@ impl std::fmt::Debug for Secrets {
 
 /// `[reconciliation]`: sends the close event of every order still pending in the database
 /// well past its expiry (see [`crate::orders::reconcile`]).
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconciliationConfig {
     /// On or off; unset = on when an `order-close` handler is configured.

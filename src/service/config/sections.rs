@@ -79,59 +79,14 @@ pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), Con
             "each token must be at least 8 characters, without spaces",
         ));
     }
-    let mut l = HttpLimits::default();
-    if let Some(n) = h.max_body_bytes {
-        l = l.max_body_bytes(n);
-    }
-    if let Some(d) = duration("http.header_timeout", h.header_timeout.as_deref())? {
-        l = l.header_timeout(d);
-    }
-    if let Some(d) = duration("http.body_timeout", h.body_timeout.as_deref())? {
-        l = l.body_timeout(d);
-    }
-    if let Some(d) = duration("http.idle_timeout", h.idle_timeout.as_deref())? {
-        l = l.idle_timeout(d);
-    }
-    if let Some(d) = duration("http.write_timeout", h.write_timeout.as_deref())? {
-        l = l.write_timeout(d);
-    }
-    if let Some(d) = duration("http.request_timeout", h.request_timeout.as_deref())? {
-        l = l.request_timeout(d);
-    }
-    if let Some(n) = h.max_connections {
-        l = l.max_connections(n);
-    }
-    if let Some(hosts) = &h.allowed_hosts {
-        if hosts.is_empty() || hosts.iter().any(|h| h.trim().is_empty()) {
-            return Err(ConfigError::at(
-                "http.allowed_hosts",
-                "list at least one host name (or \"*\" for any)",
-            ));
-        }
-        l.allowed_hosts = hosts.clone();
-    }
-    l = l.allow_listen_host(listen);
-    for (i, p) in h.trusted_proxies.iter().enumerate() {
-        let ip = p.parse().map_err(|_| {
-            ConfigError::at(
-                format!("http.trusted_proxies[{i}]"),
-                format!("{p:?} is not an IP address"),
-            )
-        })?;
-        l.trusted_proxies.push(ip);
-    }
-    if let Some(t) = &h.metrics_token
-        && (t.trim().len() < 8 || t.chars().any(char::is_whitespace))
-    {
+    let mut l = h.limits.clone();
+    if l.allowed_hosts.is_empty() || l.allowed_hosts.iter().any(|h| h.trim().is_empty()) {
         return Err(ConfigError::at(
-            "http.metrics_token",
-            "must be at least 8 characters, without spaces",
+            "http.allowed_hosts",
+            "list at least one host name (or \"*\" for any)",
         ));
     }
-    l.metrics_token = h
-        .metrics_token
-        .clone()
-        .map(crate::service::http::limits::MetricsToken);
+    l = l.allow_listen_host(listen);
     l.validate().map_err(lib_err("http", &[]))?;
     Ok((listen, l))
 }

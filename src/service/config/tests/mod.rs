@@ -161,6 +161,49 @@ fn the_client_keys_are_the_library_type() {
     }
 }
 
+/// `[http]`'s limits are the edge's `HttpLimits`, beside `listen`, `tokens` and
+/// `consumer_tokens`: the values reach it as they are (the listen address allowed besides
+/// the hosts given), and its limits are refused under the key.
+#[test]
+fn the_http_limits_are_the_library_type() {
+    use crate::service::http::HttpLimits;
+    let s = load_str("", env()).unwrap();
+    assert_eq!(s.http, HttpLimits::default().allow_listen_host(s.listen));
+    let s = load_str(
+        "[http]\nlisten = \"127.0.0.1:7071\"\nmax_body_bytes = 2048\nheader_timeout = \"2s\"\n\
+         max_connections = 5\nallowed_hosts = [\"shop.example\"]\n\
+         trusted_proxies = [\"10.0.0.1\"]\nmetrics_token = \"metrics-123\"\n",
+        env(),
+    )
+    .unwrap();
+    let mut want = HttpLimits::default()
+        .max_body_bytes(2048)
+        .header_timeout(Duration::from_secs(2))
+        .max_connections(5);
+    want.allowed_hosts = vec!["shop.example".into()];
+    want.trusted_proxies = vec!["10.0.0.1".parse().unwrap()];
+    want.metrics_token = Some(crate::service::http::limits::MetricsToken(
+        "metrics-123".into(),
+    ));
+    assert_eq!(s.http, want.allow_listen_host(s.listen));
+    for (text, key) in [
+        ("max_body_bytes = 0", "http.max_body_bytes"),
+        ("header_timeout = \"soon\"", "http.header_timeout"),
+        ("request_timeout = \"0s\"", "http.request_timeout"),
+        ("allowed_hosts = []", "http.allowed_hosts"),
+        (
+            "trusted_proxies = [\"10.0.0.1\", \"nope\"]",
+            "http.trusted_proxies[1]",
+        ),
+        ("trusted_proxies = [5]", "http.trusted_proxies.0"),
+        ("metrics_token = \"short\"", "http.metrics_token"),
+        ("\"<options>\" = 1", "http.<options>"),
+    ] {
+        let e = load_str(&format!("[http]\n{text}\n"), env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+    }
+}
+
 /// `[dispatcher]`, `[housekeeping]` and `[dead]` are the library's option types
 /// (`DispatcherOptions`, `HousekeepingOptions`, `DeadLetterOptions`), deserialized as they
 /// are: unset keys keep the library's defaults, durations are written as everywhere else,
