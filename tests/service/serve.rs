@@ -306,9 +306,10 @@ async fn config_errors_exit_2_naming_the_key() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
 }
 
-/// The option tables (`[dispatcher]`, `[housekeeping]`, `[dead]`: the library's option
-/// types) take `DELAYQ_<SECTION>__<KEY>` overrides like every other key, checked by the
-/// library and named by their key.
+/// The library's option types in the file (`[dispatcher]`, `[housekeeping]`, `[dead]`,
+/// and beside other keys the top level's client keys, `[http]`'s limits, `[reconciliation]`,
+/// a handler's worker keys) take `DELAYQ_<KEY>` overrides like every other key, checked by
+/// the library and named by their key.
 #[tokio::test]
 async fn option_tables_take_environment_overrides_checked_under_their_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -327,6 +328,29 @@ async fn option_tables_take_environment_overrides_checked_under_their_key() {
             "housekeeping.sweep_cron",
         ),
         ("DELAYQ_DEAD__RETENTION", "soon", "dead.retention"),
+        ("DELAYQ_SHARDS", "0", "shards"),
+        ("DELAYQ_DURABILITY", "always", "durability"),
+        ("DELAYQ_HTTP__MAX_BODY_BYTES", "0", "http.max_body_bytes"),
+        (
+            "DELAYQ_HTTP__TRUSTED_PROXIES",
+            "[\"x\"]",
+            "http.trusted_proxies[0]",
+        ),
+        (
+            "DELAYQ_RECONCILIATION__GRACE",
+            "soon",
+            "reconciliation.grace",
+        ),
+        (
+            "DELAYQ_HANDLERS",
+            "[{queue=\"q\",group=\"g\",kind=\"log\",timeout=\"x\"}]",
+            "handlers[0].timeout",
+        ),
+        (
+            "DELAYQ_HANDLERS",
+            "[{queue=\"q\",group=\"g\",kind=\"pull\",concurrency=16}]",
+            "handlers[0].concurrency",
+        ),
     ] {
         let o = Command::new(BIN)
             .args(["serve", "--config", p.to_str().unwrap()])
