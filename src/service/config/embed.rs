@@ -195,6 +195,18 @@ pub(crate) fn fields_of<T: de::DeserializeOwned>() -> &'static [&'static str] {
 mod tests {
     use super::*;
 
+    /// An option key spelled like one of its table's own would be taken from the table.
+    #[test]
+    fn an_option_type_shares_no_key_with_its_table() {
+        for e in EMBEDDED {
+            let own = (e.table_keys)();
+            assert!(own.contains(&OPTIONS), "{}", e.table);
+            for k in (e.keys)() {
+                assert!(!own.contains(k), "{}: {k}", e.table);
+            }
+        }
+    }
+
     #[test]
     fn the_fields_of_an_option_type_are_its_keys() {
         assert_eq!(

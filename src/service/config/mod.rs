@@ -2,12 +2,14 @@
 //! environment variables (nested keys with `__`, e.g. `DELAYQ_HTTP__LISTEN`), unknown keys
 //! and bad values refused at start-up with the key named.
 //!
-//! `[dispatcher]`, `[housekeeping]` and `[dead]` are the library's option types
-//! (`DispatcherOptions`, `HousekeepingOptions`, `DeadLetterOptions`), deserialized as they
-//! are; the other sections are converted into theirs (`ClientOptions`, `WorkerOptions`,
-//! `ReconcileOptions`, `HttpLimits`). Either way the option type validates itself: ranges
-//! and defaults are written once, in the library. A library error is mapped to the config
-//! key it came from.
+//! The library's option types are the file: `[dispatcher]`, `[housekeeping]` and `[dead]`
+//! are `DispatcherOptions`, `HousekeepingOptions` and `DeadLetterOptions`, deserialized as
+//! they are; `ClientOptions` (the top level), `HttpLimits` (`[http]`), `ReconcileOptions`
+//! (`[reconciliation]`) and `WorkerOptions` (each `[[handlers]]` entry) sit beside the
+//! service's own keys of their table (`embed`). The option type validates itself: keys,
+//! ranges and defaults are written once, in the library. A library error is mapped to the
+//! config key it came from. `[telemetry]`, `[[schedules]]` and the service's own keys are
+//! read in [`raw`] and checked in `sections` and `handlers`.
 
 mod embed;
 mod error;

@@ -5,8 +5,8 @@
 //! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
 //! [`DeadLetterOptions`]. A table that is partly one embeds it in a field renamed
 //! `<options>`, whose keys sit in the table itself (see `embed`): `[reconciliation]`'s
-//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`], and the top level
-//! [`ClientOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`], `[http]`'s
+//! [`HttpLimits`] and the top level's [`ClientOptions`]. Elsewhere unset fields mean "the library's default": no default
 //! is written here that a library option type already has.
 
 use crate::engine::client::ClientOptions;
@@ -218,7 +218,7 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// `[http]`. Unset limits are [`HttpLimits`](crate::service::http::HttpLimits)'s defaults.
+/// `[http]`. Unset limits are [`HttpLimits`]'s defaults.
 #[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
