@@ -92,7 +92,7 @@ pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
 pub use engine::error::{Error, InvalidInput, Result};
 pub use engine::events::CancelRule;
 pub use engine::history::{Cancellation, CancelledBy};
-pub use engine::housekeeping::{Housekeeper, HousekeepingOptions};
+pub use engine::housekeeping::{DeadLetterOptions, Housekeeper, HousekeepingOptions};
 pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
     ScheduleOutcome, Scheduled, ScheduledOrder, When,

@@ -29,41 +29,51 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Options of a [`Dispatcher`].
-#[derive(Debug, Clone)]
+/// Options of a [`Dispatcher`]; `[dispatcher]` in `serve`'s configuration (durations
+/// written `250ms`, `30s`; unset keys keep the defaults).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct DispatcherOptions {
     /// Most orders moved per script call, 1..=1000 (default 1000); `max_call` may make
     /// calls smaller.
     pub batch: usize,
-    /// How long one dispatch call should hold Redis at most (default 4 ms; zero: off): every
-    /// other client waits behind a script. Calls are sized to fit at the time per order
-    /// measured over full passes, from [`MIN_CALL_BATCH`] up to `batch`.
-    pub max_call: Duration,
-    /// Longest idle sleep while other processes' wake-ups are not heard (default 250 ms:
+    /// Longest idle sleep while other processes' wake-ups are not heard (default `250ms`:
     /// before the listener's subscriptions are confirmed, after its connection broke).
+    #[serde(with = "crate::engine::duration::human")]
     pub max_idle: Duration,
-    /// Longest idle sleep while every shard's wake-ups are heard (default 30 s, never less
+    /// Longest idle sleep while every shard's wake-ups are heard (default `30s`, never less
     /// than `max_idle`): the look at an idle shard in case a wake-up was lost, one script
     /// call per shard per `idle_poll` per process.
+    #[serde(with = "crate::engine::duration::human")]
     pub idle_poll: Duration,
-    /// How often the Redis clock is re-read to bound drift (default 30 s).
+    /// How long one dispatch call should hold Redis at most (default `4ms`; `0s`: off,
+    /// every call takes up to `batch`): every other client waits behind a script. Calls are
+    /// sized to fit at the time per order measured over full passes, from
+    /// [`MIN_CALL_BATCH`] (64) up to `batch`.
+    #[serde(with = "crate::engine::duration::human")]
+    pub max_call: Duration,
+    /// How often the Redis clock is re-read to bound drift (default 30 s; not a
+    /// configuration key).
+    #[serde(skip)]
     pub clock_sync_every: Duration,
     /// After a pass that moved a few orders (a steady trickle, not a backlog), the next pass
-    /// waits at least this long (default zero: off). With 2 ms, one call moves a couple of
+    /// waits at least this long (default `0s`: off). With 2 ms, one call moves a couple of
     /// milliseconds' worth instead of one millisecond's: about a third of the calls (and of
     /// the readers' wake-ups and reads behind them) for up to this much more lateness. A pass
     /// that found nothing does not wait: the first order after a quiet spell goes out at once.
     /// Off by default: [`lateness_budget`](DispatcherOptions::lateness_budget) spaces passes
     /// by itself, from the arrival rate; a linger set here replaces that with a fixed wait.
+    #[serde(with = "crate::engine::duration::human")]
     pub linger: Duration,
     /// How late the dispatcher may let a due order be, to move more orders per call
-    /// (default 5 ms; zero: each order as soon as it is due, the behaviour before budgets).
-    /// While orders come due faster than one per [`BUDGET_SPACING`] of the budget, a pass
-    /// that moved some (not a full batch) is followed by the next no sooner than that share
-    /// of the budget after it started, so each call moves that much time's worth; under a
-    /// trickle (less than one order expected in that time) or a backlog (full batches) it
-    /// does not wait. The rest of the budget is the reader's and the handler's start.
+    /// (default `5ms`; `0s`: each order as soon as it is due, the behaviour before budgets).
+    /// While orders come due faster than one per [`BUDGET_SPACING`] (a third) of the
+    /// budget, a pass that moved some (not a full batch) is followed by the next no sooner
+    /// than that share of the budget after it started, so each call moves that much time's
+    /// worth; under a trickle (less than one order expected in that time) or a backlog (full
+    /// batches) it does not wait. The rest of the budget is the reader's and the handler's start.
+    #[serde(with = "crate::engine::duration::human")]
     pub lateness_budget: Duration,
 }
 

@@ -88,6 +88,43 @@ pub fn format_duration(d: Duration) -> String {
     out
 }
 
+/// Serde for a [`Duration`] in the human form above (`#[serde(with =
+/// "crate::engine::duration::human")]`): read with [`parse_duration`], written with
+/// [`format_duration`]. The one way an option type's duration is spelled in a
+/// configuration file; a bad one is refused with [`parse_duration`]'s reason, which the
+/// configuration names by its key. A value of another type is refused as "expected a
+/// string".
+pub mod human {
+    use super::{format_duration, parse_duration};
+    use crate::engine::error::InvalidInput;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error as _};
+    use std::time::Duration;
+
+    /// Writes `d` as `1h30m`, `500ms`, `0s`.
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    /// Reads `500ms`, `30s`, `1h30m`, `2d`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        from_text(d, |t| parse_duration("duration", t))
+    }
+
+    /// A value written as text and read by `parse` (a duration, a backoff policy, a rate
+    /// limit): an option error is refused with its reason alone (the configuration names
+    /// the key), another with its whole text.
+    pub(crate) fn from_text<'de, D: Deserializer<'de>, T>(
+        d: D,
+        parse: impl FnOnce(&str) -> Result<T, InvalidInput>,
+    ) -> Result<T, D::Error> {
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(|e| match e {
+            InvalidInput::Option { reason, .. } => D::Error::custom(reason),
+            other => D::Error::custom(other),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +152,25 @@ mod tests {
         ] {
             assert!(parse_duration("d", bad).is_err(), "{bad}");
         }
+    }
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Opts {
+        #[serde(with = "human")]
+        wait: Duration,
+    }
+
+    #[test]
+    fn serde_reads_and_writes_the_human_form() {
+        let o: Opts = serde_json::from_str(r#"{"wait": "1h30m"}"#).unwrap();
+        assert_eq!(o.wait, Duration::from_secs(5400));
+        assert_eq!(serde_json::to_string(&o).unwrap(), r#"{"wait":"1h30m"}"#);
+        let e = serde_json::from_str::<Opts>(r#"{"wait": "soon"}"#).unwrap_err();
+        assert!(
+            e.to_string().starts_with("\"soon\" is not a duration"),
+            "{e}"
+        );
+        let e = serde_json::from_str::<Opts>(r#"{"wait": 5}"#).unwrap_err();
+        assert!(e.to_string().contains("expected a string"), "{e}");
     }
 }

@@ -53,25 +53,51 @@ pub const FULL_TRIM_EVERY: Duration = Duration::from_secs(15 * 60);
 /// Most shard probes in flight at once in one sweep pass.
 const PROBE_CHUNK: usize = 1000;
 
-/// Options of the [`Housekeeper`]. Cron expressions have six fields, seconds first, UTC.
-#[derive(Debug, Clone)]
+/// Options of the [`Housekeeper`]; `[housekeeping]` in `serve`'s configuration (unset keys
+/// keep the defaults). Cron expressions have six fields, seconds first, UTC.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HousekeepingOptions {
-    /// When to trim streams (default every 10 s: `*/10 * * * * *`; a pass looks only at the
-    /// shards that need it, see the module documentation).
+    /// When to trim streams (default every 10 s: `*/10 * * * * *`; a pass calls only the
+    /// shards this process dispatched into until they are clean, and every shard once every
+    /// 15 minutes).
     pub trim_cron: String,
     /// When to delete idle consumers (default every 15 minutes: `0 */15 * * * *`).
     pub consumers_cron: String,
-    /// A consumer idle this long with nothing pending is deleted (default 1 h).
+    /// A consumer idle this long with nothing pending is deleted (default `1h`).
+    #[serde(with = "crate::engine::duration::human")]
     pub consumer_max_idle: Duration,
-    /// When to run the safety sweep (default every minute: `0 * * * * *`; see
-    /// [`DEFAULT_SWEEP_CRON`]).
+    /// When to run the safety sweep, a probe of each shard's earliest due time (default
+    /// every minute: `0 * * * * *`, [`DEFAULT_SWEEP_CRON`]).
     pub sweep_cron: String,
-    /// Dead letters older than this are deleted (default 14 days); trimmed with the streams.
-    pub dead_retention: Duration,
+    /// How long and how many dead letters are kept (`[dead]`, a table of its own in
+    /// `serve`'s configuration).
+    #[serde(skip)]
+    pub dead: DeadLetterOptions,
+}
+
+/// How long and how many dead letters are kept (part of [`HousekeepingOptions`]); `[dead]`
+/// in `serve`'s configuration.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct DeadLetterOptions {
+    /// Dead letters older than this are deleted (default `14d`); trimmed with the streams.
+    #[serde(with = "crate::engine::duration::human")]
+    pub retention: Duration,
     /// At most this many dead letters are kept per queue (default 100,000; the oldest go
     /// first; split evenly between the queue's shards).
-    pub dead_max_per_queue: u64,
+    pub max_per_queue: u64,
+}
+
+impl Default for DeadLetterOptions {
+    fn default() -> Self {
+        DeadLetterOptions {
+            retention: Duration::from_secs(14 * 24 * 3600),
+            max_per_queue: 100_000,
+        }
+    }
 }
 
 impl Default for HousekeepingOptions {
@@ -81,8 +107,7 @@ impl Default for HousekeepingOptions {
             consumers_cron: "0 */15 * * * *".into(),
             consumer_max_idle: Duration::from_secs(3600),
             sweep_cron: DEFAULT_SWEEP_CRON.into(),
-            dead_retention: Duration::from_secs(14 * 24 * 3600),
-            dead_max_per_queue: 100_000,
+            dead: DeadLetterOptions::default(),
         }
     }
 }
@@ -97,7 +122,7 @@ impl HousekeepingOptions {
         ] {
             validate_cron(name, cron)?;
         }
-        if self.dead_max_per_queue == 0 {
+        if self.dead.max_per_queue == 0 {
             return Err(InvalidInput::Option {
                 name: "dead_max_per_queue",
                 reason: "must be at least 1".into(),
@@ -126,13 +151,13 @@ impl HousekeepingOptions {
 
     /// Sets how long dead letters are kept.
     pub fn dead_retention(mut self, d: Duration) -> Self {
-        self.dead_retention = d;
+        self.dead.retention = d;
         self
     }
 
     /// Sets how many dead letters a queue keeps at most.
     pub fn dead_max_per_queue(mut self, n: u64) -> Self {
-        self.dead_max_per_queue = n;
+        self.dead.max_per_queue = n;
         self
     }
 
@@ -314,7 +339,7 @@ impl Housekeeper {
 
     /// [`trim_dead`](Housekeeper::trim_dead) over `queues` (read once per pass).
     async fn trim_dead_letters(&self, queues: &[Tended]) -> Result<ChoreReport> {
-        let retention = i64::try_from(self.opts.dead_retention.as_millis()).unwrap_or(i64::MAX);
+        let retention = i64::try_from(self.opts.dead.retention.as_millis()).unwrap_or(i64::MAX);
         let min_id = self.client.now_ms().saturating_sub(retention).max(0);
         let mut count = 0;
         for (q, keys) in queues {
@@ -322,11 +347,11 @@ impl Housekeeper {
                 continue;
             }
             // The cap split exactly between the shards (the first ones take the remainder),
-            // so a queue keeps at most `dead_max_per_queue` in all.
+            // so a queue keeps at most `dead.max_per_queue` in all.
             let shards = u64::try_from(keys.len()).unwrap_or(1).max(1);
             let (base, extra) = (
-                self.opts.dead_max_per_queue / shards,
-                self.opts.dead_max_per_queue % shards,
+                self.opts.dead.max_per_queue / shards,
+                self.opts.dead.max_per_queue % shards,
             );
             let mut trimmed = 0;
             for (i, k) in keys.iter().enumerate() {

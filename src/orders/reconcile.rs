@@ -24,16 +24,18 @@ use serde::Serialize;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Options of the [`Reconciler`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Options of the [`Reconciler`]; in `serve`'s configuration, keys of `[reconciliation]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ReconcileOptions {
-    /// When to run (six-field cron, seconds first; default every 30 s).
+    /// When to run (six fields, seconds first, UTC; default every 30 s: `*/30 * * * * *`).
     pub cron: String,
     /// How long past its expiry a pending order must be before it is rescheduled (default
-    /// 60 s), so orders whose events are on their way are not touched.
+    /// `60s`), so orders whose events are on their way are not touched.
+    #[serde(with = "crate::engine::duration::human")]
     pub grace: Duration,
-    /// Orders per database query and per schedule call (default 500).
+    /// Orders per database query and per schedule call, 1..=1000 (default 500).
     pub batch: usize,
 }
 

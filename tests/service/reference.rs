@@ -1,9 +1,9 @@
 //! The generated references in `docs/reference/` are what the code says: the command line
 //! reference is every verb's `--help` (clap), and the configuration reference is every key
-//! of `delayq serve`'s file as `src/service/config/raw.rs` declares it (its doc comments
-//! and types: the one place the file's keys are described today). Each test fails when the
-//! committed file differs; `DELAYQ_UPDATE_DOCS=1 cargo test --test service reference::`
-//! rewrites them.
+//! of `delayq serve`'s file as `src/service/config/raw.rs` and the library option types it
+//! embeds declare it (their doc comments and types: the one place each key is described).
+//! Each test fails when the committed file differs; `DELAYQ_UPDATE_DOCS=1 cargo test --test
+//! service reference::` rewrites them.
 #![allow(clippy::unwrap_used)]
 
 use crate::support::serve::BIN;
@@ -127,6 +127,7 @@ fn the_cli_reference_is_what_clap_prints() {
 
 /// One field of a config struct: name, Rust type, doc text, and its attributes' text
 /// (`#[serde(default)]` ...).
+#[derive(Clone)]
 struct Field {
     name: String,
     ty: String,
@@ -161,6 +162,22 @@ fn parse_structs(src: &str) -> Vec<(String, String, Vec<Field>)> {
             (current.as_mut(), t.strip_prefix("pub "))
         {
             let (name, ty) = rest.split_once(':').unwrap();
+            // `#[serde(skip)]`: an option the configuration does not have; `<written>`: the
+            // keys an entry wrote, not a key (src/service/config/embed.rs).
+            if attrs.contains("serde(skip)")
+                || attrs.contains("serde(skip,")
+                || attrs.contains("\"<written>\"")
+            {
+                attrs.clear();
+                doc.clear();
+                continue;
+            }
+            // `#[serde(rename = "key")]`: the key is the rename.
+            let name = attrs
+                .split("rename = \"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or(name);
             fields.push(Field {
                 name: name.trim().to_owned(),
                 ty: ty.trim().trim_end_matches(',').to_owned(),
@@ -205,6 +222,9 @@ fn toml_type(ty: &str) -> String {
         "String" => "string".into(),
         "bool" => "boolean".into(),
         "usize" | "u64" | "u32" | "u16" => "integer".into(),
+        "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => "string".into(),
+        "Vec<std::net::IpAddr>" => "array of strings".into(),
+        "PriorityMode" => "array of integers".into(),
         "Vec<String>" => "array of strings".into(),
         "Vec<u32>" => "array of integers".into(),
         "serde_json::Value" => "any value".into(),
@@ -220,30 +240,164 @@ fn doc_text(doc: &str) -> String {
     doc_plain(doc).replace('|', "\\|")
 }
 
-/// A doc comment as plain text (rustdoc links reduced to their text).
+/// A doc comment as plain text (rustdoc links reduced to their text: `[`x`](path)` and
+/// `[`x`]` to `` `x` ``).
 fn doc_plain(doc: &str) -> String {
     let mut s = doc.to_owned();
-    while let Some(start) = s.find("](crate::") {
-        let end = s[start..].find(')').map_or(s.len(), |e| start + e + 1);
-        s.replace_range(start + 1..end, "");
+    let mut from = 0;
+    while let Some(at) = s[from..].find("](").map(|i| from + i) {
+        match s[at..].find(')').map(|e| at + e + 1) {
+            Some(end) if !s[at..end].contains(char::is_whitespace) => {
+                s.replace_range(at + 1..end, "");
+            }
+            _ => {}
+        }
+        from = at + 1;
     }
     s.replace("[`", "`").replace("`]", "`")
 }
 
+/// Field types that are values, not tables (see [`toml_type`] and [`schema_of_type`]).
+const VALUE_TYPES: &[&str] = &[
+    "String",
+    "bool",
+    "usize",
+    "u64",
+    "u32",
+    "u16",
+    "Duration",
+    "serde_json::Value",
+    "DispatchConfig",
+    "Secrets",
+    "Backoff",
+    "RateLimit",
+    "PriorityMode",
+    "Durability",
+    "std::net::IpAddr",
+    "MetricsToken",
+];
+
+/// The struct a field type names (`Option<T>`, `Vec<T>`: `T`), unless it is a value.
+fn table_type(ty: &str) -> Option<&str> {
+    let ty = ty
+        .strip_prefix("Option<")
+        .and_then(|t| t.strip_suffix('>'))
+        .unwrap_or(ty);
+    let ty = ty
+        .strip_prefix("Vec<")
+        .and_then(|t| t.strip_suffix('>'))
+        .unwrap_or(ty);
+    (!VALUE_TYPES.contains(&ty)).then_some(ty)
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The configuration's structs with their attributes: every `pub struct` of `raw.rs`, and
+/// each library option type one of their fields embeds (`DispatcherOptions`, ...), found by
+/// name under `src/`: those deserialize themselves, and their doc comments are the keys'
+/// descriptions.
+#[allow(clippy::type_complexity)]
+fn config_structs() -> (
+    Vec<(String, String, Vec<Field>)>,
+    std::collections::HashMap<String, String>,
+) {
+    let raw = std::fs::read_to_string(repo().join("src/service/config/raw.rs")).unwrap();
+    let mut structs = parse_structs(&raw);
+    let mut attrs = struct_attrs(&raw);
+    let mut files = Vec::new();
+    rust_files(&repo().join("src"), &mut files);
+    files.sort();
+    loop {
+        let missing = structs
+            .iter()
+            .flat_map(|(_, _, fields)| fields.iter().filter_map(|f| table_type(&f.ty)))
+            .find(|t| !structs.iter().any(|(n, _, _)| n == t))
+            .map(str::to_owned);
+        let Some(name) = missing else { break };
+        let (src, found) = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .filter(|src| src.contains(&format!("pub struct {name} {{")))
+            .find_map(|src| {
+                let found = parse_structs(&src)
+                    .into_iter()
+                    .find(|(n, _, _)| *n == name)?;
+                Some((src, found))
+            })
+            .unwrap_or_else(|| panic!("pub struct {name} not found under src/"));
+        attrs.insert(name.clone(), struct_attrs(&src).remove(&name).unwrap());
+        structs.push(found);
+    }
+    // A field renamed `<options>` is an option type whose keys sit in its table itself
+    // (src/service/config/embed.rs): its fields take its place, and it is no table.
+    let embedded = |f: &Field| f.attrs.contains("rename = \"<options>\"");
+    let inlined: Vec<String> = structs
+        .iter()
+        .flat_map(|(_, _, fields)| fields.iter().filter(|f| embedded(f)))
+        .map(|f| f.ty.clone())
+        .collect();
+    let snapshot = structs.clone();
+    for (_, _, fields) in &mut structs {
+        *fields = fields
+            .iter()
+            .flat_map(|f| match embedded(f) {
+                // Its keys may be left out where its type has `#[serde(default)]`.
+                true => {
+                    let default = attrs[&f.ty].contains("default");
+                    let (_, _, inner) = snapshot.iter().find(|(n, _, _)| *n == f.ty).unwrap();
+                    inner
+                        .iter()
+                        .map(|g| Field {
+                            attrs: if default {
+                                format!("{}#[serde(default)]", g.attrs)
+                            } else {
+                                g.attrs.clone()
+                            },
+                            ..g.clone()
+                        })
+                        .collect()
+                }
+                false => vec![f.clone()],
+            })
+            .collect();
+    }
+    structs.retain(|(n, _, _)| !inlined.contains(n) || structs_use(&snapshot, n));
+    (structs, attrs)
+}
+
+/// Whether a field of `structs`, other than an `<options>` one, has the type `name`.
+fn structs_use(structs: &[(String, String, Vec<Field>)], name: &str) -> bool {
+    structs.iter().any(|(_, _, fields)| {
+        fields
+            .iter()
+            .any(|f| !f.attrs.contains("<options>") && table_type(&f.ty) == Some(name))
+    })
+}
+
 fn config_reference() -> String {
-    let src = std::fs::read_to_string(repo().join("src/service/config/raw.rs")).unwrap();
-    let structs = parse_structs(&src);
+    let (structs, _) = config_structs();
     let find = |name: &str| structs.iter().find(|(n, _, _)| n == name);
     let (_, _, top) = find("Config").expect("struct Config in raw.rs");
     let mut out = String::from(
         "# Configuration reference (`delayq serve`)\n\n\
-         <!-- Generated from src/service/config/raw.rs by tests/service/reference.rs; do not \
-         edit. Regenerate: DELAYQ_UPDATE_DOCS=1 cargo test --test service reference:: -->\n\n\
+         <!-- Generated from src/service/config/raw.rs and the option types it embeds by \
+         tests/service/reference.rs; do not edit. Regenerate: DELAYQ_UPDATE_DOCS=1 cargo test --test service reference:: -->\n\n\
          Every key of `delayq serve --config FILE` (TOML), generated from the configuration's \
-         types and their doc comments in `src/service/config/raw.rs`, which are today the one \
-         place the file's keys are described. Defaults are as those comments state them; the \
-         ranges are checked where the values are defined (the library's option types) and a \
-         bad value exits 2 naming the key.\n\n\
+         types and their doc comments: `src/service/config/raw.rs` and the library's option \
+         types it embeds (`DispatcherOptions` for `[dispatcher]`, ...), the one place each key \
+         is described. Defaults are as those comments state them; the ranges are checked \
+         where the values are defined (the library's option types) and a bad value exits 2 \
+         naming the key.\n\n\
          **Environment:** every key can be overridden with `DELAYQ_<KEY>`, nested keys with \
          `__` (`DELAYQ_HTTP__LISTEN`); an array of tables (`[[handlers]]`, `[[schedules]]`) is \
          set whole (`DELAYQ_HANDLERS='[{...}]'`). Values are TOML \
@@ -347,13 +501,16 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
         .unwrap_or(ty);
     let strings = json!({"type": "array", "items": {"type": "string"}});
     match ty {
-        "String" => json!({"type": "string"}),
+        "String" | "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => {
+            json!({"type": "string"})
+        }
+        "Vec<std::net::IpAddr>" => strings,
         "bool" => json!({"type": "boolean"}),
         "usize" | "u64" => json!({"type": "integer", "minimum": 0}),
         "u32" => json!({"type": "integer", "minimum": 0, "maximum": u32::MAX}),
         "u16" => json!({"type": "integer", "minimum": 0, "maximum": u16::MAX}),
         "Vec<String>" => strings,
-        "Vec<u32>" => {
+        "Vec<u32>" | "PriorityMode" => {
             json!({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": u32::MAX}})
         }
         "serde_json::Value" => json!({}),
@@ -392,9 +549,7 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
 /// requires it (not `redis_url`: the environment may set it).
 fn config_schema() -> String {
     use serde_json::{Map, Value, json};
-    let src = std::fs::read_to_string(repo().join("src/service/config/raw.rs")).unwrap();
-    let structs = parse_structs(&src);
-    let attrs = struct_attrs(&src);
+    let (structs, attrs) = config_structs();
     let names: Vec<String> = structs.iter().map(|(n, _, _)| n.clone()).collect();
     let object = |name: &str, doc: &str, fields: &[Field]| -> Value {
         let sattrs = attrs.get(name).map_or("", String::as_str);
@@ -445,8 +600,8 @@ fn config_schema() -> String {
     root.insert(
         "$comment".into(),
         json!(
-            "Generated from src/service/config/raw.rs by tests/service/reference.rs; do not edit. \
-             Regenerate: DELAYQ_UPDATE_DOCS=1 cargo test --test service reference::"
+            "Generated from src/service/config/raw.rs and the option types it embeds by \
+             tests/service/reference.rs; do not edit. Regenerate: DELAYQ_UPDATE_DOCS=1 cargo test --test service reference::"
         ),
     );
     root.insert("definitions".into(), Value::Object(definitions));

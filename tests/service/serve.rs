@@ -306,6 +306,64 @@ async fn config_errors_exit_2_naming_the_key() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot read"));
 }
 
+/// The library's option types in the file (`[dispatcher]`, `[housekeeping]`, `[dead]`,
+/// and beside other keys the top level's client keys, `[http]`'s limits, `[reconciliation]`,
+/// a handler's worker keys) take `DELAYQ_<KEY>` overrides like every other key, checked by
+/// the library and named by their key.
+#[tokio::test]
+async fn option_tables_take_environment_overrides_checked_under_their_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("c.toml");
+    std::fs::write(
+        &p,
+        "redis_url = \"redis://127.0.0.1:1\"\n[dispatcher]\nbatch = 10\n",
+    )
+    .unwrap();
+    for (var, value, key) in [
+        ("DELAYQ_DISPATCHER__MAX_CALL", "2s", "dispatcher.max_call"),
+        ("DELAYQ_DISPATCHER__BATCH", "0", "dispatcher.batch"),
+        (
+            "DELAYQ_HOUSEKEEPING__SWEEP_CRON",
+            "* *",
+            "housekeeping.sweep_cron",
+        ),
+        ("DELAYQ_DEAD__RETENTION", "soon", "dead.retention"),
+        ("DELAYQ_SHARDS", "0", "shards"),
+        ("DELAYQ_DURABILITY", "always", "durability"),
+        ("DELAYQ_HTTP__MAX_BODY_BYTES", "0", "http.max_body_bytes"),
+        (
+            "DELAYQ_HTTP__TRUSTED_PROXIES",
+            "[\"x\"]",
+            "http.trusted_proxies[0]",
+        ),
+        (
+            "DELAYQ_RECONCILIATION__GRACE",
+            "soon",
+            "reconciliation.grace",
+        ),
+        (
+            "DELAYQ_HANDLERS",
+            "[{queue=\"q\",group=\"g\",kind=\"log\",timeout=\"x\"}]",
+            "handlers[0].timeout",
+        ),
+        (
+            "DELAYQ_HANDLERS",
+            "[{queue=\"q\",group=\"g\",kind=\"pull\",concurrency=16}]",
+            "handlers[0].concurrency",
+        ),
+    ] {
+        let o = Command::new(BIN)
+            .args(["serve", "--config", p.to_str().unwrap()])
+            .env_remove("DELAYQ_REDIS_URL")
+            .env(var, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{var}: {stderr}");
+        assert!(stderr.contains(key), "{var}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn serve_closes_orders_in_the_database_and_reconciles_lost_events() {
     let redis = delayq::LocalRedis::start().unwrap();

@@ -20,33 +20,53 @@ pub(super) const ENQUEUE_CHUNK_ORDERS: usize = 500;
 /// Most payload bytes per enqueue script call.
 pub(super) const ENQUEUE_CHUNK_BYTES: usize = 1 << 20;
 
-/// Options of a [`Client`].
-#[derive(Debug, Clone)]
+/// Options of a [`Client`]; in `serve`'s configuration, top-level keys.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ClientOptions {
-    /// Prefix of every key (default `dq`).
+    /// Key namespace: the prefix of every key (default `dq`).
     pub namespace: String,
     /// Shards per queue (default 1). Every process using a queue must agree on it.
     pub shards: u16,
     /// Largest accepted payload, bytes of JSON text (default 64 KiB).
     pub max_payload_bytes: usize,
     /// How long a command may wait for its reply (default 10 s).
+    #[serde(skip)]
     pub response_timeout: Duration,
     /// How long connecting may take (default 5 s).
+    #[serde(skip)]
     pub connect_timeout: Duration,
-    /// When a schedule counts as done (default [`Durability::Leader`]).
+    /// When a schedule counts as done: `leader` (the default, [`Durability::Leader`]:
+    /// acknowledge once the master has it) or `replicated` ([`Durability::replicated`]:
+    /// once every replica the master has had lately confirms it, within one second; else
+    /// the API answers 503 `not_replicated`).
+    #[serde(deserialize_with = "durability_word")]
     pub durability: Durability,
-    /// Most queues the namespace may have: creating one more is refused
-    /// ([`Error::TooManyQueues`](crate::Error::TooManyQueues)); default 1,000.
+    /// Most queues the namespace may have (default 1,000): creating one more is refused
+    /// ([`Error::TooManyQueues`](crate::Error::TooManyQueues)).
     pub max_queues: usize,
-    /// Most consumer groups a queue may have: a worker of one more group is refused
-    /// ([`Error::TooManyGroups`](crate::Error::TooManyGroups)); default 100.
+    /// Most consumer groups a queue may have (default 100): a worker of one more group is
+    /// refused ([`Error::TooManyGroups`](crate::Error::TooManyGroups)).
     pub max_groups: usize,
     /// TLS files for a `rediss` URL: a CA to trust instead of the system's roots, and a
     /// client certificate with its key (mutual TLS). Default none. The same files can be
     /// given in the URL itself (`?tls_ca=...&tls_cert=...&tls_key=...`, see
     /// [`conn`](crate::engine::conn)); a file given both ways must be the same path.
+    #[serde(skip)]
     pub tls: Option<TlsFiles>,
+}
+
+/// `durability = "leader"` or `"replicated"`.
+fn durability_word<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Durability, D::Error> {
+    crate::engine::duration::human::from_text(d, |word| match word {
+        "leader" => Ok(Durability::Leader),
+        "replicated" => Ok(Durability::replicated()),
+        other => Err(InvalidInput::Option {
+            name: "durability",
+            reason: format!("{other:?} is not leader or replicated"),
+        }),
+    })
 }
 
 impl Default for ClientOptions {

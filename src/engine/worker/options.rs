@@ -6,32 +6,43 @@ use crate::engine::flow::RateLimit;
 use crate::engine::priority::{Priority, PriorityMode};
 use std::time::Duration;
 
-/// Options of a [`Worker`].
-#[derive(Debug, Clone)]
+/// Options of a [`Worker`]; in `serve`'s configuration, keys of each `[[handlers]]` entry
+/// (the handler's timeout is `timeout`, the priority weights `priority_weights`).
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct WorkerOptions {
-    /// Most handler calls running at once (default 16).
+    /// Handler calls at once, 1..=10000 (default 16).
     pub concurrency: usize,
-    /// A handler running longer than this has failed (default 30 s).
+    /// A handler running longer than this has failed (default `30s`).
+    #[serde(rename = "timeout", with = "crate::engine::duration::human")]
     pub handler_timeout: Duration,
     /// How long one blocking read waits (default 1 s). Shutdown waits for the read in flight.
+    #[serde(skip)]
     pub block: Duration,
     /// How long shutdown waits for in-flight handlers (default 10 s); those still running
     /// then are abandoned and their entries stay pending (reclaimed after their lease).
+    /// `serve` sets every worker's from its `shutdown_grace`.
+    #[serde(skip)]
     pub shutdown_grace: Duration,
     /// The consumer name (default `<host>-<pid>-<random>`).
+    #[serde(skip)]
     pub consumer: Option<String>,
-    /// Attempts before an order is dead-lettered (default 10).
+    /// Attempts before dead-lettering (default 10).
     pub max_attempts: u32,
-    /// Delay before each retry (default exponential 1 s .. 10 min with jitter).
+    /// Delay before each retry: `fixed:5s`, `linear:2m:1m`, `exponential:1s:10m` (the
+    /// default, with jitter).
+    #[serde(deserialize_with = "backoff_text")]
     pub backoff: Backoff,
     /// An entry whose consumer stopped extending its lease this long ago is taken over by
-    /// another consumer (default 30 s).
+    /// another consumer (default `30s`; at least `30ms`).
+    #[serde(with = "crate::engine::duration::human")]
     pub visibility_timeout: Duration,
     /// Longest wait between two looks at the group's due timers while it has any (default
     /// 1 s); the loop also wakes at the earliest timer and at this worker's own retries. A
     /// group with no timer at all is looked at less often, doubling up to a third of
     /// `visibility_timeout`.
+    #[serde(skip)]
     pub reclaim_every: Duration,
     /// Entries taken ahead of free handler slots (default: three times `concurrency`).
     /// Under a backlog, each read then takes up to `concurrency + prefetch` entries (at most
@@ -40,13 +51,33 @@ pub struct WorkerOptions {
     /// are leased, and their leases extended, like running ones; they wait for a slot in
     /// this process. 0 turns it off.
     pub prefetch: Option<usize>,
-    /// At most this many handler calls per period, shared by every process of the group
-    /// (default none). Entries beyond it stay in the stream, unread.
+    /// At most this many handler calls per period, shared by every process of the group:
+    /// `200/s`, `30/m`, `1000/h` (default none). Entries beyond it stay in the stream,
+    /// unread.
+    #[serde(deserialize_with = "rate_limit_text")]
     pub rate_limit: Option<RateLimit>,
-    /// How reads pick among the priority levels (default strict: every `high` entry before
-    /// any `normal` one, every `normal` before any `low`); weighted takes three weights,
-    /// most urgent first.
+    /// How reads pick among the `high`, `normal` and `low` orders (default strict: every
+    /// `high` entry before any `normal` one, every `normal` before any `low`); weighted
+    /// takes three weights, most urgent first (`priority_weights = [6, 3, 1]`).
+    #[serde(rename = "priority_weights", deserialize_with = "priority_weights")]
     pub priority: PriorityMode,
+}
+
+/// `backoff = "linear:2m:1m"`, read by [`Backoff::parse`].
+fn backoff_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Backoff, D::Error> {
+    crate::engine::duration::human::from_text(d, Backoff::parse)
+}
+
+/// `rate_limit = "200/s"`, read by [`RateLimit::parse`].
+fn rate_limit_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<RateLimit>, D::Error> {
+    crate::engine::duration::human::from_text(d, RateLimit::parse).map(Some)
+}
+
+/// `priority_weights = [6, 3, 1]`: one weight per level, most urgent first.
+fn priority_weights<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PriorityMode, D::Error> {
+    use serde::{Deserialize, de::Error};
+    let weights = Vec::<u32>::deserialize(d)?;
+    PriorityMode::weighted(weights, Priority::ALL.len()).map_err(D::Error::custom)
 }
 
 impl Default for WorkerOptions {

@@ -95,11 +95,14 @@ pub(super) fn figment_error(e: figment::Error) -> ConfigError {
         Kind::InvalidValue(a, expected) => {
             format!("invalid {}, expected {expected}", kind_of(a))
         }
-        Kind::UnknownField(f, known) => format!("unknown key {f:?} (known: {})", known.join(", ")),
+        Kind::UnknownField(f, known) => format!(
+            "unknown key {f:?} (known: {})",
+            super::embed::known(&e.path, known).join(", ")
+        ),
         Kind::Message(m) => crate::engine::redact::text(m.lines().next().unwrap_or_default()),
         other => crate::engine::redact::text(&other.to_string()),
     };
-    let key = e.path.join(".");
+    let key = super::embed::path(&e.path, matches!(e.kind, Kind::Message(_)));
     if key.is_empty() {
         ConfigError::whole(cause)
     } else {

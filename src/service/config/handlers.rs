@@ -1,10 +1,9 @@
 //! `[[handlers]]`: each entry becomes a [`HandlerSpec`] whose worker options the library
 //! checked.
 
-use super::{ConfigError, HandlerConfig, at_key, duration, lib_err};
-use crate::engine::backoff::Backoff;
+use super::{ConfigError, HandlerConfig, duration, lib_err};
 use crate::engine::keys::{QueueName, validate_member_name};
-use crate::engine::priority::{Priority, PriorityMode};
+use crate::engine::priority::PriorityMode;
 use crate::engine::worker::{WorkerOptions, check_queues};
 
 /// A handler's settings, checked.
@@ -180,11 +179,12 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
         "log" => HandlerKind::Log,
         "pull" => {
             // What a handler in serve would use has no meaning for consumers elsewhere.
+            let written = |key: &str| h.written.iter().any(|k| k == key);
             for (set, key) in [
-                (h.concurrency.is_some(), "concurrency"),
-                (h.timeout.is_some(), "timeout"),
-                (h.prefetch.is_some(), "prefetch"),
-                (h.priority_weights.is_some(), "priority_weights"),
+                (written("concurrency"), "concurrency"),
+                (written("timeout"), "timeout"),
+                (written("prefetch"), "prefetch"),
+                (written("priority_weights"), "priority_weights"),
                 (h.queue_weights.is_some(), "queue_weights"),
             ] {
                 if set {
@@ -240,39 +240,9 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
     Ok(kind)
 }
 
-/// The handler's [`WorkerOptions`]: the library's defaults, overridden by what is set, then
+/// The handler's [`WorkerOptions`] (deserialized from the entry's keys, see `embed`),
 /// checked by the library.
 fn worker_options(prefix: &str, h: &HandlerConfig) -> Result<WorkerOptions, ConfigError> {
-    let k = |f: &str| format!("{prefix}.{f}");
-    let mut o = WorkerOptions::default();
-    if let Some(n) = h.concurrency {
-        o = o.concurrency(n);
-    }
-    if let Some(d) = duration(&k("timeout"), h.timeout.as_deref())? {
-        o = o.handler_timeout(d);
-    }
-    if let Some(n) = h.max_attempts {
-        o = o.max_attempts(n);
-    }
-    if let Some(b) = &h.backoff {
-        o = o.backoff(Backoff::parse(b).map_err(at_key(&k("backoff")))?);
-    }
-    if let Some(d) = duration(&k("visibility_timeout"), h.visibility_timeout.as_deref())? {
-        o = o.visibility_timeout(d);
-    }
-    if let Some(p) = h.prefetch {
-        o = o.prefetch(p);
-    }
-    if let Some(r) = &h.rate_limit {
-        let r = crate::engine::flow::RateLimit::parse(r).map_err(at_key(&k("rate_limit")))?;
-        o = o.rate_limit(r);
-    }
-    if let Some(w) = &h.priority_weights {
-        o = o.priority(
-            PriorityMode::weighted(w.clone(), Priority::ALL.len())
-                .map_err(|e| ConfigError::at(k("priority_weights"), e))?,
-        );
-    }
-    o.validate().map_err(lib_err(prefix, RENAMES))?;
-    Ok(o)
+    h.worker.validate().map_err(lib_err(prefix, RENAMES))?;
+    Ok(h.worker.clone())
 }

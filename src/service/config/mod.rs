@@ -2,11 +2,16 @@
 //! environment variables (nested keys with `__`, e.g. `DELAYQ_HTTP__LISTEN`), unknown keys
 //! and bad values refused at start-up with the key named.
 //!
-//! Each raw section is converted into the library's option type (`ClientOptions`,
-//! `DispatcherOptions`, `HousekeepingOptions`, `WorkerOptions`, `ReconcileOptions`), and the
-//! option type validates itself: ranges and defaults are written once, in the library. A
-//! library error is mapped to the config key it came from.
+//! The library's option types are the file: `[dispatcher]`, `[housekeeping]` and `[dead]`
+//! are `DispatcherOptions`, `HousekeepingOptions` and `DeadLetterOptions`, deserialized as
+//! they are; `ClientOptions` (the top level), `HttpLimits` (`[http]`), `ReconcileOptions`
+//! (`[reconciliation]`) and `WorkerOptions` (each `[[handlers]]` entry) sit beside the
+//! service's own keys of their table (`embed`). The option type validates itself: keys,
+//! ranges and defaults are written once, in the library. A library error is mapped to the
+//! config key it came from. `[telemetry]`, `[[schedules]]` and the service's own keys are
+//! read in [`raw`] and checked in `sections` and `handlers`.
 
+mod embed;
 mod error;
 mod handlers;
 pub mod raw;
@@ -16,13 +21,8 @@ pub use error::ConfigError;
 use error::figment_error;
 pub(crate) use error::{at_key, duration, lib_err};
 pub use handlers::{HandlerKind, HandlerSpec};
-pub use raw::{
-    Config, DeadConfig, DispatcherConfig, HandlerConfig, HousekeepingConfig, HttpConfig,
-    ReconciliationConfig, Secrets, TelemetryConfig,
-};
-use sections::{
-    check_http, check_reconciliation, client_options, dispatcher_options, housekeeping_options,
-};
+pub use raw::{Config, HandlerConfig, HttpConfig, ReconciliationConfig, Secrets, TelemetryConfig};
+use sections::{check_http, check_reconciliation, client_options, housekeeping_options};
 
 use crate::engine::client::ClientOptions;
 use crate::engine::dispatcher::DispatcherOptions;
@@ -32,7 +32,7 @@ use crate::engine::redact;
 use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
 use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Format, Toml};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -198,12 +198,17 @@ pub fn load_str(text: &str, env: Env) -> Result<Settings, ConfigError> {
     check(read_raw(text, env)?)
 }
 
-/// The file as written (defaults, then the TOML text, then the environment), unchecked.
+/// The file as written (the TOML text, then the environment; unset keys take their
+/// types' defaults), unchecked. Option keys of a table that is partly an option type are
+/// moved where that type is ([`embed`]) before it is deserialized.
 fn read_raw(text: &str, env: Env) -> Result<Config, ConfigError> {
-    Figment::from(Serialized::defaults(Config::default()))
-        .merge(Toml::string(text))
+    let mut tree: figment::value::Dict = Figment::from(Toml::string(text))
         .merge(env)
         .extract()
+        .map_err(figment_error)?;
+    embed::nest(&mut tree)?;
+    figment::value::Value::from(tree)
+        .deserialize()
         .map_err(figment_error)
 }
 
@@ -232,8 +237,9 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
     let client = client_options(&config)?;
     let (listen, http) = check_http(&config.http)?;
     let consumer_tokens = sections::consumer_tokens(&config.http)?;
-    let dispatcher = dispatcher_options(&config.dispatcher)?;
-    let housekeeping = housekeeping_options(&config.housekeeping, &config.dead)?;
+    let dispatcher = config.dispatcher.clone();
+    dispatcher.validate().map_err(lib_err("dispatcher", &[]))?;
+    let housekeeping = housekeeping_options(&config)?;
     let mut queues: Vec<String> = Vec::new();
     for (i, q) in config.queues.iter().enumerate() {
         QueueName::new(q).map_err(|e| ConfigError::at(format!("queues[{i}]"), e))?;

@@ -1,12 +1,25 @@
-//! The configuration file as written: TOML sections, every field as the operator spells
-//! it. Unset fields mean "the library's default": no default is written here that a library
-//! option type already has.
+//! The configuration file as written: its composition, and the sections that are the
+//! service's own. A section that is one library option type is that type, which
+//! deserializes itself (`deny_unknown_fields`, its own defaults, durations through
+//! [`human`](crate::engine::duration::human)): `[dispatcher]` is
+//! [`DispatcherOptions`], `[housekeeping]` [`HousekeepingOptions`], `[dead]`
+//! [`DeadLetterOptions`]. A table that is partly one embeds it in a field renamed
+//! `<options>`, whose keys sit in the table itself (see `embed`): `[reconciliation]`'s
+//! [`ReconcileOptions`], each `[[handlers]]` entry's [`WorkerOptions`], `[http]`'s
+//! [`HttpLimits`] and the top level's [`ClientOptions`]. Elsewhere unset fields mean "the library's default": no default
+//! is written here that a library option type already has.
 
+use crate::engine::client::ClientOptions;
+use crate::engine::dispatcher::DispatcherOptions;
+use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
-use serde::{Deserialize, Serialize};
+use crate::engine::worker::WorkerOptions;
+use crate::orders::reconcile::ReconcileOptions;
+use crate::service::http::HttpLimits;
+use serde::Deserialize;
 
 /// The whole configuration file. Its `Debug` masks credentials, tokens and secrets.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// Redis URL: required (no silent default; `DELAYQ_REDIS_URL` sets it too). Once the
@@ -21,26 +34,16 @@ pub struct Config {
     pub redis_tls_cert: Option<String>,
     /// The client certificate's PEM private key (`DELAYQ_REDIS_TLS_KEY`).
     pub redis_tls_key: Option<String>,
-    /// Key namespace (default `dq`).
-    pub namespace: Option<String>,
-    /// Shards per queue (default 1).
-    pub shards: Option<u16>,
-    /// Largest accepted payload, bytes (default 64 KiB).
-    pub max_payload_bytes: Option<usize>,
-    /// `leader` (acknowledge once the master has it) or `replicated` (once every replica the
-    /// master has had lately confirms it, within one second; else the API answers 503
-    /// `not_replicated`).
-    pub durability: String,
+    /// `namespace`, `shards`, `max_payload_bytes`, `durability`, `max_queues`,
+    /// `max_groups`: the client's options, top-level keys.
+    #[serde(rename = "<options>")]
+    pub client: ClientOptions,
     /// Queues created at start-up (besides those of handlers and reconciliation). Which
     /// queues this process dispatches is `dispatch`'s business.
     pub queues: Vec<String>,
     /// Which registered queues this process dispatches: `"all"` (default: every queue of
     /// the registry, followed as it changes), `"none"`, or a list of names.
     pub dispatch: Option<DispatchConfig>,
-    /// Most queues the namespace may have (default 1,000).
-    pub max_queues: Option<usize>,
-    /// Most consumer groups a queue may have (default 100).
-    pub max_groups: Option<usize>,
     /// How long shutdown waits for running handlers (default 10 s); `serve` exits within
     /// this plus a moment, whatever the backlog.
     pub shutdown_grace: Option<String>,
@@ -67,11 +70,11 @@ pub struct Config {
     /// The HTTP API.
     pub http: HttpConfig,
     /// The dispatcher.
-    pub dispatcher: DispatcherConfig,
+    pub dispatcher: DispatcherOptions,
     /// Housekeeping chores.
-    pub housekeeping: HousekeepingConfig,
+    pub housekeeping: HousekeepingOptions,
     /// Dead-letter retention.
-    pub dead: DeadConfig,
+    pub dead: DeadLetterOptions,
     /// Business handlers: one consumer group each.
     pub handlers: Vec<HandlerConfig>,
     /// The reconciliation job (orders database → Redis).
@@ -89,7 +92,7 @@ pub struct Config {
 
 /// `[telemetry]`: OpenTelemetry traces. Nothing is exported unless `otlp_endpoint` (or the
 /// standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// The collector's OTLP/HTTP base URL (`http://collector:4318`; `/v1/traces` is
@@ -131,7 +134,7 @@ impl std::fmt::Debug for TelemetryConfig {
 }
 
 /// `[[schedules]]`: a recurring schedule (see `engine::schedules`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleConfig {
     /// The queue its ticks go to.
@@ -154,42 +157,8 @@ pub struct ScheduleConfig {
     pub missed: Option<String>,
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            redis_url: String::new(),
-            redis_tls_ca: None,
-            redis_tls_cert: None,
-            redis_tls_key: None,
-            namespace: None,
-            shards: None,
-            max_payload_bytes: None,
-            durability: "leader".into(),
-            queues: Vec::new(),
-            dispatch: None,
-            max_queues: None,
-            max_groups: None,
-            shutdown_grace: None,
-            startup_timeout: None,
-            history_retention: None,
-            expires_after: None,
-            dedup_window: None,
-            cancel_on: None,
-            http: HttpConfig::default(),
-            dispatcher: DispatcherConfig::default(),
-            housekeeping: HousekeepingConfig::default(),
-            dead: DeadConfig::default(),
-            handlers: Vec::new(),
-            reconciliation: ReconciliationConfig::default(),
-            schedules: Vec::new(),
-            log_format: None,
-            telemetry: TelemetryConfig::default(),
-        }
-    }
-}
-
 /// `dispatch`: a word (`"all"`, `"none"`) or a list of queue names.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum DispatchConfig {
     /// `"all"` or `"none"`.
@@ -237,9 +206,7 @@ impl std::fmt::Debug for Config {
             .field("redis_tls_ca", &self.redis_tls_ca)
             .field("redis_tls_cert", &self.redis_tls_cert)
             .field("redis_tls_key", &self.redis_tls_key)
-            .field("namespace", &self.namespace)
-            .field("shards", &self.shards)
-            .field("durability", &self.durability)
+            .field("client", &self.client)
             .field("queues", &self.queues)
             .field("dispatch", &self.dispatch)
             .field("http", &self.http)
@@ -251,35 +218,18 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// `[http]`. Unset limits are [`HttpLimits`](crate::service::http::HttpLimits)'s defaults.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+/// `[http]`. Unset limits are [`HttpLimits`]'s defaults.
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
     /// Address to listen on.
     pub listen: String,
     /// Bearer tokens accepted on `/v1/...`; empty = the API is open (a warning is logged).
     pub tokens: Vec<String>,
-    /// Largest request body, bytes (413 above; default 1 MiB).
-    pub max_body_bytes: Option<usize>,
-    /// A request head must arrive within this of its first byte (default `10s`).
-    pub header_timeout: Option<String>,
-    /// A request body must arrive within this (default `30s`).
-    pub body_timeout: Option<String>,
-    /// An idle keep-alive connection is closed after this (default `60s`).
-    pub idle_timeout: Option<String>,
-    /// A client that takes no byte of a response for this long is cut off (default `30s`).
-    pub write_timeout: Option<String>,
-    /// A request's handling is cut off after this (default `30s`).
-    pub request_timeout: Option<String>,
-    /// Connections served at once (default 10,000; kept under the open-files limit).
-    pub max_connections: Option<usize>,
-    /// Host names requests may name (421 otherwise); default localhost, 127.0.0.1, [::1]
-    /// and the listen address; `["*"]` behind a proxy that checks the host itself.
-    pub allowed_hosts: Option<Vec<String>>,
-    /// Reverse proxies whose `X-Forwarded-For` names the client (for the sign-in limits).
-    pub trusted_proxies: Vec<String>,
-    /// A bearer token `/metrics` requires (default: none, `/metrics` is open).
-    pub metrics_token: Option<String>,
+    /// `max_body_bytes`, the timeouts, `max_connections`, `allowed_hosts`,
+    /// `trusted_proxies`, `metrics_token`: the HTTP edge's limits, keys of this same table.
+    #[serde(rename = "<options>")]
+    pub limits: HttpLimits,
     /// Consumer-only tokens, each `{token = "...", groups = ["queue/group", ...]}`: it may
     /// only receive, ack, nack and extend on those groups (403 `forbidden_for_token` on
     /// anything else); needs `tokens`.
@@ -287,7 +237,7 @@ pub struct HttpConfig {
 }
 
 /// `[[http.consumer_tokens]]`: a bearer token for pull consumers of some groups.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsumerTokenConfig {
     /// The bearer token (at least 8 characters, no spaces; never logged).
@@ -310,16 +260,7 @@ impl Default for HttpConfig {
         HttpConfig {
             listen: "127.0.0.1:7070".into(),
             tokens: Vec::new(),
-            max_body_bytes: None,
-            header_timeout: None,
-            body_timeout: None,
-            idle_timeout: None,
-            write_timeout: None,
-            request_timeout: None,
-            max_connections: None,
-            allowed_hosts: None,
-            trusted_proxies: Vec::new(),
-            metrics_token: None,
+            limits: HttpLimits::default(),
             consumer_tokens: Vec::new(),
         }
     }
@@ -330,67 +271,14 @@ impl std::fmt::Debug for HttpConfig {
         f.debug_struct("HttpConfig")
             .field("listen", &self.listen)
             .field("tokens", &format_args!("{} hidden", self.tokens.len()))
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("allowed_hosts", &self.allowed_hosts)
-            .field(
-                "metrics_token",
-                &self.metrics_token.as_ref().map(|_| "hidden"),
-            )
+            .field("limits", &self.limits)
             .field("consumer_tokens", &self.consumer_tokens)
             .finish_non_exhaustive()
     }
 }
 
-/// `[dispatcher]`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DispatcherConfig {
-    /// Orders per dequeue call, 1..=1000 (default 1000).
-    pub batch: Option<usize>,
-    /// Longest idle sleep while wake-ups from other processes are not heard (default
-    /// 250 ms).
-    pub max_idle: Option<String>,
-    /// Longest idle sleep while every shard's wake-ups are heard: the fallback look at an
-    /// idle shard, one read of its earliest due time (default 30 s).
-    pub idle_poll: Option<String>,
-    /// How long one dispatch call should hold Redis at most: calls are sized to fit
-    /// (default `4ms`; `0s`: off, every call takes up to `batch`).
-    pub max_call: Option<String>,
-    /// A fixed least time between two passes that moved a few orders (default off:
-    /// `lateness_budget` spaces them from the arrival rate).
-    pub linger: Option<String>,
-    /// How late a due order may be dispatched to move more per call (default `5ms`; `0s`:
-    /// each order as soon as it is due).
-    pub lateness_budget: Option<String>,
-}
-
-/// `[housekeeping]` (six-field cron expressions, seconds first, UTC).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HousekeepingConfig {
-    /// Stream trimming (default every 10 s; a pass calls only the shards this process
-    /// dispatched into until they are clean, and every shard once every 15 minutes).
-    pub trim_cron: Option<String>,
-    /// Idle consumer cleanup (default every 15 minutes).
-    pub consumers_cron: Option<String>,
-    /// Idle time after which a consumer with nothing pending is deleted (default 1 h).
-    pub consumer_max_idle: Option<String>,
-    /// Safety sweep: a probe of each shard's earliest due time (default every minute).
-    pub sweep_cron: Option<String>,
-}
-
-/// `[dead]`: how long and how many dead letters are kept.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DeadConfig {
-    /// Dead letters older than this are deleted (default `14d`).
-    pub retention: Option<String>,
-    /// At most this many per queue (default 100,000).
-    pub max_per_queue: Option<u64>,
-}
-
 /// One `[[handlers]]` entry.
-#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HandlerConfig {
     /// The queue (or `queues`).
@@ -404,10 +292,6 @@ pub struct HandlerConfig {
     /// the reads while several have a backlog; without it, strict order.
     #[serde(default)]
     pub queue_weights: Option<Vec<u32>>,
-    /// Three weights for the `high`, `normal` and `low` orders of each queue (e.g.
-    /// `[6, 3, 1]`); without it, strict order.
-    #[serde(default)]
-    pub priority_weights: Option<Vec<u32>>,
     /// The consumer group.
     pub group: String,
     /// `webhook`, `log`, `order-close`, or `pull` (consumed over HTTP by
@@ -423,28 +307,14 @@ pub struct HandlerConfig {
     /// as is), or a list of them while a key is rotated (each signs).
     #[serde(default)]
     pub secret: Option<Secrets>,
-    /// Handler calls at once (default 16).
-    #[serde(default)]
-    pub concurrency: Option<usize>,
-    /// Handler timeout (default 30 s).
-    #[serde(default)]
-    pub timeout: Option<String>,
-    /// Attempts before dead-lettering (default 10).
-    #[serde(default)]
-    pub max_attempts: Option<u32>,
-    /// Backoff policy: `fixed:5s`, `linear:2m:1m`, `exponential:1s:10m` (the default).
-    #[serde(default)]
-    pub backoff: Option<String>,
-    /// Pending longer than this with no live lease = reclaimed (default 30 s).
-    #[serde(default)]
-    pub visibility_timeout: Option<String>,
-    /// Entries taken ahead of free handler slots (default three times `concurrency`).
-    #[serde(default)]
-    pub prefetch: Option<usize>,
-    /// At most this many calls per period for the whole group, every process together:
-    /// `200/s`, `30/m`, `1000/h` (default none).
-    #[serde(default)]
-    pub rate_limit: Option<String>,
+    /// `concurrency`, `timeout`, `max_attempts`, `backoff`, `visibility_timeout`,
+    /// `prefetch`, `rate_limit`, `priority_weights`: the worker's options, keys of this same
+    /// entry.
+    #[serde(rename = "<options>")]
+    pub worker: WorkerOptions,
+    /// Which of the worker's keys the entry wrote (a pull group refuses a handler's own).
+    #[serde(rename = "<written>", default)]
+    pub written: Vec<String>,
     /// The lease of a receive that names none (kind = pull only; default 30 s; 100ms..12h).
     #[serde(default)]
     pub lease: Option<String>,
@@ -468,7 +338,7 @@ impl std::fmt::Debug for HandlerConfig {
 }
 
 /// One webhook secret, or several (key rotation).
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum Secrets {
     /// One secret.
@@ -496,7 +366,7 @@ impl std::fmt::Debug for Secrets {
 
 /// `[reconciliation]`: sends the close event of every order still pending in the database
 /// well past its expiry (see [`crate::orders::reconcile`]).
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReconciliationConfig {
     /// On or off; unset = on when an `order-close` handler is configured.
@@ -508,12 +378,9 @@ pub struct ReconciliationConfig {
     /// The group that closes orders (the only one reconciliation events reach); unset = the
     /// `order-close` handler's group on that queue.
     pub group: Option<String>,
-    /// When to run (six fields, seconds first, UTC; default every 30 s).
-    pub cron: Option<String>,
-    /// How long past its expiry a pending order must be to be rescheduled (default 60 s).
-    pub grace: Option<String>,
-    /// Orders per query and per schedule call, 1..=1000 (default 500).
-    pub batch: Option<usize>,
+    /// `cron`, `grace`, `batch`: the reconciler's options, keys of this same table.
+    #[serde(rename = "<options>")]
+    pub options: ReconcileOptions,
 }
 
 impl std::fmt::Debug for ReconciliationConfig {

@@ -2,51 +2,23 @@
 //! which validates itself; a library error is blamed on the section's key.
 
 use super::{
-    Config, ConfigError, DeadConfig, DispatcherConfig, HandlerKind, HandlerSpec,
-    HousekeepingConfig, HttpConfig, LogFormat, ReconcileSpec, ReconciliationConfig,
-    TelemetryConfig, TelemetrySettings, duration, lib_err,
+    Config, ConfigError, HandlerKind, HandlerSpec, HttpConfig, LogFormat, ReconcileSpec,
+    ReconciliationConfig, TelemetryConfig, TelemetrySettings, duration, lib_err,
 };
-use crate::engine::client::{ClientOptions, Durability};
-use crate::engine::dispatcher::DispatcherOptions;
+use crate::engine::client::ClientOptions;
 use crate::engine::error::InvalidInput;
 use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
-use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
 use std::net::SocketAddr;
 
+/// The top-level client keys, checked by the library (a bad namespace is named as such).
 pub(super) fn client_options(c: &Config) -> Result<ClientOptions, ConfigError> {
-    let mut o = ClientOptions::default();
-    if let Some(ns) = &c.namespace {
-        o = o.namespace(ns.clone());
-    }
-    if let Some(n) = c.shards {
-        o = o.shards(n);
-    }
-    if let Some(n) = c.max_payload_bytes {
-        o = o.max_payload_bytes(n);
-    }
-    if let Some(n) = c.max_queues {
-        o = o.max_queues(n);
-    }
-    if let Some(n) = c.max_groups {
-        o = o.max_groups(n);
-    }
-    o = o.durability(match c.durability.as_str() {
-        "leader" => Durability::Leader,
-        "replicated" => Durability::replicated(),
-        other => {
-            return Err(ConfigError::at(
-                "durability",
-                format!("{other:?} is not leader or replicated"),
-            ));
-        }
-    });
-    o.validate().map_err(|e| match e {
+    c.client.validate().map_err(|e| match e {
         InvalidInput::Namespace { .. } => ConfigError::at("namespace", e),
         e => lib_err("", &[])(e),
     })?;
-    Ok(o)
+    Ok(c.client.clone())
 }
 
 /// `redis_tls_ca`, `redis_tls_cert`, `redis_tls_key`: checked (a `rediss` URL, the
@@ -107,59 +79,14 @@ pub(super) fn check_http(h: &HttpConfig) -> Result<(SocketAddr, HttpLimits), Con
             "each token must be at least 8 characters, without spaces",
         ));
     }
-    let mut l = HttpLimits::default();
-    if let Some(n) = h.max_body_bytes {
-        l = l.max_body_bytes(n);
-    }
-    if let Some(d) = duration("http.header_timeout", h.header_timeout.as_deref())? {
-        l = l.header_timeout(d);
-    }
-    if let Some(d) = duration("http.body_timeout", h.body_timeout.as_deref())? {
-        l = l.body_timeout(d);
-    }
-    if let Some(d) = duration("http.idle_timeout", h.idle_timeout.as_deref())? {
-        l = l.idle_timeout(d);
-    }
-    if let Some(d) = duration("http.write_timeout", h.write_timeout.as_deref())? {
-        l = l.write_timeout(d);
-    }
-    if let Some(d) = duration("http.request_timeout", h.request_timeout.as_deref())? {
-        l = l.request_timeout(d);
-    }
-    if let Some(n) = h.max_connections {
-        l = l.max_connections(n);
-    }
-    if let Some(hosts) = &h.allowed_hosts {
-        if hosts.is_empty() || hosts.iter().any(|h| h.trim().is_empty()) {
-            return Err(ConfigError::at(
-                "http.allowed_hosts",
-                "list at least one host name (or \"*\" for any)",
-            ));
-        }
-        l.allowed_hosts = hosts.clone();
-    }
-    l = l.allow_listen_host(listen);
-    for (i, p) in h.trusted_proxies.iter().enumerate() {
-        let ip = p.parse().map_err(|_| {
-            ConfigError::at(
-                format!("http.trusted_proxies[{i}]"),
-                format!("{p:?} is not an IP address"),
-            )
-        })?;
-        l.trusted_proxies.push(ip);
-    }
-    if let Some(t) = &h.metrics_token
-        && (t.trim().len() < 8 || t.chars().any(char::is_whitespace))
-    {
+    let mut l = h.limits.clone();
+    if l.allowed_hosts.is_empty() || l.allowed_hosts.iter().any(|h| h.trim().is_empty()) {
         return Err(ConfigError::at(
-            "http.metrics_token",
-            "must be at least 8 characters, without spaces",
+            "http.allowed_hosts",
+            "list at least one host name (or \"*\" for any)",
         ));
     }
-    l.metrics_token = h
-        .metrics_token
-        .clone()
-        .map(crate::service::http::limits::MetricsToken);
+    l = l.allow_listen_host(listen);
     l.validate().map_err(lib_err("http", &[]))?;
     Ok((listen, l))
 }
@@ -203,54 +130,11 @@ pub(super) fn consumer_tokens(
     Ok(out)
 }
 
-pub(super) fn dispatcher_options(d: &DispatcherConfig) -> Result<DispatcherOptions, ConfigError> {
-    let mut o = DispatcherOptions::default();
-    if let Some(b) = d.batch {
-        o = o.batch(b);
-    }
-    if let Some(m) = duration("dispatcher.max_idle", d.max_idle.as_deref())? {
-        o = o.max_idle(m);
-    }
-    if let Some(p) = duration("dispatcher.idle_poll", d.idle_poll.as_deref())? {
-        o = o.idle_poll(p);
-    }
-    if let Some(m) = duration("dispatcher.max_call", d.max_call.as_deref())? {
-        o = o.max_call(m);
-    }
-    if let Some(l) = duration("dispatcher.linger", d.linger.as_deref())? {
-        o = o.linger(l);
-    }
-    if let Some(b) = duration("dispatcher.lateness_budget", d.lateness_budget.as_deref())? {
-        o = o.lateness_budget(b);
-    }
-    o.validate().map_err(lib_err("dispatcher", &[]))?;
-    Ok(o)
-}
-
-pub(super) fn housekeeping_options(
-    h: &HousekeepingConfig,
-    dead: &DeadConfig,
-) -> Result<HousekeepingOptions, ConfigError> {
-    let mut o = HousekeepingOptions::default();
-    if let Some(c) = &h.trim_cron {
-        o = o.trim_cron(c.clone());
-    }
-    if let Some(c) = &h.consumers_cron {
-        o = o.consumers_cron(c.clone());
-    }
-    if let Some(c) = &h.sweep_cron {
-        o = o.sweep_cron(c.clone());
-    }
-    let key = "housekeeping.consumer_max_idle";
-    if let Some(d) = duration(key, h.consumer_max_idle.as_deref())? {
-        o = o.consumer_max_idle(d);
-    }
-    if let Some(d) = duration("dead.retention", dead.retention.as_deref())? {
-        o = o.dead_retention(d);
-    }
-    if let Some(n) = dead.max_per_queue {
-        o = o.dead_max_per_queue(n);
-    }
+/// `[housekeeping]` with `[dead]` inside, checked by the library (`dead_max_per_queue` is
+/// `dead.max_per_queue` in the file).
+pub(super) fn housekeeping_options(c: &Config) -> Result<HousekeepingOptions, ConfigError> {
+    let mut o = c.housekeeping.clone();
+    o.dead = c.dead.clone();
     o.validate().map_err(|e| match e {
         InvalidInput::Option {
             name: "dead_max_per_queue",
@@ -309,16 +193,7 @@ pub(super) fn check_reconciliation(
             ));
         }
     };
-    let mut options = ReconcileOptions::default();
-    if let Some(c) = &r.cron {
-        options = options.cron(c.clone());
-    }
-    if let Some(g) = duration("reconciliation.grace", r.grace.as_deref())? {
-        options = options.grace(g);
-    }
-    if let Some(b) = r.batch {
-        options = options.batch(b);
-    }
+    let options = r.options.clone();
     options.validate().map_err(lib_err("reconciliation", &[]))?;
     Ok(Some(ReconcileSpec {
         database_url,

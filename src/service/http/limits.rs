@@ -4,26 +4,32 @@
 use crate::engine::error::InvalidInput;
 use std::time::Duration;
 
-/// The HTTP edge's limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The HTTP edge's limits; in `serve`'s configuration, keys of `[http]`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct HttpLimits {
     /// Largest request body, bytes (413 above; default 1 MiB).
     pub max_body_bytes: usize,
     /// A request's head (request line and headers) must arrive within this once its first
-    /// byte did, or the connection is closed (default 10 s).
+    /// byte did, or the connection is closed (default `10s`).
+    #[serde(with = "crate::engine::duration::human")]
     pub header_timeout: Duration,
-    /// A request's whole body must arrive within this (408 `body_timeout`; default 30 s).
+    /// A request's whole body must arrive within this (408 `body_timeout`; default `30s`).
+    #[serde(with = "crate::engine::duration::human")]
     pub body_timeout: Duration,
     /// A keep-alive connection with no request in progress is closed after this (default
-    /// 60 s).
+    /// `60s`).
+    #[serde(with = "crate::engine::duration::human")]
     pub idle_timeout: Duration,
     /// A connection whose client takes no byte of its response for this long (the socket
-    /// stays full) is closed, in any phase (default 30 s): a client that asks and never
+    /// stays full) is closed, in any phase (default `30s`): a client that asks and never
     /// reads holds its response's memory at most this long.
+    #[serde(with = "crate::engine::duration::human")]
     pub write_timeout: Duration,
     /// A request's handling (after its body arrived) is cut off after this (503; default
-    /// 30 s).
+    /// `30s`).
+    #[serde(with = "crate::engine::duration::human")]
     pub request_timeout: Duration,
     /// Connections served at once (default 10,000): beyond it new connections wait in the
     /// listen backlog; the effective cap also stays under the process's open-files limit.
@@ -34,11 +40,44 @@ pub struct HttpLimits {
     /// the listen address; `"*"` allows any (behind a proxy that checks it). `/healthz` and
     /// `/readyz` answer whatever the host (orchestrators probe by address).
     pub allowed_hosts: Vec<String>,
-    /// Peers whose `X-Forwarded-For` is believed (reverse proxies): the client of a request
-    /// is then the last address in that header that is not one of them.
+    /// Peers whose `X-Forwarded-For` is believed (reverse proxies, by IP address): the
+    /// client of a request is then the last address in that header that is not one of them.
+    #[serde(deserialize_with = "ip_addresses")]
     pub trusted_proxies: Vec<std::net::IpAddr>,
-    /// A bearer token `/metrics` requires (`None`: open). Hidden from `Debug`.
+    /// A bearer token `/metrics` requires (default: none, `/metrics` is open; at least 8
+    /// characters, no spaces); never printed, `Debug` included.
+    #[serde(deserialize_with = "metrics_token")]
     pub metrics_token: Option<MetricsToken>,
+}
+
+/// `trusted_proxies = ["10.0.0.1", ...]`: each an IP address, refused at its index.
+fn ip_addresses<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<std::net::IpAddr>, D::Error> {
+    struct Ip(std::net::IpAddr);
+    impl<'de> serde::Deserialize<'de> for Ip {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            crate::engine::duration::human::from_text(d, |p| {
+                p.parse().map(Ip).map_err(|_| InvalidInput::Option {
+                    name: "trusted_proxies",
+                    reason: format!("{p:?} is not an IP address"),
+                })
+            })
+        }
+    }
+    let list: Vec<Ip> = serde::Deserialize::deserialize(d)?;
+    Ok(list.into_iter().map(|Ip(ip)| ip).collect())
+}
+
+/// `metrics_token = "..."`: at least 8 characters, no spaces.
+fn metrics_token<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<MetricsToken>, D::Error> {
+    crate::engine::duration::human::from_text(d, |t| {
+        if t.trim().len() < 8 || t.chars().any(char::is_whitespace) {
+            return Err(InvalidInput::Option {
+                name: "metrics_token",
+                reason: "must be at least 8 characters, without spaces".into(),
+            });
+        }
+        Ok(Some(MetricsToken(t.to_owned())))
+    })
 }
 
 /// The `/metrics` token: compared in constant time, never printed.

@@ -45,8 +45,10 @@ visibility_timeout = "30s"
 
 #[test]
 fn the_environment_keys_are_the_config_keys() {
-    let v = serde_json::to_value(Config::default()).unwrap();
-    let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    // The file's keys: `Config`'s, the client's options in place of the field that embeds
+    // them.
+    let top = ["namespace".to_owned()];
+    let mut fields = embed::known(&top, embed::fields_of::<Config>());
     let mut known = raw::TOP_LEVEL_KEYS.to_vec();
     fields.sort_unstable();
     known.sort_unstable();
@@ -117,174 +119,205 @@ fn errors_name_the_key() {
     }
 }
 
-/// Config and library agree: an empty file gives exactly the library's defaults, and a
-/// value the library refuses is refused by the config under its key.
+/// The top-level `namespace`, `shards`, `max_payload_bytes`, `durability`, `max_queues`
+/// and `max_groups` are the library's `ClientOptions`: unset keys keep its defaults, the
+/// values reach it as they are, and its limits are refused under the key.
 #[test]
-fn config_and_library_agree() {
-    let text = "[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\n";
-    let s = load_str(text, env()).unwrap();
-    let w = &s.handlers[0].worker;
-    let d = crate::engine::worker::WorkerOptions::default();
+fn the_client_keys_are_the_library_type() {
+    use crate::engine::client::{ClientOptions, Durability};
     assert_eq!(
-        (
-            w.concurrency,
-            w.handler_timeout,
-            w.max_attempts,
-            w.visibility_timeout,
-            w.prefetch
-        ),
-        (
-            d.concurrency,
-            d.handler_timeout,
-            d.max_attempts,
-            d.visibility_timeout,
-            d.prefetch
-        )
+        load_str("", env()).unwrap().client,
+        ClientOptions::default()
     );
-    assert_eq!(w.backoff, d.backoff);
-    let dd = crate::engine::dispatcher::DispatcherOptions::default();
-    assert_eq!(
-        (
-            s.dispatcher.batch,
-            s.dispatcher.max_idle,
-            s.dispatcher.idle_poll,
-            s.dispatcher.max_call,
-            s.dispatcher.linger,
-            s.dispatcher.lateness_budget
-        ),
-        (
-            dd.batch,
-            dd.max_idle,
-            dd.idle_poll,
-            dd.max_call,
-            dd.linger,
-            dd.lateness_budget
-        )
-    );
-    let c = crate::engine::client::ClientOptions::default();
-    assert_eq!(
-        (
-            s.client.shards,
-            s.client.max_payload_bytes,
-            s.client.namespace.as_str()
-        ),
-        (c.shards, c.max_payload_bytes, c.namespace.as_str())
-    );
-    // The library's limits, reported under the config's keys.
-    let cases = [
-        (
-            "visibility_timeout = \"29ms\"",
-            "handlers[0].visibility_timeout",
-        ),
-        ("visibility_timeout = \"30ms\"", ""),
-        ("concurrency = 0", "handlers[0].concurrency"),
-        ("concurrency = 10001", "handlers[0].concurrency"),
-        ("timeout = \"0s\"", "handlers[0].timeout"),
-        ("prefetch = 10001", "handlers[0].prefetch"),
-        ("max_attempts = 0", "handlers[0].max_attempts"),
-    ];
-    for (line, key) in cases {
-        let r = load_str(&format!("{text}{line}\n"), env());
-        match (key, r) {
-            ("", r) => assert!(r.is_ok(), "{line}: {:?}", r.err()),
-            (key, Err(e)) => assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}"),
-            (key, Ok(_)) => panic!("{line} accepted; expected an error at {key}"),
-        }
-    }
+    let s = load_str(
+        "namespace = \"shop\"\nshards = 4\nmax_payload_bytes = 1000\ndurability = \"replicated\"\n\
+         max_queues = 10\nmax_groups = 5\n",
+        env(),
+    )
+    .unwrap();
+    let want = ClientOptions::default()
+        .namespace("shop")
+        .shards(4)
+        .max_payload_bytes(1000)
+        .durability(Durability::replicated())
+        .max_queues(10)
+        .max_groups(5);
+    assert_eq!(s.client, want);
     for (text, key) in [
         ("shards = 0\n", "shards"),
         ("shards = 1025\n", "shards"),
+        ("shards = 70000\n", "shards"),
         ("max_payload_bytes = 0\n", "max_payload_bytes"),
-        ("[dispatcher]\nbatch = 1001\n", "dispatcher.batch"),
-        ("[dispatcher]\nmax_idle = \"0s\"\n", "dispatcher.max_idle"),
-        ("[dispatcher]\nidle_poll = \"0s\"\n", "dispatcher.idle_poll"),
-        ("[dispatcher]\nmax_call = \"2s\"\n", "dispatcher.max_call"),
-        ("[dispatcher]\nlinger = \"51ms\"\n", "dispatcher.linger"),
-        (
-            "[dispatcher]\nlateness_budget = \"2s\"\n",
-            "dispatcher.lateness_budget",
-        ),
-        (
-            "[housekeeping]\ntrim_cron = \"* * *\"\n",
-            "housekeeping.trim_cron",
-        ),
         ("namespace = \"a b\"\n", "namespace"),
+        ("durability = \"always\"\n", "durability"),
+        ("durability = 1\n", "durability"),
+        ("max_queues = 0\n", "max_queues"),
+        ("max_groups = 10001\n", "max_groups"),
+        ("response_timeout = \"1s\"\n", "response_timeout"),
+        ("\"<options>\" = {}\n", "<options>"),
     ] {
         let e = load_str(text, env()).unwrap_err();
         assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
     }
 }
 
-const CLOSE: &str = r#"
-[[handlers]]
-queue = "order-close"
-group = "close-order"
-kind = "order-close"
-database_url = "sqlite://orders.db"
-"#;
-
+/// `[http]`'s limits are the edge's `HttpLimits`, beside `listen`, `tokens` and
+/// `consumer_tokens`: the values reach it as they are (the listen address allowed besides
+/// the hosts given), and its limits are refused under the key.
 #[test]
-fn an_order_close_handler_turns_reconciliation_on() {
-    let s = load_str(CLOSE, env()).unwrap();
-    assert_eq!(
-        s.handlers[0].kind,
-        HandlerKind::OrderClose {
-            database_url: "sqlite://orders.db".into()
-        }
-    );
-    let r = s.reconciliation.unwrap();
-    assert_eq!(
-        (r.queue.as_str(), r.database_url.as_str()),
-        ("order-close", "sqlite://orders.db")
-    );
-    assert_eq!(
-        (r.options.cron.as_str(), r.options.grace),
-        ("*/30 * * * * *", Duration::from_secs(60))
-    );
-    let off = format!("{CLOSE}\n[reconciliation]\nenabled = false\n");
-    assert!(load_str(&off, env()).unwrap().reconciliation.is_none());
-    // Without an order-close handler it is off unless asked for.
-    assert!(load_str(GOOD, env()).unwrap().reconciliation.is_none());
+fn the_http_limits_are_the_library_type() {
+    use crate::service::http::HttpLimits;
+    let s = load_str("", env()).unwrap();
+    assert_eq!(s.http, HttpLimits::default().allow_listen_host(s.listen));
+    let s = load_str(
+        "[http]\nlisten = \"127.0.0.1:7071\"\nmax_body_bytes = 2048\nheader_timeout = \"2s\"\n\
+         max_connections = 5\nallowed_hosts = [\"shop.example\"]\n\
+         trusted_proxies = [\"10.0.0.1\"]\nmetrics_token = \"metrics-123\"\n",
+        env(),
+    )
+    .unwrap();
+    let mut want = HttpLimits::default()
+        .max_body_bytes(2048)
+        .header_timeout(Duration::from_secs(2))
+        .max_connections(5);
+    want.allowed_hosts = vec!["shop.example".into()];
+    want.trusted_proxies = vec!["10.0.0.1".parse().unwrap()];
+    want.metrics_token = Some(crate::service::http::limits::MetricsToken(
+        "metrics-123".into(),
+    ));
+    assert_eq!(s.http, want.allow_listen_host(s.listen));
+    for (text, key) in [
+        ("max_body_bytes = 0", "http.max_body_bytes"),
+        ("header_timeout = \"soon\"", "http.header_timeout"),
+        ("request_timeout = \"0s\"", "http.request_timeout"),
+        ("allowed_hosts = []", "http.allowed_hosts"),
+        (
+            "trusted_proxies = [\"10.0.0.1\", \"nope\"]",
+            "http.trusted_proxies[1]",
+        ),
+        ("trusted_proxies = [5]", "http.trusted_proxies.0"),
+        ("metrics_token = \"short\"", "http.metrics_token"),
+        ("\"<options>\" = 1", "http.<options>"),
+    ] {
+        let e = load_str(&format!("[http]\n{text}\n"), env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+    }
 }
 
+/// `[dispatcher]`, `[housekeeping]` and `[dead]` are the library's option types
+/// (`DispatcherOptions`, `HousekeepingOptions`, `DeadLetterOptions`), deserialized as they
+/// are: unset keys keep the library's defaults, durations are written as everywhere else,
+/// the library's ranges are refused under the config's key, and an option the file does
+/// not have (`clock_sync_every`, `dead` inside `[housekeeping]`) is an unknown key.
 #[test]
-fn order_close_errors_name_the_key() {
-    let cases = [
+fn option_tables_are_the_library_types() {
+    use crate::engine::dispatcher::DispatcherOptions;
+    use crate::engine::housekeeping::HousekeepingOptions;
+    let s = load_str("", env()).unwrap();
+    assert_eq!(s.dispatcher, DispatcherOptions::default());
+    assert_eq!(s.housekeeping, HousekeepingOptions::default());
+    let s = load_str(
+        "[dispatcher]\nmax_call = \"2ms\"\nlinger = \"1ms\"\n\
+         [housekeeping]\nconsumer_max_idle = \"1h30m\"\nsweep_cron = \"*/5 * * * * *\"\n\
+         [dead]\nretention = \"2d\"\nmax_per_queue = 7\n",
+        env(),
+    )
+    .unwrap();
+    let want = DispatcherOptions::default()
+        .max_call(Duration::from_millis(2))
+        .linger(Duration::from_millis(1));
+    assert_eq!((&s.dispatcher, &s.config.dispatcher), (&want, &want));
+    let want = HousekeepingOptions::default()
+        .consumer_max_idle(Duration::from_secs(5400))
+        .sweep_cron("*/5 * * * * *")
+        .dead_retention(Duration::from_secs(2 * 86_400))
+        .dead_max_per_queue(7);
+    assert_eq!(s.housekeeping, want);
+    for (text, key, words) in [
         (
-            CLOSE.replace("database_url = \"sqlite://orders.db\"", ""),
-            "handlers[0].database_url",
+            "[dispatcher]\nbatch = 1001\n",
+            "dispatcher.batch",
+            "1..=1000",
         ),
         (
-            CLOSE.replace("sqlite://orders.db", "mysql://db/orders"),
-            "handlers[0].database_url",
+            "[dispatcher]\nbatch = \"many\"\n",
+            "dispatcher.batch",
+            "found a string",
         ),
         (
-            format!("{CLOSE}\n[reconciliation]\ngrace = \"soon\"\n"),
-            "reconciliation.grace",
+            "[dispatcher]\nmax_idle = \"0s\"\n",
+            "dispatcher.max_idle",
+            "more than zero",
         ),
         (
-            format!("{CLOSE}\n[reconciliation]\ncron = \"* * * * *\"\n"),
-            "reconciliation.cron",
+            "[dispatcher]\nmax_idle = \"soon\"\n",
+            "dispatcher.max_idle",
+            "is not a duration",
         ),
         (
-            format!("{CLOSE}\n[reconciliation]\ngrase = \"1m\"\n"),
-            "grase",
+            "[dispatcher]\nmax_idle = 5\n",
+            "dispatcher.max_idle",
+            "expected a string",
         ),
         (
-            "[reconciliation]\nenabled = true\n".to_owned(),
-            "reconciliation.database_url",
+            "[dispatcher]\nidle_poll = \"0s\"\n",
+            "dispatcher.idle_poll",
+            "more than zero",
         ),
         (
-            GOOD.replace(
-                "secret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"",
-                "database_url = \"sqlite://x.db\"",
-            ),
-            "handlers[0].database_url",
+            "[dispatcher]\nmax_call = \"2s\"\n",
+            "dispatcher.max_call",
+            "at most",
         ),
-    ];
-    for (text, key) in cases {
-        let e = load_str(&text, env()).unwrap_err();
-        assert!(e.to_string().contains(key), "{key}: {e}");
+        (
+            "[dispatcher]\nlinger = \"51ms\"\n",
+            "dispatcher.linger",
+            "at most 50ms",
+        ),
+        (
+            "[dispatcher]\nlateness_budget = \"2s\"\n",
+            "dispatcher.lateness_budget",
+            "at most",
+        ),
+        (
+            "[dispatcher]\nclock_sync_every = \"1s\"\n",
+            "dispatcher.clock_sync_every",
+            "unknown key",
+        ),
+        (
+            "[housekeeping]\ntrim_cron = \"* * *\"\n",
+            "housekeeping.trim_cron",
+            "",
+        ),
+        (
+            "[housekeeping]\nconsumer_max_idle = \"1hour\"\n",
+            "housekeeping.consumer_max_idle",
+            "unknown unit",
+        ),
+        (
+            "[housekeeping]\ndead = 1\n",
+            "housekeeping.dead",
+            "unknown key \"dead\"",
+        ),
+        (
+            "[dead]\nretention = \"-1s\"\n",
+            "dead.retention",
+            "negative",
+        ),
+        (
+            "[dead]\nmax_per_queue = 0\n",
+            "dead.max_per_queue",
+            "at least 1",
+        ),
+        (
+            "[dead]\nretension = \"1d\"\n",
+            "dead.retension",
+            "unknown key \"retension\"",
+        ),
+    ] {
+        let e = load_str(text, env()).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some(key), "{text}: {e}");
+        assert!(e.to_string().contains(words), "{text}: {e}");
     }
 }
 
@@ -337,50 +370,6 @@ database_url = "postgres://app:DBPASS@db/shop"
         "DBPASS",
     ] {
         assert!(!shown.contains(secret), "{secret} in {shown}");
-    }
-}
-
-#[test]
-fn schedules_are_checked_naming_their_field_and_their_queues_created() {
-    let ok = load_str(
-        r#"
-[[schedules]]
-queue = "reports"
-id = "nightly"
-cron = "0 0 2 * * *"
-timezone = "Europe/Berlin"
-start = "2030-01-01T00:00:00Z"
-payload = { kind = "nightly" }
-"#,
-        env(),
-    )
-    .unwrap();
-    assert_eq!(ok.schedules.len(), 1);
-    assert_eq!(ok.schedules[0].start_ms, Some(1_893_456_000_000));
-    assert_eq!(ok.schedules[0].payload.as_str(), r#"{"kind":"nightly"}"#);
-    assert!(ok.queues.contains(&"reports".to_owned()), "{:?}", ok.queues);
-    for (body, key) in [
-        (r#"cron = "61 * * * * *""#, "schedules[0].cron"),
-        (r#"every = "10ms""#, "schedules[0].every"),
-        (
-            r#"every = "1s"
-timezone = "Mars/Olympus""#,
-            "schedules[0].timezone",
-        ),
-        (
-            r#"every = "1s"
-missed = "often""#,
-            "schedules[0].missed",
-        ),
-        (
-            r#"every = "1s"
-start = "yesterday""#,
-            "schedules[0].start",
-        ),
-    ] {
-        let text = format!("[[schedules]]\nqueue = \"q\"\nid = \"x\"\n{body}\n");
-        let e = load_str(&text, env()).unwrap_err();
-        assert_eq!(e.key.as_deref(), Some(key), "{e}");
     }
 }
 
@@ -454,53 +443,6 @@ fn redis_tls_files_are_checked_naming_their_key_and_travel_in_the_url() {
     // No TLS key: the URL is left as written.
     let s = load_str("redis_url = \"rediss://h:1\"", env()).unwrap();
     assert_eq!(s.config.redis_url, "rediss://h:1");
-}
-
-#[test]
-fn handlers_over_several_queues_and_priority_weights() {
-    let many = GOOD.replace(
-        "queue = \"order-close\"",
-        "queues = [\"urgent\", \"bulk\"]\nqueue_weights = [3, 1]\npriority_weights = [6, 3, 1]",
-    );
-    let s = load_str(&many, env()).unwrap();
-    let h = &s.handlers[0];
-    assert_eq!(h.queues, vec!["urgent", "bulk"]);
-    assert_eq!(h.queue_mode, PriorityMode::Weighted(vec![3, 1]));
-    assert_eq!(h.worker.priority, PriorityMode::Weighted(vec![6, 3, 1]));
-    assert!(s.queues.contains(&"urgent".to_owned()) && s.queues.contains(&"bulk".to_owned()));
-    let bad = [
-        (
-            many.replace("queue_weights = [3, 1]", "queue_weights = [3]"),
-            "handlers[0].queue_weights",
-        ),
-        (
-            many.replace(
-                "priority_weights = [6, 3, 1]",
-                "priority_weights = [6, 0, 1]",
-            ),
-            "handlers[0].priority_weights",
-        ),
-        (
-            many.replace("[\"urgent\", \"bulk\"]", "[\"urgent\", \"urgent\"]"),
-            "handlers[0].queues",
-        ),
-        (
-            many.replace("queues = [", "queue = \"x\"\nqueues = ["),
-            "handlers[0].queues",
-        ),
-        (
-            GOOD.replace("queue = \"order-close\"\n", ""),
-            "handlers[0].queue",
-        ),
-        (
-            GOOD.replace("concurrency = 16", "concurrency = 16\nqueue_weights = [1]"),
-            "handlers[0].queue_weights",
-        ),
-    ];
-    for (text, key) in bad {
-        let e = load_str(&text, env()).unwrap_err();
-        assert_eq!(e.key.as_deref(), Some(key), "{e}");
-    }
 }
 
 #[test]
@@ -584,78 +526,4 @@ fn expires_after_is_checked_naming_its_key() {
     }
 }
 
-#[test]
-fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
-    let base =
-        "redis_url = \"redis://x\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"pull\"\n";
-    let s = load_str(
-        &format!("{base}max_attempts = 3\nbackoff = \"fixed:1s\"\nlease = \"2m\"\n"),
-        env(),
-    )
-    .unwrap();
-    let h = &s.handlers[0];
-    assert_eq!(
-        h.kind,
-        HandlerKind::Pull {
-            lease: std::time::Duration::from_secs(120)
-        }
-    );
-    assert_eq!(h.kind.name(), "pull");
-    assert_eq!(h.worker.max_attempts, 3);
-    let d = load_str(base, env()).unwrap();
-    assert_eq!(
-        d.handlers[0].kind,
-        HandlerKind::Pull {
-            lease: crate::engine::worker::DEFAULT_LEASE
-        }
-    );
-    for (line, key) in [
-        ("concurrency = 4", "handlers[0].concurrency"),
-        ("timeout = \"5s\"", "handlers[0].timeout"),
-        ("prefetch = 4", "handlers[0].prefetch"),
-        ("lease = \"10ms\"", "handlers[0].lease"),
-        ("lease = \"13h\"", "handlers[0].lease"),
-        ("url = \"http://127.0.0.1:9/\"", "handlers[0].url"),
-    ] {
-        let e = load_str(&format!("{base}{line}\n"), env()).unwrap_err();
-        assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}");
-    }
-    // A lease is for pull groups only.
-    let e = load_str(
-        "redis_url = \"redis://x\"\n[[handlers]]\nqueue = \"q\"\ngroup = \"g\"\nkind = \"log\"\nlease = \"1m\"\n",
-        env(),
-    )
-    .unwrap_err();
-    assert_eq!(e.key.as_deref(), Some("handlers[0].lease"));
-}
-
-#[test]
-fn cancel_on_rules_are_checked_naming_their_key_and_set_per_queue() {
-    let s = load_str(
-        "queues = [\"order-close\", \"reminder\", \"webhooks\"]\ncancel_on = [{ event = \"order.paid\", match = \"order_id\", queues = [\"order-close\", \"reminder\"] }, { event = \"order.refunded\", match = [\"order_id\"], remember = \"1h\" }]",
-        env(),
-    )
-    .unwrap();
-    let per: Vec<(String, usize)> = s
-        .cancel_on
-        .unwrap()
-        .into_iter()
-        .map(|(q, r)| (q, r.len()))
-        .collect();
-    let want = [("order-close", 2), ("reminder", 2), ("webhooks", 1)];
-    assert_eq!(per, want.map(|(q, n)| (q.to_owned(), n)));
-    assert!(
-        load_str("queues = [\"q\"]", env())
-            .unwrap()
-            .cancel_on
-            .is_none()
-    );
-    for bad in [
-        "cancel_on = [{ event = \"order.paid\" }]",
-        "cancel_on = [{ event = \"order.paid\", match = \"$.a\" }]",
-        "cancel_on = [{ event = \"order.paid\", match = \"a\", queues = [\"nope\"] }]",
-    ] {
-        let e = load_str(&format!("queues = [\"q\"]\n{bad}"), env()).unwrap_err();
-        assert_eq!(e.key.as_deref(), Some("cancel_on"), "{bad}: {e}");
-    }
-}
+mod handlers;
