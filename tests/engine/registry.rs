@@ -483,9 +483,12 @@ async fn an_interrupted_delete_is_finished_and_a_re_create_starts_empty() {
     assert!(deleting.is_empty(), "{deleting:?}");
 }
 
-/// Issue 39 item 4: deleting a queue of many orders never blocks Redis: no command of the
-/// delete reaches the slow log at 10 ms. (300,000 orders in one shard here: a `DEL` of them
-/// took about 200 ms; the 1M-order, 64-shard case is measured in the report of issue 39.)
+/// Issue 39 item 4: deleting a queue of many orders never blocks Redis: its big keys are
+/// freed by Redis' background thread (`UNLINK`), not on the main thread (`DEL`), which
+/// `INFO memory`'s `lazyfreed_objects` counts: at least the due set and the payloads of every
+/// shard. (300,000 orders in one shard here: a `DEL` of them took about 200 ms; the
+/// 1M-order, 64-shard case is measured in the report of issue 39. No timing is asserted:
+/// a slow-log threshold flaked on a loaded machine.)
 #[tokio::test]
 async fn deleting_a_large_queue_never_blocks_redis() {
     let orders: usize = std::env::var("DELAYQ_TEST_DELETE_ORDERS")
@@ -499,12 +502,7 @@ async fn deleting_a_large_queue_never_blocks_redis() {
     let (_s, client) = start().await;
     client.admin().create_queue("huge", shards).await.unwrap();
     load_orders(&client, "huge", shards, orders).await;
-    let _: () = raw(
-        &client,
-        &["CONFIG", "SET", "slowlog-log-slower-than", "10000"],
-    )
-    .await;
-    let _: () = raw(&client, &["SLOWLOG", "RESET"]).await;
+    let freed_before = lazyfreed(&client).await;
     let started = std::time::Instant::now();
     let held = client.admin().delete_queue("huge", true).await.unwrap();
     eprintln!(
@@ -513,10 +511,28 @@ async fn deleting_a_large_queue_never_blocks_redis() {
         started.elapsed()
     );
     assert_eq!(held.scheduled, orders as u64);
-    let slow: redis::Value = raw(&client, &["SLOWLOG", "GET", "10"]).await;
-    let n: i64 = raw(&client, &["SLOWLOG", "LEN"]).await;
-    assert_eq!(n, 0, "slow commands while deleting: {slow:?}");
     assert_eq!(keys_of(&client, "huge").await, Vec::<String>::new());
+    // UNLINK hands a big key to the background thread at once; it counts it when freed.
+    let want = freed_before + 2 * i64::from(shards);
+    let c = client.clone();
+    support::wait_for(
+        "the big keys freed in the background",
+        Duration::from_secs(60),
+        move || {
+            let c = c.clone();
+            async move { lazyfreed(&c).await >= want }
+        },
+    )
+    .await;
+}
+
+/// `INFO memory`'s `lazyfreed_objects`: objects Redis freed on its background thread.
+async fn lazyfreed(client: &delayq::Client) -> i64 {
+    let info: String = raw(client, &["INFO", "memory"]).await;
+    info.lines()
+        .find_map(|l| l.strip_prefix("lazyfreed_objects:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("INFO memory has lazyfreed_objects (Redis >= 6.2)")
 }
 
 /// Issue 39 item 7: creates on one client racing deletes on another never leave a queue
