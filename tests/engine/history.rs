@@ -526,9 +526,9 @@ async fn a_retention_change_hides_no_record_and_reconciliation_adds_nothing() {
 
 /// Issue 39 item 6: at the longest retention (90 days: 2,162 history buckets per shard),
 /// with history present, neither a reconciliation page (`redeliver` of 500 orders, most
-/// of them never dispatched, so no bucket holds them) nor a message lookup puts a command
-/// in the slow log at 10 ms: the scripts read a handful of located buckets, not every
-/// bucket of the retention.
+/// of them never dispatched, so no bucket holds them) nor a message lookup reads every
+/// bucket of the retention: the scripts read a handful of located buckets, a few commands
+/// per order (counted with `INFO commandstats`; no timing is asserted).
 #[tokio::test]
 async fn lookups_at_the_longest_retention_never_block_redis() {
     let (_s, client) = start().await;
@@ -576,12 +576,7 @@ async fn lookups_at_the_longest_retention_never_block_redis() {
     )
     .await;
 
-    let _: () = support::raw(
-        &client,
-        &["CONFIG", "SET", "slowlog-log-slower-than", "10000"],
-    )
-    .await;
-    let _: () = support::raw(&client, &["SLOWLOG", "RESET"]).await;
+    let before = all_command_calls(&client).await;
     let h = admin.history(Q, "d7").await.unwrap().unwrap();
     assert_eq!(h.groups.len(), groups.len(), "{h:?}");
     assert!(
@@ -614,9 +609,21 @@ async fn lookups_at_the_longest_retention_never_block_redis() {
         again.iter().all(|o| *o == Redelivered::InFlight),
         "{again:?}"
     );
-    let slow: redis::Value = support::raw(&client, &["SLOWLOG", "GET", "10"]).await;
-    let n: i64 = support::raw(&client, &["SLOWLOG", "LEN"]).await;
-    assert_eq!(n, 0, "slow commands: {slow:?}");
+    // Every command Redis ran for these lookups (inside the scripts too): 2 message lookups
+    // and 950 orders redelivered. Reading every bucket of the retention would cost 2,162
+    // bucket reads per order; a located lookup costs a few dozen (33 measured: mostly
+    // `EXISTS` of the buckets near its due time, an `HGET`, a `ZSCORE`).
+    let after = all_command_calls(&client).await;
+    let ran: u64 = after
+        .iter()
+        .map(|(c, n)| n - before.get(c).copied().unwrap_or(0))
+        .sum();
+    eprintln!("commands for 952 lookups: {ran}");
+    let looked_up = 2 + 500 + 450;
+    assert!(
+        ran < 100 * looked_up,
+        "{ran} commands for {looked_up} lookups"
+    );
 }
 
 /// Calls of every command Redis ran so far (inside scripts too), from `INFO commandstats`:
