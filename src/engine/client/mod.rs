@@ -4,6 +4,7 @@
 //! connection ([`Conn`]: one server or a cluster), the clock, and the wake-up signals of
 //! dispatchers running in this process.
 
+mod batch;
 pub(crate) mod catalog;
 mod deletion;
 mod durable;

@@ -1,15 +1,13 @@
-//! Scheduling: validating a batch, cutting it into script calls per shard, and durable
-//! writes.
+//! Scheduling: a batch's I/O (the registry, the `enqueue.lua` calls, durable writes)
+//! around its pure steps in [`super::batch`] (validate, plan, fold).
 
 use super::Client;
+use super::batch;
 use super::durable::Wait;
-use super::options::{Durability, ENQUEUE_CHUNK_BYTES, ENQUEUE_CHUNK_ORDERS};
+use super::options::Durability;
 use crate::engine::error::{Error, InvalidInput, Result};
-use crate::engine::keys::{QueueName, ShardKeys, shard_of};
-use crate::engine::message::{
-    BatchItem, ItemOutcome, Mode, NewOrder, ScheduleOutcome, Scheduled, When,
-};
-use crate::engine::outcome::WriteOutcome;
+use crate::engine::keys::{QueueName, ShardKeys};
+use crate::engine::message::{Mode, NewOrder, Scheduled, When};
 use crate::engine::scripts::{self, EnqueueArg, Enqueued, ScriptRefusal};
 use crate::engine::{redact, telemetry, trace};
 use futures_util::future::join_all;
@@ -66,30 +64,7 @@ impl Client {
     ) -> Result<Vec<Scheduled>> {
         let queue = QueueName::new(queue)?;
         let now = self.now_ms();
-        let dues = orders
-            .iter()
-            .enumerate()
-            .map(|(index, o)| {
-                o.validate(now, self.inner.opts.max_payload_bytes)
-                    .map_err(|e| InvalidInput::InBatch {
-                        index,
-                        source: Box::new(e),
-                    })
-            })
-            .collect::<Result<Vec<i64>, InvalidInput>>()?;
-        if mode == Mode::IfAbsent
-            && let Some(index) = orders.iter().position(|o| o.debounce.is_some())
-        {
-            let e = InvalidInput::Option {
-                name: "debounce",
-                reason: "cannot go with if_absent (a debounce moves a waiting order)".into(),
-            };
-            return Err(InvalidInput::InBatch {
-                index,
-                source: Box::new(e),
-            }
-            .into());
-        }
+        let dues = batch::validate(orders, mode, now, self.inner.opts.max_payload_bytes)?;
         let mut qref = self.queue_ref(&queue).await?;
         if orders.is_empty() {
             return Ok(Vec::new());
@@ -158,142 +133,33 @@ impl Client {
                 other => other,
             })
             .collect();
-        let mut results: Vec<Option<ItemOutcome>> = vec![None; orders.len()];
-        // Per order: the due time the script set, and a duplicate's last dispatch.
-        let mut set_by_script: Vec<(Option<i64>, Option<i64>)> = vec![(None, None); orders.len()];
-        // Per order cancelled by an event that arrived first: the event's name.
-        let mut by_event: Vec<Option<String>> = vec![None; orders.len()];
-        let (mut failed, mut succeeded): (Option<Error>, bool) = (None, false);
-        for ((_, idxs), r) in calls.iter().zip(outcomes) {
-            match r {
-                Ok(outs) => {
-                    succeeded = true;
-                    for (&i, o) in idxs.iter().zip(outs) {
-                        results[i] = Some(o.outcome.into());
-                        set_by_script[i] = (o.due_ms, o.dispatched_at_ms);
-                        by_event[i] = o.event;
-                    }
-                }
-                Err(e) => {
-                    let o = match e.write_outcome() {
-                        WriteOutcome::NotApplied => ItemOutcome::NotWritten,
-                        WriteOutcome::Unknown => ItemOutcome::Unknown,
-                    };
-                    for &i in idxs {
-                        results[i] = Some(o);
-                    }
-                    // Keep the error that says the least: "may have been written" over
-                    // "not written".
-                    if failed
-                        .as_ref()
-                        .is_none_or(|f| f.write_outcome() == WriteOutcome::NotApplied)
-                    {
-                        failed = Some(e);
-                    }
-                }
-            }
-        }
-        let written = |o: &Option<ItemOutcome>| {
-            o.is_some_and(|o| matches!(o, ItemOutcome::Created | ItemOutcome::Updated))
-        };
-        let earliest = results
-            .iter()
-            .zip(dues.iter().zip(&set_by_script))
-            .filter(|(o, _)| written(o))
-            .map(|(_, (&d, (set, _)))| set.unwrap_or(d))
-            .min();
-        if let Some(due) = earliest {
+        let groups: Vec<Vec<usize>> = calls.iter().map(|(_, idxs)| idxs.clone()).collect();
+        let folded = batch::fold(&groups, outcomes, orders.len());
+        if let Some(due) = folded.earliest_written(&dues) {
             self.inner.wake.scheduled(queue.as_str(), due);
         }
-        telemetry::scheduled(
-            queue.as_str(),
-            results.iter().filter(|o| written(o)).count() as u64,
-        );
-        let early = by_event.iter().filter(|e| e.is_some()).count() as u64;
+        telemetry::scheduled(queue.as_str(), folded.written());
+        let early = folded.cancelled_by_event();
         if early > 0 {
             telemetry::cancelled_by(queue.as_str(), "event", early);
         }
-        if let Some(e) = failed {
+        if let Some(e) = folded.failure() {
             producer.failed(&redact::error(&e.to_string()));
-            // No call went through: the error says for the whole batch whether anything may
-            // have been written. Some did: each order's fate is reported.
-            if !succeeded {
-                return Err(e);
-            }
-            return Err(Error::PartialBatch {
-                results: results
-                    .into_iter()
-                    .zip(orders)
-                    .map(|(o, order)| BatchItem {
-                        id: order.id.clone(),
-                        outcome: o.unwrap_or(ItemOutcome::Unknown),
-                    })
-                    .collect(),
-                source: Box::new(e),
-            });
         }
-        results
-            .into_iter()
-            .zip(orders.iter().zip(dues).zip(set_by_script).zip(by_event))
-            .map(
-                |(o, (((order, due), (set_due, dispatched_at_ms)), event))| {
-                    let outcome = match o {
-                        Some(ItemOutcome::Created) => ScheduleOutcome::Created,
-                        Some(ItemOutcome::Updated) => ScheduleOutcome::Updated,
-                        Some(ItemOutcome::Unchanged) => ScheduleOutcome::Unchanged,
-                        Some(ItemOutcome::Duplicate) => ScheduleOutcome::Duplicate,
-                        Some(ItemOutcome::CancelledByEvent) => ScheduleOutcome::CancelledByEvent,
-                        _ => {
-                            return Err(Error::Reply {
-                                context: "scheduling orders",
-                                detail: "an order got no outcome".into(),
-                            });
-                        }
-                    };
-                    Ok(Scheduled {
-                        id: order.id.clone(),
-                        due_at_ms: set_due.unwrap_or(due),
-                        outcome,
-                        dispatched_at_ms,
-                        event,
-                    })
-                },
-            )
-            .collect()
+        folded.answer(orders, &dues)
     }
 
-    /// Groups a batch by shard (keeping batch order within a shard) and cuts it into script
-    /// calls of at most [`ENQUEUE_CHUNK_ORDERS`] orders and [`ENQUEUE_CHUNK_BYTES`] bytes.
+    /// The batch's script calls ([`batch::plan`]), each with its shard's keys.
     fn plan_enqueue(
         &self,
         queue: &QueueName,
         shards: u16,
         orders: &[NewOrder],
     ) -> Vec<(ShardKeys, Vec<usize>)> {
-        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); usize::from(shards)];
-        for (i, o) in orders.iter().enumerate() {
-            by_shard[usize::from(shard_of(&o.id, shards))].push(i);
-        }
-        let mut calls = Vec::new();
-        for (shard, idxs) in by_shard.iter().enumerate() {
-            let keys = self.shard_keys(queue, u16::try_from(shard).unwrap_or(0));
-            let mut start = 0;
-            while start < idxs.len() {
-                let mut end = start;
-                let mut bytes = 0;
-                while end < idxs.len()
-                    && end - start < ENQUEUE_CHUNK_ORDERS
-                    && (end == start
-                        || bytes + orders[idxs[end]].payload.len() <= ENQUEUE_CHUNK_BYTES)
-                {
-                    bytes += orders[idxs[end]].payload.len();
-                    end += 1;
-                }
-                calls.push((keys.clone(), idxs[start..end].to_vec()));
-                start = end;
-            }
-        }
-        calls
+        batch::plan(orders, shards)
+            .into_iter()
+            .map(|(shard, idxs)| (self.shard_keys(queue, shard), idxs))
+            .collect()
     }
 
     /// Runs the planned enqueue calls; returns each call's outcomes (or its error), in call
