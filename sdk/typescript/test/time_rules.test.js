@@ -40,7 +40,9 @@ async function dispatch() {
     (k) => `${tag}:${k}`,
   );
   const [sec, usec] = await admin.time();
-  const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+  // A second ahead of the server's clock: an order scheduled "now" is due by the client's
+  // estimate of that clock, which may lead it by a few ms (it failed once under load).
+  const now = Number(sec) * 1000 + Math.floor(Number(usec) / 1000) + 1000;
   const r = await admin.eval(dequeue, keys.length, ...keys, String(now), "1000", "0", "0");
   return Number(r[0]);
 }
