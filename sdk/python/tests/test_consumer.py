@@ -351,3 +351,51 @@ def test_calls_reuse_one_kept_alive_connection_per_thread(serve, redis_server, n
     assert c.receive() == []
     assert len(opened) == 3
     c.close()
+
+
+def test_handlers_that_finish_while_an_ack_is_in_flight_share_the_next_ack(serve, redis_server, ns, monkeypatch):
+    """run() acks the deliveries of handlers that returned while an :ack call was in flight
+    with one next call, instead of one call each: the first ack is held until the three
+    other handlers' acks are queued, then those three go in one call."""
+    import delayq._acks as acks_mod
+    import delayq.consumer as consumer_mod
+
+    batches = []
+
+    class Spy(acks_mod.AckBatch):
+        def __init__(self, consumer):
+            super().__init__(consumer)
+            batches.append(self)
+
+    monkeypatch.setattr(consumer_mod, "AckBatch", Spy)
+    c = delayq.Consumer(serve.base_url, TOKEN, QUEUE, GROUP)
+    _joined(c)
+    sizes = []
+    first_may_go = threading.Event()
+    real_ack = c.ack
+
+    def ack(what):
+        sizes.append(len(what))
+        if len(sizes) == 1:
+            first_may_go.wait(60)
+        return real_ack(what)
+
+    c.ack = ack  # type: ignore[method-assign]
+    with delayq.Client(redis_server.url, namespace=ns) as producer:
+        for i in range(4):
+            producer.schedule(QUEUE, f"s{i}", delay_ms=0, payload={})
+    stop = threading.Event()
+    report = {}
+    t = threading.Thread(target=lambda: report.update(r=c.run(lambda d: None, concurrency=4, stop=stop, wait_ms=500)))
+    t.start()
+    try:
+        poll("three acks queued behind the first", lambda: len(batches) == 1 and len(batches[0]._queued) == 3)
+        first_may_go.set()
+        poll("every order acked", lambda: _pending(redis_server, ns) == 0 and sum(sizes) == 4)
+    finally:
+        first_may_go.set()
+        stop.set()
+        t.join(timeout=30)
+    assert not t.is_alive()
+    assert sizes == [1, 3], sizes
+    assert report["r"] == delayq.RunReport(4, 0, 0)

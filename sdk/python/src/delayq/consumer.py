@@ -28,6 +28,7 @@ from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from ._http import Transport
+from ._acks import AckBatch
 from ._leases import _Leases
 from .errors import ApiError, ApiUnreachable, InvalidInput, LeaseLost
 
@@ -310,7 +311,8 @@ class Consumer:
     ) -> RunReport:
         """Receives and handles deliveries until ``stop`` is set: ``handler(delivery)`` on
         up to ``concurrency`` threads, acked when it returns, nacked with the exception's
-        text when it raises (retried with the group's backoff).
+        text when it raises (retried with the group's backoff). Handlers that return while
+        an ack call is in flight are acked together by the next call (up to 100).
 
         - Each receive is a long poll of up to ``wait_ms``: the server answers as soon as
           an order can be received; no pause is made between receives.
@@ -333,6 +335,7 @@ class Consumer:
         slots = threading.Semaphore(concurrency)
         failure_pause = IDLE_MIN
         leases = _Leases(self)
+        acks = AckBatch(self)
 
         def one(d: Delivery) -> None:
             held = leases.hold(d)
@@ -348,7 +351,8 @@ class Consumer:
                         outcome = "lease_lost"
                     else:
                         try:
-                            outcome = self._settle(d, failure)
+                            # Successes share :ack calls with the handlers finishing meanwhile.
+                            outcome = self._settle(d, failure) if failure is not None else acks.ack(d)
                         except Exception as e:  # ack/nack could not be sent: the lease expires
                             log.warning("settling %s failed, its lease will run out: %s", d.id, e)
                             return
