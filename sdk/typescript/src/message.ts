@@ -683,19 +683,7 @@ export function orderRuleField([event, paths, remember]: OwnRule): string {
 
 /** The match tokens of an order's payload under its own rules: the event part carries the rule's window, `<event>@<remember ms>`. */
 export function ownTokens(own: OwnRule[], payload: string): string[] {
-  if (own.length === 0) return [];
-  let doc: unknown;
-  try {
-    doc = JSON.parse(payload);
-  } catch {
-    return [];
-  }
-  const out: string[] = [];
-  for (const [event, paths, remember] of own) {
-    const t = eventToken(`${event}@${remember}`, paths, doc, true);
-    if (t !== null) out.push(t);
-  }
-  return out;
+  return orderTokens(own.map(([event, match, remember]) => ({ event: `${event}@${remember}`, match })), payload);
 }
 
 /**

@@ -759,18 +759,7 @@ def order_rule_field(rule: Tuple[str, List[str], int]) -> str:
 def own_tokens(own: Sequence[Tuple[str, List[str], int]], payload: bytes) -> List[str]:
     """The match tokens of an order's payload under its own rules: the event part carries
     the rule's window, ``<event>@<remember ms>`` (``CancelRule::order_token``)."""
-    if not own:
-        return []
-    try:
-        doc = json.loads(payload)
-    except (ValueError, RecursionError):
-        return []
-    out = []
-    for event, paths, remember in own:
-        token = event_token("%s@%d" % (event, remember), paths, doc, strict=True)
-        if token is not None:
-            out.append(token)
-    return out
+    return order_tokens([{"event": "%s@%d" % (e, r), "match": p} for e, p, r in own], payload)
 
 
 def event_hits(name: str, data: Any, queues: Sequence[str], records: Sequence[Any], fields: Optional[Sequence[Any]] = None) -> List[Any]:
