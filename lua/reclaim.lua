@@ -25,7 +25,10 @@
 --          failed for a while). They are leased again but not claimed: XCLAIM would count a
 --          delivery that never happened, so their retry would arrive one attempt late and
 --          max_attempts would dead-letter them one attempt early.
--- Cost: O(log n) per due entry (ZRANGE BYSCORE LIMIT, XPENDING and XRANGE by id, XCLAIM).
+--   An entry parked for a slot of its order key (its errors field "p:<id>", park.lua) is
+--   claimed with its delivery count as it was (XCLAIM RETRYCOUNT): waiting is no attempt.
+-- Cost: O(log n) per due entry (ZRANGE BYSCORE LIMIT, XPENDING and XRANGE by id, HDEL,
+-- XCLAIM).
 -- Timers (and error records) of entries that are no longer pending (acknowledged) are
 -- dropped.
 -- Why one script: the claim, the delivery count and the new lease go together, so a claimed
@@ -56,6 +59,15 @@ if #due > 0 then
       missing[#missing + 1] = { id, p[1][2], p[1][4] }
       lease[#lease + 1] = ARGV[4]
       lease[#lease + 1] = id
+    elseif redis.call('HDEL', KEYS[3], 'p:' .. id) == 1 then
+      -- Parked for a key slot (park.lua): claimed without counting a delivery.
+      local claimed = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id,
+        'RETRYCOUNT', p[1][4])
+      if claimed[1] and claimed[1][2] then
+        out[#out + 1] = { id, claimed[1][2], p[1][4] }
+        lease[#lease + 1] = ARGV[4]
+        lease[#lease + 1] = id
+      end
     else
       claim[#claim + 1] = id
     end
@@ -77,6 +89,7 @@ if #due > 0 then
   if #gone > 0 then
     redis.call('ZREM', KEYS[2], unpack(gone))
     redis.call('HDEL', KEYS[3], unpack(gone))
+    for _, id in ipairs(gone) do redis.call('HDEL', KEYS[3], 'p:' .. id) end
   end
 end
 local head = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')

@@ -216,6 +216,19 @@ impl Keyspace {
         format!("{}:rate:{group}", self.shard(queue, 0).tag)
     }
 
+    /// The per-key slots of `group` on `queue` (`key_concurrency`, `key_sequence`: see
+    /// `lua/key_slots.lua`), under shard 0's hash tag like the group's other cross-shard
+    /// state: a key's orders live on every shard, its slots in one place.
+    pub fn key_slots(&self, queue: &QueueName, group: &str) -> KeySlotKeys {
+        let base = format!("{}:keyslots:{group}", self.shard(queue, 0).tag);
+        KeySlotKeys {
+            holders: format!("{base}:holders"),
+            counts: format!("{base}:counts"),
+            waiters: format!("{base}:waiters"),
+            active: format!("{base}:active"),
+        }
+    }
+
     /// `SCAN MATCH` patterns covering every key of the namespace: the queues' shard keys
     /// (`{<ns>:<queue>:<shard>}:...`) and the namespace's own (`{<ns>}:...`).
     pub fn namespace_patterns(&self) -> [String; 2] {
@@ -235,6 +248,27 @@ impl Keyspace {
     /// The keys of every shard of `queue`, shard 0 first.
     pub fn shards(&self, queue: &QueueName, count: u16) -> Vec<ShardKeys> {
         (0..count).map(|s| self.shard(queue, s)).collect()
+    }
+}
+
+/// A group's per-key slots (see [`Keyspace::key_slots`] and `lua/key_slots.lua`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySlotKeys {
+    /// ZSET: `"<key>\x1f<lane>:<entry id>"` scored by until when the hold lasts (unix ms).
+    pub holders: String,
+    /// HASH: key -> its holds.
+    pub counts: String,
+    /// ZSET, every score 0: `"<key>\x1f<due ms, 16 digits>\x1f<lane>:<entry id>"` of the
+    /// entries parked for a slot of their key.
+    pub waiters: String,
+    /// ZSET: key -> holds + waiters, for each key that has either.
+    pub active: String,
+}
+
+impl KeySlotKeys {
+    /// All four, in `key_slots.lua`'s KEYS order.
+    pub fn all(&self) -> [&str; 4] {
+        [&self.holders, &self.counts, &self.waiters, &self.active]
     }
 }
 

@@ -19,6 +19,7 @@ mod expiry;
 mod failure;
 mod history;
 mod housekeeping;
+mod key_limits;
 mod keys;
 mod order_rules;
 mod ownership;

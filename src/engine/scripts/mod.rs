@@ -1,7 +1,8 @@
 //! The Lua scripts in `lua/`, loaded at compile time, one typed wrapper each, grouped by who
 //! runs them: [`orders`] (producers and the dispatcher), [`consume`] (workers), [`registry`]
 //! (queues, groups and maintenance), [`schedules`] (recurring schedules and their ticks),
-//! [`admin`] (statistics, order history and redelivery, the rate limiter). No script is
+//! [`admin`] (statistics, order history and redelivery, the rate limiter), [`key_slots`]
+//! (workers' slots per order key). No script is
 //! made (`Script::new`) anywhere else.
 //!
 //! Scripts are invoked by SHA (`EVALSHA`) and loaded again when Redis answers `NOSCRIPT`
@@ -10,6 +11,7 @@
 
 pub mod admin;
 pub mod consume;
+pub mod key_slots;
 pub mod orders;
 pub mod registry;
 pub mod schedules;
@@ -182,6 +184,8 @@ pub fn flagged() -> Vec<(&'static str, &'static str)> {
         ("tick", schedules::TICK_LUA.as_str()),
         ("tag_bulk", tags::TAG_BULK_LUA.as_str()),
         ("order_rules", tags::ORDER_RULES_LUA.as_str()),
+        ("key_slots", key_slots::KEY_SLOTS_LUA.as_str()),
+        ("park", key_slots::PARK_LUA.as_str()),
     ]
 }
 

@@ -19,6 +19,7 @@
 //! | `delayq_paused` | gauge | queue, group (empty for the queue's dispatch): 1 when paused |
 //! | `delayq_lateness_seconds` | histogram | queue, group, priority (handler start − due time, first deliveries only) |
 //! | `delayq_redelivery_age_seconds` | histogram | queue, group, reason (retry, replay, reconcile): handler start − due time of a redelivery |
+//! | `delayq_key_waits_total` | counter | queue, group (entries parked to wait for a slot of their order key: `key_concurrency`, `key_sequence`) |
 //! | `delayq_late_acks_total` | counter | queue, group (acks of entries this consumer no longer owned: another consumer had taken them over after its lease ran out, or acknowledged them) |
 //! | `delayq_scheduled`, `delayq_overdue`, `delayq_oldest_overdue_seconds`, `delayq_dead`, `delayq_history` | gauge | queue |
 //! | `delayq_pending` | gauge | queue, group |
@@ -191,6 +192,7 @@ pub struct GroupMetrics {
     dead_lettered: metrics::Counter,
     expired: metrics::Counter,
     late_acks: metrics::Counter,
+    key_waits: metrics::Counter,
     /// By priority rank (high, normal, low).
     lateness: [metrics::Histogram; 3],
     redelivery: [metrics::Histogram; 3],
@@ -235,6 +237,11 @@ impl GroupMetrics {
             ),
             late_acks: metrics::counter!(
                 "delayq_late_acks_total",
+                "queue" => queue.to_owned(),
+                "group" => group.to_owned()
+            ),
+            key_waits: metrics::counter!(
+                "delayq_key_waits_total",
                 "queue" => queue.to_owned(),
                 "group" => group.to_owned()
             ),
@@ -283,6 +290,11 @@ impl GroupMetrics {
     /// Acknowledgements of entries another consumer had acknowledged already.
     pub fn late_acks(&self, n: u64) {
         self.late_acks.increment(n);
+    }
+
+    /// One entry parked to wait for a slot of its order key (`key_concurrency`).
+    pub fn key_waited(&self) {
+        self.key_waits.increment(1);
     }
 
     /// How long after its due time a redelivery started (a retry, a reclaim, a replay or

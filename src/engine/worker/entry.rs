@@ -362,6 +362,33 @@ impl Lease {
     }
 }
 
+impl Lease {
+    /// Parks the entry until `until_ms` for a slot of its order key (`park.lua`, by
+    /// compare-and-set on the lease end this worker last set): it stays pending, and is
+    /// taken again when a slot is given to it or its parked time comes. False when the
+    /// call failed or the lease was no longer this worker's (the lease then runs out).
+    pub(super) async fn park<H>(mut self, s: &Shared<H>, until_ms: i64) -> bool {
+        let Some((key, g)) = self.key.take() else {
+            return false;
+        };
+        let Some(lease) = self.set.unhold(&key, g) else {
+            return false;
+        };
+        let (lane, id) = key;
+        let keys = &s.lanes[lane.index()];
+        let (timers, errors) = (keys.timers(&s.group), keys.errors(&s.group));
+        let mut conn = s.client.connection();
+        match scripts::key_slots::park(&mut conn, &timers, &errors, until_ms, &[(id, lease)]).await
+        {
+            Ok(parked) => !parked.is_empty(),
+            Err(e) => {
+                tracing::debug!(error = %e, "parking an entry failed");
+                false
+            }
+        }
+    }
+}
+
 impl Drop for Lease {
     fn drop(&mut self) {
         if let Some((k, g)) = self.key.take() {
@@ -384,6 +411,9 @@ pub(super) async fn lease_loop<H>(s: Arc<Shared<H>>, stop: CancellationToken) {
             continue;
         }
         let until = s.client.now_ms() + ms(s.opts.visibility_timeout);
+        if let Some(gate) = &s.key_gate {
+            gate.extend(&s, until).await;
+        }
         let calls = snapshot.into_iter().map(|(lane, held)| {
             let mut conn = s.client.connection();
             let key = s.lanes[lane.index()].timers(&s.group);

@@ -23,6 +23,7 @@ mod block;
 mod entry;
 mod expire;
 mod handler;
+mod key_gate;
 mod multi;
 mod options;
 mod plan;
@@ -88,6 +89,8 @@ struct Shared<H> {
     pause: crate::engine::flow::QueueWatch,
     /// Retries this worker set, for its reclaim loop.
     timer_hint: reclaim::TimerHint,
+    /// The group's slots per order key, when its options limit keys.
+    key_gate: Option<key_gate::KeyGate>,
     /// Handler slots.
     sem: Arc<Semaphore>,
     /// Entries a reader may hold: handler slots plus prefetch.
@@ -147,7 +150,9 @@ impl<H> Shared<H> {
         validate_member_name("consumer", &consumer)?;
         opts.validate()?;
         let pause = crate::engine::flow::QueueWatch::new(queue.clone(), Some(group.to_owned()));
+        let key_gate = key_gate::KeyGate::new(client.keyspace().key_slots(&queue, group), &opts);
         Ok(Shared {
+            key_gate,
             lanes: client
                 .queue_keys(&queue)
                 .iter()

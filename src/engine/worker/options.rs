@@ -6,6 +6,9 @@ use crate::engine::flow::RateLimit;
 use crate::engine::priority::{Priority, PriorityMode};
 use std::time::Duration;
 
+/// The most slots per order key (`key_concurrency`); `key_slots.lua` checks the same bound.
+pub const MAX_KEY_CONCURRENCY: u32 = 10_000;
+
 /// Options of a [`Worker`]; in `serve`'s configuration, keys of each `[[handlers]]` entry
 /// (the handler's timeout is `timeout`, the priority weights `priority_weights`).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -61,6 +64,16 @@ pub struct WorkerOptions {
     /// takes three weights, most urgent first (`priority_weights = [6, 3, 1]`).
     #[serde(rename = "priority_weights", deserialize_with = "priority_weights")]
     pub priority: PriorityMode,
+    /// At most this many deliveries of one order key in flight in this group at once,
+    /// across every process and shard of the group, 1..=10000 (default none: no limit per
+    /// key). Entries of a saturated key wait (parked, not counting as attempts) without
+    /// holding up other keys; a waiting retry holds no slot. Orders without a key are not
+    /// limited.
+    pub key_concurrency: Option<u32>,
+    /// One delivery per order key at a time, in due order, and an order waiting for its
+    /// retry keeps its key until it is done or dead-lettered (default false). Implies a
+    /// `key_concurrency` of 1.
+    pub key_sequence: bool,
 }
 
 /// `backoff = "linear:2m:1m"`, read by [`Backoff::parse`].
@@ -95,6 +108,8 @@ impl Default for WorkerOptions {
             prefetch: None,
             rate_limit: None,
             priority: PriorityMode::Strict,
+            key_concurrency: None,
+            key_sequence: false,
         }
     }
 }
@@ -172,6 +187,28 @@ impl WorkerOptions {
         self
     }
 
+    /// Sets how many deliveries of one order key may be in flight in the group at once.
+    pub fn key_concurrency(mut self, n: u32) -> Self {
+        self.key_concurrency = Some(n);
+        self
+    }
+
+    /// Makes the group deliver each order key's orders one at a time, in due order, a
+    /// retry keeping its key.
+    pub fn key_sequence(mut self, on: bool) -> Self {
+        self.key_sequence = on;
+        self
+    }
+
+    /// The slots per order key, when the group limits keys: `key_concurrency`, or 1 for a
+    /// `key_sequence`.
+    pub(super) fn key_slots(&self) -> Option<u32> {
+        match (self.key_concurrency, self.key_sequence) {
+            (n, true) => Some(n.unwrap_or(1)),
+            (n, false) => n,
+        }
+    }
+
     /// Handler slots plus prefetch: the most entries a reader holds at once.
     pub(super) fn taken_limit(&self) -> usize {
         self.concurrency + self.prefetch.unwrap_or(3 * self.concurrency)
@@ -208,9 +245,46 @@ impl WorkerOptions {
         if self.reclaim_every.is_zero() {
             return Err(bad("reclaim_every", "must be more than zero"));
         }
+        if self
+            .key_concurrency
+            .is_some_and(|n| n == 0 || n > MAX_KEY_CONCURRENCY)
+        {
+            return Err(bad("key_concurrency", "must be 1..=10000"));
+        }
+        if self.key_sequence && self.key_concurrency.is_some_and(|n| n > 1) {
+            return Err(bad(
+                "key_sequence",
+                "means one delivery per key at a time: key_concurrency must be 1 or unset",
+            ));
+        }
         if let PriorityMode::Weighted(w) = &self.priority {
             PriorityMode::weighted(w.clone(), Priority::ALL.len())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_limits_are_checked_and_named() {
+        let named = |o: WorkerOptions| match o.validate() {
+            Err(InvalidInput::Option { name, .. }) => Some(name),
+            _ => None,
+        };
+        let o = WorkerOptions::default;
+        assert_eq!(named(o().key_concurrency(0)), Some("key_concurrency"));
+        assert_eq!(named(o().key_concurrency(10_001)), Some("key_concurrency"));
+        assert_eq!(named(o().key_concurrency(10_000)), None);
+        assert_eq!(
+            named(o().key_sequence(true).key_concurrency(2)),
+            Some("key_sequence")
+        );
+        assert_eq!(named(o().key_sequence(true).key_concurrency(1)), None);
+        assert_eq!(o().key_slots(), None);
+        assert_eq!(o().key_concurrency(3).key_slots(), Some(3));
+        assert_eq!(o().key_sequence(true).key_slots(), Some(1));
     }
 }

@@ -3,6 +3,7 @@
 pub(super) use super::ack::{ack_commands, ack_pipeline, late_acks};
 use super::entry::Lease;
 use super::entry::Taken;
+use super::key_gate::{self, KeyHold};
 use super::{Delivery, Handler, HandlerError, HandlerResult, LaneId, Shared, WorkerStats};
 use crate::engine::duration::ms;
 use crate::engine::error::RedisContext;
@@ -98,9 +99,15 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         let _ = ack_tx.send(Acked {
             lease,
             attempt: d.attempt,
+            hold: None,
         });
         return;
     }
+    // A key at its slots per key (`key_concurrency`): the entry waits, parked.
+    let (lease, hold) = match key_gate::admit(s, &d, lease).await {
+        key_gate::Admission::Run(lease, hold) => (lease, hold),
+        key_gate::Admission::Waits => return,
+    };
     let late_us = delivery_metrics(s, &d, for_group.is_some());
     // The delivery's `process` span (free when nothing records it): the handler, its SQL
     // and its webhook call, and the settlement run inside it.
@@ -114,7 +121,7 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         priority: d.priority.as_str(),
         stored: d.trace.as_ref(),
     });
-    handle_and_settle(s, ack_tx, d, lease, &span)
+    handle_and_settle(s, ack_tx, d, (lease, hold), &span)
         .instrument(span.clone())
         .await;
 }
@@ -139,13 +146,13 @@ pub(super) fn delivery_metrics<H>(s: &Shared<H>, d: &Delivery, replayed: bool) -
     late_us
 }
 
-/// Runs the handler on `d` and settles its entry: ack, retry or dead letter; the outcome
-/// is recorded on `span`.
+/// Runs the handler on `d` and settles its entry: ack, retry or dead letter, and its key
+/// slot with it; the outcome is recorded on `span`.
 async fn handle_and_settle<H: Handler>(
     s: &Shared<H>,
     ack_tx: &AckSender,
     d: Delivery,
-    lease: Lease,
+    (lease, hold): (Lease, Option<KeyHold>),
     span: &tracing::Span,
 ) {
     // What settling needs once the handler has the delivery: all of it with hooks, else
@@ -173,6 +180,7 @@ async fn handle_and_settle<H: Handler>(
             let _ = ack_tx.send(Acked {
                 lease,
                 attempt: d.attempt,
+                hold,
             });
         }
         Err(HandlerError::Retry { message, after }) if d.attempt < s.opts.max_attempts => {
@@ -180,11 +188,13 @@ async fn handle_and_settle<H: Handler>(
             let delay = after.unwrap_or_else(|| s.opts.backoff.delay(d.attempt));
             lease.release();
             settle_retry(s, &d, &message, delay).await;
+            key_gate::after_retry(s, hold, s.client.now_ms() + ms(delay)).await;
         }
         Err(HandlerError::Retry { message, .. } | HandlerError::Permanent { message }) => {
             trace::record_outcome(span, "dead", Some(&message));
             lease.release();
             settle_dead(s, &d, &message, true).await;
+            key_gate::release(s, hold.into_iter().collect()).await;
         }
     }
 }
@@ -422,6 +432,8 @@ pub(super) struct Acked {
     /// Its delivery count: above 1, the entry may have an error record to drop, and its
     /// history keeps how many attempts it took.
     pub(super) attempt: u32,
+    /// Its order key's slot (`key_concurrency`), given back once it is acknowledged.
+    pub(super) hold: Option<KeyHold>,
 }
 
 /// Acknowledges entries in batches until every sender is gone. A failed ack is retried; an
@@ -506,7 +518,10 @@ pub(super) async fn ack_loop<H>(s: Arc<Shared<H>>, mut rx: mpsc::UnboundedReceiv
                 ),
             }
         }
-        // Acknowledged (or given up on): the leases end here.
+        // Acknowledged (or given up on): the key slots go to their next waiters, and the
+        // leases end here.
+        let holds: Vec<KeyHold> = buf.iter_mut().filter_map(|a| a.hold.take()).collect();
+        key_gate::release(&s, holds).await;
         buf.clear();
     }
 }

@@ -164,6 +164,14 @@ impl Puller {
     /// `ack` or `nack` holds the lease while it settles). Receipts are signed with a random
     /// key of this process ([`with_key`](Puller::with_key) to share one).
     pub fn new(client: &Client, queue: &str, group: &str, opts: WorkerOptions) -> Result<Self> {
+        if opts.key_slots().is_some() {
+            // Refused rather than ignored: a pull group would deliver past the limit.
+            return Err(crate::engine::error::InvalidInput::Option {
+                name: "key_concurrency",
+                reason: "is not supported for pull groups (nor is key_sequence): only for workers and webhook handlers".to_owned(),
+            }
+            .into());
+        }
         let s = Shared::new(client, queue, group, (), opts)?;
         let key = random_key().map_err(|source| Error::Io {
             context: "reading a random receipt key".into(),

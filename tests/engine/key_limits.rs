@@ -1,0 +1,329 @@
+#![allow(clippy::unwrap_used)]
+//! Slots per order key (issue 42 items 2 and 3) against real redis-server processes: at
+//! most `key_concurrency` deliveries of a key in flight across workers and shards, waits
+//! that are no attempts, sequences in due order with a retry keeping its key, a crashed
+//! holder's slots freed with its lease, and no state left behind.
+
+use crate::support;
+
+use delayq::{
+    Backoff, Client, ClientOptions, Delivery, Dispatcher, DispatcherOptions, HandlerError,
+    HandlerResult, Mode, NewOrder, When, Worker, WorkerOptions,
+};
+use serde_json::json;
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::{raw, start_with, wait_for};
+use tokio_util::sync::CancellationToken;
+
+const Q: &str = "order-close";
+const WAIT: Duration = Duration::from_secs(120);
+
+/// (start | end, order id, attempt).
+type Event = (&'static str, String, u32);
+
+type Reply = Pin<Box<dyn Future<Output = HandlerResult> + Send>>;
+
+fn spawn_dispatcher(client: &Client, cancel: &CancellationToken) -> tokio::task::JoinHandle<()> {
+    let d = Dispatcher::new(client, Q, DispatcherOptions::default()).unwrap();
+    tokio::spawn(d.run(cancel.clone()))
+}
+
+/// The group's per-key state, read raw: (holds, waiters, active keys).
+async fn slot_state(client: &Client, group: &str) -> (i64, i64, i64) {
+    let q = delayq::engine::keys::QueueName::new(Q).unwrap();
+    let k = client.keyspace().key_slots(&q, group);
+    (
+        raw(client, &["ZCARD", &k.holders]).await,
+        raw(client, &["ZCARD", &k.waiters]).await,
+        raw(client, &["ZCARD", &k.active]).await,
+    )
+}
+
+/// What the handlers saw: per key, how many ran at once now and at most; every delivery.
+#[derive(Default)]
+struct Seen {
+    now: HashMap<String, usize>,
+    most: HashMap<String, usize>,
+    delivered: Vec<(String, u32)>,
+}
+
+/// Two workers (two consumers, as two processes would be) on four shards with
+/// `key_concurrency = 2`, 30 keys × 50 orders due at once: no key ever has more than two
+/// deliveries running, every order is delivered once, at attempt 1 (waiting for a slot is
+/// no attempt), and the per-key state is gone afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_concurrency_holds_across_workers_and_shards() {
+    const KEYS: usize = 30;
+    const PER_KEY: usize = 50;
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let due = client.now_ms();
+    let mut orders = Vec::new();
+    for i in 0..KEYS * PER_KEY {
+        orders.push(
+            NewOrder::new(format!("o-{i:05}"), When::at_ms(due), json!(i))
+                .with_key(format!("merchant:{}", i % KEYS)),
+        );
+    }
+    for chunk in orders.chunks(500) {
+        client.schedule_many(Q, chunk, Mode::Upsert).await.unwrap();
+    }
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let handler = {
+        let seen = seen.clone();
+        move |d: Delivery| {
+            let key = d.key().unwrap_or_default().to_owned();
+            {
+                let mut s = seen.lock().unwrap();
+                let n = {
+                    let n = s.now.entry(key.clone()).or_default();
+                    *n += 1;
+                    *n
+                };
+                let m = s.most.entry(key.clone()).or_default();
+                *m = (*m).max(n);
+                s.delivered.push((d.id.clone(), d.attempt));
+            }
+            let seen = seen.clone();
+            Box::pin(async move {
+                // The handler's simulated work, so that deliveries overlap.
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                *seen.lock().unwrap().now.entry(key).or_default() -= 1;
+                Ok(())
+            }) as Reply
+        }
+    };
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let mut workers = Vec::new();
+    for name in ["w1", "w2"] {
+        let w = Worker::new(
+            &client,
+            Q,
+            "close",
+            handler.clone(),
+            WorkerOptions::default()
+                .concurrency(16)
+                .consumer(name)
+                .key_concurrency(2)
+                .block(Duration::from_millis(100)),
+        )
+        .unwrap();
+        workers.push(tokio::spawn(w.run(cancel.clone())));
+    }
+    let s2 = seen.clone();
+    wait_for("every order handled", WAIT, move || {
+        let n = s2.lock().unwrap().delivered.len();
+        async move { n >= KEYS * PER_KEY }
+    })
+    .await;
+    let c2 = client.clone();
+    wait_for("the key slots given back", WAIT, move || {
+        let c2 = c2.clone();
+        async move { slot_state(&c2, "close").await == (0, 0, 0) }
+    })
+    .await;
+    cancel.cancel();
+    disp.await.unwrap();
+    for w in workers {
+        w.await.unwrap().unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    let over: Vec<_> = seen.most.iter().filter(|(_, m)| **m > 2).collect();
+    assert!(
+        over.is_empty(),
+        "keys with more than 2 running at once: {over:?}"
+    );
+    assert!(
+        seen.most.values().any(|m| *m == 2),
+        "no key ever ran 2 at once: the limit is 2, not 1"
+    );
+    let mut times: HashMap<&str, usize> = HashMap::new();
+    for (id, attempt) in &seen.delivered {
+        *times.entry(id.as_str()).or_default() += 1;
+        assert_eq!(
+            *attempt, 1,
+            "{id} arrived as attempt {attempt}: a wait counted"
+        );
+    }
+    assert_eq!(times.len(), KEYS * PER_KEY, "orders handled");
+    assert!(times.values().all(|n| *n == 1), "an order handled twice");
+}
+
+/// `key_sequence`: five orders of key K due 10 ms apart, the second failing twice; the
+/// third to fifth start only after the second succeeded, in due order; key J's orders are
+/// all handled while K's second waits for its retries (the second's last attempt waits for
+/// them: were J held up behind K, this test would never end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sequence_runs_each_key_in_due_order_and_a_retry_keeps_its_key() {
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let due = client.now_ms() + 300;
+    for i in 0..5_i64 {
+        for key in ["K", "J"] {
+            let o = NewOrder::new(format!("{key}{i}"), When::at_ms(due + 10 * i), json!(i))
+                .with_key(key);
+            client.schedule_with(Q, o, Mode::Upsert).await.unwrap();
+        }
+    }
+    // (event, id, attempt) in order; event = start | end.
+    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let j_done = Arc::new(tokio::sync::Notify::new());
+    let handler = {
+        let (log, j_done) = (log.clone(), j_done.clone());
+        move |d: Delivery| {
+            let (log, j_done) = (log.clone(), j_done.clone());
+            log.lock().unwrap().push(("start", d.id.clone(), d.attempt));
+            Box::pin(async move {
+                let r = if d.id == "K1" && d.attempt < 3 {
+                    Err(HandlerError::retry("not yet"))
+                } else {
+                    if d.id == "K1" {
+                        // J's five orders done, while K1 held its key through two retries.
+                        loop {
+                            let notified = j_done.notified();
+                            let js = log
+                                .lock()
+                                .unwrap()
+                                .iter()
+                                .filter(|(e, id, _)| *e == "end" && id.starts_with('J'))
+                                .count();
+                            if js == 5 {
+                                break;
+                            }
+                            notified.await;
+                        }
+                    }
+                    Ok(())
+                };
+                log.lock().unwrap().push(("end", d.id.clone(), d.attempt));
+                if d.id.starts_with('J') {
+                    j_done.notify_waiters();
+                }
+                r
+            }) as Reply
+        }
+    };
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        handler,
+        WorkerOptions::default()
+            .concurrency(8)
+            .key_sequence(true)
+            .backoff(Backoff::Fixed(Duration::from_millis(200)))
+            .block(Duration::from_millis(100)),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(cancel.clone()));
+    let l2 = log.clone();
+    wait_for("every order handled", WAIT, move || {
+        let n = l2
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(e, id, _)| *e == "end" && id.starts_with('K'))
+            .count();
+        async move { n >= 7 }
+    })
+    .await;
+    cancel.cancel();
+    disp.await.unwrap();
+    worker.await.unwrap().unwrap();
+    let log = log.lock().unwrap().clone();
+    let k_starts: Vec<(String, u32)> = log
+        .iter()
+        .filter(|(e, id, _)| *e == "start" && id.starts_with('K'))
+        .map(|(_, id, a)| (id.clone(), *a))
+        .collect();
+    let want: Vec<(String, u32)> = [("K0", 1), ("K1", 1), ("K1", 2), ("K1", 3)]
+        .into_iter()
+        .chain([("K2", 1), ("K3", 1), ("K4", 1)])
+        .map(|(i, a)| (i.to_owned(), a))
+        .collect();
+    assert_eq!(k_starts, want, "K's deliveries, in order");
+    // One at a time: every K start comes after the previous K delivery ended.
+    let mut running = false;
+    for (e, id, _) in log.iter().filter(|(_, id, _)| id.starts_with('K')) {
+        match *e {
+            "start" => {
+                assert!(!running, "{id} started while another K delivery ran");
+                running = true;
+            }
+            _ => running = false,
+        }
+    }
+    assert_eq!(slot_state(&client, "close").await.1, 0, "no waiter left");
+}
+
+/// A worker holding key slots crashes (its task aborted, nothing given back); after the
+/// lease, another worker delivers the key's remaining orders and the one the crashed worker
+/// held: no key stays blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holders_slots_are_freed_with_its_lease() {
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let due = client.now_ms();
+    for i in 0..6 {
+        let o = NewOrder::new(format!("k{i}"), When::at_ms(due + i), json!(i)).with_key("K");
+        client.schedule_with(Q, o, Mode::Upsert).await.unwrap();
+    }
+    let opts = |name: &str| {
+        WorkerOptions::default()
+            .concurrency(8)
+            .consumer(name)
+            .key_concurrency(1)
+            .visibility_timeout(Duration::from_secs(1))
+            .reclaim_every(Duration::from_millis(100))
+            .block(Duration::from_millis(100))
+    };
+    // Worker A: its handler never returns.
+    let started = Arc::new(tokio::sync::Notify::new());
+    let a_handler = {
+        let started = started.clone();
+        move |_d: Delivery| {
+            started.notify_one();
+            Box::pin(std::future::pending::<HandlerResult>()) as Reply
+        }
+    };
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let a = Worker::new(&client, Q, "close", a_handler, opts("a")).unwrap();
+    let a_task = tokio::spawn(a.run(cancel.child_token()));
+    started.notified().await;
+    let c2 = client.clone();
+    wait_for("the other orders parked", WAIT, move || {
+        let c2 = c2.clone();
+        async move { slot_state(&c2, "close").await.1 == 5 }
+    })
+    .await;
+    a_task.abort();
+    let _ = a_task.await;
+    // Worker B: handles everything.
+    let done: Arc<Mutex<Vec<String>>> = Arc::default();
+    let b_handler = {
+        let done = done.clone();
+        move |d: Delivery| {
+            done.lock().unwrap().push(d.id.clone());
+            Box::pin(async { Ok(()) }) as Reply
+        }
+    };
+    let b = Worker::new(&client, Q, "close", b_handler, opts("b")).unwrap();
+    let b_task = tokio::spawn(b.run(cancel.clone()));
+    let d2 = done.clone();
+    wait_for("every order of K handled by B", WAIT, move || {
+        let n = d2.lock().unwrap().len();
+        async move { n >= 6 }
+    })
+    .await;
+    cancel.cancel();
+    disp.await.unwrap();
+    b_task.await.unwrap().unwrap();
+    let mut done = done.lock().unwrap().clone();
+    done.sort();
+    assert_eq!(done, ["k0", "k1", "k2", "k3", "k4", "k5"]);
+}
