@@ -223,7 +223,8 @@ pub enum Command {
         #[command(subcommand)]
         action: QueueAction,
     },
-    /// Consumer groups: delete one whose handler is gone (so stream trimming resumes).
+    /// Consumer groups: delete one whose handler is gone (so stream trimming resumes); list
+    /// the order keys in use.
     Group {
         /// What to do.
         #[command(subcommand)]
@@ -414,6 +415,20 @@ pub enum GroupAction {
         /// Delete even while a consumer reads it.
         #[arg(long)]
         force: bool,
+    },
+    /// The group's order keys in use (key_concurrency, key_sequence), busiest first: slots
+    /// held and entries waiting per key, as JSON (`next` is the next page's --after).
+    Keys {
+        /// Queue name.
+        queue: String,
+        /// Group name.
+        group: String,
+        /// Keys per page, 1..=1000 (default 100).
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The previous page's `next`.
+        #[arg(long)]
+        after: Option<String>,
     },
 }
 

@@ -244,6 +244,15 @@ async fn dispatch(cli: Cli) -> VerbResult {
                     force,
                 },
         } => queue::delete_group(&g, &queue, &group, force).await,
+        Command::Group {
+            action:
+                GroupAction::Keys {
+                    queue,
+                    group,
+                    limit,
+                    after,
+                },
+        } => queue::group_keys(&g, &queue, &group, limit, after.as_deref()).await,
         c @ Command::Demo { .. } => demo::verb(&g, c).await,
         Command::Migrate { database_url } => migrate::run(&database_url).await,
         Command::Serve { config } => serve::run(&config).await,

@@ -82,6 +82,26 @@ pub(super) async fn delete_group(g: &Global, queue: &str, group: &str, force: bo
     Ok(())
 }
 
+/// `delayq group keys QUEUE GROUP [--limit N] [--after KEY]`.
+pub(super) async fn group_keys(
+    g: &Global,
+    queue: &str,
+    group: &str,
+    limit: Option<usize>,
+    after: Option<&str>,
+) -> VerbResult {
+    crate::service::admin::check_queue_group(queue, Some(group))?;
+    let limit = crate::engine::admin::keys::keys_limit(limit)?;
+    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    print_json(
+        &a.client()
+            .admin()
+            .group_keys(queue, group, limit, after)
+            .await?,
+    );
+    Ok(())
+}
+
 /// `delayq queue pause|resume QUEUE [--group G]`.
 async fn pause(g: &Global, queue: &str, group: Option<&str>, paused: bool) -> VerbResult {
     crate::service::admin::check_queue_group(queue, group)?;

@@ -51,9 +51,14 @@ fn table(all: &[QueueStats], now_ms: i64) -> String {
                 .kind
                 .as_deref()
                 .map_or(String::new(), |k| format!(" kind={k}"));
+            let keys = if g.keys_active > 0 {
+                format!(" keys={} key_waiting={}", g.keys_active, g.key_waiting)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 out,
-                "  group {:<16} pending={} lag={} consumers={}{kind}",
+                "  group {:<16} pending={} lag={} consumers={}{kind}{keys}",
                 g.group, g.pending, lag, g.consumers
             );
         }

@@ -57,15 +57,33 @@ struct Seen {
 /// no attempt), and the per-key state is gone afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_concurrency_holds_across_workers_and_shards() {
-    const KEYS: usize = 30;
-    const PER_KEY: usize = 50;
     let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    two_workers_at_two_per_key(&client, 30, 50).await;
+}
+
+/// The same on a Redis Cluster: the slots live under one hash tag, the parked entries on
+/// their lanes' slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_concurrency_holds_on_a_cluster() {
+    let cluster = support::cluster::LocalCluster::start();
+    let client = Client::connect_with(&cluster.url(), ClientOptions::default().shards(4))
+        .await
+        .unwrap();
+    support::declare_queues(&client).await;
+    assert!(client.is_cluster());
+    two_workers_at_two_per_key(&client, 10, 20).await;
+}
+
+/// Runs `keys` × `per_key` orders due at once through two workers with
+/// `key_concurrency = 2` and checks what [`key_concurrency_holds_across_workers_and_shards`]
+/// says.
+async fn two_workers_at_two_per_key(client: &Client, keys: usize, per_key: usize) {
     let due = client.now_ms();
     let mut orders = Vec::new();
-    for i in 0..KEYS * PER_KEY {
+    for i in 0..keys * per_key {
         orders.push(
             NewOrder::new(format!("o-{i:05}"), When::at_ms(due), json!(i))
-                .with_key(format!("merchant:{}", i % KEYS)),
+                .with_key(format!("merchant:{}", i % keys)),
         );
     }
     for chunk in orders.chunks(500) {
@@ -97,11 +115,11 @@ async fn key_concurrency_holds_across_workers_and_shards() {
         }
     };
     let cancel = CancellationToken::new();
-    let disp = spawn_dispatcher(&client, &cancel);
+    let disp = spawn_dispatcher(client, &cancel);
     let mut workers = Vec::new();
     for name in ["w1", "w2"] {
         let w = Worker::new(
-            &client,
+            client,
             Q,
             "close",
             handler.clone(),
@@ -117,7 +135,7 @@ async fn key_concurrency_holds_across_workers_and_shards() {
     let s2 = seen.clone();
     wait_for("every order handled", WAIT, move || {
         let n = s2.lock().unwrap().delivered.len();
-        async move { n >= KEYS * PER_KEY }
+        async move { n >= keys * per_key }
     })
     .await;
     let c2 = client.clone();
@@ -149,7 +167,7 @@ async fn key_concurrency_holds_across_workers_and_shards() {
             "{id} arrived as attempt {attempt}: a wait counted"
         );
     }
-    assert_eq!(times.len(), KEYS * PER_KEY, "orders handled");
+    assert_eq!(times.len(), keys * per_key, "orders handled");
     assert!(times.values().all(|n| *n == 1), "an order handled twice");
 }
 
@@ -301,6 +319,25 @@ async fn a_crashed_holders_slots_are_freed_with_its_lease() {
         async move { slot_state(&c2, "close").await.1 == 5 }
     })
     .await;
+    // What an operator sees meanwhile: one key in use, one delivery in flight, five waiting.
+    let stats = client.admin().stats(Q).await.unwrap();
+    let g = stats.groups.iter().find(|g| g.group == "close").unwrap();
+    assert_eq!((g.keys_active, g.key_waiting), (1, 5));
+    let page = client
+        .admin()
+        .group_keys(Q, "close", 10, None)
+        .await
+        .unwrap();
+    assert_eq!((page.active, page.waiting), (1, 5));
+    assert_eq!(
+        page.keys,
+        [delayq::engine::admin::keys::KeyUse {
+            key: "K".into(),
+            in_flight: 1,
+            waiting: 5
+        }]
+    );
+    assert_eq!(page.next, None);
     a_task.abort();
     let _ = a_task.await;
     // Worker B: handles everything.

@@ -13,6 +13,7 @@ mod events;
 mod expiry;
 mod flow;
 mod http;
+mod key_limits;
 mod keys;
 mod observability;
 mod orders;

@@ -1,7 +1,7 @@
 //! Queue administration: the operator's side of the engine, apart from the producer's
 //! [`Client`]. [`Queues`] (from [`Client::admin`]) creates, lists and deletes queues and
 //! groups ([`queues`]), records what consumes a group ([`kinds`]), pauses and resumes them, sets their history retention and default `expires_after`, reads their
-//! statistics ([`stats`]), an order's history and redelivers it ([`history`]), and lists,
+//! statistics ([`stats`]), a group's order keys in use ([`keys`]), an order's history and redelivers it ([`history`]), and lists,
 //! replays and purges dead letters ([`dead`]). The service's admin layer, the CLI and the
 //! dashboard go through it.
 //!
@@ -13,6 +13,7 @@ pub mod dead;
 mod events;
 mod expiry;
 pub mod history;
+pub mod keys;
 pub mod kinds;
 pub mod queues;
 pub mod stats;

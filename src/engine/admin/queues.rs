@@ -431,6 +431,13 @@ impl Queues {
                 .await
                 .ctx("deleting the group's timers")?;
         }
+        // Its slots per order key (`key_concurrency`): one place for every shard.
+        let slots = self.client.keyspace().key_slots(&q, group);
+        let _: i64 = redis::cmd("DEL")
+            .arg(&slots.all()[..])
+            .query_async(&mut self.client.connection())
+            .await
+            .ctx("deleting the group's key slots")?;
         self.forget_group_kind(&q, group).await?;
         // Its idle workers look at their lanes when the registry changes: they find the
         // group gone and stop.

@@ -78,6 +78,17 @@ pub struct GroupStats {
     /// The kind it was declared with (`pull`, `webhook`, ...: [`super::kinds`]), if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
+    /// Order keys holding or waiting for slots (`key_concurrency`, `key_sequence`:
+    /// [`super::keys`]); absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keys_active: u64,
+    /// Entries waiting for a slot of their order key; absent when none.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub key_waiting: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 type Raw = (
@@ -188,6 +199,8 @@ impl Queues {
                     idle_ms: None,
                     paused,
                     kind,
+                    keys_active: 0,
+                    key_waiting: 0,
                 });
                 g.pending += pending;
                 g.consumers = g.consumers.max(consumers);
@@ -208,6 +221,11 @@ impl Queues {
                 g.idle_ms = Some(g.idle_ms.map_or(since, |i| i.min(since)));
                 g.consumers = live;
             }
+        }
+        let names: Vec<&str> = groups.keys().map(String::as_str).collect();
+        let totals = self.key_totals(&q, &names).await?;
+        for (g, (active, waiting)) in groups.values_mut().zip(totals) {
+            (g.keys_active, g.key_waiting) = (active, waiting);
         }
         s.groups = groups.into_values().collect();
         Ok(s)

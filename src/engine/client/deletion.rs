@@ -129,6 +129,8 @@ impl Client {
         if k.shard == 0 {
             for (g, _, _) in &fence.groups {
                 keys.push(self.keyspace().rate(queue, g));
+                let slots = self.keyspace().key_slots(queue, g);
+                keys.extend(slots.all().map(str::to_owned));
             }
             keys.push(self.keyspace().alive(queue));
         }

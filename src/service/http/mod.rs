@@ -12,6 +12,7 @@
 //! - `pull`: pull consumption (`/v1/queues/{queue}/groups/{group}:receive`, `:ack`,
 //!   `:nack`, `:extend`) over the library's `Puller`.
 //! - `events`: `POST /v1/events`, events that cancel the orders their rules match.
+//! - `keys`: a group's order keys in use (`/v1/queues/{queue}/groups/{group}/keys`).
 //! - `schedules`: the handlers of recurring schedules (`/v1/queues/{queue}/schedules...`).
 //! - `consumers`: consumer-only tokens ([`ConsumerToken`]), which may only pull from their
 //!   groups.
@@ -25,6 +26,7 @@ mod consumers;
 pub(crate) mod edge;
 pub mod error;
 mod events;
+mod keys;
 pub mod limits;
 mod messages;
 mod openapi;
@@ -270,6 +272,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/queues/{queue}/groups/{group}",
             delete(queues::delete_group).post(pull::group_action),
+        )
+        .route(
+            "/v1/queues/{queue}/groups/{group}/keys",
+            get(keys::group_keys),
         )
         .route(
             "/v1/queues/{queue}/messages/{id}",

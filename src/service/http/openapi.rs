@@ -47,10 +47,10 @@ pub fn openapi() -> Value {
                  "description": "Order-expiry delay queue on Redis. Scheduling and cancelling by id are idempotent: a request that failed with a 503 is safe to repeat."},
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "schemas": merged(schemas(), tag_schemas())
+            "schemas": merged(merged(schemas(), tag_schemas()), key_schemas())
         },
         "security": [{"bearer": []}],
-        "paths": merged(paths(), tag_paths())
+        "paths": merged(merged(paths(), tag_paths()), key_paths())
     })
 }
 
@@ -87,6 +87,30 @@ fn tag_schemas() -> Value {
                 "match": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 4}],
                     "description": "dotted JSON field paths (order_id, customer.id) compared between the order's payload and the event's data; required (a rule without one is refused)"},
                 "remember": {"type": "string", "description": "how long an event that arrives first is remembered (default 15m, at most 7d)"}}}
+    })
+}
+
+/// The schema and route of a group's order keys in use (`service::http::keys`).
+fn key_schemas() -> Value {
+    json!({
+        "KeysPage": object(&["queue", "group", "active", "waiting", "keys", "next"], json!({
+            "queue": {"type": "string"}, "group": {"type": "string"},
+            "active": {"type": "integer", "minimum": 0, "description": "order keys holding or waiting for slots"},
+            "waiting": {"type": "integer", "minimum": 0, "description": "entries parked for a slot of their key"},
+            "keys": {"type": "array", "items": object(&["key", "in_flight", "waiting"], json!({"key": {"type": "string"}, "in_flight": int(), "waiting": int()}))},
+            "next": nullable("string")}))
+    })
+}
+
+/// The route of a group's order keys in use (`service::http::keys`).
+fn key_paths() -> Value {
+    let q = queue_param();
+    let g = json!({"name": "group", "in": "path", "required": true, "schema": {"type": "string", "minLength": 1, "maxLength": 128}});
+    let limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::engine::admin::keys::MAX_KEYS_LIMIT}});
+    let after = json!({"name": "after", "in": "query", "schema": {"type": "string"}, "description": "a page's next cursor"});
+    json!({
+        "/v1/queues/{queue}/groups/{group}/keys": {"get": op("The group's order keys in use (key_concurrency, key_sequence), busiest first: slots held and entries waiting per key, paged (`next` is the next page's `after`). Keys with nothing in flight or waiting are not kept", vec![&q, &g, &limit, &after], None,
+            json!({"200": ok("a page and the cursor of the next", "KeysPage")}))}
     })
 }
 
@@ -158,7 +182,9 @@ fn schemas() -> Value {
         &["group", "pending", "lag", "consumers", "idle_ms", "paused"],
         json!({"group": {"type": "string"}, "pending": int(), "lag": nullable("integer"),
                "consumers": int(), "idle_ms": nullable("integer"), "paused": {"type": "boolean"},
-               "kind": {"type": "string", "description": "what consumes the group, as declared (serve's [[handlers]] kind: pull, webhook, log, order-close); absent when undeclared"}}),
+               "kind": {"type": "string", "description": "what consumes the group, as declared (serve's [[handlers]] kind: pull, webhook, log, order-close); absent when undeclared"},
+               "keys_active": {"type": "integer", "minimum": 1, "description": "order keys holding or waiting for slots (key_concurrency, key_sequence); absent when none"},
+               "key_waiting": {"type": "integer", "minimum": 1, "description": "entries waiting for a slot of their order key; absent when none"}}),
     );
     let queue_stats = object(
         &[

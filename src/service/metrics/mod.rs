@@ -116,6 +116,10 @@ pub fn record_stats(s: &crate::engine::admin::stats::QueueStats) {
             .set(g.pending as f64);
         metrics::gauge!("delayq_paused", "queue" => q.clone(), "group" => g.group.clone())
             .set(f64::from(u8::from(g.paused)));
+        metrics::gauge!("delayq_keys_active", "queue" => q.clone(), "group" => g.group.clone())
+            .set(g.keys_active as f64);
+        metrics::gauge!("delayq_key_waiting", "queue" => q.clone(), "group" => g.group.clone())
+            .set(g.key_waiting as f64);
     }
 }
 

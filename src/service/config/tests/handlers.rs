@@ -161,6 +161,13 @@ fn a_handlers_worker_options_are_the_library_type() {
         .rate_limit(crate::engine::flow::RateLimit::parse("10/s").unwrap())
         .priority(PriorityMode::Weighted(vec![3, 2, 1]));
     assert_eq!(s.handlers[0].worker, want);
+    let keyed = load_str(&format!("{text}key_concurrency = 4\n"), env()).unwrap();
+    assert_eq!(
+        keyed.handlers[0].worker,
+        WorkerOptions::default()
+            .shutdown_grace(grace)
+            .key_concurrency(4)
+    );
     for (line, key) in [
         (
             "visibility_timeout = \"29ms\"",
@@ -178,6 +185,15 @@ fn a_handlers_worker_options_are_the_library_type() {
         ("rate_limit = \"5/y\"", "handlers[0].rate_limit"),
         ("priority_weights = [6, 1]", "handlers[0].priority_weights"),
         ("block = \"1s\"", "handlers.0.block"),
+        ("key_concurrency = 0", "handlers[0].key_concurrency"),
+        ("key_concurrency = -1", "handlers.0.key_concurrency"),
+        ("key_concurrency = 10001", "handlers[0].key_concurrency"),
+        ("key_concurrency = 5", ""),
+        ("key_sequence = true", ""),
+        (
+            "key_sequence = true\nkey_concurrency = 2",
+            "handlers[0].key_sequence",
+        ),
         ("\"<written>\" = []", "handlers.0.<written>"),
     ] {
         let r = load_str(&format!("{text}{line}\n"), env());
@@ -319,6 +335,8 @@ fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
         ("lease = \"10ms\"", "handlers[0].lease"),
         ("lease = \"13h\"", "handlers[0].lease"),
         ("url = \"http://127.0.0.1:9/\"", "handlers[0].url"),
+        ("key_concurrency = 2", "handlers[0].key_concurrency"),
+        ("key_sequence = true", "handlers[0].key_sequence"),
     ] {
         let e = load_str(&format!("{base}{line}\n"), env()).unwrap_err();
         assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}");

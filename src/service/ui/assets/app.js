@@ -459,7 +459,8 @@ function queuePage(name) {
       h('dt', {}, 'Dead letters'), h('dd', {}, num(s.dead)),
       h('dt', {}, 'In the history'), h('dd', {}, num(s.history)));
     patchRows(groups, s.groups.map((g) => [g.group, h('tr', { 'data-group': g.group },
-      h('th', { scope: 'row' }, g.group, g.kind ? ' ' : null, g.kind ? badge(g.kind) : null),
+      h('th', { scope: 'row' }, g.group, g.kind ? ' ' : null, g.kind ? badge(g.kind) : null,
+        g.keys_active ? ' ' : null, g.keys_active ? badge(`${num(g.keys_active)} keys, ${num(g.key_waiting || 0)} waiting`) : null),
       h('td', { class: 'num' }, num(g.pending)),
       h('td', { class: 'num' }, num(g.lag)),
       h('td', { class: 'num' }, num(g.consumers)),
