@@ -34,8 +34,8 @@
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
 //!   handler and the reconciliation job; its own error ([`orders::error::Error`]) wraps the
 //!   engine's.
-//! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
-//!   HTTP, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
+//! - [`service`] (feature `server`): configuration, the rules the CLI and HTTP add to the
+//!   engine's admin API, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
 //! - [`cli`] (feature `cli`): the `delayq` command line, one file per verb (`main.rs` only
 //!   parses and calls it).
 //! - [`testing`] (feature `test-util`): a throwaway `redis-server` ([`LocalRedis`]) for
