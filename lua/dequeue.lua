@@ -6,7 +6,7 @@
 -- KEYS[3]  the shard's STREAM       one entry per dispatched order
 -- KEYS[4]  the shard's history bucket for "now" ({ns:q:s}:history:<bucket_ms>:<bucket>):
 --          HASH order id -> "<entry id>:<due ms>"
--- KEYS[5]  the shard's marker HASH: while its field `paused` is set, nothing is moved
+-- KEYS[5]  the shard's meta HASH: while its field `paused` is set, nothing is moved
 -- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
 -- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
 -- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
@@ -44,16 +44,16 @@
 -- "removed" and "written", or leave a dispatched order without its history.
 -- The history costs one HSET (all the batch's fields) and one PEXPIREAT per call: about a
 -- fifth more Redis CPU per dispatched order, ~92 bytes per order (docs/benchmarks.md).
--- Time rules (issue 44): while the marker has `dedup_ms` (the queue's dedup window), each
+-- Time rules (issue 44): while the meta hash has `dedup_ms` (the queue's dedup window), each
 -- moved id is added to the dispatched ZSET scored by now, the key's expiry is pushed to
 -- now + window (a shard that stops dispatching frees it whole), and at most `limit` ids
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
--- Tags (issue 43): while the marker has `tags` (the shard has had tagged orders), the moved
+-- Tags (issue 43): while the meta hash has `tags` (the shard has had tagged orders), the moved
 -- orders' index members are removed (their tags read from the values this call already
 -- holds: one ZREM per call); a shard without it does no work for tags.
--- Fair share between keys (issue 42; keyed.lua): while the marker has `keys` (the shard
+-- Fair share between keys (issue 42; keyed.lua): while the meta hash has `keys` (the shard
 -- holds keyed orders) and KEYS[13] is given, the due orders are not taken earliest first
 -- but round robin between the participants that have due work: each key on the ring due
 -- by now (earliest first), the unkeyed orders indexed under "" among them, and the unkeyed
@@ -93,12 +93,12 @@ if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq dequeue: history expiry must be unix milliseconds or 0')
 end
 
--- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags', 'keys')
-local window = tonumber(marker[3] or '0') or 0
+-- The epoch and the pause flag in one read of the meta hash.
+local meta = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags', 'keys')
+local window = tonumber(meta[3] or '0') or 0
 local gone = 0
-if not marker[1] then gone = 1 end
-if marker[2] then
+if not meta[1] then gone = 1 end
+if meta[2] then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return { 0, first[2] or false, 1, gone }
 end
@@ -247,7 +247,7 @@ end
 
 -- ids[i], dues[i]: the orders moved, in stream order.
 local ids, dues, n = {}, {}, 0
-if marker[6] and KEYS[13] then
+if meta[6] and KEYS[13] then
   ids, dues = fair_share(now, limit)
   n = #ids
 else
@@ -313,8 +313,8 @@ if n > 0 then
     redis.call('ZADD', KEYS[9], unpack(d))
     redis.call('PEXPIRE', KEYS[9], window)
   end
-  if marker[4] and KEYS[10] then redis.call('HDEL', KEYS[10], unpack(ids)) end
-  if marker[5] and KEYS[11] then
+  if meta[4] and KEYS[10] then redis.call('HDEL', KEYS[10], unpack(ids)) end
+  if meta[5] and KEYS[11] then
     local members = {}
     for i = 1, n do
       local list = tag_list(vals[i])

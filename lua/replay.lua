@@ -3,7 +3,7 @@
 -- KEYS[1]  the shard's dead-letter STREAM
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's history bucket for "now" (see dequeue.lua)
--- KEYS[4], KEYS[5]  optional: the shard's high and low lane STREAMs, KEYS[6] its marker
+-- KEYS[4], KEYS[5]  optional: the shard's high and low lane STREAMs, KEYS[6] its meta HASH
 --          HASH: a dead letter with priority = high or low goes back into its level's lane
 --          (opened with the normal stream's groups if needed, as dequeue.lua does)
 -- ARGV[1]  group filter: only dead letters of this group ("" = any group)
@@ -26,7 +26,7 @@ if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')
 end
 if KEYS[4] and not (KEYS[5] and KEYS[6]) then
-  return redis.error_reply('ERR delayq replay: both lane streams and the marker are needed')
+  return redis.error_reply('ERR delayq replay: both lane streams and the meta hash are needed')
 end
 local lanes = {}
 if KEYS[4] then lanes = { high = KEYS[4], low = KEYS[5] } end
