@@ -5,8 +5,8 @@
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's dead-letter STREAM
 -- KEYS[4]  the shard's meta HASH (field epoch)
--- KEYS[5], KEYS[6]  optional: the shard's high and low lane STREAMs (a group's pending and
---          lag are summed over the lanes)
+-- KEYS[5], KEYS[6]  the shard's high and low lane STREAMs (a group's pending and lag are
+--          summed over the lanes)
 -- ARGV[1]  the epoch the caller read from the registry record
 -- ARGV[2]  "1" = forced (fence even when not empty), "0" = refuse when not empty
 --
@@ -27,6 +27,7 @@
 -- a lag (entries deleted from the middle of a stream). Redis >= 7.0 (XINFO GROUPS reports
 -- entries-read and lag).
 -- @include groups
+if #KEYS ~= 6 then return redis.error_reply('ERR delayq fence: 6 KEYS expected') end
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq fence: the epoch is missing')
 end
