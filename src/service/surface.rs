@@ -304,6 +304,72 @@ mod tests {
         );
     }
 
+    fn stats(queue: &str, scheduled: u64, paused: bool, pending: &[u64]) -> QueueStats {
+        QueueStats {
+            queue: queue.into(),
+            scheduled,
+            overdue: 1,
+            oldest_overdue_ms: 0,
+            next_due_at_ms: None,
+            stream_length: 2,
+            dead: 3,
+            history: 0,
+            paused,
+            groups: pending
+                .iter()
+                .map(|&p| crate::engine::admin::stats::GroupStats {
+                    group: format!("g{p}"),
+                    pending: p,
+                    lag: None,
+                    consumers: 0,
+                    idle_ms: None,
+                    paused: false,
+                    kind: None,
+                })
+                .collect(),
+            priorities: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_stats_page_holds_its_queues_the_cursor_to_the_next_and_the_totals_of_all() {
+        let all = [
+            stats("a", 1, false, &[4]),
+            stats("b", 10, true, &[]),
+            stats("c", 100, false, &[5, 6]),
+        ];
+        let names = |p: &StatsAnswer| p.queues.iter().map(|q| q.queue.clone()).collect::<Vec<_>>();
+        let first = StatsAnswer::page(&all, None, 2);
+        assert_eq!(names(&first), ["a", "b"]);
+        assert_eq!(first.next, Some(Some("b".to_owned())));
+        // The totals are over every queue, whatever the page.
+        let totals = StatsSummary {
+            queues: 3,
+            paused: 1,
+            groups: 3,
+            scheduled: 111,
+            overdue: 3,
+            stream_length: 6,
+            pending: 15,
+            dead: 9,
+        };
+        assert_eq!(first.summary.as_ref(), Some(&totals));
+        let last = StatsAnswer::page(&all, Some("b"), 2);
+        assert_eq!(names(&last), ["c"]);
+        assert_eq!(last.next, Some(None), "the last page says so with null");
+        assert_eq!(last.summary, Some(totals));
+        // After a name between two queues: from the next one; after the last: empty.
+        assert_eq!(names(&StatsAnswer::page(&all, Some("a0"), 5)), ["b", "c"]);
+        assert!(StatsAnswer::page(&all, Some("z"), 5).queues.is_empty());
+        // One queue's statistics: no cursor, no totals.
+        assert_eq!(
+            serde_json::to_value(StatsAnswer::of(Vec::new())).unwrap(),
+            serde_json::json!({"queues": []})
+        );
+        assert_eq!(stats_limit(None), Ok(DEFAULT_STATS_LIMIT));
+        assert!(stats_limit(Some(0)).is_err() && stats_limit(Some(MAX_STATS_LIMIT + 1)).is_err());
+    }
+
     #[test]
     fn selection_needs_exactly_one_form() {
         assert_eq!(selection(true, vec![]).unwrap(), Selection::All);

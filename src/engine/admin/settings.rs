@@ -75,3 +75,50 @@ impl Queues {
         Ok(created)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each setting is checked by its own rule and a refusal names it; nothing given is
+    /// nothing to check.
+    #[test]
+    fn every_given_setting_is_checked_by_its_own_rule() {
+        assert_eq!(QueueSettings::default().validate(), Ok(()));
+        let ok = QueueSettings {
+            shards: Some(4),
+            history_retention: Some(Duration::from_secs(3600)),
+            expires_after: Some(Duration::ZERO),
+            dedup_window: Some(Duration::ZERO),
+            cancel_on: Some(Vec::new()),
+        };
+        assert_eq!(ok.validate(), Ok(()));
+        let year = Duration::from_secs(86_400 * 365 * 20);
+        for (bad, name) in [
+            (
+                QueueSettings {
+                    history_retention: Some(year),
+                    ..ok.clone()
+                },
+                "history_retention",
+            ),
+            (
+                QueueSettings {
+                    expires_after: Some(year),
+                    ..ok.clone()
+                },
+                "expires_after",
+            ),
+            (
+                QueueSettings {
+                    dedup_window: Some(year),
+                    ..ok.clone()
+                },
+                "dedup_window",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert!(e.to_string().contains(name), "{name}: {e}");
+        }
+    }
+}
