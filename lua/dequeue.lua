@@ -6,13 +6,14 @@
 -- KEYS[3]  the shard's STREAM       one entry per dispatched order
 -- KEYS[4]  the shard's history bucket for "now" ({ns:q:s}:history:<bucket_ms>:<bucket>):
 --          HASH order id -> "<entry id>:<due ms>"
--- KEYS[5]  the shard's marker HASH: while its field `paused` is set, nothing is moved
--- KEYS[6]  optional: the shard's levels HASH (order id -> high or low; see enqueue.lua)
--- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM (with KEYS[6])
--- KEYS[9]  optional: the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
--- KEYS[11] optional (with KEYS[10]): the shard's tag index ZSET (enqueue.lua)
--- KEYS[12] optional (with KEYS[11]): the shard's key index ZSET, KEYS[13] its key ring ZSET
---          (issue 42; see keyed.lua and enqueue.lua)
+-- KEYS[5]  the shard's meta HASH: while its field `paused` is set, nothing is moved
+-- KEYS[6]  the shard's levels HASH (order id -> high or low; see enqueue.lua)
+-- KEYS[7]  the shard's high lane STREAM, KEYS[8] its low lane STREAM
+-- KEYS[9]  the shard's dispatched ZSET, KEYS[10] its debounce HASH (enqueue.lua)
+-- KEYS[11] the shard's tag index ZSET (enqueue.lua)
+-- KEYS[12] the shard's key index ZSET, KEYS[13] its key ring ZSET (issue 42; see keyed.lua
+--          and enqueue.lua)
+--          Always all 13 KEYS (one arity; the caller is the Rust dispatcher alone).
 -- ARGV[1]  now, unix ms (the Redis server clock, read by the caller)
 -- ARGV[2]  batch limit, 1..1000 (each order costs several us of Redis time; keep calls short)
 -- ARGV[3]  when the history bucket expires, unix ms (0 = history off: KEYS[4] is untouched)
@@ -44,17 +45,17 @@
 -- "removed" and "written", or leave a dispatched order without its history.
 -- The history costs one HSET (all the batch's fields) and one PEXPIREAT per call: about a
 -- fifth more Redis CPU per dispatched order, ~92 bytes per order (docs/benchmarks.md).
--- Time rules (issue 44): while the marker has `dedup_ms` (the queue's dedup window), each
+-- Time rules (issue 44): while the meta hash has `dedup_ms` (the queue's dedup window), each
 -- moved id is added to the dispatched ZSET scored by now, the key's expiry is pushed to
 -- now + window (a shard that stops dispatching frees it whole), and at most `limit` ids
 -- older than the window are trimmed per call (ZCOUNT + ZREMRANGEBYRANK: O(log D + limit);
 -- a call adds at most `limit`, so trimming keeps pace). With `debounce`, the moved ids'
 -- debounce records are dropped. Neither field set: no extra command.
--- Tags (issue 43): while the marker has `tags` (the shard has had tagged orders), the moved
+-- Tags (issue 43): while the meta hash has `tags` (the shard has had tagged orders), the moved
 -- orders' index members are removed (their tags read from the values this call already
 -- holds: one ZREM per call); a shard without it does no work for tags.
--- Fair share between keys (issue 42; keyed.lua): while the marker has `keys` (the shard
--- holds keyed orders) and KEYS[13] is given, the due orders are not taken earliest first
+-- Fair share between keys (issue 42; keyed.lua): while the meta hash has `keys` (the shard
+-- holds keyed orders), the due orders are not taken earliest first
 -- but round robin between the participants that have due work: each key on the ring due
 -- by now (earliest first), the unkeyed orders indexed under "" among them, and the unkeyed
 -- orders written before the mark as one more participant (found among the first `limit`
@@ -80,8 +81,8 @@ local getdel = ARGV[4] == '1'
 if ARGV[4] ~= nil and ARGV[4] ~= '0' and ARGV[4] ~= '1' then
   return redis.error_reply('ERR delayq dequeue: the HGETDEL flag must be 0 or 1')
 end
-if KEYS[6] and not (KEYS[7] and KEYS[8]) then
-  return redis.error_reply('ERR delayq dequeue: with the levels HASH, both lane streams are needed')
+if #KEYS ~= 13 then
+  return redis.error_reply('ERR delayq dequeue: 13 KEYS expected')
 end
 if not now then
   return redis.error_reply('ERR delayq dequeue: now must be unix milliseconds')
@@ -93,12 +94,12 @@ if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq dequeue: history expiry must be unix milliseconds or 0')
 end
 
--- The epoch and the pause flag in one read of the marker.
-local marker = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags', 'keys')
-local window = tonumber(marker[3] or '0') or 0
+-- The epoch and the pause flag in one read of the meta hash.
+local meta = redis.call('HMGET', KEYS[5], 'epoch', 'paused', 'dedup_ms', 'debounce', 'tags', 'keys')
+local window = tonumber(meta[3] or '0') or 0
 local gone = 0
-if not marker[1] then gone = 1 end
-if marker[2] then
+if not meta[1] then gone = 1 end
+if meta[2] then
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return { 0, first[2] or false, 1, gone }
 end
@@ -247,7 +248,7 @@ end
 
 -- ids[i], dues[i]: the orders moved, in stream order.
 local ids, dues, n = {}, {}, 0
-if marker[6] and KEYS[13] then
+if meta[6] then
   ids, dues = fair_share(now, limit)
   n = #ids
 else
@@ -267,7 +268,7 @@ if n > 0 then
     redis.call('HDEL', KEYS[2], unpack(ids))
   end
   local levels = nil
-  if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then
+  if redis.call('EXISTS', KEYS[6]) == 1 then
     levels = redis.call('HMGET', KEYS[6], unpack(ids))
     redis.call('HDEL', KEYS[6], unpack(ids))
   end
@@ -307,14 +308,14 @@ if n > 0 then
     redis.call('HSET', KEYS[4], unpack(hist))
     redis.call('PEXPIREAT', KEYS[4], hist_at)
   end
-  if window > 0 and KEYS[9] then
+  if window > 0 then
     local d = {}
     for i = 1, n do d[2 * i - 1] = now; d[2 * i] = ids[i] end
     redis.call('ZADD', KEYS[9], unpack(d))
     redis.call('PEXPIRE', KEYS[9], window)
   end
-  if marker[4] and KEYS[10] then redis.call('HDEL', KEYS[10], unpack(ids)) end
-  if marker[5] and KEYS[11] then
+  if meta[4] then redis.call('HDEL', KEYS[10], unpack(ids)) end
+  if meta[5] then
     local members = {}
     for i = 1, n do
       local list = tag_list(vals[i])
@@ -325,7 +326,7 @@ if n > 0 then
     if #rm > 0 then redis.call('ZREM', KEYS[11], unpack(rm)) end
   end
 end
-if window > 0 and KEYS[9] then
+if window > 0 then
   local old = redis.call('ZCOUNT', KEYS[9], '-inf', '(' .. (now - window))
   if old > 0 then redis.call('ZREMRANGEBYRANK', KEYS[9], 0, math.min(old, limit) - 1) end
 end

@@ -4,15 +4,15 @@
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's dead-letter STREAM
--- KEYS[4]  the shard's marker HASH (field epoch)
--- KEYS[5], KEYS[6]  optional: the shard's high and low lane STREAMs (a group's pending and
---          lag are summed over the lanes)
+-- KEYS[4]  the shard's meta HASH (field epoch)
+-- KEYS[5], KEYS[6]  the shard's high and low lane STREAMs (a group's pending and lag are
+--          summed over the lanes)
 -- ARGV[1]  the epoch the caller read from the registry record
 -- ARGV[2]  "1" = forced (fence even when not empty), "0" = refuse when not empty
 --
 -- Returns: { fenced, scheduled, dead, group, pending, lag, group, pending, lag, ... }
 --   fenced    = 1 when the epoch was removed or the shard had none (a delete cut off and
---               resumed, or a create whose markers are not written yet: the caller then
+--               resumed, or a create whose meta hashes are not written yet: the caller then
 --               purges the shard's keys), 0 when it was refused (not empty, nothing
 --               written), -1 when the shard has another epoch (deleted and created again:
 --               left alone);
@@ -27,6 +27,7 @@
 -- a lag (entries deleted from the middle of a stream). Redis >= 7.0 (XINFO GROUPS reports
 -- entries-read and lag).
 -- @include groups
+if #KEYS ~= 6 then return redis.error_reply('ERR delayq fence: 6 KEYS expected') end
 if type(ARGV[1]) ~= 'string' or ARGV[1] == '' then
   return redis.error_reply('ERR delayq fence: the epoch is missing')
 end

@@ -1,7 +1,7 @@
 -- join_group.lua: create a consumer group on a shard's stream, only when it is new.
 --
 -- KEYS[1]  the shard's STREAM
--- KEYS[2]  the shard's marker HASH (field epoch while the queue exists)
+-- KEYS[2]  the shard's meta HASH (field epoch while the queue exists)
 -- ARGV[1]  group
 -- ARGV[2]  "create" (a worker starting: create the group if absent) or "rejoin" (a running
 --          worker whose read found no group: never create it again over an existing stream)

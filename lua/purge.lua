@@ -1,14 +1,14 @@
 -- purge.lua: the last step of deleting a queue, one shard at a time: unlink every key of
 -- the shard, unless the shard already belongs to a queue created again since.
 --
--- KEYS[1]  the shard's marker HASH (field epoch)
+-- KEYS[1]  the shard's meta HASH (field epoch)
 -- KEYS[2 ..]  every other key of the shard: schedule, payloads, levels, streams, dead
 --          letters, ticks, each group's timers and errors, rate limits and heartbeats
 --          (shard 0), history buckets
 -- ARGV[1]  the epoch being deleted
 --
--- Returns 1 when the keys were unlinked (the marker had this epoch or none: fenced by
--- fence.lua), -1 when the marker holds another epoch (the queue was deleted and created
+-- Returns 1 when the keys were unlinked (the meta hash had this epoch or none: fenced by
+-- fence.lua), -1 when the meta hash holds another epoch (the queue was deleted and created
 -- again: its shard is left alone).
 --
 -- Why one script: the epoch check and the unlink are one step, so a create that writes a

@@ -3,8 +3,8 @@
 -- KEYS[1]  the shard's dead-letter STREAM
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's history bucket for "now" (see dequeue.lua)
--- KEYS[4], KEYS[5]  optional: the shard's high and low lane STREAMs, KEYS[6] its marker
---          HASH: a dead letter with priority = high or low goes back into its level's lane
+-- KEYS[4], KEYS[5]  the shard's high and low lane STREAMs, KEYS[6] its meta HASH: a dead
+--          letter with priority = high or low goes back into its level's lane
 --          (opened with the normal stream's groups if needed, as dequeue.lua does)
 -- ARGV[1]  group filter: only dead letters of this group ("" = any group)
 -- ARGV[2]  when the history bucket expires, unix ms (0 = history off: KEYS[3] is untouched)
@@ -25,11 +25,10 @@ local hist_at = int(ARGV[2])
 if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')
 end
-if KEYS[4] and not (KEYS[5] and KEYS[6]) then
-  return redis.error_reply('ERR delayq replay: both lane streams and the marker are needed')
+if #KEYS ~= 6 then
+  return redis.error_reply('ERR delayq replay: 6 KEYS expected')
 end
-local lanes = {}
-if KEYS[4] then lanes = { high = KEYS[4], low = KEYS[5] } end
+local lanes = { high = KEYS[4], low = KEYS[5] }
 local n = 0
 local hist = {}
 for i = 3, #ARGV do

@@ -7,7 +7,7 @@
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's STREAM
 -- KEYS[3]  the shard's dead-letter STREAM
--- KEYS[4], KEYS[5]  optional: the shard's high and low lane STREAMs
+-- KEYS[4], KEYS[5]  the shard's high and low lane STREAMs
 -- ARGV[1]  now, unix ms
 --
 -- Returns: { scheduled, overdue, next_due_ms or false, stream_length, dead,
@@ -22,6 +22,7 @@
 -- O(groups + consumers) (XINFO GROUPS, XINFO CONSUMERS). Redis >= 6.2 (lag needs 7.0;
 -- older servers report -1).
 -- @include int, groups
+if #KEYS ~= 5 then return redis.error_reply('ERR delayq stats: 5 KEYS expected') end
 local now = int(ARGV[1])
 if not now then return redis.error_reply('ERR delayq stats: now must be unix milliseconds') end
 local scheduled = redis.call('ZCARD', KEYS[1])
@@ -30,7 +31,7 @@ local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local stream_len, dead = 0, 0
 local names, per = {}, {}
 local lanes = {}
-for li, stream in ipairs({ KEYS[2], KEYS[4] or false, KEYS[5] or false }) do
+for li, stream in ipairs({ KEYS[2], KEYS[4], KEYS[5] }) do
   local len, pend, unread = 0, 0, 0
   if stream and redis.call('EXISTS', stream) == 1 then
     len = redis.call('XLEN', stream)

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the shard's due ZSET      member = order id, score = due time (unix ms)
 -- KEYS[2]  the shard's payload HASH  field = order id, value = "<enqueued_ms>:<payload JSON>"
--- KEYS[3]  the shard's marker HASH   field epoch = the queue's epoch while it exists
+-- KEYS[3]  the shard's meta HASH   field epoch = the queue's epoch while it exists
 -- KEYS[4]  the shard's ticks HASH    field = schedule id, value = "<latest>:<fence>": the
 --                                    latest tick instant (unix ms) of that schedule
 --                                    enqueued in this shard, and the oldest generation of

@@ -26,16 +26,17 @@
 //!     the queue registry;
 //!   - administration: [`Queues`] (from [`Client::admin`]): queues and groups, pause,
 //!     statistics, order history and redelivery, dead letters;
-//!   - the loops: the [`Dispatcher`] and the [`Supervisor`] that runs one per registered
-//!     queue, the [`Worker`] (and [`MultiWorker`] over several queues), the [`Puller`] (a
+//!   - the loops (`engine::loops`, the worker apart in `engine::worker`): the
+//!     [`Dispatcher`] and the [`Supervisor`] that runs one per registered queue, the
+//!     [`Worker`] (and [`MultiWorker`] over several queues), the [`Puller`] (a
 //!     group consumed by receive and ack, with receipts), recurring
 //!     [`Schedules`] and their [`Scheduler`], the maintenance services. No loop imports
 //!     another.
 //! - [`orders`] (feature `orders`): the orders database, its repository, the `order-close`
 //!   handler and the reconciliation job; its own error ([`orders::error::Error`]) wraps the
 //!   engine's.
-//! - [`service`] (feature `server`): configuration, the admin layer shared by the CLI and
-//!   HTTP, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
+//! - [`service`] (feature `server`): configuration, the rules the CLI and HTTP add to the
+//!   engine's admin API, the HTTP API, the built-in handlers, Prometheus metrics, `delayq serve`.
 //! - [`cli`] (feature `cli`): the `delayq` command line, one file per verb (`main.rs` only
 //!   parses and calls it).
 //! - [`testing`] (feature `test-util`): a throwaway `redis-server` ([`LocalRedis`]) for
@@ -88,19 +89,22 @@ pub use engine::client::{Client, ClientOptions, Durability};
 #[cfg(feature = "test-util")]
 pub use engine::clock::ManualClock;
 pub use engine::clock::{Clock, RedisClock};
-pub use engine::dispatcher::{Dispatcher, DispatcherOptions, Pass};
 pub use engine::error::{Error, InvalidInput, Result};
 pub use engine::events::CancelRule;
 pub use engine::history::{Cancellation, CancelledBy};
-pub use engine::housekeeping::{DeadLetterOptions, Housekeeper, HousekeepingOptions};
+pub use engine::loops::dispatcher::{Dispatcher, DispatcherOptions, Pass};
+pub use engine::loops::housekeeping::{DeadLetterOptions, Housekeeper, HousekeepingOptions};
+pub use engine::loops::scheduler::Scheduler;
+pub use engine::loops::supervisor::{
+    DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport,
+};
 pub use engine::message::{
     BatchItem, CancelOutcome, ItemOutcome, Mode, NewOrder, Payload, RescheduleOutcome,
     ScheduleOutcome, Scheduled, ScheduledOrder, When,
 };
 pub use engine::outcome::WriteOutcome;
 pub use engine::priority::{Priority, PriorityMode};
-pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Scheduler, Schedules};
-pub use engine::supervisor::{DispatchSelection, Supervisor, SupervisorOptions, SupervisorReport};
+pub use engine::schedules::{Missed, ScheduleInfo, ScheduleSpec, Schedules};
 pub use engine::time_rules::{Debounce, DebounceState, DedupWindow};
 pub use engine::trace::{ConsumerSpan, TraceContext};
 pub use engine::worker::{

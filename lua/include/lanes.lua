@@ -5,11 +5,11 @@
 
 -- Opens a priority lane of a shard, once: makes its stream with every consumer group the
 -- shard's normal stream has (each reading from the start of the lane) and sets the lane's
--- marker field in the shard's marker HASH, from which readers learn that it is in use.
-local function open_lane(lane, normal, meta, marker)
+-- flag (a field of the shard's meta HASH), from which readers learn that it is in use.
+local function open_lane(lane, normal, meta, flag)
   if redis.call('EXISTS', lane) == 1 then return end
   for _, g in ipairs(group_names(normal)) do
     redis.call('XGROUP', 'CREATE', lane, g, '0', 'MKSTREAM')
   end
-  redis.call('HSET', meta, marker, '1')
+  redis.call('HSET', meta, flag, '1')
 end

@@ -1,17 +1,18 @@
 //! `delayq cancel QUEUE ID` (exit 1 when not found).
 
 use super::{Failure, Global, VerbResult, print_json};
-use crate::service::admin::{self, Admin};
+use crate::engine::message::CancelOutcome;
+use crate::service::surface::{self, Outcome};
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, queue: &str, id: &str) -> VerbResult {
-    admin::check_order_ref(queue, id)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    match a.cancel(queue, id).await? {
-        Ok(c) => {
-            print_json(&c);
+    surface::check_order_ref(queue, id)?;
+    let outcome = g.connect().await?.cancel(queue, id).await?;
+    match outcome {
+        CancelOutcome::Cancelled => {
+            print_json(&Outcome { outcome });
             Ok(())
         }
-        Err(nf) => Err(Failure::not_found(&nf)),
+        CancelOutcome::NotFound => Err(Failure::not_found(&Outcome { outcome })),
     }
 }

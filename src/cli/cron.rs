@@ -12,7 +12,6 @@ use crate::engine::message::Payload;
 use crate::engine::schedules::{
     Missed, ScheduleInfo, ScheduleSpec, Schedules, validate_schedule_id,
 };
-use crate::service::admin::Admin;
 use chrono::{DateTime, SecondsFormat, Utc};
 
 /// Runs the verb.
@@ -52,8 +51,8 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
                 spec = spec.missed(Missed::parse(m)?);
             }
             spec.validate(ClientOptions::default().max_payload_bytes)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            let answer = Schedules::new(a.client())
+            let client = g.connect().await?;
+            let answer = Schedules::new(&client)
                 .upsert(&spec)
                 .await
                 .map_err(unregistered_queue)?;
@@ -84,8 +83,8 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
             if let Some(q) = &queue {
                 QueueName::new(q)?;
             }
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            let all = Schedules::new(a.client()).list(queue.as_deref()).await?;
+            let client = g.connect().await?;
+            let all = Schedules::new(&client).list(queue.as_deref()).await?;
             if json {
                 print_json(&all);
             } else {
@@ -94,8 +93,8 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
         }
         CronAction::Show { queue, id, json } => {
             check_ref(&queue, &id)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            let Some(info) = Schedules::new(a.client()).get(&queue, &id).await? else {
+            let client = g.connect().await?;
+            let Some(info) = Schedules::new(&client).get(&queue, &id).await? else {
                 return Err(no_such_schedule(&queue, &id));
             };
             if json {
@@ -106,8 +105,8 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
         }
         CronAction::Remove { queue, id } => {
             check_ref(&queue, &id)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            if !Schedules::new(a.client()).remove(&queue, &id).await? {
+            let client = g.connect().await?;
+            if !Schedules::new(&client).remove(&queue, &id).await? {
                 return Err(no_such_schedule(&queue, &id));
             }
             outln!("removed schedule {id} from queue {queue}");
@@ -121,11 +120,8 @@ pub(super) async fn run(g: &Global, action: CronAction) -> VerbResult {
 /// `cron pause` / `cron resume`.
 async fn pause(g: &Global, queue: &str, id: &str, pause: bool) -> VerbResult {
     check_ref(queue, id)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    let Some(info) = Schedules::new(a.client())
-        .set_paused(queue, id, pause)
-        .await?
-    else {
+    let client = g.connect().await?;
+    let Some(info) = Schedules::new(&client).set_paused(queue, id, pause).await? else {
         return Err(no_such_schedule(queue, id));
     };
     match info.next_ms {

@@ -1,7 +1,7 @@
 //! `delayq dead list|replay|purge QUEUE ...`.
 
 use super::{DeadAction, Global, VerbResult, json_line, print_json};
-use crate::service::admin::{self, Admin};
+use crate::service::surface::{self, Purged, Replayed};
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
@@ -14,10 +14,12 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             after,
             json,
         } => {
-            admin::check_queue_group(&queue, group.as_deref())?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            let page = a
-                .dead_list(&queue, group.as_deref(), after.as_deref(), Some(limit))
+            surface::check_queue_group(&queue, group.as_deref())?;
+            let client = g.connect().await?;
+            let limit = surface::dead_limit(Some(limit))?;
+            let page = client
+                .admin()
+                .dead_page(&queue, group.as_deref(), after.as_deref(), limit)
                 .await?;
             if let Some(next) = &page.next {
                 eprintln!("more: the next page starts with --after {next}");
@@ -50,13 +52,16 @@ pub(super) async fn run(g: &Global, action: DeadAction) -> VerbResult {
             all,
             entry_ids,
         } => {
-            admin::check_queue_group(&queue, group.as_deref())?;
-            let sel = admin::selection(all, entry_ids)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+            surface::check_queue_group(&queue, group.as_deref())?;
+            let sel = surface::selection(all, entry_ids)?;
+            let admin = g.connect().await?.admin();
+            let group = group.as_deref();
             if replay {
-                print_json(&a.dead_replay(&queue, group.as_deref(), &sel).await?);
+                let replayed = admin.dead_replay(&queue, group, &sel).await?;
+                print_json(&Replayed { replayed });
             } else {
-                print_json(&a.dead_purge(&queue, group.as_deref(), &sel).await?);
+                let purged = admin.dead_purge(&queue, group, &sel).await?;
+                print_json(&Purged { purged });
             }
             Ok(())
         }

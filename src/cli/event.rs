@@ -3,7 +3,6 @@
 
 use super::{Failure, Global, VerbResult, print_json};
 use crate::engine::client::events::Event;
-use crate::service::admin::Admin;
 
 /// Runs the verb: the event is checked before connecting (exit 2 on bad input).
 pub(super) async fn run(g: &Global, name: &str, data: &str, id: Option<String>) -> VerbResult {
@@ -15,7 +14,6 @@ pub(super) async fn run(g: &Global, name: &str, data: &str, id: Option<String>) 
         id,
     };
     event.validate()?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(&a.client().post_event(&event).await?);
+    print_json(&g.connect().await?.post_event(&event).await?);
     Ok(())
 }

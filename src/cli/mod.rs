@@ -2,7 +2,8 @@
 //!
 //! Output is one JSON line per result on stdout; errors go to stderr. Exit codes: 0 success,
 //! 1 not found, 2 invalid input, 3 Redis unreachable or another runtime failure. The verbs
-//! that touch queues go through [`crate::service::admin`], as the HTTP API does.
+//! that touch queues call the engine's client and admin API and print its types, with the
+//! rules the HTTP API applies too ([`crate::service::surface`]).
 
 /// `println!` for the CLI's stdout: a closed stdout (`delayq stats --watch | head -1`,
 /// `less` quit early) ends the process quietly with exit 0 instead of a panic.
@@ -171,6 +172,16 @@ pub(crate) struct Global {
     pub redis_url: String,
     /// The key namespace.
     pub namespace: String,
+}
+
+impl Global {
+    /// A client of the Redis URL and namespace.
+    pub(crate) async fn connect(
+        &self,
+    ) -> crate::engine::error::Result<crate::engine::client::Client> {
+        let opts = crate::engine::client::ClientOptions::default().namespace(&self.namespace);
+        crate::engine::client::Client::connect_with(&self.redis_url, opts).await
+    }
 }
 
 async fn dispatch(cli: Cli) -> VerbResult {

@@ -1,10 +1,11 @@
 //! `delayq queue create|list|delete` and `delayq group delete`.
 
 use super::{Global, QueueAction, VerbResult, print_json};
+use crate::engine::admin::QueueSettings;
 use crate::engine::duration::parse_duration;
 use crate::engine::history::HistoryPolicy;
 use crate::engine::keys::QueueName;
-use crate::service::admin::Admin;
+use crate::service::surface::{self, GroupDeleted, QueueDeleted};
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
@@ -44,22 +45,18 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
             if let Some(w) = window {
                 crate::engine::time_rules::DedupWindow::new(w)?;
             }
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(
-                &a.create_queue(
-                    &queue,
-                    Some(shards),
-                    retention,
-                    expires_after,
-                    window,
-                    (!rules.is_empty()).then_some(rules.as_slice()),
-                )
-                .await?,
-            );
+            let settings = QueueSettings {
+                shards: Some(shards),
+                history_retention: retention,
+                expires_after,
+                dedup_window: window,
+                cancel_on: (!rules.is_empty()).then_some(rules),
+            };
+            let admin = g.connect().await?.admin();
+            print_json(&admin.create_queue_with(&queue, &settings).await?);
         }
         QueueAction::List => {
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            for q in a.list_queues().await? {
+            for q in g.connect().await?.admin().list_queues().await? {
                 print_json(&q);
             }
         }
@@ -67,8 +64,13 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
         QueueAction::Resume { queue, group } => pause(g, &queue, group.as_deref(), false).await?,
         QueueAction::Delete { queue, force } => {
             QueueName::new(&queue)?;
-            let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-            print_json(&a.delete_queue(&queue, force).await?);
+            let held = g
+                .connect()
+                .await?
+                .admin()
+                .delete_queue(&queue, force)
+                .await?;
+            print_json(&QueueDeleted::new(&queue, held));
         }
     }
     Ok(())
@@ -76,9 +78,15 @@ pub(super) async fn run(g: &Global, action: QueueAction) -> VerbResult {
 
 /// `delayq group delete QUEUE GROUP [--force]`.
 pub(super) async fn delete_group(g: &Global, queue: &str, group: &str, force: bool) -> VerbResult {
-    crate::service::admin::check_queue_group(queue, Some(group))?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(&a.delete_group(queue, group, force).await?);
+    surface::check_queue_group(queue, Some(group))?;
+    let admin = g.connect().await?.admin();
+    let pending = admin.delete_group(queue, group, force).await?;
+    print_json(&GroupDeleted {
+        queue,
+        group,
+        deleted: true,
+        pending,
+    });
     Ok(())
 }
 
@@ -90,22 +98,17 @@ pub(super) async fn group_keys(
     limit: Option<usize>,
     after: Option<&str>,
 ) -> VerbResult {
-    crate::service::admin::check_queue_group(queue, Some(group))?;
+    surface::check_queue_group(queue, Some(group))?;
     let limit = crate::engine::admin::keys::keys_limit(limit)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(
-        &a.client()
-            .admin()
-            .group_keys(queue, group, limit, after)
-            .await?,
-    );
+    let admin = g.connect().await?.admin();
+    print_json(&admin.group_keys(queue, group, limit, after).await?);
     Ok(())
 }
 
 /// `delayq queue pause|resume QUEUE [--group G]`.
 async fn pause(g: &Global, queue: &str, group: Option<&str>, paused: bool) -> VerbResult {
-    crate::service::admin::check_queue_group(queue, group)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(&a.set_paused(queue, group, paused).await?);
+    surface::check_queue_group(queue, group)?;
+    let admin = g.connect().await?.admin();
+    print_json(&admin.set_paused(queue, group, paused).await?);
     Ok(())
 }

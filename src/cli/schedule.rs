@@ -10,7 +10,7 @@ use crate::engine::duration::parse_duration;
 use crate::engine::message::{Mode, NewOrder, Payload, When};
 use crate::engine::time_rules::Debounce;
 use crate::engine::trace::TraceContext;
-use crate::service::admin::{self, Admin};
+use crate::service::surface::{self, InQueue};
 
 /// Runs the verb (`c` is a [`Command::Schedule`]).
 pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
@@ -54,7 +54,7 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
         }
     };
     let payload = Payload::from_json(&payload)?;
-    admin::check_order_ref(&queue, &id)?;
+    surface::check_order_ref(&queue, &id)?;
     let mode = if if_absent {
         Mode::IfAbsent
     } else {
@@ -84,9 +84,15 @@ pub(super) async fn run(g: &Global, c: Command) -> VerbResult {
     if let Some(t) = trace_from_env() {
         order = order.with_trace(t);
     }
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    let answer = a.schedule(&queue, order, mode).await?;
-    print_json(&answer);
+    let value = g
+        .connect()
+        .await?
+        .schedule_with(&queue, order, mode)
+        .await?;
+    print_json(&InQueue {
+        queue: &queue,
+        value,
+    });
     Ok(())
 }
 

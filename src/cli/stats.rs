@@ -2,23 +2,26 @@
 
 use super::{Global, VerbResult, print_json};
 use crate::engine::admin::stats::QueueStats;
-use crate::service::admin::{self, Admin};
+use crate::service::surface::{self, StatsAnswer};
 
 /// Runs the verb.
 pub(super) async fn run(g: &Global, queue: Option<&str>, json: bool, watch: bool) -> VerbResult {
     if let Some(q) = queue {
-        admin::check_queue_group(q, None)?;
+        surface::check_queue_group(q, None)?;
     }
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
+    let client = g.connect().await?;
     loop {
-        let answer = a.stats(queue).await?;
+        let answer = StatsAnswer::of(match queue {
+            Some(q) => vec![client.admin().stats(q).await?],
+            None => client.admin().stats_all().await?,
+        });
         if json {
             print_json(&answer);
         } else {
             if watch {
                 out!("\x1b[2J\x1b[H");
             }
-            out!("{}", table(&answer.queues, a.client().now_ms()));
+            out!("{}", table(&answer.queues, client.now_ms()));
         }
         if !watch {
             return Ok(());

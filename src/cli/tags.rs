@@ -7,13 +7,12 @@ use crate::engine::client::tags::TagMove;
 use crate::engine::duration::{ms, parse_duration};
 use crate::engine::message::When;
 use crate::engine::tags::validate_tag;
-use crate::service::admin::Admin;
 
 /// `delayq cancel --tag`: prints the counts (`{"total": n, "queues": {...}}`).
 pub(super) async fn cancel(g: &Global, queue: Option<&str>, tag: &str) -> VerbResult {
     validate_tag(tag)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(&a.client().tag_cancel(queue, tag).await?);
+    let client = g.connect().await?;
+    print_json(&client.tag_cancel(queue, tag).await?);
     Ok(())
 }
 
@@ -26,8 +25,8 @@ pub(super) async fn list(
     after: Option<&str>,
 ) -> VerbResult {
     validate_tag(tag)?;
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    let page = a.client().tag_list(queue, tag, limit, after).await?;
+    let client = g.connect().await?;
+    let page = client.tag_list(queue, tag, limit, after).await?;
     for o in &page.orders {
         print_json(o);
     }
@@ -61,7 +60,7 @@ pub(super) async fn reschedule(
             return Err(Failure::Invalid("give one of --in, --at or --shift".into()));
         }
     };
-    let a = Admin::connect(&g.redis_url, &g.namespace).await?;
-    print_json(&a.client().tag_reschedule(queue, tag, to).await?);
+    let client = g.connect().await?;
+    print_json(&client.tag_reschedule(queue, tag, to).await?);
     Ok(())
 }

@@ -37,7 +37,7 @@
 //! before any order of the queue ever declared its rule is not remembered for that rule.
 //!
 //! **Rule versions.** A queue's rules live in its registry record (field [`RECORD_FIELD`],
-//! JSON with a version); each shard's marker holds the version, and `enqueue.lua` refuses a
+//! JSON with a version); each shard's meta hash holds the version, and `enqueue.lua` refuses a
 //! producer whose cached version differs (it re-reads the record and retries), so no order
 //! is scheduled under rules older than a change that has answered.
 
@@ -48,7 +48,7 @@ use serde_json::Value;
 /// The name of the option on every surface (errors, JSON, configuration).
 pub const FIELD: &str = "cancel_on";
 
-/// The registry record's and the shard marker's field holding a queue's rules.
+/// The registry record's and the shard meta hash's field holding a queue's rules.
 pub const RECORD_FIELD: &str = "cancel_on";
 
 /// Most rules per queue.
@@ -391,7 +391,7 @@ pub(crate) fn parse_order_rule(field: &str) -> Option<CancelRule> {
 /// A queue's rules as its record stores them: the version and the list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct StoredRules {
-    /// Changes with every write of the rules (the shards' markers hold it).
+    /// Changes with every write of the rules (the shards' meta hashes hold it).
     pub v: String,
     /// The rules.
     pub rules: Vec<CancelRule>,

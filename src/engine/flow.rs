@@ -1,7 +1,7 @@
 //! Flow control: pausing a queue's dispatch or a group's consumption, and rate limits shared
 //! by every process of a group.
 //!
-//! **Pause** flags live in every shard's marker (`{ns:q:s}:meta`: field `paused` for the
+//! **Pause** flags live in every shard's meta hash (`{ns:q:s}:meta`: field `paused` for the
 //! queue, `paused:<group>` for a group), checked inside `dequeue.lua` and `read.lua`: once
 //! a pause call has answered, no dispatch or read starts anywhere. The registry record
 //! keeps a copy for listings. A resume wakes this process's dispatchers and readers at
@@ -135,7 +135,7 @@ impl QueueWatch {
     }
 
     /// The queue's history retention (history off when the record cannot be read: an entry
-    /// then just has no marker).
+    /// then just has no meta hash).
     pub(crate) async fn history(&self, client: &Client) -> HistoryPolicy {
         match self.flags(client).await {
             Ok(f) => f.history,

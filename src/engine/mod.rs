@@ -15,10 +15,13 @@
 //! - [`admin`]: queue administration ([`Queues`](admin::Queues), from `Client::admin`):
 //!   queues and groups, pause, statistics, order history and redelivery, dead letters.
 //! - `reply` (crate-private): every parser of a Redis reply shape.
-//! - [`dispatcher`]: the poller moving due orders into the streams.
-//! - [`supervisor`]: one dispatcher for every queue of the registry, following it.
+//! - [`loops`]: the background loops but the worker's, one file each: the
+//!   [`dispatcher`](loops::dispatcher) moving due orders into the streams (its sizing and
+//!   spacing pure in `pacing`), the [`supervisor`](loops::supervisor) running one for every
+//!   queue of the registry, [`housekeeping`](loops::housekeeping) (cron chores: stream
+//!   trimming, idle consumers, the safety sweep; `chores` runs them) and the recurring
+//!   schedules' [`scheduler`](loops::scheduler).
 //! - [`worker`]: consumer groups running business handlers.
-//! - [`housekeeping`]: cron chores: stream trimming, idle consumers, the safety sweep.
 //! - [`expiry`]: expiry of stale work (`expires_after`): the rule, its stored form, the check.
 //! - [`order_key`]: an order's key (issue 42): its rule, its stored form, fair share.
 //! - [`flow`]: flow control the loops follow: pause flags, shared rate limits.
@@ -37,11 +40,9 @@
 
 pub mod admin;
 pub mod backoff;
-pub(crate) mod chores;
 pub mod client;
 pub mod clock;
 pub mod conn;
-pub mod dispatcher;
 pub mod duration;
 pub mod error;
 pub mod events;
@@ -49,20 +50,18 @@ pub mod expiry;
 pub mod flow;
 pub mod history;
 pub mod history_counts;
-pub mod housekeeping;
 pub mod keys;
 pub(crate) mod listen;
+pub mod loops;
 pub mod message;
 pub mod order_key;
 pub mod outcome;
-pub(crate) mod pacing;
 pub mod priority;
 pub mod redact;
 pub(crate) mod reply;
 pub mod retry;
 pub mod schedules;
 pub mod scripts;
-pub mod supervisor;
 pub mod tags;
 pub mod telemetry;
 pub mod time_rules;
@@ -71,3 +70,6 @@ pub mod version;
 mod wake;
 pub mod when;
 pub mod worker;
+
+// The loops' public paths from before they moved into `loops/`.
+pub use loops::{dispatcher, housekeeping, supervisor};

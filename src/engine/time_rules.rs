@@ -7,7 +7,7 @@
 //! dispatch time) and `enqueue.lua` answers [`Duplicate`](crate::ScheduleOutcome::Duplicate)
 //! for an id that is not waiting and was dispatched within the window, writing nothing,
 //! unless the order asks to be scheduled again ([`NewOrder::repeat`](crate::NewOrder)). The
-//! window lives in every shard's marker (`{ns:q:s}:meta`, field [`DEDUP_FIELD`], beside the
+//! window lives in every shard's meta hash (`{ns:q:s}:meta`, field [`DEDUP_FIELD`], beside the
 //! epoch the scripts read anyway), so scripts stay within the shard's hash tag on a cluster,
 //! and a copy in the registry record for listings. Redis 7.0 has no per-field hash expiry, so
 //! the ZSET is trimmed by `dequeue.lua` (at most a batch's worth of ids older than the window
@@ -26,7 +26,7 @@ use crate::engine::error::InvalidInput;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The marker and registry-record field holding a queue's dedup window, in ms.
+/// The meta-hash and registry-record field holding a queue's dedup window, in ms.
 pub(crate) const DEDUP_FIELD: &str = "dedup_ms";
 
 /// A queue's dedup window after dispatch: zero (off, the default) or 1 ms ..= 10 years.

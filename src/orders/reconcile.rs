@@ -15,8 +15,8 @@
 use crate::engine::admin::history::Redelivered;
 use crate::engine::client::Client;
 use crate::engine::error::InvalidInput;
-use crate::engine::housekeeping::{Chore, ChoreReport, run_chores, validate_cron};
 use crate::engine::keys::{QueueName, validate_member_name};
+use crate::engine::loops::housekeeping::{Chore, ChoreReport, run_chores, validate_cron};
 use crate::engine::message::{NewOrder, When};
 use crate::orders::error::Result;
 use crate::orders::repo::Orders;

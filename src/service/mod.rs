@@ -2,7 +2,8 @@
 //!
 //! - [`config`]: the TOML configuration, env overrides, conversion into the library's
 //!   option types with the key named on error.
-//! - [`admin`]: the operations the CLI and the HTTP API share: validation, typed answers.
+//! - [`surface`]: the rules the CLI and the HTTP API add to the engine's admin API (batch
+//!   caps, page limits, dead-letter selections) and the few answer shapes only they have.
 //! - [`http`]: the HTTP API (`http::app(state) -> Router`) and its server.
 //! - [`ui`]: the web dashboard under `/ui/` (sessions, the timing ring buffer, embedded
 //!   assets).
@@ -10,10 +11,10 @@
 //! - [`metrics`]: the Prometheus recorder and the gauges.
 //! - [`serve`]: dispatchers, housekeeping, workers and the HTTP API together.
 
-pub mod admin;
 pub mod config;
 pub mod handlers;
 pub mod http;
 pub mod metrics;
 pub mod serve;
+pub mod surface;
 pub mod ui;

@@ -10,7 +10,7 @@ use crate::support;
 
 use delayq::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN, QueueName, shard_of};
 use delayq::engine::message::{DueFields, MAX_AHEAD_MS, MAX_PAYLOAD_DEPTH};
-use delayq::service::admin::{self, Admin};
+use delayq::service::surface as admin;
 use delayq::{
     CancelOutcome, Client, ClientOptions, Clock, Debounce, Error, LocalRedis, ManualClock, Mode,
     NewOrder, Payload, Priority, RescheduleOutcome, ScheduleOutcome, Scheduled, When,
@@ -300,7 +300,7 @@ fn mode_of(case: &Map<String, Value>) -> Result<Mode, String> {
     }
 }
 
-/// The world the cases run in: one client, its admin layer, and what this run has scheduled
+/// The world the cases run in: one client and what this run has scheduled
 /// (so a cancel, get or reschedule of an id knows whether to find it).
 struct Run {
     url: String,
@@ -308,7 +308,6 @@ struct Run {
     namespace: String,
     now: i64,
     client: Client,
-    admin: Admin,
     /// Shard count of each registered queue.
     shards: HashMap<String, u16>,
     /// (queue, id) of every order scheduled and not cancelled.
@@ -494,7 +493,7 @@ impl Run {
         }
     }
 
-    /// A batch, through the admin layer's batch path (`Admin::schedule_batch`, what the HTTP
+    /// A batch, through the surfaces' batch path (`surface::schedule_batch`, what the HTTP
     /// API's batch endpoint calls): it applies the batch-size rule (`admin::check_batch_len`,
     /// at most `MAX_BATCH` orders) before `Client::schedule_many`, which has no limit of
     /// its own.
@@ -567,19 +566,8 @@ impl Run {
             }
             _ => return Err("needs exactly one of orders (a list) and generate".into()),
         }
-        match self.admin.schedule_batch(queue, &orders, mode).await {
-            Ok(answer) => {
-                let results: Vec<Scheduled> = answer
-                    .results
-                    .into_iter()
-                    .map(|a| Scheduled {
-                        id: a.id,
-                        due_at_ms: a.due_at_ms,
-                        outcome: a.outcome,
-                        dispatched_at_ms: a.dispatched_at_ms,
-                        event: a.event,
-                    })
-                    .collect();
+        match admin::schedule_batch(&self.client, queue, &orders, mode).await {
+            Ok(results) => {
                 let spec: Vec<(&str, &str, i64, Priority)> = spec
                     .iter()
                     .map(|(id, p, due, level)| (id.as_str(), p.as_str(), *due, *level))
@@ -773,7 +761,6 @@ async fn every_case_gives_the_expected_outcome() {
         clock,
         namespace,
         now,
-        admin: Admin::new(client.clone()),
         client: client.clone(),
         shards,
         scheduled: HashSet::new(),

@@ -59,7 +59,7 @@ fn expected(orders: &[(&str, Option<&str>, i64)]) -> (BTreeSet<String>, BTreeMap
     (members, ring)
 }
 
-/// Whether any shard's marker says it holds keyed orders.
+/// Whether any shard's meta hash says it holds keyed orders.
 async fn marked(client: &Client) -> bool {
     let q = delayq::engine::keys::QueueName::new(Q).unwrap();
     for k in client.keyspace().shards(&q, client.options().shards) {
@@ -193,13 +193,13 @@ async fn a_bad_key_is_refused_naming_the_field() {
 }
 
 /// Upserts, reschedules and cancels keep the key index exact; dispatch empties it and
-/// clears the shards' marker; unkeyed orders never make one.
+/// clears the shards' meta field; unkeyed orders never make one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_key_index_stays_exact() {
     let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
     let now = client.now_ms();
     let t = |s: i64| now + 60_000 + s;
-    // Unkeyed orders alone: no index, no marker.
+    // Unkeyed orders alone: no index, no meta field.
     client
         .schedule(Q, "plain-0", When::at_ms(t(0)), json!(0))
         .await
@@ -271,7 +271,7 @@ async fn the_key_index_stays_exact() {
     assert!(!refs.iter().any(|o| o.0 == "o-3"));
     assert_eq!(index_of(&client).await, expected(&refs));
 
-    // Everything due now: dispatched, the index and the markers gone.
+    // Everything due now: dispatched, the index and the meta fields gone.
     let all: Vec<String> = want.iter().map(|w| w.0.clone()).collect();
     for id in &all {
         client.reschedule(Q, id, When::in_ms(0)).await.unwrap();

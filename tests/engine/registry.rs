@@ -603,7 +603,7 @@ async fn creates_racing_deletes_never_leave_an_accepting_undispatched_queue() {
                 )
             }
         }
-        // Every shard's marker holds the record's epoch, or none when it is gone.
+        // Every shard's meta hash holds the record's epoch, or none when it is gone.
         let epoch: Option<String> = raw(&checker, &["HGET", "{dq}:queue:race", "epoch"]).await;
         for shard in 0..SHARDS {
             let m: Option<String> = raw(

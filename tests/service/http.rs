@@ -701,7 +701,7 @@ async fn every_queues_statistics_come_in_pages_with_totals_over_all_of_them() {
 async fn a_stats_page_over_the_documented_bound_is_refused_naming_limit() {
     let (_s, client) = start().await;
     let router = app(AppState::new(client.clone(), Vec::new()));
-    let max = delayq::service::admin::MAX_STATS_LIMIT;
+    let max = delayq::service::surface::MAX_STATS_LIMIT;
     assert_eq!(max, 1000, "the README documents at most 1,000");
     let (status, _) = call(
         &router,

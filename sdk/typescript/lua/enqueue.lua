@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the shard's due ZSET     member = order id, score = due time (unix ms)
 -- KEYS[2]  the shard's payload HASH field = order id, value = "<enqueued_ms>:<payload JSON>"
--- KEYS[3]  the shard's marker HASH  field epoch = the queue's epoch while it exists
+-- KEYS[3]  the shard's meta HASH  field epoch = the queue's epoch while it exists
 -- KEYS[4]  optional: the shard's levels HASH (field = order id, value = high or low, for the
 --          scheduled orders that are not normal). Given: the orders come as quadruples (see
 --          ARGV) and each one's level is set; absent (producers that predate priorities):
@@ -12,7 +12,7 @@
 --          needed when the queue has one
 -- KEYS[6]  optional (with KEYS[5]): the shard's tag index ZSET (score 0, member
 --          "<tag>\x1f<id>" per tag of each scheduled order; src/engine/tags.rs); needed when
---          the call carries tags or the shard has had tagged orders (marker field `tags`)
+--          the call carries tags or the shard has had tagged orders (meta field `tags`)
 -- KEYS[7]  optional (with KEYS[6]): the shard's debounce HASH (order id -> "<first call
 --          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
 --          whose orders carry no time rules leaves it out and sends quadruples.
@@ -32,7 +32,7 @@
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record; a producer
 --          that computes cancel-on-event tokens appends "\x1f<rules version>" ("" for no
---          rules): a version other than the marker's field `cancel_on` (or than either of
+--          rules): a version other than the meta hash's field `cancel_on` (or than either of
 --          its "<old>|<new>" while the rules change) is refused as
 --          stale_epoch (the caller re-reads the record); no "\x1f" on a shard with rules is
 --          refused (an older producer would schedule orders without their tokens)
@@ -54,23 +54,23 @@
 --
 -- Tags (issue 43; src/engine/tags.rs): the index is kept exact in this call: a written order's
 -- tags are added, an upsert's old tags (parsed from the old stored value) removed. The
--- marker's field `tags` says the shard has had tagged orders: while it is absent and the
+-- meta hash's field `tags` says the shard has had tagged orders: while it is absent and the
 -- call carries none, nothing more is done (an untagged call on an untagged shard pays one
--- more field in the marker's HMGET, nothing per order).
+-- more field in the meta hash's HMGET, nothing per order).
 -- Events (issue 43 item 4): match tokens are tags starting with \x01. Only a call that
 -- carries tags and passes KEYS[10] looks for them (one string.find per order; one ZMSCORE
 -- per 1,000 tokens found): an untagged call does nothing more, per order or per call.
--- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard marker's field `dedup_ms` (read in
+-- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard meta hash's field `dedup_ms` (read in
 -- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
 -- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
 -- and its cap (first + max_wait); each call sets due = min(now + delay, cap), payload
 -- replaced; an order not waiting starts afresh (the record lives while the order waits: a
--- plain upsert keeps it; dispatch and cancel drop it). The marker's field `debounce` tells
+-- plain upsert keeps it; dispatch and cancel drop it). The meta hash's field `debounce` tells
 -- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
 -- A call without time rules sends no more per order than before (quadruples).
 -- Keys (issue 42): a keyed order (its key column not "") is also indexed (KEYS[8], KEYS[9]:
 -- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores)
--- and the marker's field `keys` is set; while it is set, unkeyed orders written are
+-- and the meta hash's field `keys` is set; while it is set, unkeyed orders written are
 -- indexed under "" too. An
 -- upsert on a shard with `keys` reads the known ids' stored values (one HMGET, and one
 -- ZMSCORE for the unkeyed ones' members) and moves their members (an upsert without a key
@@ -151,7 +151,7 @@ end
 -- dequeue, cancel, reschedule, tag_bulk). An include, not a script: a script that names it
 -- in its header (`-- @include keyed`) gets it after its header (`engine::scripts::source`).
 --
--- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- The index exists only while the shard holds keyed orders (the meta HASH's field `keys`
 -- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
 -- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
 -- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has
@@ -277,9 +277,9 @@ for i = 4, #ARGV, w do
   end
 end
 
-local marker = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys', 'cancel_on')
-local epoch, window = marker[1], tonumber(marker[2] or '0') or 0
-if marker[4] and not KEYS[6] then
+local meta = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys', 'cancel_on')
+local epoch, window = meta[1], tonumber(meta[2] or '0') or 0
+if meta[4] and not KEYS[6] then
   return redis.error_reply('ERR delayq enqueue: the shard has tagged orders and this producer does not pass the tag index (KEYS[6]): upgrade it')
 end
 if window > 0 and not KEYS[5] then
@@ -291,12 +291,12 @@ end
 if epoch ~= given_epoch then
   return redis.error_reply('ERR delayq stale_epoch: the queue was deleted and created again')
 end
-if marker[6] and not given_rules then
+if meta[6] and not given_rules then
   return redis.error_reply('ERR delayq enqueue: the queue has cancel_on rules and this producer does not compute their match tokens: upgrade it')
 end
--- While the rules change, the marker holds "<old>|<new>" and either version is accepted.
-if given_rules and given_rules ~= (marker[6] or '')
-    and not string.find('|' .. (marker[6] or '') .. '|', '|' .. given_rules .. '|', 1, true) then
+-- While the rules change, the meta hash holds "<old>|<new>" and either version is accepted.
+if given_rules and given_rules ~= (meta[6] or '')
+    and not string.find('|' .. (meta[6] or '') .. '|', '|' .. given_rules .. '|', 1, true) then
   return redis.error_reply('ERR delayq stale_epoch: the queue\'s cancel_on rules changed')
 end
 
@@ -367,7 +367,7 @@ end
 -- The stored values of the known ids an upsert may replace, while the shard has had tagged
 -- orders (their old tags leave the index) or keyed ones (their old key members move).
 local old = {}
-if (marker[4] or marker[5]) and mode == 'upsert' then
+if (meta[4] or meta[5]) and mode == 'upsert' then
   local want, at = {}, {}
   for k = 1, n do
     if known[k] and not dup[k] then want[#want + 1] = ids[k]; at[#want] = k end
@@ -379,7 +379,7 @@ if (marker[4] or marker[5]) and mode == 'upsert' then
 end
 -- Keys: the index members the known ids have before the call (a shard with `keys` only).
 local kmember = {}
-if marker[5] and mode == 'upsert' then
+if meta[5] and mode == 'upsert' then
   local maybe, mat = {}, {}
   for k = 1, n do
     if known[k] and not dup[k] then
@@ -437,14 +437,14 @@ for k = 1, n do
     end
     z[#z + 1] = due
     z[#z + 1] = id
-    if (kcol or marker[5]) and KEYS[9] then
+    if (kcol or meta[5]) and KEYS[9] then
       -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
       knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
-    if tagged or marker[4] then
+    if tagged or meta[4] then
       -- The set it had (an earlier order of this call, else the stored value) leaves the
       -- index, the new one enters it.
       local before_list = cur[id]
@@ -470,7 +470,7 @@ if rcol then
   local set = {}
   for id, r in pairs(deb) do set[#set + 1] = id; set[#set + 1] = r end
   for s = 1, #set, 1000 do redis.call('HSET', KEYS[7], unpack(set, s, math.min(s + 999, #set))) end
-  if #set > 0 and not marker[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
+  if #set > 0 and not meta[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
 end
 if w >= 4 then
   local lv, plain = {}, {}
@@ -489,14 +489,14 @@ if w >= 4 then
     redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
   end
 end
-if tagged or marker[4] then
+if tagged or meta[4] then
   local rm, zs = {}, {}
   for m, keep in pairs(fate) do
     if keep then zs[#zs + 1] = 0; zs[#zs + 1] = m else rm[#rm + 1] = m end
   end
   for s = 1, #rm, 1000 do redis.call('ZREM', KEYS[6], unpack(rm, s, math.min(s + 999, #rm))) end
   for s = 1, #zs, 1000 do redis.call('ZADD', KEYS[6], unpack(zs, s, math.min(s + 999, #zs))) end
-  if #zs > 0 and not marker[4] then redis.call('HSET', KEYS[3], 'tags', '1') end
+  if #zs > 0 and not meta[4] then redis.call('HSET', KEYS[3], 'tags', '1') end
 end
 -- Keys: each written order's old member out, its new one in; the ring follows.
 local gone, added, fresh = {}, {}, {}
@@ -522,6 +522,6 @@ for key, due in pairs(fresh) do
 end
 for s = 1, #lower, 1000 do redis.call('ZADD', KEYS[9], 'LT', unpack(lower, s, math.min(s + 999, #lower))) end
 for key in pairs(gone) do key_refresh(KEYS[8], KEYS[9], key) end
-if #added > 0 and not marker[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
+if #added > 0 and not meta[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
 wake(KEYS[1], before, first)
 return out

@@ -88,7 +88,7 @@ end
 -- dequeue, cancel, reschedule, tag_bulk). An include, not a script: a script that names it
 -- in its header (`-- @include keyed`) gets it after its header (`engine::scripts::source`).
 --
--- The index exists only while the shard holds keyed orders (the marker HASH's field `keys`
+-- The index exists only while the shard holds keyed orders (the meta HASH's field `keys`
 -- says it may): the key index ZSET `{tag}:keyed` holds one member per keyed scheduled
 -- order, "<key>\31<due ms, 16 digits>\31<order id>", every score 0 (read by lex range: one
 -- key's orders in due order); the key ring ZSET `{tag}:key_ring` holds each key that has

@@ -11,7 +11,7 @@ fn spawn_supervisor(
     opts: &BenchOptions,
     stop: &CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<crate::Result<()>>> {
-    use crate::engine::supervisor::{Supervisor, SupervisorOptions};
+    use crate::engine::loops::supervisor::{Supervisor, SupervisorOptions};
     let sup = Supervisor::new(
         client,
         SupervisorOptions::default().dispatcher(dispatcher_options(opts)),
@@ -23,7 +23,7 @@ fn spawn_supervisor(
 /// services running for `opts.window` (after one second to settle): Redis commands and CPU
 /// per second.
 pub(super) async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
-    use crate::engine::housekeeping::{Housekeeper, HousekeepingOptions};
+    use crate::engine::loops::housekeeping::{Housekeeper, HousekeepingOptions};
     for i in 0..opts.queues.saturating_sub(1) {
         client
             .admin()
@@ -64,7 +64,8 @@ pub(super) async fn idle(client: &Client, opts: &BenchOptions) -> anyhow::Result
 /// running for `opts.window` after the first minute has started: Redis commands and CPU per
 /// second, and per tick (every tick an order scheduled ahead, advanced and dispatched).
 pub(super) async fn schedules(client: &Client, opts: &BenchOptions) -> anyhow::Result<BenchReport> {
-    use crate::engine::schedules::{ScheduleSpec, Scheduler, Schedules};
+    use crate::engine::loops::scheduler::Scheduler;
+    use crate::engine::schedules::{ScheduleSpec, Schedules};
     let s = Schedules::new(client);
     let base = client.now_ms() + 5_000;
     let n = i64::try_from(opts.orders).unwrap_or(i64::MAX);

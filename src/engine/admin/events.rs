@@ -8,8 +8,8 @@ use crate::engine::keys::QueueName;
 impl Queues {
     /// Sets `queue`'s cancel-on-event rules (empty: none), checked first (nothing is written
     /// on a bad rule). In three steps, so that no producer is refused while it changes: the
-    /// shards' markers first accept both versions (`<old>|<new>`), then the record gets the
-    /// new rules with their version, then the markers the new version alone. From the moment
+    /// shards' meta hashes first accept both versions (`<old>|<new>`), then the record gets the
+    /// new rules with their version, then the meta hashes the new version alone. From the moment
     /// this answers, every order scheduled carries the new rules' tokens (a producer with
     /// older rules is refused by `enqueue.lua` and re-reads them). Orders already scheduled
     /// keep the tokens they were scheduled with.
@@ -44,7 +44,7 @@ impl Queues {
             stored.v.as_str()
         };
         self.client
-            .set_marker(&keys, RECORD_FIELD, Some(&format!("{old_v}|{new_v}")))
+            .set_meta(&keys, RECORD_FIELD, Some(&format!("{old_v}|{new_v}")))
             .await?;
         let mut pipe = redis::pipe();
         if rules.is_empty() {
@@ -67,7 +67,7 @@ impl Queues {
             .await
             .ctx("writing the cancel_on rules")?;
         self.client
-            .set_marker(
+            .set_meta(
                 &keys,
                 RECORD_FIELD,
                 (!rules.is_empty()).then_some(stored.v.as_str()),

@@ -1,9 +1,12 @@
 //! Queue administration: the operator's side of the engine, apart from the producer's
 //! [`Client`]. [`Queues`] (from [`Client::admin`]) creates, lists and deletes queues and
-//! groups ([`queues`]), records what consumes a group ([`kinds`]), pauses and resumes them, sets their history retention and default `expires_after`, reads their
-//! statistics ([`stats`]), a group's order keys in use ([`keys`]), an order's history and redelivers it ([`history`]), and lists,
-//! replays and purges dead letters ([`dead`]). The service's admin layer, the CLI and the
-//! dashboard go through it.
+//! groups ([`queues`]; a new queue with all its settings at once: [`QueueSettings`]),
+//! records what consumes a group ([`kinds`]), pauses and resumes them, sets their history
+//! retention and default `expires_after`, reads their statistics ([`stats`]), a group's order keys in use
+//! ([`keys`]), an order's history and redelivers it ([`history`]), and lists, replays and purges dead letters
+//! ([`dead`]). The HTTP API, the CLI and the dashboard call it directly and serialize its
+//! types; the rules only those surfaces apply (batch caps, page limits, selections) live in
+//! `service::surface`.
 //!
 //! It holds nothing but the client (one connection, shared), so making one is free. Nothing
 //! here is used by the producer path or the background loops' hot paths; the loops read the
@@ -16,9 +19,11 @@ pub mod history;
 pub mod keys;
 pub mod kinds;
 pub mod queues;
+mod settings;
 pub mod stats;
 
 pub use queues::{GROUP_ALIVE_WITHIN, QueueContents, QueueInfo};
+pub use settings::QueueSettings;
 
 use crate::engine::client::Client;
 

@@ -2,7 +2,7 @@
 //!
 //! `{ns}:queue:<q>` (HASH: `shards`, `epoch`, settings) and `{ns}:queues` (SET of names);
 //! `{ns}:registry:version` is bumped by every change, so a supervisor notices one with a
-//! single `GET`. Each shard also carries the queue's **epoch** in its marker
+//! single `GET`. Each shard also carries the queue's **epoch** in its meta hash
 //! (`{ns:q:s}:meta`), written at creation and removed first at deletion: `enqueue.lua`
 //! refuses a shard without it (`queue_not_found`) or with another one (`stale_epoch`), so a
 //! producer with a stale view can never write into a deleted queue. Producer and admin
@@ -103,13 +103,13 @@ impl Queues {
                 });
             }
         }
-        // The shards' markers first: the scripts that dispatch and read check them, so the
+        // The shards' meta hashes first: the scripts that dispatch and read check them, so the
         // pause holds from the moment this call answers. The record's copy is what listings
         // show.
         let keys = self.client.registered_keys(&q).await?;
         let field = pause_field(group);
         self.client
-            .set_marker(&keys, &field, paused.then_some("1"))
+            .set_meta(&keys, &field, paused.then_some("1"))
             .await?;
         let mut pipe = redis::pipe();
         if paused {
@@ -145,7 +145,7 @@ impl Queues {
     }
 
     /// Sets `queue`'s dedup window after dispatch (zero: off; see
-    /// [`crate::engine::time_rules`]). The shards' markers first (the scripts read them, so
+    /// [`crate::engine::time_rules`]). The shards' meta hashes first (the scripts read them, so
     /// the window holds from the moment this answers), then the record's copy for listings.
     /// Turning it off also drops the dispatched ids kept for it.
     pub async fn set_dedup_window(&self, queue: &str, window: std::time::Duration) -> Result<()> {
@@ -154,7 +154,7 @@ impl Queues {
         let keys = self.client.registered_keys(&q).await?;
         let value = w.as_ms().to_string();
         self.client
-            .set_marker(&keys, DEDUP_FIELD, w.is_on().then_some(value.as_str()))
+            .set_meta(&keys, DEDUP_FIELD, w.is_on().then_some(value.as_str()))
             .await?;
         let mut pipe = redis::pipe();
         if w.is_on() {
@@ -379,7 +379,7 @@ impl Queues {
 
     /// Gives fenced shards their epoch back (a delete that was refused part way).
     async fn unfence(&self, shards: &[ShardKeys], epoch: &str) {
-        if let Err(e) = self.client.set_marker(shards, "epoch", Some(epoch)).await {
+        if let Err(e) = self.client.set_meta(shards, "epoch", Some(epoch)).await {
             tracing::error!(queue_shards = shards.len(), error = %e, "restoring the shards' epoch after a refused delete failed; create the queue again to repair it");
         }
     }

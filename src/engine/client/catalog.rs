@@ -3,7 +3,7 @@
 //!
 //! `{ns}:queue:<q>` (HASH: `shards`, `epoch`, settings) and `{ns}:queues` (SET of names);
 //! `{ns}:registry:version` is bumped by every change, so a supervisor notices one with a
-//! single `GET`. Each shard also carries the queue's **epoch** in its marker
+//! single `GET`. Each shard also carries the queue's **epoch** in its meta hash
 //! (`{ns:q:s}:meta`), written at creation and removed first at deletion: `enqueue.lua`
 //! refuses a shard without it (`queue_not_found`) or with another one (`stale_epoch`), so a
 //! producer with a stale view can never write into a deleted queue. Producer and admin
@@ -38,7 +38,7 @@ pub struct QueueCreated {
 pub(crate) struct QueueRef {
     /// The shard count, fixed at creation.
     pub(crate) shards: u16,
-    /// The epoch, checked by `enqueue.lua` against each shard's marker.
+    /// The epoch, checked by `enqueue.lua` against each shard's meta hash.
     pub(crate) epoch: String,
     /// Its cancel-on-event rules, as the record held them (see [`crate::engine::events`]).
     pub(crate) rules: Option<std::sync::Arc<StoredRules>>,
@@ -103,8 +103,8 @@ impl Client {
     }
 
     /// Runs `create_queue.lua` (the record, its epoch, the cap), writes the epoch into every
-    /// shard's marker so producers may write into it, then checks the record again (write,
-    /// then check): when a delete began meanwhile, the markers are undone (with anything
+    /// shard's meta hash so producers may write into it, then checks the record again (write,
+    /// then check): when a delete began meanwhile, those writes are undone (with anything
     /// written through them) and the create starts over, so no shard ever keeps an epoch
     /// its record lost. A queue being deleted is first finished off: a re-created queue
     /// starts empty. Remembers the record only once it is confirmed.
@@ -133,7 +133,7 @@ impl Client {
                 self.purge_queue(q, stored, &epoch).await?;
                 continue;
             }
-            self.set_marker(&self.keyspace().shards(q, stored), "epoch", Some(&epoch))
+            self.set_meta(&self.keyspace().shards(q, stored), "epoch", Some(&epoch))
                 .await?;
             let (now_epoch, deleting, rules): (Option<String>, Option<String>, Option<String>) =
                 redis::cmd("HMGET")
@@ -153,7 +153,7 @@ impl Client {
                 self.remember(q, r.clone());
                 return Ok((created == 1, r));
             }
-            // Deleted (or being deleted) since the script: our markers may have landed on
+            // Deleted (or being deleted) since the script: our meta-hash writes may have landed on
             // shards the delete had already purged. Undo them, and what came through them.
             self.purge_queue(q, stored, &epoch).await?;
         }
@@ -186,9 +186,9 @@ impl Client {
         Ok(())
     }
 
-    /// Sets (`Some`) or removes (`None`) `field` of every shard's marker, the calls in
+    /// Sets (`Some`) or removes (`None`) `field` of every shard's meta hash, the calls in
     /// flight together: the epoch, and the pause flags the scripts check.
-    pub(crate) async fn set_marker(
+    pub(crate) async fn set_meta(
         &self,
         shards: &[ShardKeys],
         field: &str,
@@ -205,7 +205,7 @@ impl Client {
                 let _: i64 = c
                     .query_async(&mut conn)
                     .await
-                    .ctx("writing the shards' markers")?;
+                    .ctx("writing the shards' meta hashes")?;
                 Ok::<(), Error>(())
             }
         }))
@@ -276,7 +276,7 @@ impl Client {
     }
 
     /// The record of `queue` (cached once seen). A record written by an earlier version,
-    /// without an epoch, gets one here (and its shards their markers).
+    /// without an epoch, gets one here (and its shards their meta hashes).
     pub(crate) async fn lookup(&self, queue: &QueueName) -> Result<Option<QueueRef>> {
         if let Some(r) = self.inner_known().get(queue.as_str()) {
             return Ok(Some(r.clone()));

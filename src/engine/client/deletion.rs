@@ -94,7 +94,7 @@ impl Client {
         Ok(done)
     }
 
-    /// Every key of one shard but its marker: schedule, payloads, levels, dead letters,
+    /// Every key of one shard but its meta hash: schedule, payloads, levels, dead letters,
     /// ticks, each lane's stream and each group's timers and errors, rate limits and
     /// heartbeats (shard 0), and the history buckets `history` may have written (buckets
     /// of an earlier retention setting expire on their own).

@@ -70,7 +70,7 @@ struct Inner {
     /// registered); an entry is dropped when a script says the queue changed.
     pub(crate) known_queues: Mutex<HashMap<String, catalog::QueueRef>>,
     /// Shards whose streams this process wrote to and that the trim chore has not yet
-    /// found clean (see [`crate::engine::housekeeping`]).
+    /// found clean (see [`crate::engine::loops::housekeeping`]).
     pub(crate) touched: touched::Touched,
     /// Lengths of sealed history buckets, so a stats call's work does not grow with the
     /// retention (see [`crate::engine::history_counts`]).

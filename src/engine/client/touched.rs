@@ -1,5 +1,5 @@
 //! The shards whose streams this process wrote to and that the trim chore has not found
-//! clean since (see [`crate::engine::housekeeping`]): the chore calls only those between
+//! clean since (see [`crate::engine::loops::housekeeping`]): the chore calls only those between
 //! its full passes, so an idle process makes no trim call.
 
 /// The shards whose streams this process dispatched into and that the trim chore has not

@@ -250,7 +250,7 @@ impl Schedules {
 
     /// [`pass`](Self::pass), also saying how many schedules failed to advance (they stay
     /// due: the scheduler waits its longest sleep before it tries them again).
-    pub(super) async fn pass_counting_failures(&self) -> Result<(u64, u64, usize)> {
+    pub(crate) async fn pass_counting_failures(&self) -> Result<(u64, u64, usize)> {
         let now = self.client.now_ms();
         let due: Vec<String> = redis::cmd("ZRANGE")
             .arg(self.client.keyspace().schedules())
@@ -289,7 +289,7 @@ impl Schedules {
     }
 
     /// When the earliest next tick is (unix ms), if any schedule has one.
-    pub(super) async fn earliest(&self) -> Result<Option<i64>> {
+    pub(crate) async fn earliest(&self) -> Result<Option<i64>> {
         let first: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(self.client.keyspace().schedules())
             .arg(0)

@@ -7,7 +7,7 @@
 //!   ([`ScheduleInfo`]).
 //! - [`Schedules`]: declare, list, show and remove schedules (built from a [`Client`]);
 //!   `firing`: a scheduler pass and the advance of one schedule, judged by a pure `step`.
-//! - [`Scheduler`] (`scheduler`): the loop every `serve` process runs, moving each schedule
+//! - [`Scheduler`](crate::engine::loops::scheduler::Scheduler) (`engine/loops/scheduler.rs`): the loop every `serve` process runs, moving each schedule
 //!   to its next tick.
 //!
 //! # How a tick becomes an order, exactly once
@@ -59,13 +59,11 @@
 mod definition;
 mod firing;
 mod record;
-mod scheduler;
 pub mod spec;
 
 pub use definition::*;
 use record::*;
 pub use record::{ScheduleInfo, ScheduleUpserted};
-pub use scheduler::Scheduler;
 
 use crate::engine::client::Client;
 use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
@@ -382,7 +380,7 @@ impl Schedules {
 
     /// Adds the schedules of an earlier version (in the due index only) to the full index,
     /// once per namespace.
-    pub(super) async fn adopt_earlier_records(&self) -> Result<()> {
+    pub(crate) async fn adopt_earlier_records(&self) -> Result<()> {
         let ks = self.client.keyspace();
         let done: Option<String> = redis::cmd("HGET")
             .arg(ks.schedules_totals())

@@ -303,6 +303,46 @@ mod tests {
         }
     }
 
+    /// A script with one KEYS arity refuses any other count, and the count it checks is the
+    /// one its header documents (the highest `KEYS[n]` there, none of them optional).
+    #[test]
+    fn a_script_with_one_keys_arity_checks_the_count_its_header_documents() {
+        let mut fixed = Vec::new();
+        for (name, text) in flagged() {
+            let Some(i) = text.find("if #KEYS ~= ") else {
+                continue;
+            };
+            let checked: usize = text[i + "if #KEYS ~= ".len()..]
+                .split(' ')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{name}.lua: #KEYS compared with a number"));
+            let header: Vec<&str> = text
+                .lines()
+                .skip_while(|l| l.starts_with("#!"))
+                .take_while(|l| l.starts_with("--"))
+                .collect();
+            let documented = header
+                .iter()
+                .flat_map(|l| {
+                    l.match_indices("KEYS[")
+                        .map(move |(j, p)| &l[j + p.len()..])
+                })
+                .filter_map(|rest| rest.split(']').next()?.parse::<usize>().ok())
+                .max();
+            assert_eq!(documented, Some(checked), "{name}.lua");
+            assert!(
+                !header
+                    .iter()
+                    .any(|l| l.starts_with("-- KEYS[") && l.contains("optional")),
+                "{name}.lua: an optional key beside a fixed count"
+            );
+            fixed.push(name);
+        }
+        fixed.sort_unstable();
+        assert_eq!(fixed, ["dequeue", "fence", "replay", "stats"]);
+    }
+
     #[test]
     fn every_read_only_script_is_flagged_no_writes_and_only_those() {
         let mut read_only = Vec::new();

@@ -119,7 +119,7 @@ fn retire_reply() -> Error {
     }
 }
 
-/// Runs `purge.lua` on one shard: unlinks `keys` (the marker first) unless the shard holds
+/// Runs `purge.lua` on one shard: unlinks `keys` (the meta hash first) unless the shard holds
 /// another epoch than `epoch`; true when it did.
 pub(crate) async fn purge<C: ConnectionLike>(
     conn: &mut C,

@@ -214,7 +214,7 @@ mod tests {
             &["cron", "grace", "batch"][..]
         );
         assert_eq!(
-            fields_of::<crate::engine::dispatcher::DispatcherOptions>(),
+            fields_of::<crate::engine::loops::dispatcher::DispatcherOptions>(),
             &[
                 "batch",
                 "max_idle",

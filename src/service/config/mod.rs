@@ -25,9 +25,9 @@ pub use raw::{Config, HandlerConfig, HttpConfig, ReconciliationConfig, Secrets, 
 use sections::{check_http, check_reconciliation, client_options, housekeeping_options};
 
 use crate::engine::client::ClientOptions;
-use crate::engine::dispatcher::DispatcherOptions;
-use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
+use crate::engine::loops::dispatcher::DispatcherOptions;
+use crate::engine::loops::housekeeping::HousekeepingOptions;
 use crate::engine::redact;
 use crate::orders::reconcile::ReconcileOptions;
 use crate::service::http::HttpLimits;
@@ -84,7 +84,7 @@ pub struct Settings {
     /// unique.
     pub queues: Vec<String>,
     /// Which registered queues this process dispatches (the supervisor's selection).
-    pub dispatch: crate::engine::supervisor::DispatchSelection,
+    pub dispatch: crate::engine::loops::supervisor::DispatchSelection,
     /// How long shutdown waits for running handlers (every worker's `shutdown_grace`).
     pub shutdown_grace: Duration,
     /// How long `serve` waits for Redis at start-up before it exits 3.

@@ -10,8 +10,8 @@
 //! is written here that a library option type already has.
 
 use crate::engine::client::ClientOptions;
-use crate::engine::dispatcher::DispatcherOptions;
-use crate::engine::housekeeping::{DeadLetterOptions, HousekeepingOptions};
+use crate::engine::loops::dispatcher::DispatcherOptions;
+use crate::engine::loops::housekeeping::{DeadLetterOptions, HousekeepingOptions};
 use crate::engine::redact;
 use crate::engine::worker::WorkerOptions;
 use crate::orders::reconcile::ReconcileOptions;

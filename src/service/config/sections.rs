@@ -7,8 +7,8 @@ use super::{
 };
 use crate::engine::client::ClientOptions;
 use crate::engine::error::InvalidInput;
-use crate::engine::housekeeping::HousekeepingOptions;
 use crate::engine::keys::QueueName;
+use crate::engine::loops::housekeeping::HousekeepingOptions;
 use crate::service::http::HttpLimits;
 use std::net::SocketAddr;
 
@@ -206,9 +206,9 @@ pub(super) fn check_reconciliation(
 /// `dispatch` → which registered queues this process dispatches.
 pub(super) fn dispatch_selection(
     d: Option<&super::raw::DispatchConfig>,
-) -> Result<crate::engine::supervisor::DispatchSelection, ConfigError> {
+) -> Result<crate::engine::loops::supervisor::DispatchSelection, ConfigError> {
     use super::raw::DispatchConfig;
-    use crate::engine::supervisor::DispatchSelection;
+    use crate::engine::loops::supervisor::DispatchSelection;
     Ok(match d {
         None => DispatchSelection::All,
         Some(DispatchConfig::Word(w)) if w == "all" => DispatchSelection::All,

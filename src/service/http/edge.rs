@@ -218,7 +218,7 @@ pub(super) async fn auth(State(st): State<AppState>, req: Request, next: Next) -
             "this consumer token may only receive, ack, nack and extend on its own groups",
         );
     }
-    let now = st.admin.client().now_ms();
+    let now = st.client.now_ms();
     let cookie = session::from_headers(req.headers());
     let session = match &cookie {
         Some(c) => st.session_ok(c, now).await,

@@ -22,7 +22,7 @@ pub(super) async fn post_events(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let v: Value = json_body(body)?;
-    let client = st.admin.client();
+    let client = &st.client;
     match &v {
         Value::Array(items) => {
             let events = items

@@ -28,8 +28,7 @@ pub(super) async fn group_keys(
     let q = query(q)?;
     let limit = keys_limit(q.limit)?;
     Ok(Json(
-        st.admin
-            .client()
+        st.client
             .admin()
             .group_keys(&queue, &group, limit, q.after.as_deref())
             .await?,

@@ -5,18 +5,20 @@ use super::AppState;
 use super::error::{ApiError, ApiResult};
 use crate::engine::admin::history::OrderHistory;
 use crate::engine::error::InvalidInput;
-use crate::engine::message::{DueFields, Mode, NewOrder, Payload, ScheduleOutcome, When};
+use crate::engine::message::{
+    CancelOutcome, DueFields, Mode, NewOrder, Payload, ScheduleOutcome, Scheduled, When,
+};
 use crate::engine::priority::Priority;
 use crate::engine::time_rules::Debounce;
 use crate::engine::trace::TraceContext;
-use crate::service::admin;
+use crate::service::surface::{self, InQueue, Outcome};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -228,13 +230,23 @@ pub(super) async fn put_message(
         ));
     }
     let order = traced(b.order(id)?, trace_of(&headers).as_ref());
-    let a = st.admin.schedule(&queue, order, mode(b.if_absent)).await?;
-    let status = if a.outcome == ScheduleOutcome::Created {
+    let value = st
+        .client
+        .schedule_with(&queue, order, mode(b.if_absent))
+        .await?;
+    let status = if value.outcome == ScheduleOutcome::Created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(a)).into_response())
+    Ok((
+        status,
+        Json(InQueue {
+            queue: &queue,
+            value,
+        }),
+    )
+        .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -261,10 +273,10 @@ pub(super) async fn batch(
     Path(queue): Path<String>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<admin::BatchAnswer>> {
+) -> ApiResult<Response> {
     let b: BatchBody = json_body(body)?;
     let trace = trace_of(&headers);
-    admin::check_batch_len(b.messages.len())?;
+    surface::check_batch_len(b.messages.len())?;
     let mut orders = Vec::with_capacity(b.messages.len());
     for (index, raw) in b.messages.iter().enumerate() {
         let in_batch = |e: InvalidInput| InvalidInput::InBatch {
@@ -291,20 +303,32 @@ pub(super) async fn batch(
         }
         orders.push(traced(m.order(id).map_err(in_batch)?, trace.as_ref()));
     }
-    let a = st
-        .admin
-        .schedule_batch(&queue, &orders, mode(b.if_absent))
-        .await?;
-    Ok(Json(a))
+    let results = surface::schedule_batch(&st.client, &queue, &orders, mode(b.if_absent)).await?;
+    Ok(Json(BatchAnswer {
+        results: results
+            .into_iter()
+            .map(|value| InQueue {
+                queue: &queue,
+                value,
+            })
+            .collect(),
+    })
+    .into_response())
+}
+
+/// A batch's answer: one result per message, in order (the HTTP API's envelope).
+#[derive(Debug, Serialize)]
+struct BatchAnswer<'a> {
+    results: Vec<InQueue<'a, Scheduled>>,
 }
 
 pub(super) async fn get_message(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
 ) -> ApiResult<Json<OrderHistory>> {
-    match st.admin.get(&queue, &id).await? {
-        Ok(o) => Ok(Json(o)),
-        Err(_) => Err(ApiError::new(
+    match st.client.admin().history(&queue, &id).await? {
+        Some(o) => Ok(Json(o)),
+        None => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "no such order: never scheduled, cancelled, or dispatched longer ago than the history retention",
@@ -315,10 +339,10 @@ pub(super) async fn get_message(
 pub(super) async fn delete_message(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
-) -> ApiResult<Json<admin::CancelledAnswer>> {
-    match st.admin.cancel(&queue, &id).await? {
-        Ok(a) => Ok(Json(a)),
-        Err(_) => Err(ApiError::new(
+) -> ApiResult<Json<Outcome<CancelOutcome>>> {
+    match st.client.cancel(&queue, &id).await? {
+        outcome @ CancelOutcome::Cancelled => Ok(Json(Outcome { outcome })),
+        CancelOutcome::NotFound => Err(ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             "the order is not scheduled (never, cancelled, or already dispatched)",

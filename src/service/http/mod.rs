@@ -43,7 +43,6 @@ pub use openapi::openapi;
 pub(crate) use pull::{CONSUMER as PULL_CONSUMER, PullGroup};
 
 use crate::engine::client::Client;
-use crate::service::admin::Admin;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware;
@@ -57,7 +56,7 @@ use std::time::Duration;
 /// What the handlers share.
 #[derive(Clone)]
 pub struct AppState {
-    pub(crate) admin: Admin,
+    pub(crate) client: Client,
     pub(crate) tokens: Arc<Vec<String>>,
     pub(crate) limits: Arc<HttpLimits>,
     /// Dashboard sessions (signed with a key derived from `tokens`).
@@ -143,7 +142,7 @@ impl AppState {
     /// State for `client`, accepting `tokens` (empty = open API), with default limits.
     pub fn new(client: Client, tokens: Vec<String>) -> Self {
         AppState {
-            admin: Admin::new(client),
+            client,
             sessions: Arc::new(crate::service::ui::session::Sessions::new(&tokens)),
             pullers: Arc::new(pull::Pullers::new(&tokens)),
             tokens: Arc::new(tokens),
@@ -198,7 +197,7 @@ impl AppState {
         }
         let _clear = ClearOnDrop(&snap.refreshing);
         let started = std::time::Instant::now();
-        let mut all = self.admin.engine_admin().stats_all().await?;
+        let mut all = self.client.admin().stats_all().await?;
         all.sort_by(|a, b| a.queue.cmp(&b.queue));
         let all = Arc::new(all);
         *snap.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(StatsRead {
@@ -228,7 +227,7 @@ impl AppState {
         else {
             return Session::None;
         };
-        let client = self.admin.client();
+        let client = &self.client;
         let revoked = tokio::time::timeout(
             client.options().response_timeout,
             redis::cmd("EXISTS")
@@ -370,7 +369,7 @@ async fn observe(req: axum::extract::Request, next: middleware::Next) -> Respons
 /// fewer replicas than its `min-replicas-to-write` follow (during a failover), so `/readyz`
 /// is 503 while writes would be refused, not only while Redis is unreachable.
 async fn readyz(State(st): State<AppState>) -> Response {
-    let client = st.admin.client();
+    let client = &st.client;
     let probe = client.keyspace().readiness_probe();
     let del = tokio::time::timeout(Duration::from_secs(2), async {
         redis::cmd("DEL")

@@ -4,7 +4,7 @@
 
 use crate::engine::keys::{MAX_ID_LEN, MAX_NAME_LEN};
 use crate::engine::schedules::MAX_SCHEDULE_ID_LEN;
-use crate::service::admin::{MAX_BATCH, MAX_DEAD_LIMIT};
+use crate::service::surface::{MAX_BATCH, MAX_DEAD_LIMIT};
 use serde_json::{Value, json};
 
 fn schema_ref(name: &str) -> Value {
@@ -523,7 +523,7 @@ fn paths() -> Value {
         }
         p
     };
-    let stats_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::service::admin::MAX_STATS_LIMIT}});
+    let stats_limit = json!({"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": crate::service::surface::MAX_STATS_LIMIT}});
     let open = |mut o: Value| {
         if let Some(m) = o.as_object_mut() {
             m.insert("security".into(), json!([]));

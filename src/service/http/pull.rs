@@ -108,7 +108,7 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
     if let Some(p) = st.pullers.lock().get(&k) {
         return Ok(p.clone());
     }
-    let client = st.admin.client();
+    let client = &st.client;
     let q = QueueName::new(queue).map_err(Error::from)?;
     if client.lookup(&q).await?.is_none() {
         return Err(Error::QueueNotFound {
@@ -117,7 +117,7 @@ async fn puller(st: &AppState, queue: &str, group: &str) -> ApiResult<Entry> {
         .into());
     }
     crate::engine::keys::validate_member_name("group", group).map_err(Error::from)?;
-    let kind = st.admin.engine_admin().group_kind(queue, group).await?;
+    let kind = st.client.admin().group_kind(queue, group).await?;
     if let Some(kind) = kind
         .as_deref()
         .filter(|k| *k != crate::engine::admin::kinds::PULL)

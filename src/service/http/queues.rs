@@ -4,16 +4,17 @@
 use super::AppState;
 use super::error::{ApiError, ApiResult};
 use super::messages::json_body;
+use crate::engine::admin::QueueSettings;
 use crate::engine::admin::dead::DeadPage;
 use crate::engine::flow::PauseState;
-use crate::service::admin;
+use crate::service::surface::{self, GroupDeleted, Purged, QueueDeleted, Replayed, StatsAnswer};
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -66,16 +67,17 @@ pub(super) async fn create_queue(
         .as_ref()
         .map(crate::engine::events::rules_from_json)
         .transpose()?;
+    let settings = QueueSettings {
+        shards: b.shards,
+        history_retention: retention,
+        expires_after,
+        dedup_window: window,
+        cancel_on,
+    };
     let a = st
-        .admin
-        .create_queue(
-            &queue,
-            b.shards,
-            retention,
-            expires_after,
-            window,
-            cancel_on.as_deref(),
-        )
+        .client
+        .admin()
+        .create_queue_with(&queue, &settings)
         .await?;
     let status = if a.created {
         StatusCode::CREATED
@@ -101,13 +103,14 @@ pub(super) async fn delete_queue(
     State(st): State<AppState>,
     Path(queue): Path<String>,
     q: Result<Query<ForceQuery>, QueryRejection>,
-) -> ApiResult<Json<admin::QueueDeletedAnswer>> {
+) -> ApiResult<Response> {
     let q = query(q)?;
-    Ok(Json(
-        st.admin
-            .delete_queue(&queue, q.force.unwrap_or(false))
-            .await?,
-    ))
+    let held = st
+        .client
+        .admin()
+        .delete_queue(&queue, q.force.unwrap_or(false))
+        .await?;
+    Ok(Json(QueueDeleted::new(&queue, held)).into_response())
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -138,8 +141,10 @@ pub(super) async fn queue_action(
         Ok(bytes) if bytes.is_empty() => PauseBody::default(),
         other => json_body(other)?,
     };
+    surface::check_queue_group(queue, b.group.as_deref())?;
     Ok(Json(
-        st.admin
+        st.client
+            .admin()
             .set_paused(queue, b.group.as_deref(), paused)
             .await?,
     ))
@@ -149,19 +154,35 @@ pub(super) async fn delete_group(
     State(st): State<AppState>,
     Path((queue, group)): Path<(String, String)>,
     q: Result<Query<ForceQuery>, QueryRejection>,
-) -> ApiResult<Json<admin::GroupDeletedAnswer>> {
+) -> ApiResult<Response> {
     let q = query(q)?;
-    Ok(Json(
-        st.admin
-            .delete_group(&queue, &group, q.force.unwrap_or(false))
-            .await?,
-    ))
+    surface::check_queue_group(&queue, Some(&group))?;
+    let pending = st
+        .client
+        .admin()
+        .delete_group(&queue, &group, q.force.unwrap_or(false))
+        .await?;
+    Ok(Json(GroupDeleted {
+        queue: &queue,
+        group: &group,
+        deleted: true,
+        pending,
+    })
+    .into_response())
 }
 
-pub(super) async fn list_queues(
-    State(st): State<AppState>,
-) -> ApiResult<Json<admin::QueuesAnswer>> {
-    Ok(Json(st.admin.queues().await?))
+/// `GET /v1/queues`: `{"queues": [names, sorted]}`.
+pub(super) async fn list_queues(State(st): State<AppState>) -> ApiResult<Json<QueuesAnswer>> {
+    Ok(Json(QueuesAnswer {
+        queues: st.client.queues().await?,
+    }))
+}
+
+/// The queues of the namespace (the HTTP API's envelope).
+#[derive(Debug, Serialize)]
+pub(super) struct QueuesAnswer {
+    /// Their names, sorted.
+    queues: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,15 +199,11 @@ pub(super) struct StatsQuery {
 pub(super) async fn stats_all(
     State(st): State<AppState>,
     q: Result<Query<StatsQuery>, QueryRejection>,
-) -> ApiResult<Json<admin::StatsAnswer>> {
+) -> ApiResult<Json<StatsAnswer>> {
     let q = query(q)?;
-    let limit = admin::stats_limit(q.limit).map_err(crate::Error::from)?;
+    let limit = surface::stats_limit(q.limit).map_err(crate::Error::from)?;
     let all = st.all_stats().await?;
-    Ok(Json(admin::StatsAnswer::page(
-        &all,
-        q.after.as_deref(),
-        limit,
-    )))
+    Ok(Json(StatsAnswer::page(&all, q.after.as_deref(), limit)))
 }
 
 /// The dashboard's timing of a registered queue (this process's numbers, the last hour).
@@ -194,28 +211,22 @@ pub(super) async fn timing(
     State(st): State<AppState>,
     Path(queue): Path<String>,
 ) -> ApiResult<Json<crate::service::ui::timing::TimingAnswer>> {
-    if st
-        .admin
-        .client()
-        .admin()
-        .queue_info(&queue)
-        .await?
-        .is_none()
-    {
+    if st.client.admin().queue_info(&queue).await?.is_none() {
         return Err(crate::Error::QueueNotFound { queue }.into());
     }
     Ok(Json(match &st.timing {
         Some(t) => t.answer(&queue),
-        None => crate::service::ui::timing::Timing::new(st.admin.client().clock().clone())
-            .answer(&queue),
+        None => crate::service::ui::timing::Timing::new(st.client.clock().clone()).answer(&queue),
     }))
 }
 
 pub(super) async fn stats(
     State(st): State<AppState>,
     Path(queue): Path<String>,
-) -> ApiResult<Json<admin::StatsAnswer>> {
-    Ok(Json(st.admin.stats(Some(&queue)).await?))
+) -> ApiResult<Json<StatsAnswer>> {
+    Ok(Json(StatsAnswer::of(vec![
+        st.client.admin().stats(&queue).await?,
+    ])))
 }
 
 #[derive(Debug, Deserialize)]
@@ -232,9 +243,12 @@ pub(super) async fn dead_list(
     q: Result<Query<DeadQuery>, QueryRejection>,
 ) -> ApiResult<Json<DeadPage>> {
     let q = query(q)?;
+    surface::check_queue_group(&queue, q.group.as_deref())?;
+    let limit = surface::dead_limit(q.limit)?;
     let page = st
-        .admin
-        .dead_list(&queue, q.group.as_deref(), q.after.as_deref(), q.limit)
+        .client
+        .admin()
+        .dead_page(&queue, q.group.as_deref(), q.after.as_deref(), limit)
         .await?;
     Ok(Json(page))
 }
@@ -254,26 +268,30 @@ pub(super) async fn dead_replay(
     State(st): State<AppState>,
     Path(queue): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<admin::ReplayedAnswer>> {
+) -> ApiResult<Json<Replayed>> {
     let b: ReplayBody = json_body(body)?;
-    let sel = admin::selection(b.all, b.entry_ids)?;
-    let a = st
-        .admin
+    let sel = surface::selection(b.all, b.entry_ids)?;
+    surface::check_queue_group(&queue, b.group.as_deref())?;
+    let replayed = st
+        .client
+        .admin()
         .dead_replay(&queue, b.group.as_deref(), &sel)
         .await?;
-    Ok(Json(a))
+    Ok(Json(Replayed { replayed }))
 }
 
 pub(super) async fn dead_purge(
     State(st): State<AppState>,
     Path(queue): Path<String>,
     body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Json<admin::PurgedAnswer>> {
+) -> ApiResult<Json<Purged>> {
     let b: ReplayBody = json_body(body)?;
-    let sel = admin::selection(b.all, b.entry_ids)?;
-    let a = st
-        .admin
+    let sel = surface::selection(b.all, b.entry_ids)?;
+    surface::check_queue_group(&queue, b.group.as_deref())?;
+    let purged = st
+        .client
+        .admin()
         .dead_purge(&queue, b.group.as_deref(), &sel)
         .await?;
-    Ok(Json(a))
+    Ok(Json(Purged { purged }))
 }

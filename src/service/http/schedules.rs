@@ -128,7 +128,7 @@ pub(super) async fn put_schedule(
 ) -> ApiResult<Response> {
     let b: ScheduleBody = json_body(body)?;
     let spec = b.spec(&queue, &id)?;
-    let a: ScheduleUpserted = Schedules::new(st.admin.client())
+    let a: ScheduleUpserted = Schedules::new(&st.client)
         .upsert(&spec)
         .await
         .map_err(unknown_queue)?;
@@ -145,7 +145,7 @@ pub(super) async fn get_schedule(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
 ) -> ApiResult<Json<ScheduleInfo>> {
-    match Schedules::new(st.admin.client()).get(&queue, &id).await? {
+    match Schedules::new(&st.client).get(&queue, &id).await? {
         Some(info) => Ok(Json(info)),
         None => Err(no_such_schedule(&queue, &id)),
     }
@@ -162,7 +162,7 @@ pub(super) async fn list_schedules(
     State(st): State<AppState>,
     Path(queue): Path<String>,
 ) -> ApiResult<Json<SchedulesAnswer>> {
-    let schedules = Schedules::new(st.admin.client()).list(Some(&queue)).await?;
+    let schedules = Schedules::new(&st.client).list(Some(&queue)).await?;
     Ok(Json(SchedulesAnswer { schedules }))
 }
 
@@ -189,7 +189,7 @@ pub(super) async fn schedule_action(
             ));
         }
     };
-    match Schedules::new(st.admin.client())
+    match Schedules::new(&st.client)
         .set_paused(&queue, id, paused)
         .await?
     {
@@ -203,10 +203,7 @@ pub(super) async fn delete_schedule(
     State(st): State<AppState>,
     Path((queue, id)): Path<(String, String)>,
 ) -> ApiResult<Json<RemovedAnswer>> {
-    if Schedules::new(st.admin.client())
-        .remove(&queue, &id)
-        .await?
-    {
+    if Schedules::new(&st.client).remove(&queue, &id).await? {
         Ok(Json(RemovedAnswer { removed: true }))
     } else {
         Err(no_such_schedule(&queue, &id))

@@ -105,8 +105,7 @@ struct PageArgs {
 
 async fn list(st: &AppState, a: PageArgs) -> ApiResult<Json<TagPage>> {
     Ok(Json(
-        st.admin
-            .client()
+        st.client
             .tag_list(a.queue.as_deref(), &a.tag, a.limit, a.after.as_deref())
             .await?,
     ))
@@ -123,7 +122,7 @@ async fn act(
         Ok(bytes) if bytes.is_empty() => ActionBody::default(),
         other => json_body(other)?,
     };
-    let client = st.admin.client();
+    let client = &st.client;
     match target.rsplit_once(':') {
         Some((tag, "cancel")) => {
             if !b.is_empty() {
@@ -159,7 +158,7 @@ pub(super) async fn all_count(
     State(st): State<AppState>,
     Path(tag): Path<String>,
 ) -> ApiResult<Json<TagCounts>> {
-    Ok(Json(st.admin.client().tag_count(None, &tag).await?))
+    Ok(Json(st.client.tag_count(None, &tag).await?))
 }
 
 pub(super) async fn all_action(
@@ -183,7 +182,7 @@ pub(super) async fn queue_count(
     State(st): State<AppState>,
     Path((queue, tag)): Path<(String, String)>,
 ) -> ApiResult<Json<TagCounts>> {
-    Ok(Json(st.admin.client().tag_count(Some(&queue), &tag).await?))
+    Ok(Json(st.client.tag_count(Some(&queue), &tag).await?))
 }
 
 pub(super) async fn queue_action(

@@ -6,9 +6,9 @@
 mod replication_check;
 
 use crate::engine::client::Client;
-use crate::engine::housekeeping::Housekeeper;
+use crate::engine::loops::housekeeping::Housekeeper;
+use crate::engine::loops::supervisor::{Supervisor, SupervisorOptions};
 use crate::engine::retry::until_ok;
-use crate::engine::supervisor::{Supervisor, SupervisorOptions};
 use crate::engine::worker::{MultiWorker, Puller, Worker};
 
 /// Why `serve` stopped: the engine's error or the orders layer's (its database).
@@ -232,7 +232,7 @@ async fn spawn_engine(
     cancel: &CancellationToken,
     tasks: &mut JoinSet<Result<()>>,
 ) -> Result<()> {
-    let scheduler = crate::engine::schedules::Scheduler::new(client);
+    let scheduler = crate::engine::loops::scheduler::Scheduler::new(client);
     if let Err(e) = scheduler.pass().await {
         tracing::warn!(error = %e, "the first scheduler pass failed; the scheduler retries");
     }

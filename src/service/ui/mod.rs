@@ -6,7 +6,7 @@
 //! - [`timing`]: the in-process ring buffer behind the throughput and lateness charts.
 //!
 //! The page is one HTML document with its script and style sheet (`assets/`); it reads and
-//! changes everything through the same `/v1` API and admin layer as every other client, its
+//! changes everything through the same `/v1` API and engine calls as every other client, its
 //! session cookie standing in for the bearer token. Every text from Redis (order ids,
 //! payloads, errors) is put in the page as text, never as markup, and a strict Content
 //! Security Policy allows only the page's own script and style.
@@ -106,7 +106,7 @@ struct SessionInfo {
 
 async fn session_info(State(st): State<AppState>, headers: HeaderMap) -> Response {
     let open = st.tokens.is_empty();
-    let now = st.admin.client().now_ms();
+    let now = st.client.now_ms();
     // An open API needs no session and trusts none (its signing key would be public).
     let mut cookie = if open {
         None
@@ -178,7 +178,7 @@ async fn login(State(st): State<AppState>, req: axum::extract::Request) -> Respo
         // An open API: nothing to sign in to, and no cookie issued.
         return StatusCode::NO_CONTENT.into_response();
     }
-    let now = st.admin.client().now_ms();
+    let now = st.client.now_ms();
     if token_ok(&st.tokens, &b.token) {
         let value = st.sessions.issue(now);
         let mut resp = StatusCode::NO_CONTENT.into_response();
@@ -203,12 +203,12 @@ async fn logout(State(st): State<AppState>, headers: HeaderMap) -> Response {
     }
     // Revoke the session itself, not only the browser's copy: a copied cookie stops
     // working too (everywhere: every process checks Redis).
-    let now = st.admin.client().now_ms();
+    let now = st.client.now_ms();
     if let Some(cookie) = session::from_headers(&headers)
         && st.sessions.valid(&cookie, now)
         && let Some((nonce, expires_s)) = session::Sessions::nonce_and_expiry(&cookie)
     {
-        let client = st.admin.client();
+        let client = &st.client;
         let ttl_ms = (expires_s * 1000 - now).max(1000);
         let r: redis::RedisResult<()> = redis::cmd("SET")
             .arg(client.keyspace().ui_revoked(nonce))

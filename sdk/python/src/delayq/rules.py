@@ -1,7 +1,7 @@
 """Input rules: the same checks, in the same order, as the Rust client.
 
 src/engine/keys.rs (names, ids, the shard function), src/engine/message.rs (payloads, due
-times, delays), src/engine/priority.rs (priority levels) and src/service/admin.rs (batch
+times, delays), src/engine/priority.rs (priority levels) and src/service/surface.rs (batch
 size); the cases every producer must agree on are tests/conformance/inputs.json.
 """
 

@@ -211,8 +211,8 @@ fn the_http_limits_are_the_library_type() {
 /// not have (`clock_sync_every`, `dead` inside `[housekeeping]`) is an unknown key.
 #[test]
 fn option_tables_are_the_library_types() {
-    use crate::engine::dispatcher::DispatcherOptions;
-    use crate::engine::housekeeping::HousekeepingOptions;
+    use crate::engine::loops::dispatcher::DispatcherOptions;
+    use crate::engine::loops::housekeeping::HousekeepingOptions;
     let s = load_str("", env()).unwrap();
     assert_eq!(s.dispatcher, DispatcherOptions::default());
     assert_eq!(s.housekeeping, HousekeepingOptions::default());

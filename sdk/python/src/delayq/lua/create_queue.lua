@@ -14,15 +14,15 @@
 --             caller finishes that delete with the shards and epoch returned, then creates
 --             the queue afresh, so a re-created queue starts empty);
 --   shards  = the registered shard count (the caller refuses another one);
---   epoch   = the queue's epoch, which the caller writes into each shard's marker.
+--   epoch   = the queue's epoch, which the caller writes into each shard's meta hash.
 -- Error "ERR delayq too_many_queues ..." when the cap is reached (nothing written).
 --
 -- Why one script: the cap check, the record and the name set change together, so two
 -- processes creating queues at once cannot pass the cap, and a record never lacks its
 -- epoch. A record of an earlier version (no epoch) gets one here. Every change bumps the
 -- version counter that supervisors watch. The caller writes the epoch into the shards'
--- markers, then checks the record again (write, then check): a delete that began meanwhile
--- makes it undo those markers. Cost: O(1). Redis >= 6.2.
+-- meta hashes, then checks the record again (write, then check): a delete that began meanwhile
+-- makes it undo those meta-hash writes. Cost: O(1). Redis >= 6.2.
 -- @include int
 
 -- int.lua: `int(s)`, the one check of an integer argument.

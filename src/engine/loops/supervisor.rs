@@ -15,9 +15,9 @@
 //! queue never silently falls back to the safety sweep.
 
 use crate::engine::client::Client;
-use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::error::{InvalidInput, Result};
 use crate::engine::keys::QueueName;
+use crate::engine::loops::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::retry::RetryPolicy;
 use crate::engine::telemetry;
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 //! running chores. The housekeeper's chores and the orders reconciler run through it.
 
 use crate::engine::error::{InvalidInput, Result};
-use crate::engine::housekeeping::ChoreReport;
+use crate::engine::loops::housekeeping::ChoreReport;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,8 +1,8 @@
 //! [`Scheduler`]: the loop every `serve` process runs over the namespace's schedules.
 
-use super::Schedules;
 use crate::engine::client::Client;
 use crate::engine::error::Result;
+use crate::engine::schedules::Schedules;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 

@@ -27,14 +27,14 @@
 //! (a per-chore lock taken with `try_lock`), and shutdown waits for running chores by taking
 //! every lock.
 
-pub use crate::engine::chores::validate_cron;
-pub(crate) use crate::engine::chores::{Chore, run_chores};
 use crate::engine::client::Client;
-use crate::engine::dispatcher::{Dispatcher, DispatcherOptions};
 use crate::engine::error::{InvalidInput, RedisContext, Result};
 use crate::engine::keys::QueueName;
+pub use crate::engine::loops::chores::validate_cron;
+pub(crate) use crate::engine::loops::chores::{Chore, run_chores};
+use crate::engine::loops::dispatcher::{Dispatcher, DispatcherOptions};
+use crate::engine::loops::supervisor::DispatchSelection;
 use crate::engine::scripts;
-use crate::engine::supervisor::DispatchSelection;
 use crate::engine::telemetry;
 use std::sync::Arc;
 use std::time::Duration;
