@@ -9,7 +9,9 @@
 --          "<key>\31<due ms, 16 digits>\31<lane>:<entry id>", so a key's waiters sort by due time
 -- KEYS[4]  active ZSET: key -> holders + waiters (the busiest keys; a key leaves it when it
 --          has neither)
---          All four live under the queue's shard 0 hash tag and expire ARGV[4] ms after their
+-- KEYS[5]  entries HASH: "<lane>:<entry id>" -> key, for each hold (kept exact with KEYS[1]),
+--          so a pull consumer's ack, which names only its entry, gives its hold back
+--          All five live under the queue's shard 0 hash tag and expire ARGV[4] ms after their
 --          last write: nothing outlives a group that stopped.
 -- ARGV[1]  mode: acquire | release | extend | held
 -- ARGV[2]  now, unix ms
@@ -18,8 +20,9 @@
 -- ARGV[5]  acquire: hold until (unix ms); release: the hold a woken waiter gets (unix ms);
 --          extend: hold until (unix ms)
 -- ARGV[6..] acquire: key, "<lane>:<entry id>", due ms
---           release: (key, "<lane>:<entry id>") pairs
---           extend:  (key, "<lane>:<entry id>") pairs; only holds that exist are moved
+--           release: (key, "<lane>:<entry id>") pairs; an empty key: the entry's own hold
+--           extend:  (key, "<lane>:<entry id>") pairs (an empty key as for release); only
+--                    holds that exist are moved
 --           held:    key, "<lane>:<entry id>"
 --
 -- Returns: acquire: { granted (1|0), woken }; release: { woken }; extend: { extended count };
@@ -66,7 +69,7 @@ else
   return redis.error_reply('ERR delayq key_slots: unknown mode')
 end
 for i = 6, #ARGV, 2 do
-  if ARGV[i] == '' or string.find(ARGV[i], SEP, 1, true) then
+  if (mode == 'acquire' and ARGV[i] == '') or string.find(ARGV[i], SEP, 1, true) then
     return redis.error_reply('ERR delayq key_slots: bad order key')
   end
 end
@@ -84,6 +87,7 @@ end
 local function drop_hold(key, member)
   if redis.call('ZREM', KEYS[1], key .. SEP .. member) == 1 then
     if redis.call('HINCRBY', KEYS[2], key, -1) <= 0 then redis.call('HDEL', KEYS[2], key) end
+    redis.call('HDEL', KEYS[5], member)
     return true
   end
   return false
@@ -92,7 +96,14 @@ end
 local function add_hold(key, member, until_ms)
   if redis.call('ZADD', KEYS[1], until_ms, key .. SEP .. member) == 1 then
     redis.call('HINCRBY', KEYS[2], key, 1)
+    redis.call('HSET', KEYS[5], member, key)
   end
+end
+
+-- The key of pair i: given, or (empty) the one the entry holds (nil when it holds none).
+local function key_of(i)
+  if ARGV[i] ~= '' then return ARGV[i] end
+  return redis.call('HGET', KEYS[5], ARGV[i + 1])
 end
 
 -- Holds past their time: their holder stopped extending them (it crashed, or a woken
@@ -147,8 +158,11 @@ if mode == 'acquire' then
   end
 elseif mode == 'release' then
   for i = 6, #ARGV, 2 do
-    drop_hold(ARGV[i], ARGV[i + 1])
-    touched[ARGV[i]] = true
+    local key = key_of(i)
+    if key then
+      drop_hold(key, ARGV[i + 1])
+      touched[key] = true
+    end
   end
   result = {}
 elseif mode == 'held' then
@@ -156,8 +170,9 @@ elseif mode == 'held' then
 else
   local n = 0
   for i = 6, #ARGV, 2 do
-    local m = ARGV[i] .. SEP .. ARGV[i + 1]
-    if redis.call('ZSCORE', KEYS[1], m) then
+    local key = key_of(i)
+    local m = key and (key .. SEP .. ARGV[i + 1])
+    if m and redis.call('ZSCORE', KEYS[1], m) then
       redis.call('ZADD', KEYS[1], hold, m)
       n = n + 1
     end
@@ -173,5 +188,5 @@ if mode == 'acquire' or mode == 'release' then
 else
   for key in pairs(touched) do refresh(key) end
 end
-for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end
+for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
 return result

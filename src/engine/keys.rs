@@ -226,6 +226,7 @@ impl Keyspace {
             counts: format!("{base}:counts"),
             waiters: format!("{base}:waiters"),
             active: format!("{base}:active"),
+            entries: format!("{base}:entries"),
         }
     }
 
@@ -263,12 +264,20 @@ pub struct KeySlotKeys {
     pub waiters: String,
     /// ZSET: key -> holds + waiters, for each key that has either.
     pub active: String,
+    /// HASH: `"<lane>:<entry id>"` -> key, for each hold.
+    pub entries: String,
 }
 
 impl KeySlotKeys {
-    /// All four, in `key_slots.lua`'s KEYS order.
-    pub fn all(&self) -> [&str; 4] {
-        [&self.holders, &self.counts, &self.waiters, &self.active]
+    /// All five, in `key_slots.lua`'s KEYS order.
+    pub fn all(&self) -> [&str; 5] {
+        [
+            &self.holders,
+            &self.counts,
+            &self.waiters,
+            &self.active,
+            &self.entries,
+        ]
     }
 }
 

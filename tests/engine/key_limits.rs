@@ -364,3 +364,95 @@ async fn a_crashed_holders_slots_are_freed_with_its_lease() {
     done.sort();
     assert_eq!(done, ["k0", "k1", "k2", "k3", "k4", "k5"]);
 }
+
+/// Pull consumers take the same slots: with `key_concurrency = 1`, two pullers receive one
+/// order of key K at a time (the others park, no attempt counted) and every order of key J;
+/// an ack hands K's slot to its next order; a nack under `key_sequence` keeps the key for
+/// the retry, and the retry comes back before any other order of K.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pullers_share_the_slots_and_a_sequence_keeps_its_key_through_a_nack() {
+    use delayq::{Nack, PullDelivery, Puller};
+    let (_s, client) = start_with(ClientOptions::default().shards(4)).await;
+    let due = client.now_ms();
+    for i in 0..3_i64 {
+        for key in ["K", "J"] {
+            let o =
+                NewOrder::new(format!("{key}{i}"), When::at_ms(due + i), json!(i)).with_key(key);
+            client.schedule_with(Q, o, Mode::Upsert).await.unwrap();
+        }
+    }
+    Dispatcher::new(&client, Q, DispatcherOptions::default())
+        .unwrap()
+        .drain()
+        .await
+        .unwrap();
+    let opts = |name: &str| {
+        WorkerOptions::default()
+            .consumer(name)
+            .key_sequence(true)
+            .backoff(Backoff::Fixed(Duration::from_millis(10)))
+    };
+    let a = Puller::new(&client, Q, "close", opts("a")).unwrap();
+    let b = Puller::new(&client, Q, "close", opts("b")).unwrap();
+    a.ensure_groups().await.unwrap();
+    let lease = Duration::from_secs(60);
+    let ids = |got: &[PullDelivery]| {
+        let mut v: Vec<String> = got.iter().map(|d| d.delivery.id.clone()).collect();
+        v.sort();
+        v
+    };
+    // Both pullers ask for everything: one K in all, and J's first only (a sequence).
+    let got_a = a.receive(10, lease).await.unwrap();
+    let got_b = b.receive(10, lease).await.unwrap();
+    let all: Vec<PullDelivery> = got_a.iter().chain(&got_b).cloned().collect();
+    assert_eq!(ids(&all), ["J0", "K0"], "one order per key at a time");
+    assert_eq!(slot_state(&client, "close").await.1, 4, "four parked");
+    // A receipt is settled by the puller that received it.
+    let settle_by = |id: &str| {
+        if got_a.iter().any(|d| d.delivery.id == id) {
+            &a
+        } else {
+            &b
+        }
+    };
+    // Nack K0 for a retry: K stays held by it; ack J0: J1 is woken.
+    let k0 = all.iter().find(|d| d.delivery.id == "K0").unwrap();
+    let j0 = all.iter().find(|d| d.delivery.id == "J0").unwrap();
+    let r = settle_by("K0")
+        .nack(
+            &k0.receipt,
+            Nack::Retry {
+                after: None,
+                error: "not yet".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(r, delayq::Settled::Done);
+    let acked = settle_by("J0").ack(&[&j0.receipt]).await.unwrap();
+    assert_eq!(acked, [delayq::Settled::Done]);
+    // Next: K0 again (its retry, attempt 2) and J1, never K1.
+    let next: Arc<Mutex<Vec<PullDelivery>>> = Arc::default();
+    let n2 = next.clone();
+    let a = &a;
+    support::poll(WAIT, || {
+        let n2 = n2.clone();
+        async move {
+            let got = a.receive(10, lease).await.unwrap();
+            assert!(
+                got.iter()
+                    .all(|d| d.delivery.id != "K1" && d.delivery.id != "K2"),
+                "K moved on while K0 waited for its retry"
+            );
+            let mut n = n2.lock().unwrap();
+            n.extend(got);
+            (n.len() >= 2).then_some(())
+        }
+    })
+    .await
+    .expect("K0's retry and J1");
+    let next = next.lock().unwrap().clone();
+    assert_eq!(ids(&next), ["J1", "K0"]);
+    let k0 = next.iter().find(|d| d.delivery.id == "K0").unwrap();
+    assert_eq!(k0.delivery.attempt, 2, "parking counted no attempt");
+}

@@ -4,7 +4,7 @@
 //! # How it works
 //!
 //! A key's orders live on every shard (orders are sharded by id), so its slots live in one
-//! place: four keys per group under the queue's shard 0 hash tag (`lua/key_slots.lua`).
+//! place: five keys per group under the queue's shard 0 hash tag (`lua/key_slots.lua`).
 //! When a worker has a keyed entry and a handler slot for it, it asks for a slot of the key:
 //!
 //! - **granted:** the hold lasts as long as the entry's lease and is extended with it
@@ -70,7 +70,7 @@ fn lock(m: &Mutex<HashMap<String, String>>) -> std::sync::MutexGuard<'_, HashMap
 }
 
 /// `<lane>:<entry id>`: an entry among a group's key slots.
-fn member(lane: LaneId, entry_id: &str) -> String {
+pub(super) fn member(lane: LaneId, entry_id: &str) -> String {
     format!("{}:{entry_id}", lane.number())
 }
 
@@ -111,6 +111,15 @@ impl KeyGate {
     }
 }
 
+/// Under `key_sequence`, puts a batch of taken entries in due order (within each priority
+/// level, the order reads give), so that the orders of a key that one read took ask for the
+/// key earliest first. Other groups keep the read order.
+pub(super) fn sequence_order<H>(s: &Shared<H>, taken: &mut [super::entry::Taken]) {
+    if s.key_gate.as_ref().is_some_and(|g| g.sequence) {
+        taken.sort_by_key(|t| (t.delivery.priority.rank(), t.delivery.due_at_ms));
+    }
+}
+
 /// What [`admit`] decided.
 pub(super) enum Admission {
     /// Run it (with its key's hold, when its group limits keys and it has a key).
@@ -120,15 +129,15 @@ pub(super) enum Admission {
     Waits,
 }
 
-/// Takes a slot of `d`'s key for it, or parks it. Entries without a key, and groups that do
-/// not limit keys, run at once without a Redis call.
-pub(super) async fn admit<H>(s: &Shared<H>, d: &Delivery, lease: Lease) -> Admission {
+/// Takes a slot of `d`'s key for it, held until `hold_ms` (its lease end), or parks it.
+/// Entries without a key, and groups that do not limit keys, run at once without a Redis
+/// call.
+pub(super) async fn admit<H>(s: &Shared<H>, d: &Delivery, lease: Lease, hold_ms: i64) -> Admission {
     let (Some(gate), Some(key)) = (&s.key_gate, &d.key) else {
         return Admission::Run(lease, None);
     };
     let (lane, entry_id) = lease.key();
     let member = member(lane, entry_id);
-    let hold_ms = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let r = with_retries("key_slots.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
         let scope = gate.scope(s);
@@ -201,6 +210,54 @@ pub(super) async fn release<H>(s: &Shared<H>, holds: Vec<KeyHold>) {
         Err(e) => {
             tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "giving key slots back failed; they run out with their leases")
         }
+    }
+}
+
+/// Gives back the holds of `members` (`<lane>:<entry id>`, whatever their key; a member
+/// without a hold is passed over): a pull consumer's acks and dead letters, which name
+/// only their entries.
+pub(super) async fn release_entries<H>(s: &Shared<H>, members: Vec<String>) {
+    let Some(gate) = &s.key_gate else { return };
+    if members.is_empty() {
+        return;
+    }
+    let pairs: Vec<(String, String)> = members.into_iter().map(|m| (String::new(), m)).collect();
+    let wake_hold = s.client.now_ms() + ms(s.opts.visibility_timeout);
+    let scope = gate.scope(s);
+    let mut conn = s.client.connection();
+    match script::release_key_slots(&mut conn, &scope, wake_hold, &pairs).await {
+        Ok(woken) => wake(s, woken).await,
+        Err(e) => {
+            tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "giving key slots back failed; they run out with their leases")
+        }
+    }
+}
+
+/// Moves the holds of `members` (`<lane>:<entry id>`) to `until_ms`: a pull consumer's
+/// extended leases, or (under `key_sequence`) its retry.
+pub(super) async fn extend_entries<H>(s: &Shared<H>, members: Vec<String>, until_ms: i64) {
+    let Some(gate) = &s.key_gate else { return };
+    if members.is_empty() {
+        return;
+    }
+    let pairs: Vec<(String, String)> = members.into_iter().map(|m| (String::new(), m)).collect();
+    let scope = gate.scope(s);
+    let mut conn = s.client.connection();
+    if let Err(e) = script::extend_key_slots(&mut conn, &scope, until_ms, &pairs).await {
+        tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "extending key slots failed; they run out with their leases");
+    }
+}
+
+/// A pull consumer's retry of `member` at `retry_at_ms`: under `key_sequence` its key is
+/// kept until then and two leases more, otherwise it is given back.
+pub(super) async fn entry_retried<H>(s: &Shared<H>, member: String, retry_at_ms: i64) {
+    match &s.key_gate {
+        Some(g) if g.sequence => {
+            let until = retry_at_ms + 2 * ms(s.opts.visibility_timeout);
+            extend_entries(s, vec![member], until).await;
+        }
+        Some(_) => release_entries(s, vec![member]).await,
+        None => {}
     }
 }
 

@@ -65,7 +65,8 @@ pub(super) async fn reader_loop<H: Handler>(
             backlog.set(false);
             continue;
         }
-        let taken = r.read(permits.len(), &cancel).await;
+        let mut taken = r.read(permits.len(), &cancel).await;
+        super::key_gate::sequence_order(&s, &mut taken);
         backlog.took(taken.len());
         if std::mem::take(&mut r.paused) {
             backlog.set(false);

@@ -104,7 +104,8 @@ async fn process<H: Handler>(s: &Shared<H>, ack_tx: &AckSender, t: Taken) {
         return;
     }
     // A key at its slots per key (`key_concurrency`): the entry waits, parked.
-    let (lease, hold) = match key_gate::admit(s, &d, lease).await {
+    let hold_ms = s.client.now_ms() + ms(s.opts.visibility_timeout);
+    let (lease, hold) = match key_gate::admit(s, &d, lease, hold_ms).await {
         key_gate::Admission::Run(lease, hold) => (lease, hold),
         key_gate::Admission::Waits => return,
     };

@@ -194,14 +194,6 @@ fn kind(prefix: &str, h: &HandlerConfig) -> Result<HandlerKind, ConfigError> {
                     ));
                 }
             }
-            for key in ["key_concurrency", "key_sequence"] {
-                if written(key) {
-                    return Err(ConfigError::at(
-                        k(key),
-                        "is not supported for kind = \"pull\" yet (only for handlers serve runs)",
-                    ));
-                }
-            }
             let lease = duration(&k("lease"), h.lease.as_deref())?.map_or(
                 Ok(crate::engine::worker::DEFAULT_LEASE),
                 |d| {

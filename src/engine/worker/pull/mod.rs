@@ -23,6 +23,7 @@ mod wait;
 pub use wait::MAX_WAIT;
 
 use super::entry::{Taken, is_nogroup, to_taken};
+use super::key_gate;
 use super::receipt::{Receipt, Signer, random_key};
 use super::settle::{
     delivery_metrics, exhausted, handled_metric, settle_dead, settle_expired, settle_missing,
@@ -164,14 +165,6 @@ impl Puller {
     /// `ack` or `nack` holds the lease while it settles). Receipts are signed with a random
     /// key of this process ([`with_key`](Puller::with_key) to share one).
     pub fn new(client: &Client, queue: &str, group: &str, opts: WorkerOptions) -> Result<Self> {
-        if opts.key_slots().is_some() {
-            // Refused rather than ignored: a pull group would deliver past the limit.
-            return Err(crate::engine::error::InvalidInput::Option {
-                name: "key_concurrency",
-                reason: "is not supported for pull groups (nor is key_sequence): only for workers and webhook handlers".to_owned(),
-            }
-            .into());
-        }
         let s = Shared::new(client, queue, group, (), opts)?;
         let key = random_key().map_err(|source| Error::Io {
             context: "reading a random receipt key".into(),
@@ -332,7 +325,8 @@ impl Puller {
     }
 
     /// [`hand_off`](Puller::hand_off) of every taken entry, in order.
-    async fn hand_off_all(&self, taken: Vec<Taken>, lease_until: i64) -> Vec<PullDelivery> {
+    async fn hand_off_all(&self, mut taken: Vec<Taken>, lease_until: i64) -> Vec<PullDelivery> {
+        key_gate::sequence_order(&self.s, &mut taken);
         let mut out = Vec::with_capacity(taken.len());
         for t in taken {
             if let Some(d) = self.hand_off(t, lease_until).await {
@@ -458,8 +452,6 @@ impl Puller {
             lease,
             expires_after_ms,
         } = t;
-        // The lease is the caller's from here: this process extends nothing.
-        lease.release();
         if let Some(reason) = bad {
             settle_dead(s, &d, &reason, false).await;
             return None;
@@ -484,6 +476,14 @@ impl Puller {
             settle_dead(s, &d, &exhausted(d.attempt), false).await;
             return None;
         }
+        // A key at its slots per key (`key_concurrency`): parked, not handed out. The hold
+        // lasts the lease; the caller's extend, ack and nack move it or give it back.
+        let lease = match key_gate::admit(s, &d, lease, lease_until).await {
+            key_gate::Admission::Run(lease, _hold) => lease,
+            key_gate::Admission::Waits => return None,
+        };
+        // The lease is the caller's from here: this process extends nothing.
+        lease.release();
         delivery_metrics(s, &d, for_group.is_some());
         let receipt = self.signer.sign(&Receipt {
             lane: LaneId::of(d.shard, d.priority),

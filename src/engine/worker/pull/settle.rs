@@ -1,6 +1,7 @@
 //! Settling pulled deliveries: `ack`, `nack` and `extend`, each honouring a receipt only
 //! while the group's timer still holds its lease (see the parent module).
 
+use super::super::key_gate;
 use super::super::receipt::Receipt;
 use super::super::settle::{ack_commands, handled_metric, settle_dead, settle_retry};
 use super::super::{Delivery, LaneId};
@@ -180,6 +181,16 @@ impl Puller {
                 }
             }
         }
+        // Their order keys' slots go to the next waiters (`key_concurrency`).
+        if s.key_gate.is_some() {
+            let done = opened
+                .iter()
+                .zip(&out)
+                .filter(|(_, o)| **o == Settled::Done)
+                .map(|(r, _)| key_gate::member(r.lane, &r.entry_id))
+                .collect();
+            key_gate::release_entries(s, done).await;
+        }
         // Receipts given twice in one call: the copies after the first are not counted.
         for (i, r) in opened.iter().enumerate() {
             if out[i] == Settled::LeaseLost
@@ -235,15 +246,23 @@ impl Puller {
             tags: Vec::new(),
             key: None,
         };
-        let done = match how {
+        let (done, retry_at) = match how {
             Nack::Retry { after, error } if r.attempt < s.opts.max_attempts => {
                 let delay = after.unwrap_or_else(|| s.opts.backoff.delay(r.attempt));
-                settle_retry(s, &d, &error, delay).await
+                let at = s.client.now_ms() + ms(delay);
+                (settle_retry(s, &d, &error, delay).await, Some(at))
             }
             Nack::Retry { error, .. } | Nack::Dead { error } => {
-                settle_dead(s, &d, &error, false).await
+                (settle_dead(s, &d, &error, false).await, None)
             }
         };
+        if done && s.key_gate.is_some() {
+            let member = key_gate::member(r.lane, &r.entry_id);
+            match retry_at {
+                Some(at) => key_gate::entry_retried(s, member, at).await,
+                None => key_gate::release_entries(s, vec![member]).await,
+            }
+        }
         if !done {
             return Err(Error::Reply {
                 context: "settling a pulled delivery",
@@ -278,6 +297,13 @@ impl Puller {
                     extended.insert((lane, id, l));
                 }
             }
+        }
+        if self.s.key_gate.is_some() {
+            let members = extended
+                .iter()
+                .map(|(lane, id, _)| key_gate::member(*lane, id))
+                .collect();
+            key_gate::extend_entries(&self.s, members, until).await;
         }
         Ok(opened
             .into_iter()

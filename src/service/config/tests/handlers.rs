@@ -321,6 +321,9 @@ fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
     );
     assert_eq!(h.kind.name(), "pull");
     assert_eq!(h.worker.max_attempts, 3);
+    // Slots per order key apply to pull groups as to workers.
+    let keyed = load_str(&format!("{base}key_concurrency = 2\n"), env()).unwrap();
+    assert_eq!(keyed.handlers[0].worker.key_concurrency, Some(2));
     let d = load_str(base, env()).unwrap();
     assert_eq!(
         d.handlers[0].kind,
@@ -335,8 +338,6 @@ fn a_pull_group_takes_its_worker_options_and_refuses_a_handlers_own() {
         ("lease = \"10ms\"", "handlers[0].lease"),
         ("lease = \"13h\"", "handlers[0].lease"),
         ("url = \"http://127.0.0.1:9/\"", "handlers[0].url"),
-        ("key_concurrency = 2", "handlers[0].key_concurrency"),
-        ("key_sequence = true", "handlers[0].key_sequence"),
     ] {
         let e = load_str(&format!("{base}{line}\n"), env()).unwrap_err();
         assert_eq!(e.key.as_deref(), Some(key), "{line}: {e}");
