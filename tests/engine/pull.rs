@@ -404,3 +404,74 @@ async fn a_waiting_receive_gets_an_order_another_process_dispatches_and_ends_on_
     stop.cancel();
     dispatch.await.unwrap();
 }
+
+/// Runs `extend.lua` on `key`: the ids it moved to `until`.
+async fn extend_raw(
+    client: &Client,
+    key: &str,
+    until: i64,
+    pairs: &[(String, i64)],
+) -> Vec<String> {
+    let script = redis::Script::new(&delayq::engine::scripts::EXTEND_LUA);
+    let mut inv = script.prepare_invoke();
+    inv.key(key).arg(until);
+    for (id, lease) in pairs {
+        inv.arg(id).arg(*lease);
+    }
+    inv.invoke_async(&mut client.connection()).await.unwrap()
+}
+
+/// `extend.lua` (the compare-and-set behind ack, nack and extend) settles its pairs in order,
+/// as one ZSCORE and ZADD per pair would: a stale or missing one is left, a second pair of
+/// an entry compares with the end the first set, across the 1,000-pair chunks; and it costs
+/// one ZMSCORE and one ZADD per chunk, not one ZSCORE and ZADD per entry.
+#[tokio::test]
+async fn extend_compares_each_pair_in_order_with_two_calls_per_chunk() {
+    let (_server, client) = start().await;
+    let key = "{t}:timers";
+    let ids: Vec<String> = (0..2500).map(|i| format!("e{i}")).collect();
+    let mut add = vec!["ZADD", key];
+    let scores: Vec<String> = (0..2500).map(|i| (1000 + i).to_string()).collect();
+    for (id, sc) in ids.iter().zip(&scores) {
+        add.push(sc);
+        add.push(id);
+    }
+    let _: i64 = raw(&client, &add).await;
+    let until = 9000;
+    let p = |id: &str, lease: i64| (id.to_owned(), lease);
+    let mut pairs = vec![
+        p("e0", 1000),  // held: moved
+        p("e1", 999),   // stale: left
+        p("gone", 7),   // no timer: left, not added
+        p("e2", 1002),  // held: moved ...
+        p("e2", 1002),  // ... so this older copy no longer holds it
+        p("e3", 1003),  // held: moved ...
+        p("e3", until), // ... and this one holds the new end
+    ];
+    pairs.extend((4..2500).map(|i| p(&ids[i], 1000 + i as i64)));
+    pairs.push(p("e0", 1000)); // past the first chunk: e0 holds `until` now
+    pairs.push(p("e1", 1001)); // past the first chunk: held, moved
+    let _: () = raw(&client, &["CONFIG", "RESETSTAT"]).await;
+    let moved = extend_raw(&client, key, until, &pairs).await;
+    // 2,509 pairs: three chunks, each one ZMSCORE and one ZADD.
+    let stats: String = raw(&client, &["INFO", "commandstats"]).await;
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    assert_eq!(calls("zscore"), 0, "{stats}");
+    assert_eq!(calls("zmscore"), 3, "{stats}");
+    assert_eq!(calls("zadd"), 3, "{stats}");
+    let mut want = vec!["e0", "e2", "e3", "e3"];
+    want.extend(ids[4..].iter().map(String::as_str));
+    want.push("e1");
+    assert_eq!(moved, want);
+    for id in ["e0", "e1", "e2", "e3", "e4", "e1000", "e2499"] {
+        let sc: i64 = raw(&client, &["ZSCORE", key, id]).await;
+        assert_eq!(sc, until, "{id}");
+    }
+    let gone: Option<String> = raw(&client, &["ZSCORE", key, "gone"]).await;
+    assert_eq!(gone, None);
+}

@@ -9,7 +9,8 @@
 // by a local HTTP endpoint answering 200 (the webhook group, concurrency 64). Both figures
 // include the dispatch. Prints one JSON line per path, with where the time went: CPU per order
 // of redis-server, serve and this Node process (from /proc and `process.cpuUsage`, so the
-// figures hold on a loaded machine too), and Redis commands per order (`INFO commandstats`).
+// figures hold on a loaded machine too), and Redis commands and their time per order (`INFO
+// commandstats`).
 
 import { readFileSync } from "node:fs";
 import http from "node:http";
@@ -66,12 +67,16 @@ function cpuMs(pid) {
   return ((Number(f[11]) + Number(f[12])) * 1000) / 100; // utime, stime in clock ticks (USER_HZ = 100)
 }
 
-/** Redis' calls by command so far. */
+/** Redis' calls and time (µs) by command so far. */
 async function commandCalls() {
   const text = await redis.cmd("INFO", "commandstats");
   const out = {};
-  for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+)/gm)) out[m[1]] = Number(m[2]);
-  return out;
+  const usec = {};
+  for (const m of text.matchAll(/^cmdstat_([^:]+):calls=(\d+),usec=(\d+)/gm)) {
+    out[m[1]] = Number(m[2]);
+    usec[m[1]] = Number(m[3]);
+  }
+  return { out, usec };
 }
 
 /** What the measured part cost, per order: CPU µs of each process, Redis calls by command. */
@@ -82,13 +87,16 @@ async function costs() {
 
 function perOrder(before, after) {
   const us = (k) => Math.round(((after[k] - before[k]) * 1000) / orders);
-  const calls = Object.entries(after.calls)
-    .map(([c, n]) => [c, (n - (before.calls[c] ?? 0)) / orders])
-    .filter(([, n]) => n >= 0.005)
-    .sort((a, b) => b[1] - a[1])
-    .map(([c, n]) => `${c}=${n.toFixed(2)}`)
-    .join(" ");
-  return { cpu_us_per_order: { redis: us("redis"), serve: us("serve"), node: us("node"), of_which_node_kernel: us("node_kernel") }, redis_calls_per_order: calls };
+  const per = (field, min, digits) =>
+    Object.entries(after.calls[field])
+      .map(([c, n]) => [c, (n - (before.calls[field][c] ?? 0)) / orders])
+      .filter(([, n]) => n >= min)
+      .sort((a, b) => b[1] - a[1])
+      .map(([c, n]) => `${c}=${n.toFixed(digits)}`)
+      .join(" ");
+  // Redis' own time per command (a script's time includes its inner calls, which count
+  // again under their names).
+  return { cpu_us_per_order: { redis: us("redis"), serve: us("serve"), node: us("node"), of_which_node_kernel: us("node_kernel") }, redis_calls_per_order: per("out", 0.005, 2), redis_us_per_order: per("usec", 0.05, 1) };
 }
 
 async function load(queue) {
