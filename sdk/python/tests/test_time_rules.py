@@ -14,7 +14,7 @@ from conftest import run_bin
 def _dispatch(r, ns: str, queue: str, scripts: Path) -> int:
     """One call of the engine's dequeue.lua on shard 0 at the server's time (history off)."""
     tag = "{%s:%s:0}" % (ns, queue)
-    keys = [f"{tag}:{k}" for k in ("due", "payload", "stream", "history:0:0", "meta", "levels", "high:stream", "low:stream", "dispatched", "debounce")]
+    keys = [f"{tag}:{k}" for k in ("due", "payload", "stream", "history:0:0", "meta", "levels", "high:stream", "low:stream", "dispatched", "debounce", "tags", "keyed", "key_ring")]
     sec, usec = r.time()
     now = sec * 1000 + usec // 1000
     return int(r.eval((scripts / "dequeue.lua").read_text(), len(keys), *keys, now, 1000, 0, 0)[0])

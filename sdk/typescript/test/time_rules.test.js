@@ -36,7 +36,7 @@ after(async () => {
 
 async function dispatch() {
   const tag = "{dq:dd:0}";
-  const keys = ["due", "payload", "stream", "history:0:0", "meta", "levels", "high:stream", "low:stream", "dispatched", "debounce"].map(
+  const keys = ["due", "payload", "stream", "history:0:0", "meta", "levels", "high:stream", "low:stream", "dispatched", "debounce", "tags", "keyed", "key_ring"].map(
     (k) => `${tag}:${k}`,
   );
   const [sec, usec] = await admin.time();
