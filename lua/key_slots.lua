@@ -12,11 +12,12 @@
 -- KEYS[5]  entries HASH: "<lane>:<entry id>" -> key, for each hold (kept exact with KEYS[1]),
 --          so a pull consumer's ack, which names only its entry, gives its hold back
 --          All five live under the queue's shard 0 hash tag and expire ARGV[4] ms after their
---          last write: nothing outlives a group that stopped.
+--          last write or their latest hold's end, whichever is later: nothing outlives a
+--          group that stopped.
 -- ARGV[1]  mode: acquire | release | extend | held
 -- ARGV[2]  now, unix ms
 -- ARGV[3]  slots per key, 1..10000
--- ARGV[4]  time to live of the state, ms (at least a lease)
+-- ARGV[4]  time to live of the state past its last write and its latest hold, ms
 -- ARGV[5]  acquire: hold until (unix ms); release: the hold a woken waiter gets (unix ms);
 --          extend: hold until (unix ms)
 -- ARGV[6..] acquire: key, "<lane>:<entry id>", due ms
@@ -188,5 +189,10 @@ if mode == 'acquire' or mode == 'release' then
 else
   for key in pairs(touched) do refresh(key) end
 end
-for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], ttl) end
+-- The state lives `ttl` past the latest hold's end, so a long hold (a sequence's retry an
+-- hour away, a pull lease) keeps its key however quiet the group is meanwhile.
+local live = ttl
+local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+if last[2] and tonumber(last[2]) - now + ttl > live then live = tonumber(last[2]) - now + ttl end
+for i = 1, 5 do redis.call('PEXPIRE', KEYS[i], live) end
 return result

@@ -456,3 +456,81 @@ async fn pullers_share_the_slots_and_a_sequence_keeps_its_key_through_a_nack() {
     let k0 = next.iter().find(|d| d.delivery.id == "K0").unwrap();
     assert_eq!(k0.delivery.attempt, 2, "parking counted no attempt");
 }
+
+/// A sequence's retry far beyond the state's idle time to live (five leases) keeps its key:
+/// with a 100 ms lease, K0 fails once and asks to be retried 2 s later; K1, due 1 s in,
+/// starts only after K0 succeeded, although no call touched the key's slots meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_retry_keeps_its_key_while_the_group_is_quiet() {
+    let (_s, client) = start_with(ClientOptions::default().shards(2)).await;
+    let now = client.now_ms();
+    for (id, at) in [("K0", now), ("K1", now + 1_000)] {
+        let o = NewOrder::new(id, When::at_ms(at), json!(id)).with_key("K");
+        client.schedule_with(Q, o, Mode::Upsert).await.unwrap();
+    }
+    let log: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let handler = {
+        let log = log.clone();
+        move |d: Delivery| {
+            log.lock().unwrap().push(("start", d.id.clone(), d.attempt));
+            let log = log.clone();
+            Box::pin(async move {
+                let r = if d.id == "K0" && d.attempt == 1 {
+                    Err(HandlerError::Retry {
+                        message: "later".into(),
+                        after: Some(Duration::from_secs(2)),
+                    })
+                } else {
+                    Ok(())
+                };
+                log.lock().unwrap().push(("end", d.id.clone(), d.attempt));
+                r
+            }) as Reply
+        }
+    };
+    let cancel = CancellationToken::new();
+    let disp = spawn_dispatcher(&client, &cancel);
+    let w = Worker::new(
+        &client,
+        Q,
+        "close",
+        handler,
+        WorkerOptions::default()
+            .key_sequence(true)
+            .visibility_timeout(Duration::from_millis(100))
+            .reclaim_every(Duration::from_millis(50))
+            .block(Duration::from_millis(50)),
+    )
+    .unwrap();
+    let worker = tokio::spawn(w.run(cancel.clone()));
+    let l2 = log.clone();
+    wait_for("K0's retry and K1 handled", WAIT, move || {
+        let n = l2
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(e, _, _)| *e == "end")
+            .count();
+        async move { n >= 3 }
+    })
+    .await;
+    cancel.cancel();
+    disp.await.unwrap();
+    worker.await.unwrap().unwrap();
+    let starts: Vec<(String, u32)> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(e, _, _)| *e == "start")
+        .map(|(_, id, a)| (id.clone(), *a))
+        .collect();
+    assert_eq!(
+        starts,
+        [
+            ("K0".to_owned(), 1),
+            ("K0".to_owned(), 2),
+            ("K1".to_owned(), 1)
+        ],
+        "K1 started while K0 waited for its retry"
+    );
+}
