@@ -100,14 +100,7 @@ impl KeyGate {
             .iter()
             .map(|(m, k)| (k.clone(), m.clone()))
             .collect();
-        if holds.is_empty() {
-            return;
-        }
-        let scope = self.scope(s);
-        let mut conn = s.client.connection();
-        if let Err(e) = script::extend_key_slots(&mut conn, &scope, until_ms, &holds).await {
-            tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "extending key slots failed; retrying next round");
-        }
+        move_holds(s, self, &holds, until_ms).await;
     }
 }
 
@@ -189,13 +182,72 @@ pub(super) async fn admit<H>(s: &Shared<H>, d: &Delivery, lease: Lease, hold_ms:
 /// out with their leases.
 pub(super) async fn release<H>(s: &Shared<H>, holds: Vec<KeyHold>) {
     let Some(gate) = &s.key_gate else { return };
-    if holds.is_empty() {
-        return;
-    }
-    let pairs: Vec<(String, String)> = holds
+    let pairs = holds
         .iter()
         .map(|h| (h.key.clone(), h.member.clone()))
         .collect();
+    give_back(s, gate, pairs).await;
+    drop(holds);
+}
+
+/// Gives back the holds of `members` (`<lane>:<entry id>`, whatever their key; a member
+/// without a hold is passed over): a pull consumer's acks and dead letters, which name
+/// only their entries.
+pub(super) async fn release_entries<H>(s: &Shared<H>, members: Vec<String>) {
+    let Some(gate) = &s.key_gate else { return };
+    give_back(s, gate, by_entry(members)).await;
+}
+
+/// Moves the holds of `members` (`<lane>:<entry id>`) to `until_ms`: a pull consumer's
+/// extended leases.
+pub(super) async fn extend_entries<H>(s: &Shared<H>, members: Vec<String>, until_ms: i64) {
+    let Some(gate) = &s.key_gate else { return };
+    move_holds(s, gate, &by_entry(members), until_ms).await;
+}
+
+/// A pull consumer's retry of `member` at `retry_at_ms` ([`after_retry`]'s rule).
+pub(super) async fn entry_retried<H>(s: &Shared<H>, member: String, retry_at_ms: i64) {
+    let Some(gate) = &s.key_gate else { return };
+    retried(s, gate, (String::new(), member), retry_at_ms).await;
+}
+
+/// Settles a hold for an entry that waits for a retry at `retry_at_ms`: under
+/// `key_sequence` it keeps its key until then and two leases more; otherwise it is given
+/// back.
+pub(super) async fn after_retry<H>(s: &Shared<H>, hold: Option<KeyHold>, retry_at_ms: i64) {
+    let (Some(gate), Some(hold)) = (&s.key_gate, hold) else {
+        return;
+    };
+    retried(
+        s,
+        gate,
+        (hold.key.clone(), hold.member.clone()),
+        retry_at_ms,
+    )
+    .await;
+}
+
+/// The one rule for a retry's hold (`(key, member)`; an empty key: the entry's own).
+async fn retried<H>(s: &Shared<H>, gate: &KeyGate, pair: (String, String), retry_at_ms: i64) {
+    if gate.sequence {
+        let until = retry_at_ms + 2 * ms(s.opts.visibility_timeout);
+        move_holds(s, gate, &[pair], until).await;
+    } else {
+        give_back(s, gate, vec![pair]).await;
+    }
+}
+
+/// `(key, member)` pairs naming entries only: `key_slots.lua` finds each hold's key.
+fn by_entry(members: Vec<String>) -> Vec<(String, String)> {
+    members.into_iter().map(|m| (String::new(), m)).collect()
+}
+
+/// `key_slots.lua release` of `pairs` (with retries), then wakes the waiters the slots go
+/// to. A failure leaves the holds to run out with their leases.
+async fn give_back<H>(s: &Shared<H>, gate: &KeyGate, pairs: Vec<(String, String)>) {
+    if pairs.is_empty() {
+        return;
+    }
     let wake_hold = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let r = with_retries("key_slots.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
@@ -204,7 +256,6 @@ pub(super) async fn release<H>(s: &Shared<H>, holds: Vec<KeyHold>) {
         async move { script::release_key_slots(&mut conn, &scope, wake_hold, pairs).await }
     })
     .await;
-    drop(holds);
     match r {
         Ok(woken) => wake(s, woken).await,
         Err(e) => {
@@ -213,70 +264,16 @@ pub(super) async fn release<H>(s: &Shared<H>, holds: Vec<KeyHold>) {
     }
 }
 
-/// Gives back the holds of `members` (`<lane>:<entry id>`, whatever their key; a member
-/// without a hold is passed over): a pull consumer's acks and dead letters, which name
-/// only their entries.
-pub(super) async fn release_entries<H>(s: &Shared<H>, members: Vec<String>) {
-    let Some(gate) = &s.key_gate else { return };
-    if members.is_empty() {
+/// `key_slots.lua extend` of `pairs` to `until_ms`. A failure leaves the holds to run out
+/// with their leases.
+async fn move_holds<H>(s: &Shared<H>, gate: &KeyGate, pairs: &[(String, String)], until_ms: i64) {
+    if pairs.is_empty() {
         return;
     }
-    let pairs: Vec<(String, String)> = members.into_iter().map(|m| (String::new(), m)).collect();
-    let wake_hold = s.client.now_ms() + ms(s.opts.visibility_timeout);
     let scope = gate.scope(s);
     let mut conn = s.client.connection();
-    match script::release_key_slots(&mut conn, &scope, wake_hold, &pairs).await {
-        Ok(woken) => wake(s, woken).await,
-        Err(e) => {
-            tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "giving key slots back failed; they run out with their leases")
-        }
-    }
-}
-
-/// Moves the holds of `members` (`<lane>:<entry id>`) to `until_ms`: a pull consumer's
-/// extended leases, or (under `key_sequence`) its retry.
-pub(super) async fn extend_entries<H>(s: &Shared<H>, members: Vec<String>, until_ms: i64) {
-    let Some(gate) = &s.key_gate else { return };
-    if members.is_empty() {
-        return;
-    }
-    let pairs: Vec<(String, String)> = members.into_iter().map(|m| (String::new(), m)).collect();
-    let scope = gate.scope(s);
-    let mut conn = s.client.connection();
-    if let Err(e) = script::extend_key_slots(&mut conn, &scope, until_ms, &pairs).await {
+    if let Err(e) = script::extend_key_slots(&mut conn, &scope, until_ms, pairs).await {
         tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "extending key slots failed; they run out with their leases");
-    }
-}
-
-/// A pull consumer's retry of `member` at `retry_at_ms`: under `key_sequence` its key is
-/// kept until then and two leases more, otherwise it is given back.
-pub(super) async fn entry_retried<H>(s: &Shared<H>, member: String, retry_at_ms: i64) {
-    match &s.key_gate {
-        Some(g) if g.sequence => {
-            let until = retry_at_ms + 2 * ms(s.opts.visibility_timeout);
-            extend_entries(s, vec![member], until).await;
-        }
-        Some(_) => release_entries(s, vec![member]).await,
-        None => {}
-    }
-}
-
-/// Settles a hold for an entry that waits for a retry at `retry_at_ms`: under
-/// `key_sequence` it keeps its key until then and a lease more; otherwise it is given back.
-pub(super) async fn after_retry<H>(s: &Shared<H>, hold: Option<KeyHold>, retry_at_ms: i64) {
-    let (Some(gate), Some(hold)) = (&s.key_gate, hold) else {
-        return;
-    };
-    if !gate.sequence {
-        return release(s, vec![hold]).await;
-    }
-    let until = retry_at_ms + 2 * ms(s.opts.visibility_timeout);
-    let pairs = [(hold.key.clone(), hold.member.clone())];
-    drop(hold);
-    let scope = gate.scope(s);
-    let mut conn = s.client.connection();
-    if let Err(e) = script::extend_key_slots(&mut conn, &scope, until, &pairs).await {
-        tracing::warn!(queue = %s.queue, group = %s.group, error = %e, "keeping a key for its retry failed; it runs out with the lease");
     }
 }
 
