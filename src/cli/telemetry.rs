@@ -27,7 +27,7 @@
 //! in the span's OpenTelemetry context, not in a `tracing` field).
 
 use crate::engine::trace::SPAN_TARGET;
-use crate::service::config::{LogFormat, TelemetrySettings};
+use crate::service::config::{LogFormat, TelemetryOptions};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -109,14 +109,14 @@ fn env_set(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-fn destination(t: &TelemetrySettings) -> Option<Destination> {
+fn destination(t: &TelemetryOptions) -> Option<Destination> {
     let off =
         |name: &str, word: &str| env_set(name).is_some_and(|v| v.trim().eq_ignore_ascii_case(word));
     if off("OTEL_SDK_DISABLED", "true") || off("OTEL_TRACES_EXPORTER", "none") {
         return None;
     }
-    if let Some(url) = &t.traces_url {
-        return Some(Destination::Configured(url.clone()));
+    if let Some(url) = t.traces_url() {
+        return Some(Destination::Configured(url));
     }
     env_set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
         .or_else(|| {
@@ -169,7 +169,7 @@ fn userinfo_decode(s: &str) -> Result<String, String> {
 /// Sets up `serve`'s logs and traces. Export only when an endpoint is configured; the
 /// OpenTelemetry layer also when logs are JSON (their `trace_id` and `span_id` come from
 /// it). Returns what to shut down at exit, or why the exporter could not be built.
-pub(crate) fn init_serve(format: LogFormat, t: &TelemetrySettings) -> Result<Telemetry, String> {
+pub(crate) fn init_serve(format: LogFormat, t: &TelemetryOptions) -> Result<Telemetry, String> {
     let dest = destination(t);
     let mut layers: Vec<BoxedLayer> = Vec::new();
     // delayq's spans are for the tracer, not for the log lines (which stay as they were).
@@ -206,7 +206,7 @@ pub(crate) fn init_serve(format: LogFormat, t: &TelemetrySettings) -> Result<Tel
                 exporter,
                 ExportOptions {
                     interval: t.export_interval,
-                    max_batch: t.max_batch,
+                    max_batch: t.export_batch(),
                     timeout: t.export_timeout,
                     shown: url.clone(),
                 },
@@ -261,10 +261,10 @@ pub(crate) fn init_serve(format: LogFormat, t: &TelemetrySettings) -> Result<Tel
 /// The spans' resource: the standard variables (`OTEL_SERVICE_NAME`,
 /// `OTEL_RESOURCE_ATTRIBUTES`), `service.name` from the configuration or else `delayq`,
 /// and `service.version`.
-fn resource(t: &TelemetrySettings) -> opentelemetry_sdk::Resource {
+fn resource(t: &TelemetryOptions) -> opentelemetry_sdk::Resource {
     let name = t
-        .service_name
-        .clone()
+        .service_name()
+        .map(str::to_owned)
         .or_else(|| env_set("OTEL_SERVICE_NAME"))
         .unwrap_or_else(|| "delayq".into());
     opentelemetry_sdk::Resource::builder()
@@ -280,7 +280,7 @@ fn resource(t: &TelemetrySettings) -> opentelemetry_sdk::Resource {
 /// `export_timeout`, redirects never followed), and the URL as logs may show it.
 fn exporter(
     dest: &Destination,
-    t: &TelemetrySettings,
+    t: &TelemetryOptions,
 ) -> Result<(opentelemetry_otlp::SpanExporter, String), String> {
     // https endpoints: TLS through rustls with the ring provider, as the webhooks.
     let _ = rustls::crypto::ring::default_provider().install_default();

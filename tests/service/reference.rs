@@ -222,7 +222,9 @@ fn toml_type(ty: &str) -> String {
         "String" => "string".into(),
         "bool" => "boolean".into(),
         "usize" | "u64" | "u32" | "u16" => "integer".into(),
-        "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => "string".into(),
+        "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" | "ConsumerSpan" => {
+            "string".into()
+        }
         "Vec<std::net::IpAddr>" => "array of strings".into(),
         "PriorityMode" => "array of integers".into(),
         "Vec<String>" => "array of strings".into(),
@@ -273,6 +275,7 @@ const VALUE_TYPES: &[&str] = &[
     "RateLimit",
     "PriorityMode",
     "Durability",
+    "ConsumerSpan",
     "std::net::IpAddr",
     "MetricsToken",
 ];
@@ -504,6 +507,7 @@ fn schema_of_type(ty: &str, structs: &[String]) -> serde_json::Value {
         "String" | "Duration" | "Backoff" | "RateLimit" | "Durability" | "MetricsToken" => {
             json!({"type": "string"})
         }
+        "ConsumerSpan" => json!({"type": "string", "enum": ["link", "parent"]}),
         "Vec<std::net::IpAddr>" => strings,
         "bool" => json!({"type": "boolean"}),
         "usize" | "u64" => json!({"type": "integer", "minimum": 0}),

@@ -8,21 +8,24 @@
 //! (`[reconciliation]`) and `WorkerOptions` (each `[[handlers]]` entry) sit beside the
 //! service's own keys of their table (`embed`). The option type validates itself: keys,
 //! ranges and defaults are written once, in the library. A library error is mapped to the
-//! config key it came from. `[telemetry]`, `[[schedules]]` and the service's own keys are
-//! read in [`raw`] and checked in `sections` and `handlers`.
+//! config key it came from. `[telemetry]` is [`TelemetryOptions`], the service's own
+//! option type (the exporter is the binary's). `[[schedules]]` and the service's own keys
+//! are read in [`raw`] and checked in `sections` and `handlers`.
 
 mod embed;
 mod error;
 mod handlers;
 pub mod raw;
 mod sections;
+mod telemetry;
 
 pub use error::ConfigError;
 use error::figment_error;
 pub(crate) use error::{at_key, duration, lib_err};
 pub use handlers::{HandlerKind, HandlerSpec};
-pub use raw::{Config, HandlerConfig, HttpConfig, ReconciliationConfig, Secrets, TelemetryConfig};
+pub use raw::{Config, HandlerConfig, HttpConfig, ReconciliationConfig, Secrets};
 use sections::{check_http, check_reconciliation, client_options, housekeeping_options};
+pub use telemetry::TelemetryOptions;
 
 use crate::engine::client::ClientOptions;
 use crate::engine::keys::QueueName;
@@ -108,7 +111,7 @@ pub struct Settings {
     /// How log lines are written.
     pub log_format: LogFormat,
     /// Trace export and the consumer spans' relation to the producer's.
-    pub telemetry: TelemetrySettings,
+    pub telemetry: TelemetryOptions,
 }
 
 /// How `serve` writes its log lines (`log_format`).
@@ -119,55 +122,6 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line, with `trace_id` and `span_id` inside a traced span.
     Json,
-}
-
-/// `[telemetry]`, checked.
-#[derive(Clone, PartialEq)]
-pub struct TelemetrySettings {
-    /// The OTLP/HTTP traces URL the configuration names (`<otlp_endpoint>/v1/traces`);
-    /// `None`: the standard `OTEL_EXPORTER_OTLP_*` variables decide (nothing is exported
-    /// when they name no endpoint either).
-    pub traces_url: Option<String>,
-    /// `service.name`, when the configuration sets it.
-    pub service_name: Option<String>,
-    /// How each delivery's `process` span relates to the producer's.
-    pub consumer_span: crate::engine::trace::ConsumerSpan,
-    /// The longest one export may take.
-    pub export_timeout: Duration,
-    /// How long finished spans wait to be exported together.
-    pub export_interval: Duration,
-    /// Finished spans waiting for export at most.
-    pub max_queue: usize,
-    /// Spans per export request at most.
-    pub max_batch: usize,
-}
-
-impl Default for TelemetrySettings {
-    fn default() -> Self {
-        TelemetrySettings {
-            traces_url: None,
-            service_name: None,
-            consumer_span: crate::engine::trace::ConsumerSpan::Link,
-            export_timeout: Duration::from_secs(10),
-            export_interval: Duration::from_secs(1),
-            max_queue: 2048,
-            max_batch: 512,
-        }
-    }
-}
-
-impl std::fmt::Debug for TelemetrySettings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TelemetrySettings")
-            .field("traces_url", &self.traces_url.as_deref().map(redact::url))
-            .field("service_name", &self.service_name)
-            .field("consumer_span", &self.consumer_span)
-            .field("export_timeout", &self.export_timeout)
-            .field("export_interval", &self.export_interval)
-            .field("max_queue", &self.max_queue)
-            .field("max_batch", &self.max_batch)
-            .finish()
-    }
 }
 
 /// How long `serve` waits for Redis at start-up unless `startup_timeout` says otherwise.
@@ -281,7 +235,8 @@ pub fn check(mut config: Config) -> Result<Settings, ConfigError> {
         .transpose()?;
     let dispatch = sections::dispatch_selection(config.dispatch.as_ref())?;
     let log_format = sections::log_format(config.log_format.as_deref())?;
-    let telemetry = sections::telemetry(&config.telemetry)?;
+    let telemetry = config.telemetry.clone();
+    telemetry.validate().map_err(lib_err("telemetry", &[]))?;
     Ok(Settings {
         log_format,
         telemetry,

@@ -9,6 +9,7 @@
 //! [`HttpLimits`] and the top level's [`ClientOptions`]. Elsewhere unset fields mean "the library's default": no default
 //! is written here that a library option type already has.
 
+use super::TelemetryOptions;
 use crate::engine::client::ClientOptions;
 use crate::engine::loops::dispatcher::DispatcherOptions;
 use crate::engine::loops::housekeeping::{DeadLetterOptions, HousekeepingOptions};
@@ -87,50 +88,7 @@ pub struct Config {
     /// `DELAYQ_LOG_FORMAT`.
     pub log_format: Option<String>,
     /// Trace export over OTLP (see `[telemetry]`).
-    pub telemetry: TelemetryConfig,
-}
-
-/// `[telemetry]`: OpenTelemetry traces. Nothing is exported unless `otlp_endpoint` (or the
-/// standard `OTEL_EXPORTER_OTLP_ENDPOINT` / `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set.
-#[derive(Clone, Default, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetryConfig {
-    /// The collector's OTLP/HTTP base URL (`http://collector:4318`; `/v1/traces` is
-    /// appended, as for `OTEL_EXPORTER_OTLP_ENDPOINT`, which it overrides). A user name and
-    /// password in it are sent as an `Authorization: Basic` header, never in the URL.
-    pub otlp_endpoint: Option<String>,
-    /// `service.name` of the spans (default: `OTEL_SERVICE_NAME`, else `delayq`).
-    pub service_name: Option<String>,
-    /// How a delivery's `process` span relates to the producer's: `link` (default: a new
-    /// trace linked to it) or `parent` (a child in the producer's trace).
-    pub consumer_span: Option<String>,
-    /// The longest one export may take, retries included (default `10s`); spans it could
-    /// not deliver are dropped and counted.
-    pub export_timeout: Option<String>,
-    /// How long finished spans wait to be exported together (default `1s`).
-    pub export_interval: Option<String>,
-    /// Finished spans waiting for export at most (default 2048); beyond, new ones are
-    /// dropped and counted (`delayq_trace_spans_dropped_total`), never waited for.
-    pub max_queue: Option<usize>,
-    /// Spans per export request at most (default 512).
-    pub max_batch: Option<usize>,
-}
-
-impl std::fmt::Debug for TelemetryConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TelemetryConfig")
-            .field(
-                "otlp_endpoint",
-                &self.otlp_endpoint.as_deref().map(redact::url),
-            )
-            .field("service_name", &self.service_name)
-            .field("consumer_span", &self.consumer_span)
-            .field("export_timeout", &self.export_timeout)
-            .field("export_interval", &self.export_interval)
-            .field("max_queue", &self.max_queue)
-            .field("max_batch", &self.max_batch)
-            .finish()
-    }
+    pub telemetry: TelemetryOptions,
 }
 
 /// `[[schedules]]`: a recurring schedule (see `engine::schedules`).

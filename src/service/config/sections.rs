@@ -3,7 +3,7 @@
 
 use super::{
     Config, ConfigError, HandlerKind, HandlerSpec, HttpConfig, LogFormat, ReconcileSpec,
-    ReconciliationConfig, TelemetryConfig, TelemetrySettings, duration, lib_err,
+    ReconciliationConfig, lib_err,
 };
 use crate::engine::client::ClientOptions;
 use crate::engine::error::InvalidInput;
@@ -306,102 +306,4 @@ pub(super) fn log_format(v: Option<&str>) -> Result<LogFormat, ConfigError> {
             format!("{other:?} is not text or json"),
         )),
     }
-}
-
-/// `[telemetry]`: the endpoint an http(s) URL, durations and sizes in range.
-pub(super) fn telemetry(c: &TelemetryConfig) -> Result<TelemetrySettings, ConfigError> {
-    let mut t = TelemetrySettings::default();
-    if let Some(url) = c.otlp_endpoint.as_deref().map(str::trim) {
-        let parsed = reqwest::Url::parse(url)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.host_str().is_some());
-        let Some(parsed) = parsed else {
-            return Err(ConfigError::at(
-                "telemetry.otlp_endpoint",
-                format!(
-                    "{} is not an http(s) URL (the collector's OTLP/HTTP address, e.g. http://127.0.0.1:4318)",
-                    crate::engine::redact::url(url)
-                ),
-            ));
-        };
-        if parsed.query().is_some() {
-            return Err(ConfigError::at(
-                "telemetry.otlp_endpoint",
-                "must not have a query (headers go in OTEL_EXPORTER_OTLP_HEADERS)",
-            ));
-        }
-        let base = url.trim_end_matches('/');
-        t.traces_url = Some(if base.ends_with("/v1/traces") {
-            base.to_owned()
-        } else {
-            format!("{base}/v1/traces")
-        });
-    }
-    if let Some(name) = c.service_name.as_deref().map(str::trim) {
-        if name.is_empty() || name.len() > 255 || name.chars().any(char::is_control) {
-            return Err(ConfigError::at(
-                "telemetry.service_name",
-                "must be 1..=255 bytes without control characters",
-            ));
-        }
-        t.service_name = Some(name.to_owned());
-    }
-    if let Some(word) = c.consumer_span.as_deref() {
-        t.consumer_span =
-            crate::engine::trace::ConsumerSpan::parse(word.trim()).ok_or_else(|| {
-                ConfigError::at(
-                    "telemetry.consumer_span",
-                    format!("{word:?} is not link or parent"),
-                )
-            })?;
-    }
-    let ranged = |key: &str, v: Option<&str>, lo: u64, hi: u64, default| {
-        let d = duration(key, v)?.unwrap_or(default);
-        if d < std::time::Duration::from_millis(lo) || d > std::time::Duration::from_millis(hi) {
-            return Err(ConfigError::at(
-                key,
-                format!(
-                    "must be {}..={}",
-                    crate::engine::duration::format_duration(std::time::Duration::from_millis(lo)),
-                    crate::engine::duration::format_duration(std::time::Duration::from_millis(hi))
-                ),
-            ));
-        }
-        Ok(d)
-    };
-    t.export_timeout = ranged(
-        "telemetry.export_timeout",
-        c.export_timeout.as_deref(),
-        100,
-        120_000,
-        t.export_timeout,
-    )?;
-    t.export_interval = ranged(
-        "telemetry.export_interval",
-        c.export_interval.as_deref(),
-        10,
-        60_000,
-        t.export_interval,
-    )?;
-    if let Some(n) = c.max_queue {
-        if !(1..=1_000_000).contains(&n) {
-            return Err(ConfigError::at(
-                "telemetry.max_queue",
-                "must be 1..=1000000",
-            ));
-        }
-        t.max_queue = n;
-    }
-    if let Some(n) = c.max_batch {
-        if !(1..=t.max_queue.max(1)).contains(&n) || n > 10_000 {
-            return Err(ConfigError::at(
-                "telemetry.max_batch",
-                "must be 1..=10000 and at most max_queue",
-            ));
-        }
-        t.max_batch = n;
-    } else {
-        t.max_batch = t.max_batch.min(t.max_queue);
-    }
-    Ok(t)
 }

@@ -449,8 +449,8 @@ fn redis_tls_files_are_checked_naming_their_key_and_travel_in_the_url() {
 fn telemetry_and_log_format_are_checked_naming_their_key() {
     let s = load_str("", env()).unwrap();
     assert_eq!(s.log_format, LogFormat::Text);
-    assert_eq!(s.telemetry, TelemetrySettings::default());
-    assert_eq!(s.telemetry.traces_url, None);
+    assert_eq!(s.telemetry, TelemetryOptions::default());
+    assert_eq!(s.telemetry.traces_url(), None);
     let s = load_str(
         "log_format = \"json\"\n[telemetry]\notlp_endpoint = \"http://u:pw@collector:4318/\"\n\
          service_name = \"shop-delayq\"\nconsumer_span = \"parent\"\nexport_timeout = \"2s\"\n\
@@ -461,15 +461,15 @@ fn telemetry_and_log_format_are_checked_naming_their_key() {
     assert_eq!(s.log_format, LogFormat::Json);
     let t = &s.telemetry;
     assert_eq!(
-        t.traces_url.as_deref(),
+        t.traces_url().as_deref(),
         Some("http://u:pw@collector:4318/v1/traces")
     );
-    assert_eq!(t.service_name.as_deref(), Some("shop-delayq"));
+    assert_eq!(t.service_name(), Some("shop-delayq"));
     assert_eq!(t.consumer_span, crate::engine::trace::ConsumerSpan::Parent);
     assert_eq!(t.export_timeout, Duration::from_secs(2));
     assert_eq!(t.export_interval, Duration::from_millis(200));
     // The batch never exceeds the queue.
-    assert_eq!((t.max_queue, t.max_batch), (100, 100));
+    assert_eq!((t.max_queue, t.export_batch()), (100, 100));
     // Credentials never show.
     assert!(!format!("{s:?}").contains("pw"), "{s:?}");
     for (line, key) in [
