@@ -475,3 +475,86 @@ async fn extend_compares_each_pair_in_order_with_two_calls_per_chunk() {
     let gone: Option<String> = raw(&client, &["ZSCORE", key, "gone"]).await;
     assert_eq!(gone, None);
 }
+
+/// Subscribers of `Q`'s wake channels, fewest first (`PUBSUB SHARDNUMSUB`).
+async fn least_subscribed(client: &Client) -> i64 {
+    let mut args = vec!["PUBSUB".to_owned(), "SHARDNUMSUB".to_owned()];
+    args.extend((0..client.options().shards).map(|s| format!("{{dq:{Q}:{s}}}:wake")));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let flat: Vec<redis::Value> = raw(client, &args).await;
+    flat.chunks(2)
+        .map(|c| redis::from_redis_value::<i64>(c[1].clone()).unwrap())
+        .min()
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
+    let (server, client) = start().await;
+    // Process B: a dispatcher that looks only when woken (its listener holds the queue's
+    // wake channels) and a pull consumer whose fallback look is longer than its wait, so
+    // only a signal can bring it the hand-back.
+    let other = Client::connect(&server.url()).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let hour = Duration::from_secs(3600);
+    let dispatch = tokio::spawn(
+        Dispatcher::new(
+            &other,
+            Q,
+            DispatcherOptions::default().max_idle(hour).idle_poll(hour),
+        )
+        .unwrap()
+        .run(stop.clone()),
+    );
+    poll(WAIT, || async {
+        (least_subscribed(&client).await >= 1).then_some(())
+    })
+    .await
+    .expect("B listens");
+    // Process A holds the order, which B's dispatcher moved when it heard of it (so B's
+    // listener has taken its subscriptions' confirmations by then).
+    let a = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    client
+        .schedule(Q, "o-0", When::in_ms(0), json!({"n": 0}))
+        .await
+        .unwrap();
+    let d = receive_one(&a, LONG).await;
+    let b = puller(&other, "b", WorkerOptions::default()).with_fallback_poll(Duration::MAX);
+    let b_stats = b.stats();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let waiting = tokio::spawn({
+        let cancel = cancel.clone();
+        async move {
+            b.receive_wait(1, LONG, delayq::engine::worker::MAX_WAIT, &cancel)
+                .await
+                .unwrap()
+        }
+    });
+    // B has read (found nothing: A's lease ends in a minute) and waits.
+    poll(WAIT, || async {
+        (b_stats.waits.load(std::sync::atomic::Ordering::Relaxed) > 0).then_some(())
+    })
+    .await
+    .expect("B waits");
+    let how = Nack::Retry {
+        after: Some(Duration::from_millis(200)),
+        error: "partner API busy".into(),
+    };
+    assert_eq!(a.nack(&d.receipt, how).await.unwrap(), Settled::Done);
+    // B's wait ends by the signal, long before its own end (20 s, when it reads once more
+    // and would find the entry without any signal).
+    let got = tokio::time::timeout(delayq::engine::worker::MAX_WAIT / 2, waiting)
+        .await
+        .expect("the hand-back wakes B before its wait ends")
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|d| (d.delivery.id.as_str(), d.delivery.attempt))
+            .collect::<Vec<_>>(),
+        [("o-0", 2)],
+        "B's waiting receive gets the hand-back when it comes due"
+    );
+    stop.cancel();
+    dispatch.await.unwrap();
+}

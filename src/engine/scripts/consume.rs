@@ -134,8 +134,10 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
         .ctx("reclaiming due entries (reclaim.lua)")
 }
 
-/// Runs `retry.lua` (the next attempt at `at_ms`; `error` recorded for the history); false
-/// when the entry is no longer this consumer's.
+/// Runs `retry.lua` (the next attempt at `at_ms`; `error` recorded for the history; with
+/// `announce`, `at_ms` is published on the shard's wake channel for waiting pull receives);
+/// false when the entry is no longer this consumer's.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn retry<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
@@ -144,6 +146,7 @@ pub(crate) async fn retry<C: ConnectionLike>(
     entry_id: &str,
     at_ms: i64,
     error: &str,
+    announce: bool,
 ) -> Result<bool> {
     let n: i64 = RETRY
         .key(&keys.stream)
@@ -154,6 +157,7 @@ pub(crate) async fn retry<C: ConnectionLike>(
         .arg(entry_id)
         .arg(at_ms)
         .arg(error)
+        .arg(if announce { "wake" } else { "" })
         .invoke_async(conn)
         .await
         .ctx("scheduling a retry (retry.lua)")?;

@@ -224,4 +224,6 @@ pub struct WorkerStats {
     /// Entries not handed to the handler because they expired (`expires_after`): also
     /// counted in `dead_lettered`.
     pub expired: AtomicU64,
+    /// Pull receives that found nothing and began to wait (`receive_wait`).
+    pub waits: AtomicU64,
 }

@@ -89,6 +89,9 @@ struct Shared<H> {
     pause: crate::engine::flow::QueueWatch,
     /// Retries this worker set, for its reclaim loop.
     timer_hint: reclaim::TimerHint,
+    /// A pull group's consumer: its retries (hand-backs) are announced on the shard's wake
+    /// channel, since the receive that takes them may wait in another process.
+    pull: bool,
     /// The group's slots per order key, when its options limit keys.
     key_gate: Option<key_gate::KeyGate>,
     /// Handler slots.
@@ -167,6 +170,7 @@ impl<H> Shared<H> {
             has_hooks: false,
             metrics: std::sync::OnceLock::new(),
             timer_hint: reclaim::TimerHint::default(),
+            pull: false,
             sem: Arc::new(Semaphore::new(opts.concurrency)),
             taken: Arc::new(Semaphore::new(opts.taken_limit())),
             opts,

@@ -234,7 +234,12 @@ pub(super) async fn settle_retry<H>(
     let error = error.as_str();
     let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
-        async move { scripts::retry(&mut conn, keys, group, consumer, entry_id, at, error).await }
+        async move {
+            scripts::retry(
+                &mut conn, keys, group, consumer, entry_id, at, error, s.pull,
+            )
+            .await
+        }
     })
     .await;
     match r {

@@ -121,6 +121,8 @@ pub struct Puller {
     /// The group's earliest timer a receive saw (a lease end, a retry's time), unix ms;
     /// `i64::MAX` for none: a long poll reads again then.
     next_timer_ms: AtomicI64,
+    /// The fallback look of a waiting receive while the queue's wake channels are heard.
+    fallback_poll: Duration,
 }
 
 impl std::fmt::Debug for Puller {
@@ -165,7 +167,8 @@ impl Puller {
     /// `ack` or `nack` holds the lease while it settles). Receipts are signed with a random
     /// key of this process ([`with_key`](Puller::with_key) to share one).
     pub fn new(client: &Client, queue: &str, group: &str, opts: WorkerOptions) -> Result<Self> {
-        let s = Shared::new(client, queue, group, (), opts)?;
+        let mut s = Shared::new(client, queue, group, (), opts)?;
+        s.pull = true;
         let key = random_key().map_err(|source| Error::Io {
             context: "reading a random receipt key".into(),
             source,
@@ -179,6 +182,7 @@ impl Puller {
             beat_at: AtomicI64::new(0),
             rotate: AtomicUsize::new(0),
             next_timer_ms: AtomicI64::new(i64::MAX),
+            fallback_poll: wait::POLL_HEARD,
         })
     }
 
@@ -205,6 +209,15 @@ impl Puller {
             &self.s.group,
             &self.s.consumer,
         );
+        self
+    }
+
+    /// The longest a waiting receive goes without reading while every wake channel of the
+    /// queue is heard (default 2 s, at least 250 ms, at most [`MAX_WAIT`]): the bound on
+    /// what no signal announces (a replay). Lower costs Redis reads while idle; higher,
+    /// longer waits for such entries.
+    pub fn with_fallback_poll(mut self, every: Duration) -> Self {
+        self.fallback_poll = every.clamp(wait::POLL_DEAF, MAX_WAIT);
         self
     }
 

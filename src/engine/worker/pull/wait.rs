@@ -14,11 +14,12 @@
 //!   then again after 25, 50, 100, ... ms (a dispatcher elsewhere moves the order a moment
 //!   later) up to the fallback;
 //! - the group's earliest timer (a lease that runs out, a retry coming due), as the last
-//!   receive saw it;
+//!   receive saw it; a retry any process sets later (a `nack`, a failed attempt) is
+//!   announced on the shard's wake channel (`retry.lua`), and heard as above;
 //! - this process resuming the queue or group;
 //! - the fallback poll ([`POLL_HEARD`] while the queue's wake channels are all subscribed,
-//!   else [`POLL_DEAF`]): what no signal announces (a replay, a retry set by another
-//!   consumer) waits at most that long;
+//!   or what [`Puller::with_fallback_poll`] set; else [`POLL_DEAF`]): what no signal
+//!   announces (a replay) waits at most that long;
 //! - the deadline, or `cancel` (shutdown): then it answers what it has (nothing).
 
 use super::{PullDelivery, Puller};
@@ -105,6 +106,9 @@ impl Puller {
             tokio::pin!(moved, resumed);
             moved.as_mut().enable();
             resumed.as_mut().enable();
+            // A wake-up heard during the read (a retry set after it looked) is kept too.
+            let mut heard = Box::pin(wake.heard.notified());
+            heard.as_mut().enable();
             let got = self.receive(max, lease).await?;
             if got.len() >= max {
                 // A full batch: more may be waiting; the group's next waiter looks.
@@ -114,14 +118,12 @@ impl Puller {
                 return Ok(got);
             }
             let poll = if wake.listening.load(Ordering::SeqCst) >= shards.len() {
-                POLL_HEARD
+                self.fallback_poll
             } else {
                 POLL_DEAF
             };
+            s.stats.waits.fetch_add(1, Ordering::Relaxed);
             loop {
-                let heard = wake.heard.notified();
-                tokio::pin!(heard);
-                heard.as_mut().enable();
                 let now_ms = s.client.now_ms();
                 let mut look = poll;
                 // A timer already due that the read did not take (paused, rate-limited) is
@@ -153,6 +155,8 @@ impl Puller {
                     () = &mut moved => break,
                     () = &mut resumed => break,
                     () = &mut heard => {
+                        heard = Box::pin(wake.heard.notified());
+                        heard.as_mut().enable();
                         let h = wake.heard_ms.load(Ordering::SeqCst);
                         heard_at = Some(heard_at.map_or(h, |old| old.min(h)));
                     }
