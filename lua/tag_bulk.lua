@@ -7,10 +7,11 @@
 -- KEYS[3]  the shard's levels HASH (see enqueue.lua)
 -- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
--- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
---          keyed.lua): a keyed order's member goes or moves with it
--- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
---          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
+-- KEYS[6]  the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see keyed.lua):
+--          a keyed order's member goes or moves with it
+-- KEYS[8]  the shard's history bucket of now ({ns:q:s}:history:<bucket ms>:<bucket>, as
+--          dequeue.lua's KEYS[4]; untouched by a move and while history is off)
+--          Always all 8 KEYS (one arity; any other count is refused).
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller), or a
 --          cancel-on-event match token (\x01 then no control characters)
 -- ARGV[2]  at most this many orders, 1..1000
@@ -40,11 +41,12 @@
 -- channel (include `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
--- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
--- the key index; a cancel with history adds one HSET of the batch's records and one
+-- one EXISTS (KEYS[7]), and while the shard has keyed orders O(log K) per order in the key
+-- index; a cancel with history adds one HSET of the batch's records and one
 -- PEXPIREAT per call.
 -- Redis >= 6.2.
 -- @include int, wake, keyed, unschedule
+if #KEYS ~= 8 then return redis.error_reply('ERR delayq tag_bulk: 8 KEYS expected') end
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
@@ -70,9 +72,6 @@ local hist_at, now = 0, '0'
 if action == 'cancel' then
   hist_at, now = history_args(ARGV[6], ARGV[7], ARGV[8])
   if not hist_at then return redis.error_reply('ERR delayq tag_bulk: ' .. now) end
-  if hist_at > 0 and not KEYS[8] then
-    return redis.error_reply('ERR delayq tag_bulk: history needs its bucket key (KEYS[8])')
-  end
 end
 local cursor = ARGV[5] or ''
 local prefix = tag .. '\31'
@@ -82,7 +81,7 @@ local more = 0
 if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
-local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local keyed = #got > 0 and redis.call('EXISTS', KEYS[7]) == 1
 local shard = { due = KEYS[1], payload = KEYS[2], levels = KEYS[3], debounce = KEYS[4],
   tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }
 local hist = {}

@@ -6,23 +6,22 @@
 
 -- `unschedule(k, id, keyed, member)`: removes order `id` from a shard: its schedule entry,
 -- payload, level and debounce record, its tag index members and (`keyed`: the shard has
--- keyed orders) its key index member, all together. `k` holds the shard's keys: due,
--- payload, levels, debounce (each may be nil but due and payload), tags (nil: the shard's
--- tag index is not kept by the caller), kidx, kring. `member`: one more tag index member to
--- drop (the one a bulk call read), gone whether or not the order was scheduled. Returns
+-- keyed orders) its key index member, all together. `k` holds the shard's keys (every one
+-- given: the callers take one KEYS arity): due, payload, levels, debounce, tags, kidx,
+-- kring. `member`: one more tag index member to drop (the one a bulk call read), gone
+-- whether or not the order was scheduled. Returns
 -- the order's due score (the string ZSCORE gave) when it was scheduled, else false; the
 -- payload, level and debounce fields are deleted either way (an unscheduled id's leftovers).
--- Cost: ZSCORE + ZREM, O(log N); with tags one HGET and O(t log T) for t tags in an index of
--- T members; keyed: O(log K) in the key index.
+-- Cost: ZSCORE + ZREM, O(log N); one HGET and O(t log T) for t tags in an index of T
+-- members; keyed: O(log K) in the key index.
 local function unschedule(k, id, keyed, member)
-  local value = false
-  if k.tags or keyed then value = redis.call('HGET', k.payload, id) end
+  local value = redis.call('HGET', k.payload, id)
   local due = redis.call('ZSCORE', k.due, id)
   if due and keyed then key_unindex(k.kidx, k.kring, id, tonumber(due), value) end
   local removed = due and redis.call('ZREM', k.due, id) == 1
   local members, rm = {}, {}
   if member then members[member] = true end
-  if removed and k.tags then
+  if removed then
     local list = tag_list(value)
     if list then each_tag(list, id, members, true) end
   end
@@ -30,8 +29,8 @@ local function unschedule(k, id, keyed, member)
   if #rm > 0 then redis.call('ZREM', k.tags, unpack(rm)) end
   if removed or not member then
     redis.call('HDEL', k.payload, id)
-    if k.levels then redis.call('HDEL', k.levels, id) end
-    if k.debounce then redis.call('HDEL', k.debounce, id) end
+    redis.call('HDEL', k.levels, id)
+    redis.call('HDEL', k.debounce, id)
   end
   if removed then return due end
   return false

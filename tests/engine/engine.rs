@@ -186,16 +186,13 @@ async fn an_id_twice_in_one_call_acts_as_two_calls_in_order() {
     // 5,000 orders in one direct call: 10,000 values for ZADD and for HSET.
     let script = redis::Script::new(&delayq::engine::scripts::ENQUEUE_LUA);
     let epoch = support::epoch(&client, "order-close").await;
-    let mut inv = script.key("{dq:order-close:0}:due");
-    inv.key("{dq:order-close:0}:payload")
-        .key("{dq:order-close:0}:meta")
-        .arg("upsert")
-        .arg(T0.to_string())
-        .arg(&epoch);
+    let mut inv = support::enqueue_call(&script, "order-close", 0);
+    inv.arg("upsert:").arg(T0.to_string()).arg(&epoch);
     for i in 0..5000 {
         inv.arg(format!("big-{i}"))
             .arg((T0 + i).to_string())
-            .arg(format!("{{\"i\":{i}}}"));
+            .arg(format!("{{\"i\":{i}}}"))
+            .arg("");
     }
     let mut conn = client.connection();
     let codes: Vec<i64> = inv.invoke_async(&mut conn).await.unwrap();
@@ -832,19 +829,18 @@ async fn the_scripts_refuse_malformed_arguments_without_writing() {
     let script = redis::Script::new(&delayq::engine::scripts::ENQUEUE_LUA);
     let mut conn = client.connection();
     let epoch = support::epoch(&client, "q").await;
-    let r: redis::RedisResult<Vec<i64>> = script
-        .key("{dq:q:0}:due")
-        .key("{dq:q:0}:payload")
-        .key("{dq:q:0}:meta")
-        .arg("upsert")
+    let r: redis::RedisResult<Vec<i64>> = support::enqueue_call(&script, "q", 0)
+        .arg("upsert:")
         .arg(T0)
         .arg(&epoch)
         .arg("a")
         .arg(T0)
         .arg("{}")
+        .arg("")
         .arg("b")
         .arg("soon")
         .arg("{}")
+        .arg("")
         .invoke_async(&mut conn)
         .await;
     let e = r.unwrap_err();
@@ -853,6 +849,74 @@ async fn the_scripts_refuse_malformed_arguments_without_writing() {
         "{e}"
     );
     assert_eq!(support::data_keys(&client).await, 0);
+}
+
+#[tokio::test]
+async fn the_producer_scripts_refuse_a_shorter_set_of_keys_without_writing() {
+    // Each takes one KEYS arity (issue 40): the shorter forms producers sent before a key
+    // existed, otherwise valid, are refused before any write.
+    let (_s, client) = start().await;
+    client
+        .schedule(Q, "existing", When::in_ms(60_000), json!(1))
+        .await
+        .unwrap();
+    let before = snapshot(&client).await;
+    let epoch = support::epoch(&client, "order-close").await;
+    let k = support::shard_keys("order-close", 0);
+    let t0 = T0.to_string();
+    for (src, keys, args, n) in [
+        (
+            &delayq::engine::scripts::ENQUEUE_LUA,
+            vec![&k.due, &k.payload, &k.meta],
+            vec!["upsert", &t0, &epoch, "a", &t0, "{}"],
+            10,
+        ),
+        (
+            &delayq::engine::scripts::CANCEL_LUA,
+            vec![&k.due, &k.payload],
+            vec!["existing"],
+            8,
+        ),
+        (
+            &delayq::engine::scripts::RESCHEDULE_LUA,
+            vec![&k.due],
+            vec!["existing", &t0],
+            5,
+        ),
+        (
+            &delayq::engine::scripts::GET_LUA,
+            vec![&k.due, &k.payload],
+            vec!["existing"],
+            4,
+        ),
+        (
+            &delayq::engine::scripts::tags::TAG_BULK_LUA,
+            vec![
+                &k.due,
+                &k.payload,
+                &k.levels,
+                &k.debounce,
+                &k.tags,
+                &k.keyed,
+                &k.key_ring,
+            ],
+            vec!["t", "10", "at", &t0, ""],
+            8,
+        ),
+    ] {
+        let script = redis::Script::new(src);
+        let mut inv = script.prepare_invoke();
+        for key in keys {
+            inv.key(key);
+        }
+        for a in args {
+            inv.arg(a);
+        }
+        let r: redis::RedisResult<redis::Value> = inv.invoke_async(&mut client.connection()).await;
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(&format!("{n} KEYS expected")), "{e}");
+        assert_eq!(snapshot(&client).await, before);
+    }
 }
 
 #[tokio::test]
@@ -885,58 +949,75 @@ async fn the_scripts_accept_only_canonical_integers() {
     ] {
         for (now, due) in [(bad, good.as_str()), (good.as_str(), bad)] {
             let mut conn = client.connection();
-            let r: redis::RedisResult<Vec<i64>> = script
-                .key("{dq:order-close:0}:due")
-                .key("{dq:order-close:0}:payload")
-                .key("{dq:order-close:0}:meta")
-                .arg("upsert")
+            let r: redis::RedisResult<Vec<i64>> = support::enqueue_call(&script, "order-close", 0)
+                .arg("upsert:")
                 .arg(now)
                 .arg(&epoch)
                 .arg("a")
                 .arg(&good)
                 .arg("{}")
+                .arg("")
                 .arg("b")
                 .arg(due)
                 .arg("{}")
+                .arg("")
                 .invoke_async(&mut conn)
                 .await;
             assert!(r.is_err(), "now {now:?} due {due:?} was accepted");
             assert_eq!(snapshot(&client).await, before, "now {now:?} due {due:?}");
         }
     }
-    // The dispatcher's and reschedule's numbers too.
-    for (src, keys, args) in [
+    // The dispatcher's and reschedule's numbers too, each refused for what is wrong with it
+    // (every KEYS given: a count the script does not take is refused before the numbers).
+    let k = support::shard_keys("order-close", 0);
+    let dequeue_keys = vec![
+        k.due.clone(),
+        k.payload.clone(),
+        k.stream.clone(),
+        k.history(3_600_000, 500_000),
+        k.meta.clone(),
+        k.levels.clone(),
+        k.lane(delayq::Priority::High).stream,
+        k.lane(delayq::Priority::Low).stream,
+        k.dispatched.clone(),
+        k.debounce.clone(),
+        k.tags.clone(),
+        k.keyed.clone(),
+        k.key_ring.clone(),
+    ];
+    let reschedule_keys = vec![
+        k.due.clone(),
+        k.levels.clone(),
+        k.payload.clone(),
+        k.keyed.clone(),
+        k.key_ring.clone(),
+    ];
+    for (src, keys, args, refusal) in [
         (
             &delayq::engine::scripts::DEQUEUE_LUA,
-            vec![
-                "{dq:order-close:0}:due",
-                "{dq:order-close:0}:payload",
-                "{dq:order-close:0}:stream",
-                "{dq:order-close:0}:history:3600000:500000",
-            ],
+            dequeue_keys.clone(),
             vec!["1e13", "10", "0"],
+            "now must be unix milliseconds",
         ),
         (
             // A valid "now" that would move "existing", and a malformed history expiry.
             &delayq::engine::scripts::DEQUEUE_LUA,
-            vec![
-                "{dq:order-close:0}:due",
-                "{dq:order-close:0}:payload",
-                "{dq:order-close:0}:stream",
-                "{dq:order-close:0}:history:3600000:500000",
-            ],
+            dequeue_keys,
             vec!["4000000000000", "10", "1e13"],
+            "history expiry must be unix milliseconds or 0",
         ),
         (
             // A valid order first, then a malformed "now".
             &delayq::engine::scripts::admin::REDELIVER_LUA,
-            vec!["{dq:order-close:0}:due", "{dq:order-close:0}:stream"],
+            vec![k.due.clone(), k.stream.clone()],
             vec!["close", "0", "1000", "17e11", "0", "a", "{}"],
+            "now and expiry must be unix milliseconds",
         ),
         (
             &delayq::engine::scripts::RESCHEDULE_LUA,
-            vec!["{dq:order-close:0}:due"],
+            reschedule_keys,
             vec!["existing", "-inf"],
+            "due_ms is not a number",
         ),
     ] {
         let script = redis::Script::new(src);
@@ -948,7 +1029,8 @@ async fn the_scripts_accept_only_canonical_integers() {
             inv.arg(a);
         }
         let r: redis::RedisResult<redis::Value> = inv.invoke_async(&mut client.connection()).await;
-        assert!(r.is_err());
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains(refusal), "{e}");
         assert_eq!(snapshot(&client).await, before);
     }
 }

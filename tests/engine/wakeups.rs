@@ -119,27 +119,22 @@ async fn sdk_schedule(client: &Client, id: &str, due_ms: i64) {
     let text = delayq::engine::scripts::source(include_str!("../../lua/enqueue.lua"));
     let sha: String = raw(client, &["SCRIPT", "LOAD", &text]).await;
     let shard = delayq::engine::keys::shard_of(id, SHARDS);
-    let tag = format!("{{dq:{Q}:{shard}}}");
+    let keys = support::shard_keys(Q, shard);
     let epoch = support::epoch(client, Q).await;
     let now = client.now_ms().to_string();
-    let _: Vec<i64> = raw(
-        client,
-        &[
-            "EVALSHA",
-            &sha,
-            "3",
-            &format!("{tag}:due"),
-            &format!("{tag}:payload"),
-            &format!("{tag}:meta"),
-            "upsert",
-            &now,
-            &epoch,
-            id,
-            &due_ms.to_string(),
-            "{}",
-        ],
-    )
-    .await;
+    let due = due_ms.to_string();
+    let mut call = vec!["EVALSHA", sha.as_str(), "10"];
+    call.extend(delayq::engine::scripts::enqueue_keys(&keys));
+    call.extend([
+        "upsert:",
+        now.as_str(),
+        epoch.as_str(),
+        id,
+        due.as_str(),
+        "{}",
+        "",
+    ]);
+    let _: Vec<i64> = raw(client, &call).await;
 }
 
 #[tokio::test]

@@ -8,8 +8,9 @@ language") says, with nothing but the standard library (a minimal RESP client):
   2. SCRIPT LOAD enqueue.lua as `delayq scripts export` writes it, then EVALSHA by its SHA;
   3. the queue's shard count and epoch from its registry record {ns}:queue:<q>; the shard
      of an id is FNV-1a 64 of its UTF-8 bytes modulo the shard count;
-  4. keys {ns:q:s}:due, {ns:q:s}:payload and {ns:q:s}:meta, ARGV upsert|nx, now_ms, epoch,
-     then id/due_ms/json triples (one shard per call).
+  4. the ten keys of the shard {ns:q:s}: due, payload, meta, levels, dispatched, tags,
+     debounce, keyed, key_ring, remembered; ARGV upsert:|nx:, now_ms, epoch, then
+     id/due_ms/json/level quadruples (level "" for normal; one shard per call).
 
 Usage: checkout.py HOST PORT NAMESPACE QUEUE SHARDS SCRIPT_PATH ORDERS_JSON
 ORDERS_JSON is a list of {"id", "delay_ms", "payload"}. Prints one JSON object:
@@ -18,6 +19,10 @@ ORDERS_JSON is a list of {"id", "delay_ms", "payload"}. Prints one JSON object:
 import json
 import socket
 import sys
+
+# enqueue.lua's KEYS, in order, after the shard's hash tag "{ns:q:s}:".
+ENQUEUE_KEYS = ["due", "payload", "meta", "levels", "dispatched", "tags", "debounce",
+                "keyed", "key_ring", "remembered"]
 
 
 class Redis:
@@ -83,12 +88,11 @@ def main():
     codes = {}
     for s, batch in sorted(by_shard.items()):
         tag = "{%s:%s:%d}" % (ns, queue, s)
-        argv = ["upsert", now_ms, epoch]
+        keys = [tag + ":" + k for k in ENQUEUE_KEYS]
+        argv = ["upsert:", now_ms, epoch]
         for o in batch:
-            argv += [o["id"], now_ms + int(o["delay_ms"]), json.dumps(o["payload"])]
-        reply = r.call(
-            "EVALSHA", sha, 3, tag + ":due", tag + ":payload", tag + ":meta", *argv
-        )
+            argv += [o["id"], now_ms + int(o["delay_ms"]), json.dumps(o["payload"]), ""]
+        reply = r.call("EVALSHA", sha, len(keys), *keys, *argv)
         for o, code in zip(batch, reply):
             codes[o["id"]] = code
     print(json.dumps({"now_ms": now_ms, "codes": codes}))

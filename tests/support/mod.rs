@@ -86,6 +86,29 @@ pub async fn epoch(client: &Client, queue: &str) -> String {
     raw(client, &["HGET", &format!("{{dq}}:queue:{queue}"), "epoch"]).await
 }
 
+/// The keys of shard `shard` of `queue` in the tests' namespace `dq`.
+pub fn shard_keys(queue: &str, shard: u16) -> delayq::engine::keys::ShardKeys {
+    let queue = delayq::engine::keys::QueueName::new(queue).unwrap();
+    delayq::engine::keys::Keyspace::new("dq")
+        .unwrap()
+        .shard(&queue, shard)
+}
+
+/// A direct call of `enqueue.lua` on shard `shard` of `queue`, its ten KEYS given (then its
+/// mode, now, epoch and orders as arguments).
+pub fn enqueue_call<'a>(
+    script: &'a redis::Script,
+    queue: &str,
+    shard: u16,
+) -> redis::ScriptInvocation<'a> {
+    let keys = shard_keys(queue, shard);
+    let mut inv = script.prepare_invoke();
+    for k in delayq::engine::scripts::enqueue_keys(&keys) {
+        inv.key(k);
+    }
+    inv
+}
+
 /// Keys that hold data: everything but the queue registry (`{dq}:...`).
 pub async fn data_keys(client: &Client) -> usize {
     let keys: Vec<String> = raw(client, &["KEYS", "*"]).await;

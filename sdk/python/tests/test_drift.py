@@ -21,16 +21,39 @@ def sha1(data: bytes) -> str:
 
 def test_every_script_the_sdk_runs_is_vendored():
     assert NAMES == ["cancel", "create_queue", "enqueue", "get", "order_rules", "reschedule", "tag_bulk"]
-    # The enqueue contract of issue 22: three keys (due, payload, the shard's marker) and
+    # The enqueue contract of issue 22: the shard's due, payload and marker as KEYS[1..3] and
     # the epoch as ARGV[3].
-    assert b"KEYS[3]" in _core.ENQUEUE.text and b"stale_epoch" in _core.ENQUEUE.text
+    assert b"KEYS[3]  the shard's meta HASH" in _core.ENQUEUE.text and b"stale_epoch" in _core.ENQUEUE.text
     # Issue 26: the levels HASH as KEYS[4] (enqueue), KEYS[3] (cancel, get), KEYS[2] and the
     # new level as ARGV[3] (reschedule).
-    assert b"KEYS[4]" in _core.ENQUEUE.text and b"quadruples" in _core.ENQUEUE.text
+    assert b"KEYS[4]  the shard's levels HASH" in _core.ENQUEUE.text and b"quadruples" in _core.ENQUEUE.text
     for script in (_core.CANCEL, _core.GET):
-        assert b"KEYS[3]  optional: the shard's levels HASH" in script.text, script.name
-    assert b"KEYS[2]  optional: the shard's levels HASH" in _core.RESCHEDULE.text
+        assert b"KEYS[3]  the shard's levels HASH" in script.text, script.name
+    assert b"KEYS[2]  the shard's levels HASH" in _core.RESCHEDULE.text
     assert b"ARGV[3]  optional: the new level" in _core.RESCHEDULE.text
+
+
+# Issue 40: each script the SDK runs with shard keys takes one KEYS arity, and this SDK
+# passes exactly that many (a call with another count is refused before any write).
+ARITY = {"enqueue": 10, "cancel": 8, "get": 4, "reschedule": 5, "tag_bulk": 8}
+
+
+@pytest.mark.parametrize("name", sorted(ARITY))
+def test_each_script_takes_one_keys_arity_none_optional(name: str) -> None:
+    n = ARITY[name]
+    text = _core.SCRIPTS[name].text
+    header = []
+    for line in text.splitlines():
+        if line.startswith(b"#!"):
+            continue
+        if not line.startswith(b"--"):
+            break
+        header.append(line)
+    keys = [l for l in header if l.startswith(b"-- KEYS[")]
+    assert keys and not any(b"optional" in l for l in keys), name
+    assert any(l.startswith(b"-- KEYS[%d]" % n) or b", KEYS[%d]" % n in l for l in keys), name
+    assert b"Always all %d KEYS" % n in text, name
+    assert b"if #KEYS ~= %d then return redis.error_reply('ERR delayq %s: %d KEYS expected') end" % (n, name.encode(), n) in text, name
 
 
 def _header_and_body(text: bytes) -> tuple[bytes, bytes]:

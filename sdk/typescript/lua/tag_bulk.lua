@@ -7,10 +7,11 @@
 -- KEYS[3]  the shard's levels HASH (see enqueue.lua)
 -- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
 -- KEYS[5]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>"; enqueue.lua)
--- KEYS[6]  optional: the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see
---          keyed.lua): a keyed order's member goes or moves with it
--- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
---          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
+-- KEYS[6]  the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see keyed.lua):
+--          a keyed order's member goes or moves with it
+-- KEYS[8]  the shard's history bucket of now ({ns:q:s}:history:<bucket ms>:<bucket>, as
+--          dequeue.lua's KEYS[4]; untouched by a move and while history is off)
+--          Always all 8 KEYS (one arity; any other count is refused).
 -- ARGV[1]  the tag (1..=128 bytes, no control characters: checked by the caller), or a
 --          cancel-on-event match token (\x01 then no control characters)
 -- ARGV[2]  at most this many orders, 1..1000
@@ -40,8 +41,8 @@
 -- channel (include `wake`).
 -- Cost: O(m (log N + t log T)) for m <= ARGV[2] orders of t tags each, N scheduled orders
 -- and T index members; bounded by ARGV[2] (the caller keeps a call short: a few hundred);
--- with KEYS[7] one EXISTS more, and while the shard has keyed orders O(log K) per order in
--- the key index; a cancel with history adds one HSET of the batch's records and one
+-- one EXISTS (KEYS[7]), and while the shard has keyed orders O(log K) per order in the key
+-- index; a cancel with history adds one HSET of the batch's records and one
 -- PEXPIREAT per call.
 -- Redis >= 6.2.
 -- @include int, wake, keyed, unschedule
@@ -176,23 +177,22 @@ end
 
 -- `unschedule(k, id, keyed, member)`: removes order `id` from a shard: its schedule entry,
 -- payload, level and debounce record, its tag index members and (`keyed`: the shard has
--- keyed orders) its key index member, all together. `k` holds the shard's keys: due,
--- payload, levels, debounce (each may be nil but due and payload), tags (nil: the shard's
--- tag index is not kept by the caller), kidx, kring. `member`: one more tag index member to
--- drop (the one a bulk call read), gone whether or not the order was scheduled. Returns
+-- keyed orders) its key index member, all together. `k` holds the shard's keys (every one
+-- given: the callers take one KEYS arity): due, payload, levels, debounce, tags, kidx,
+-- kring. `member`: one more tag index member to drop (the one a bulk call read), gone
+-- whether or not the order was scheduled. Returns
 -- the order's due score (the string ZSCORE gave) when it was scheduled, else false; the
 -- payload, level and debounce fields are deleted either way (an unscheduled id's leftovers).
--- Cost: ZSCORE + ZREM, O(log N); with tags one HGET and O(t log T) for t tags in an index of
--- T members; keyed: O(log K) in the key index.
+-- Cost: ZSCORE + ZREM, O(log N); one HGET and O(t log T) for t tags in an index of T
+-- members; keyed: O(log K) in the key index.
 local function unschedule(k, id, keyed, member)
-  local value = false
-  if k.tags or keyed then value = redis.call('HGET', k.payload, id) end
+  local value = redis.call('HGET', k.payload, id)
   local due = redis.call('ZSCORE', k.due, id)
   if due and keyed then key_unindex(k.kidx, k.kring, id, tonumber(due), value) end
   local removed = due and redis.call('ZREM', k.due, id) == 1
   local members, rm = {}, {}
   if member then members[member] = true end
-  if removed and k.tags then
+  if removed then
     local list = tag_list(value)
     if list then each_tag(list, id, members, true) end
   end
@@ -200,8 +200,8 @@ local function unschedule(k, id, keyed, member)
   if #rm > 0 then redis.call('ZREM', k.tags, unpack(rm)) end
   if removed or not member then
     redis.call('HDEL', k.payload, id)
-    if k.levels then redis.call('HDEL', k.levels, id) end
-    if k.debounce then redis.call('HDEL', k.debounce, id) end
+    redis.call('HDEL', k.levels, id)
+    redis.call('HDEL', k.debounce, id)
   end
   if removed then return due end
   return false
@@ -246,6 +246,7 @@ local function write_cancels(key, at, fields)
   end
 end
 
+if #KEYS ~= 8 then return redis.error_reply('ERR delayq tag_bulk: 8 KEYS expected') end
 local tag = ARGV[1]
 local limit = int(ARGV[2])
 local action = ARGV[3]
@@ -271,9 +272,6 @@ local hist_at, now = 0, '0'
 if action == 'cancel' then
   hist_at, now = history_args(ARGV[6], ARGV[7], ARGV[8])
   if not hist_at then return redis.error_reply('ERR delayq tag_bulk: ' .. now) end
-  if hist_at > 0 and not KEYS[8] then
-    return redis.error_reply('ERR delayq tag_bulk: history needs its bucket key (KEYS[8])')
-  end
 end
 local cursor = ARGV[5] or ''
 local prefix = tag .. '\31'
@@ -283,7 +281,7 @@ local more = 0
 if #got > limit then more = 1; got[#got] = nil end
 local affected, last, before, first = 0, false, nil, nil
 if action ~= 'cancel' and #got > 0 then before = earliest(KEYS[1]) end
-local keyed = #got > 0 and KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local keyed = #got > 0 and redis.call('EXISTS', KEYS[7]) == 1
 local shard = { due = KEYS[1], payload = KEYS[2], levels = KEYS[3], debounce = KEYS[4],
   tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }
 local hist = {}

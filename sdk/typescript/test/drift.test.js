@@ -48,6 +48,30 @@ test("drift: every vendored script is the repository's lua/<name>.lua with the i
   }
 });
 
+// Issue 40: each script the client runs with shard keys takes one KEYS arity, and the
+// client passes exactly that many (a call with another count is refused before any write).
+const ARITY = { enqueue: 10, cancel: 8, get: 4, reschedule: 5, tag_bulk: 8 };
+
+test("drift: each vendored script with shard keys takes one KEYS arity, none optional", () => {
+  for (const [name, n] of Object.entries(ARITY)) {
+    const text = readFileSync(vendored(name), "utf8");
+    const header = [];
+    for (const line of text.split("\n")) {
+      if (line.startsWith("#!")) continue;
+      if (!line.startsWith("--")) break;
+      header.push(line);
+    }
+    const keys = header.filter((l) => l.startsWith("-- KEYS["));
+    assert.ok(keys.length > 0 && !keys.some((l) => l.includes("optional")), `${name}.lua: an optional key`);
+    assert.ok(keys.some((l) => l.startsWith(`-- KEYS[${n}]`) || l.includes(`, KEYS[${n}]`)), `${name}.lua: KEYS[${n}] documented`);
+    assert.ok(text.includes(`Always all ${n} KEYS`), `${name}.lua: its header states the arity`);
+    assert.ok(
+      text.includes(`if #KEYS ~= ${n} then return redis.error_reply('ERR delayq ${name}: ${n} KEYS expected') end`),
+      `${name}.lua: refuses any other count`,
+    );
+  }
+});
+
 test("drift: every vendored script is what `delayq scripts export` writes", { timeout: 90_000 }, async () => {
   const dir = mkdtempSync(path.join(os.tmpdir(), "delayq-ts-export-"));
   try {

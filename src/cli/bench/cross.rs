@@ -168,12 +168,12 @@ pub(super) async fn producer(
         let due = now + ahead_ms(i);
         let id = format!("order-{i}");
         let keys = keyspace.shard(&queue, shard_of(&id, shards));
-        let codes: Vec<i64> = script
-            .key(&keys.due)
-            .key(&keys.payload)
-            .key(&keys.meta)
-            .key(&keys.levels)
-            .arg("upsert")
+        let mut inv = script.prepare_invoke();
+        for k in crate::engine::scripts::enqueue_keys(&keys) {
+            inv.key(k);
+        }
+        let codes: Vec<i64> = inv
+            .arg("upsert:")
             .arg(now)
             .arg(&epoch)
             .arg(&id)

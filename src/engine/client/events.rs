@@ -372,7 +372,8 @@ impl Client {
                         &keys,
                         &h.token,
                         TAG_BATCH,
-                        BulkAction::Cancel(by, &record),
+                        BulkAction::Cancel(by),
+                        &record,
                         cursor.as_deref(),
                     )
                     .await?;

@@ -277,9 +277,17 @@ impl Client {
                 let mut cursor: Option<String> = None;
                 loop {
                     let record = policy.cancel_target(&keys, self.now_ms());
-                    let act = action.unwrap_or(BulkAction::Cancel(&by, &record));
-                    let step =
-                        tag_bulk(&mut conn, &keys, tag, TAG_BATCH, act, cursor.as_deref()).await?;
+                    let act = action.unwrap_or(BulkAction::Cancel(&by));
+                    let step = tag_bulk(
+                        &mut conn,
+                        &keys,
+                        tag,
+                        TAG_BATCH,
+                        act,
+                        &record,
+                        cursor.as_deref(),
+                    )
+                    .await?;
                     out.add(q.as_str(), step.affected);
                     if !step.more {
                         break;

@@ -340,7 +340,20 @@ mod tests {
             fixed.push(name);
         }
         fixed.sort_unstable();
-        assert_eq!(fixed, ["dequeue", "fence", "replay", "stats"]);
+        assert_eq!(
+            fixed,
+            [
+                "cancel",
+                "dequeue",
+                "enqueue",
+                "fence",
+                "get",
+                "replay",
+                "reschedule",
+                "stats",
+                "tag_bulk"
+            ]
+        );
     }
 
     #[test]

@@ -59,6 +59,23 @@ pub(crate) struct Enqueued {
     pub event: Option<String>,
 }
 
+/// The KEYS of `enqueue.lua` for one shard, in its order (it takes these ten, no other
+/// count): what a direct caller passes.
+pub fn enqueue_keys(keys: &ShardKeys) -> [&str; 10] {
+    [
+        &keys.due,
+        &keys.payload,
+        &keys.meta,
+        &keys.levels,
+        &keys.dispatched,
+        &keys.tags,
+        &keys.debounce,
+        &keys.keyed,
+        &keys.key_ring,
+        &keys.remembered,
+    ]
+}
+
 /// The `enqueue.lua` invocation for orders of one shard (run it alone, or in a pipeline).
 pub(crate) fn enqueue_invocation<'a>(
     keys: &ShardKeys,
@@ -71,16 +88,9 @@ pub(crate) fn enqueue_invocation<'a>(
     // Every shard key, so an upsert can re-index a keyed order on any call; the columns
     // are named in the mode (`upsert:rk`). Orders without time rules or keys go as
     // quadruples, as before those existed: no more work per order for them.
-    inv.key(&keys.due)
-        .key(&keys.payload)
-        .key(&keys.meta)
-        .key(&keys.levels)
-        .key(&keys.dispatched)
-        .key(&keys.tags)
-        .key(&keys.debounce)
-        .key(&keys.keyed)
-        .key(&keys.key_ring)
-        .key(&keys.remembered);
+    for k in enqueue_keys(keys) {
+        inv.key(k);
+    }
     let rules = orders.iter().any(|o| !o.rules.is_empty());
     let keyed = orders.iter().any(|o| o.key.is_some());
     // A call without tags says so: the script does no work per order for tags.

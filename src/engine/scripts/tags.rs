@@ -58,9 +58,9 @@ pub(crate) async fn order_rules<C: ConnectionLike>(
 /// What a bulk call does to each order with the tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum BulkAction<'a> {
-    /// Cancel it, recording the cancellation (the reason, and where: history bucket,
-    /// expiry, now).
-    Cancel(&'a CancelledBy, &'a CancelRecord),
+    /// Cancel it, recording the cancellation for this reason (where: the call's
+    /// [`CancelRecord`]).
+    Cancel(&'a CancelledBy),
     /// A new due time, unix ms.
     At(i64),
     /// Move its due time by this many ms.
@@ -78,13 +78,16 @@ pub(crate) struct BulkStep {
     pub more: bool,
 }
 
-/// Runs `tag_bulk.lua` on one shard: at most `limit` orders with `tag` after `cursor`.
+/// Runs `tag_bulk.lua` on one shard: at most `limit` orders with `tag` after `cursor`. A
+/// cancel is recorded as `record` says; a move records nothing, but its bucket is passed
+/// all the same (the script takes one KEYS arity and leaves it untouched then).
 pub(crate) async fn tag_bulk<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
     tag: &str,
     limit: usize,
     action: BulkAction<'_>,
+    record: &CancelRecord,
     cursor: Option<&str>,
 ) -> Result<BulkStep> {
     let (name, arg) = match action {
@@ -100,14 +103,14 @@ pub(crate) async fn tag_bulk<C: ConnectionLike>(
         .key(&keys.tags)
         .key(&keys.keyed)
         .key(&keys.key_ring)
+        .key(&record.bucket)
         .arg(tag)
         .arg(limit.clamp(1, 1000))
         .arg(name)
         .arg(arg)
         .arg(cursor.unwrap_or(""));
-    if let BulkAction::Cancel(by, record) = action {
-        inv.key(&record.bucket)
-            .arg(record.expires_at)
+    if let BulkAction::Cancel(by) = action {
+        inv.arg(record.expires_at)
             .arg(record.now_ms)
             .arg(by.record());
     }

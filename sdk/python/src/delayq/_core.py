@@ -626,8 +626,8 @@ def tags_key(due: str) -> str:
 
 
 def enqueue_args(keys: Keys, queue: str, call: Call, prepared: Sequence[Prepared], epoch: str, if_absent: bool, now_ms: int) -> List[Any]:
-    """``EVALSHA <sha> 9 due payload meta levels dispatched tags debounce keyed key_ring
-    <mode>[+tags]:<columns> now epoch id due json level ...``: one quadruple per order (level
+    """``EVALSHA <sha> 10 due payload meta levels dispatched tags debounce keyed key_ring
+    remembered <mode>[+tags]:<columns> now epoch id due json level ...``: one quadruple per order (level
     ``""`` for normal), then the rules column (``r``, when an order of the call carries
     time rules) and the key column (``k``, when one has a key; ``""`` for none); mode
     ``upsert+tags`` / ``nx+tags`` when one carries tags, as the Rust client sends them."""

@@ -456,7 +456,9 @@ class AsyncClient:
     # ------------------------------------------------------------ cancel, reschedule, get
 
     async def _shard_keys(self, queue: str, id: str) -> Tuple[str, str, str, str, str, str]:
-        """The due ZSET, payload HASH and levels HASH of the order's shard."""
+        """The due ZSET, payload HASH, levels HASH, debounce HASH, key index and key ring of
+        the order's shard (get.lua takes the first four, reschedule.lua five, cancel.lua
+        these with the tag index and a history bucket: each one KEYS arity)."""
         rules.check_queue(queue)
         idb = rules.check_id(id)
         ref = await self._queue_ref(queue)

@@ -3,13 +3,14 @@
 --
 -- KEYS[1]  the shard's due ZSET
 -- KEYS[2]  the shard's payload HASH
--- KEYS[3]  optional: the shard's levels HASH (see enqueue.lua)
--- KEYS[4]  optional: the shard's debounce HASH (see enqueue.lua)
--- KEYS[5]  optional (with KEYS[4]): the shard's tag index ZSET (see enqueue.lua)
--- KEYS[6]  optional (with KEYS[5]): the shard's key index ZSET, KEYS[7] its key ring ZSET
---          (issue 42; see keyed.lua): a keyed order's member goes with it
--- KEYS[8]  optional (with KEYS[7]): the shard's history bucket of now
---          ({ns:q:s}:history:<bucket ms>:<bucket>, as dequeue.lua's KEYS[4])
+-- KEYS[3]  the shard's levels HASH (see enqueue.lua)
+-- KEYS[4]  the shard's debounce HASH (see enqueue.lua)
+-- KEYS[5]  the shard's tag index ZSET (see enqueue.lua)
+-- KEYS[6]  the shard's key index ZSET, KEYS[7] its key ring ZSET (issue 42; see keyed.lua):
+--          a keyed order's member goes with it
+-- KEYS[8]  the shard's history bucket of now ({ns:q:s}:history:<bucket ms>:<bucket>, as
+--          dequeue.lua's KEYS[4]; untouched while history is off)
+--          Always all 8 KEYS (one arity; any other count is refused).
 -- ARGV[1]  order id
 -- ARGV[2]  optional: when the history bucket expires, unix ms (0 or absent: history off,
 --          nothing recorded; src/engine/history.rs `write_target`)
@@ -21,8 +22,8 @@
 -- "c:<now>:<due>:id" (include `unschedule`) is written in the same step, so the history
 -- answers `cancelled` exactly for the orders cancelled. Arguments are checked before the
 -- first write. Cost: O(log N) in the shard's scheduled orders (ZSCORE, ZREM), + O(t log T)
--- for t tags in an index of T members; with KEYS[7] one EXISTS more, and while the shard
--- has keyed orders O(log K) in the key index; with history one HSET and one PEXPIREAT.
+-- for t tags in an index of T members, one EXISTS (KEYS[7]), and while the shard has keyed
+-- orders O(log K) in the key index; with history one HSET and one PEXPIREAT.
 -- Redis >= 6.2.
 -- @include unschedule
 
@@ -118,23 +119,22 @@ end
 
 -- `unschedule(k, id, keyed, member)`: removes order `id` from a shard: its schedule entry,
 -- payload, level and debounce record, its tag index members and (`keyed`: the shard has
--- keyed orders) its key index member, all together. `k` holds the shard's keys: due,
--- payload, levels, debounce (each may be nil but due and payload), tags (nil: the shard's
--- tag index is not kept by the caller), kidx, kring. `member`: one more tag index member to
--- drop (the one a bulk call read), gone whether or not the order was scheduled. Returns
+-- keyed orders) its key index member, all together. `k` holds the shard's keys (every one
+-- given: the callers take one KEYS arity): due, payload, levels, debounce, tags, kidx,
+-- kring. `member`: one more tag index member to drop (the one a bulk call read), gone
+-- whether or not the order was scheduled. Returns
 -- the order's due score (the string ZSCORE gave) when it was scheduled, else false; the
 -- payload, level and debounce fields are deleted either way (an unscheduled id's leftovers).
--- Cost: ZSCORE + ZREM, O(log N); with tags one HGET and O(t log T) for t tags in an index of
--- T members; keyed: O(log K) in the key index.
+-- Cost: ZSCORE + ZREM, O(log N); one HGET and O(t log T) for t tags in an index of T
+-- members; keyed: O(log K) in the key index.
 local function unschedule(k, id, keyed, member)
-  local value = false
-  if k.tags or keyed then value = redis.call('HGET', k.payload, id) end
+  local value = redis.call('HGET', k.payload, id)
   local due = redis.call('ZSCORE', k.due, id)
   if due and keyed then key_unindex(k.kidx, k.kring, id, tonumber(due), value) end
   local removed = due and redis.call('ZREM', k.due, id) == 1
   local members, rm = {}, {}
   if member then members[member] = true end
-  if removed and k.tags then
+  if removed then
     local list = tag_list(value)
     if list then each_tag(list, id, members, true) end
   end
@@ -142,8 +142,8 @@ local function unschedule(k, id, keyed, member)
   if #rm > 0 then redis.call('ZREM', k.tags, unpack(rm)) end
   if removed or not member then
     redis.call('HDEL', k.payload, id)
-    if k.levels then redis.call('HDEL', k.levels, id) end
-    if k.debounce then redis.call('HDEL', k.debounce, id) end
+    redis.call('HDEL', k.levels, id)
+    redis.call('HDEL', k.debounce, id)
   end
   if removed then return due end
   return false
@@ -188,12 +188,10 @@ local function write_cancels(key, at, fields)
   end
 end
 
+if #KEYS ~= 8 then return redis.error_reply('ERR delayq cancel: 8 KEYS expected') end
 local at, now = history_args(ARGV[2], ARGV[3], 'id')
 if not at then return redis.error_reply('ERR delayq cancel: ' .. now) end
-if at > 0 and not KEYS[8] then
-  return redis.error_reply('ERR delayq cancel: history needs its bucket key (KEYS[8])')
-end
-local keyed = KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1
+local keyed = redis.call('EXISTS', KEYS[7]) == 1
 local due = unschedule({ due = KEYS[1], payload = KEYS[2], levels = KEYS[3],
   debounce = KEYS[4], tags = KEYS[5], kidx = KEYS[6], kring = KEYS[7] }, ARGV[1], keyed, nil)
 if not due then return 0 end

@@ -3,32 +3,26 @@
 -- KEYS[1]  the shard's due ZSET     member = order id, score = due time (unix ms)
 -- KEYS[2]  the shard's payload HASH field = order id, value = "<enqueued_ms>:<payload JSON>"
 -- KEYS[3]  the shard's meta HASH  field epoch = the queue's epoch while it exists
--- KEYS[4]  optional: the shard's levels HASH (field = order id, value = high or low, for the
---          scheduled orders that are not normal). Given: the orders come as quadruples (see
---          ARGV) and each one's level is set; absent (producers that predate priorities):
---          triples, a new order is normal and an update keeps the level it had.
--- KEYS[5]  optional (with KEYS[4]): the shard's dispatched ZSET (order id scored by its last
---          dispatch, unix ms; written by dequeue.lua while the queue has a dedup window);
---          needed when the queue has one
--- KEYS[6]  optional (with KEYS[5]): the shard's tag index ZSET (score 0, member
---          "<tag>\x1f<id>" per tag of each scheduled order; src/engine/tags.rs); needed when
---          the call carries tags or the shard has had tagged orders (meta field `tags`)
--- KEYS[7]  optional (with KEYS[6]): the shard's debounce HASH (order id -> "<first call
---          ms>:<cap ms>" of a waiting debounced order). Given: quintuples (ARGV); a call
---          whose orders carry no time rules leaves it out and sends quadruples.
--- KEYS[8]  optional (with KEYS[7]): the shard's key index ZSET, KEYS[9] its key ring ZSET
---          (issue 42; see keyed.lua). Needed to write a keyed order, or to upsert an order
---          that has a key.
--- KEYS[10] optional: the shard's remembered events ZSET (member = a cancel-on-event match
---          token, score = until when it is remembered, unix ms; src/engine/events.rs).
---          Given: a new order carrying a remembered token is not written (code 4).
+-- KEYS[4]  the shard's levels HASH (field = order id, value = high or low, for the
+--          scheduled orders that are not normal): each written order's level is set
+-- KEYS[5]  the shard's dispatched ZSET (order id scored by its last dispatch, unix ms;
+--          written by dequeue.lua while the queue has a dedup window)
+-- KEYS[6]  the shard's tag index ZSET (score 0, member "<tag>\x1f<id>" per tag of each
+--          scheduled order; src/engine/tags.rs)
+-- KEYS[7]  the shard's debounce HASH (order id -> "<first call ms>:<cap ms>" of a waiting
+--          debounced order)
+-- KEYS[8]  the shard's key index ZSET, KEYS[9] its key ring ZSET (issue 42; see keyed.lua)
+-- KEYS[10] the shard's remembered events ZSET (member = a cancel-on-event match token,
+--          score = until when it is remembered, unix ms; src/engine/events.rs): a new order
+--          carrying a remembered token is not written (code 4)
+--          Always all 10 KEYS (one arity; any other count is refused).
 -- ARGV[1]  mode: "upsert" (a known id gets the new due time and payload)
 --                or "nx" (a known id is left untouched); "upsert+tags" / "nx+tags" when
 --                some order of the call has tags (its payload argument then holds
 --                "\x1d<tag1>\x1f<tag2>\x1d" after an optional "!<ms>!" and key prefix);
 --          then optionally ":<columns>", columns "", "r", "k" or "rk": the orders are id,
 --          due_ms, payload, level, then the rules column (r) and the key column (k: the
---          order's key, "" for none); KEYS[4..9] are all given. Without ":" the widths below.
+--          order's key, "" for none). Without ":" the columns are "r" (quintuples).
 -- ARGV[2]  now: the enqueue time, unix ms (the Redis server clock, read by the caller)
 -- ARGV[3]  the queue's epoch as the caller read it from the registry record; a producer
 --          that computes cancel-on-event tokens appends "\x1f<rules version>" ("" for no
@@ -36,11 +30,11 @@
 --          its "<old>|<new>" while the rules change) is refused as
 --          stale_epoch (the caller re-reads the record); no "\x1f" on a shard with rules is
 --          refused (an older producer would schedule orders without their tokens)
--- ARGV[4..] the orders as triples: id, due_ms (integer), payload (JSON text), repeated;
---           with KEYS[4], quadruples: id, due_ms, payload, level ("high", "low", or "" or
---           "normal" for normal); with KEYS[7], quintuples: ..., level, rules: "" or "r"
---           (repeat: schedule it even if dispatched within the dedup window), then
---           optionally the order's debounce max_wait in ms (due_ms is then now + its delay)
+-- ARGV[4..] the orders, repeated: id, due_ms (integer), payload (JSON text), level ("high",
+--           "low", or "" or "normal" for normal), then the columns of ARGV[1]: rules: "" or
+--           "r" (repeat: schedule it even if dispatched within the dedup window), then
+--           optionally the order's debounce max_wait in ms (due_ms is then now + its delay);
+--           key: the order's key ("" for none)
 --
 -- Numbers are canonical decimal integers ("^-?[0-9]+$", at most 2^53 - 1, not negative):
 -- " 5", "5 ", "1e3", "0x10", "nan", "inf" and "" are refused. Redis >= 6.2.
@@ -58,8 +52,8 @@
 -- call carries none, nothing more is done (an untagged call on an untagged shard pays one
 -- more field in the meta hash's HMGET, nothing per order).
 -- Events (issue 43 item 4): match tokens are tags starting with \x01. Only a call that
--- carries tags and passes KEYS[10] looks for them (one string.find per order; one ZMSCORE
--- per 1,000 tokens found): an untagged call does nothing more, per order or per call.
+-- carries tags looks for them (one string.find per order; one ZMSCORE per 1,000 tokens
+-- found): an untagged call does nothing more, per order or per call.
 -- Time rules (issue 44; the Rust side is src/engine/time_rules.rs). The dedup window is the shard meta hash's field `dedup_ms` (read in
 -- the same HMGET as the epoch: a queue without one pays nothing more); with it, one
 -- ZMSCORE per 1,000 ids. Debounce: a waiting order's record holds its first call's time
@@ -67,7 +61,7 @@
 -- replaced; an order not waiting starts afresh (the record lives while the order waits: a
 -- plain upsert keeps it; dispatch and cancel drop it). The meta hash's field `debounce` tells
 -- dequeue.lua that the shard has records to drop (a shard that never saw one pays nothing).
--- A call without time rules sends no more per order than before (quadruples).
+-- A call without time rules sends no more per order than before (quadruples, mode ":").
 -- Keys (issue 42): a keyed order (its key column not "") is also indexed (KEYS[8], KEYS[9]:
 -- one member per order, one ZADD of them, and one ZADD LT lowering the keys' ring scores)
 -- and the meta hash's field `keys` is set; while it is set, unkeyed orders written are
@@ -211,14 +205,12 @@ local function key_unindex(kidx, kring, id, due, v)
   return nil
 end
 
+if #KEYS ~= 10 then return redis.error_reply('ERR delayq enqueue: 10 KEYS expected') end
 local mode, plus, colon, cols = string.match(ARGV[1], '^(%a+)(%+?%a*)(:?)([rk]*)$')
 local tagged = plus == '+tags'
 if plus ~= '' and not tagged then mode = nil end
 if mode ~= 'upsert' and mode ~= 'nx' then
   return redis.error_reply('ERR delayq enqueue: mode must be upsert or nx')
-end
-if tagged and not KEYS[6] then
-  return redis.error_reply('ERR delayq enqueue: tagged orders need the tag index (KEYS[6])')
 end
 local now = ARGV[2]
 if not int(now) or int(now) < 0 then
@@ -234,22 +226,13 @@ if cut then
   given_rules = string.sub(ARGV[3], cut + 1)
 end
 -- w: values per order; rcol, kcol: offsets of the rules and key columns in an order's values.
-local w, rcol, kcol = 3, nil, nil
-if KEYS[4] then w = 4 end
-if KEYS[7] then w = 5; rcol = 4 end
-if colon == ':' then
-  if not KEYS[9] then
-    return redis.error_reply('ERR delayq enqueue: with explicit columns, KEYS[4..9] are needed')
-  end
-  w, rcol, kcol = 4, nil, nil
-  if string.find(cols, 'r', 1, true) then rcol = w; w = w + 1 end
-  if string.find(cols, 'k', 1, true) then kcol = w; w = w + 1 end
-end
-if KEYS[6] and not KEYS[5] then
-  return redis.error_reply('ERR delayq enqueue: with the tag index, the dispatched ZSET is needed')
-end
+-- Without ":", the rules column alone.
+if colon ~= ':' then cols = 'r' end
+local w, rcol, kcol = 4, nil, nil
+if string.find(cols, 'r', 1, true) then rcol = w; w = w + 1 end
+if string.find(cols, 'k', 1, true) then kcol = w; w = w + 1 end
 if (#ARGV - 3) % w ~= 0 then
-  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w >= 5 and ', level and ' .. (w - 4) .. ' more values each' or w == 4 and ', level quadruples' or ' triples'))
+  return redis.error_reply('ERR delayq enqueue: orders come as id, due_ms, payload' .. (w >= 5 and ', level and ' .. (w - 4) .. ' more values each' or ', level quadruples'))
 end
 local lanes = { [''] = '', normal = '', high = 'high', low = 'low' }
 for i = 4, #ARGV, w do
@@ -260,7 +243,7 @@ for i = 4, #ARGV, w do
   if not due or due < 0 then
     return redis.error_reply('ERR delayq enqueue: due_ms of order ' .. ARGV[i] .. ' is not a number (a non-negative decimal integer)')
   end
-  if w >= 4 and not lanes[ARGV[i + 3]] then
+  if not lanes[ARGV[i + 3]] then
     return redis.error_reply('ERR delayq enqueue: the level of order ' .. ARGV[i] .. ' must be high, normal or low')
   end
   local m = rcol and ARGV[i + rcol] ~= '' and string.match(ARGV[i + rcol], '^r?(.*)$') or ''
@@ -279,12 +262,6 @@ end
 
 local meta = redis.call('HMGET', KEYS[3], 'epoch', 'dedup_ms', 'debounce', 'tags', 'keys', 'cancel_on')
 local epoch, window = meta[1], tonumber(meta[2] or '0') or 0
-if meta[4] and not KEYS[6] then
-  return redis.error_reply('ERR delayq enqueue: the shard has tagged orders and this producer does not pass the tag index (KEYS[6]): upgrade it')
-end
-if window > 0 and not KEYS[5] then
-  return redis.error_reply('ERR delayq enqueue: the queue has a dedup window and this producer does not pass the dispatched ZSET (KEYS[5]): upgrade it')
-end
 if not epoch then
   return redis.error_reply('ERR delayq queue_not_found: the queue does not exist')
 end
@@ -329,7 +306,7 @@ end
 -- Events: a new order with a match token remembered until later than now is answered
 -- { 4, token } and not written.
 local ev = {}
-if tagged and KEYS[10] then
+if tagged then
   local toks, at = {}, {}
   for k = 1, n do
     local p = ARGV[w * (k - 1) + 6]
@@ -385,11 +362,8 @@ if meta[5] and mode == 'upsert' then
     if known[k] and not dup[k] then
       local key = stored_key(old[k])
       if key then
-        if not KEYS[9] then
-          return redis.error_reply('ERR delayq enqueue: order ' .. ids[k] .. ' has a key and this producer does not pass the key index (KEYS[8], KEYS[9]): upgrade it')
-        end
         kmember[ids[k]] = key_member(key, tonumber(known[k]), ids[k])
-      elseif KEYS[9] then
+      else
         -- Unkeyed: indexed under "" when it was written while the shard was marked.
         maybe[#maybe + 1] = key_member('', tonumber(known[k]), ids[k]); mat[#maybe] = ids[k]
       end
@@ -404,14 +378,14 @@ if meta[5] and mode == 'upsert' then
   end
 end
 local kold, knew = {}, {}
--- Levels (quadruples only): "high"/"low" set in the levels HASH, normal ones removed from
+-- Levels: "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
 local seen, z, h, fin, out = {}, {}, {}, {}, {}
 -- Tags: per id written, its latest list (false: none); per index member, whether it ends
 -- up in the index (in call order: an upsert keeping a tag removes and adds it).
 local cur, fate = {}, {}
-local had_levels = w >= 4 and redis.call('EXISTS', KEYS[4]) == 1
+local had_levels = redis.call('EXISTS', KEYS[4]) == 1
 for k = 1, n do
   local id = ids[k]
   local exists = known[k] or seen[id]
@@ -437,7 +411,7 @@ for k = 1, n do
     end
     z[#z + 1] = due
     z[#z + 1] = id
-    if (kcol or meta[5]) and KEYS[9] then
+    if kcol or meta[5] then
       -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
       knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
@@ -454,10 +428,8 @@ for k = 1, n do
       if list then each_tag(list, id, fate, true) end
       cur[id] = list
     end
-    if w >= 4 then
-      local level = lanes[ARGV[a + 3]]
-      if level ~= '' or had_levels or fin[id] then fin[id] = level end
-    end
+    local level = lanes[ARGV[a + 3]]
+    if level ~= '' or had_levels or fin[id] then fin[id] = level end
   end
 end
 local before, first = earliest(KEYS[1]), nil
@@ -472,22 +444,20 @@ if rcol then
   for s = 1, #set, 1000 do redis.call('HSET', KEYS[7], unpack(set, s, math.min(s + 999, #set))) end
   if #set > 0 and not meta[3] then redis.call('HSET', KEYS[3], 'debounce', '1') end
 end
-if w >= 4 then
-  local lv, plain = {}, {}
-  for id, level in pairs(fin) do
-    if level ~= '' then
-      lv[#lv + 1] = id
-      lv[#lv + 1] = level
-    elseif had_levels then
-      plain[#plain + 1] = id
-    end
+local lv, plain = {}, {}
+for id, level in pairs(fin) do
+  if level ~= '' then
+    lv[#lv + 1] = id
+    lv[#lv + 1] = level
+  elseif had_levels then
+    plain[#plain + 1] = id
   end
-  for s = 1, #plain, 1000 do
-    redis.call('HDEL', KEYS[4], unpack(plain, s, math.min(s + 999, #plain)))
-  end
-  for s = 1, #lv, 1000 do
-    redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
-  end
+end
+for s = 1, #plain, 1000 do
+  redis.call('HDEL', KEYS[4], unpack(plain, s, math.min(s + 999, #plain)))
+end
+for s = 1, #lv, 1000 do
+  redis.call('HSET', KEYS[4], unpack(lv, s, math.min(s + 999, #lv)))
 end
 if tagged or meta[4] then
   local rm, zs = {}, {}
