@@ -15,12 +15,15 @@
 -- then deleted from the dead-letter stream, and that group's history follows the new entry:
 -- the field "\2<group>\2<order id>" -> "<new entry id>:<due ms>" in the bucket of now
 -- redirects that group only; every other group keeps reporting the delivery it handled.
--- The new entry starts again at attempt 1 and keeps the order's priority level.
+-- The new entry starts again at attempt 1 and keeps the order's priority level. A replay
+-- that appended anything announces "0" (look now) on the shard's wake channel (wake.lua),
+-- so pull receives waiting in any process read at once (workers' blocking reads see the
+-- new entries by themselves).
 -- Why one script: the append and the delete go together, so an interrupted replay loses
 -- nothing and replays nothing twice. Cost: O(k) for k ids (XRANGE of one id, XADD, XDEL
--- and one HSET each). Redis >= 6.2.
+-- and one HSET each), O(1) for the announce. Redis >= 6.2.
 -- Returns: the number of entries replayed (ids not found or of another group are skipped).
--- @include int, lanes
+-- @include int, lanes, wake
 local hist_at = int(ARGV[2])
 if not hist_at or hist_at < 0 then
   return redis.error_reply('ERR delayq replay: history expiry must be unix milliseconds or 0')
@@ -72,4 +75,5 @@ if #hist > 0 then
   redis.call('HSET', KEYS[3], unpack(hist))
   redis.call('PEXPIREAT', KEYS[3], hist_at)
 end
+if n > 0 then announce(KEYS[2], 0) end
 return n

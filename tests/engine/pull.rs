@@ -488,12 +488,19 @@ async fn least_subscribed(client: &Client) -> i64 {
         .unwrap_or(0)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
-    let (server, client) = start().await;
-    // Process B: a dispatcher that looks only when woken (its listener holds the queue's
-    // wake channels) and a pull consumer whose fallback look is longer than its wait, so
-    // only a signal can bring it the hand-back.
+/// Another process of the group: a dispatcher that looks only when woken (its listener
+/// holds the queue's wake channels, subscribed once the server lists them) and a pull
+/// consumer `b` whose fallback look is longer than any wait, so only a signal can bring a
+/// waiting receive an entry. Returns the client, the puller, and the dispatcher's stop.
+async fn other_process(
+    server: &delayq::LocalRedis,
+    client: &Client,
+) -> (
+    Client,
+    Puller,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<()>,
+) {
     let other = Client::connect(&server.url()).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let hour = Duration::from_secs(3600);
@@ -507,10 +514,47 @@ async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
         .run(stop.clone()),
     );
     poll(WAIT, || async {
-        (least_subscribed(&client).await >= 1).then_some(())
+        (least_subscribed(client).await >= 1).then_some(())
     })
     .await
     .expect("B listens");
+    let b = puller(&other, "b", WorkerOptions::default()).with_fallback_poll(Duration::MAX);
+    (other, b, stop, dispatch)
+}
+
+/// Starts `b` waiting for one entry (its longest wait), once it has read and found none.
+async fn waiting(b: Puller) -> tokio::task::JoinHandle<Vec<PullDelivery>> {
+    let stats = b.stats();
+    let task = tokio::spawn(async move {
+        let cancel = tokio_util::sync::CancellationToken::new();
+        b.receive_wait(1, LONG, delayq::engine::worker::MAX_WAIT, &cancel)
+            .await
+            .unwrap()
+    });
+    poll(WAIT, || async {
+        (stats.waits.load(std::sync::atomic::Ordering::Relaxed) > 0).then_some(())
+    })
+    .await
+    .expect("B waits");
+    task
+}
+
+/// What a waiting receive got, when a signal ended its wait long before its own end (20 s,
+/// when it reads once more and would find the entry without any signal).
+async fn got_by_signal(task: tokio::task::JoinHandle<Vec<PullDelivery>>) -> Vec<(String, u32)> {
+    tokio::time::timeout(delayq::engine::worker::MAX_WAIT / 2, task)
+        .await
+        .expect("a signal wakes B before its wait ends")
+        .unwrap()
+        .iter()
+        .map(|d| (d.delivery.id.clone(), d.delivery.attempt))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
+    let (server, client) = start().await;
+    let (_other, b, stop, dispatch) = other_process(&server, &client).await;
     // Process A holds the order, which B's dispatcher moved when it heard of it (so B's
     // listener has taken its subscriptions' confirmations by then).
     let a = puller(&client, "a", WorkerOptions::default());
@@ -520,40 +564,48 @@ async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
         .await
         .unwrap();
     let d = receive_one(&a, LONG).await;
-    let b = puller(&other, "b", WorkerOptions::default()).with_fallback_poll(Duration::MAX);
-    let b_stats = b.stats();
-    let cancel = tokio_util::sync::CancellationToken::new();
-    let waiting = tokio::spawn({
-        let cancel = cancel.clone();
-        async move {
-            b.receive_wait(1, LONG, delayq::engine::worker::MAX_WAIT, &cancel)
-                .await
-                .unwrap()
-        }
-    });
-    // B has read (found nothing: A's lease ends in a minute) and waits.
-    poll(WAIT, || async {
-        (b_stats.waits.load(std::sync::atomic::Ordering::Relaxed) > 0).then_some(())
-    })
-    .await
-    .expect("B waits");
+    // B reads (finds nothing: A's lease ends in a minute) and waits.
+    let task = waiting(b).await;
     let how = Nack::Retry {
         after: Some(Duration::from_millis(200)),
         error: "partner API busy".into(),
     };
     assert_eq!(a.nack(&d.receipt, how).await.unwrap(), Settled::Done);
-    // B's wait ends by the signal, long before its own end (20 s, when it reads once more
-    // and would find the entry without any signal).
-    let got = tokio::time::timeout(delayq::engine::worker::MAX_WAIT / 2, waiting)
-        .await
-        .expect("the hand-back wakes B before its wait ends")
-        .unwrap();
     assert_eq!(
-        got.iter()
-            .map(|d| (d.delivery.id.as_str(), d.delivery.attempt))
-            .collect::<Vec<_>>(),
-        [("o-0", 2)],
+        got_by_signal(task).await,
+        [("o-0".to_owned(), 2)],
         "B's waiting receive gets the hand-back when it comes due"
+    );
+    stop.cancel();
+    dispatch.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_wakes_a_receive_waiting_in_another_process() {
+    let (server, client) = start().await;
+    let (_other, b, stop, dispatch) = other_process(&server, &client).await;
+    let a = puller(&client, "a", WorkerOptions::default());
+    a.ensure_groups().await.unwrap();
+    client
+        .schedule(Q, "o-0", When::in_ms(0), json!({"n": 0}))
+        .await
+        .unwrap();
+    let d = receive_one(&a, LONG).await;
+    let how = Nack::Dead {
+        error: "card declined".into(),
+    };
+    assert_eq!(a.nack(&d.receipt, how).await.unwrap(), Settled::Done);
+    let task = waiting(b).await;
+    let n = client
+        .admin()
+        .dead_replay(Q, Some(G), &delayq::Selection::All)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(
+        got_by_signal(task).await,
+        [("o-0".to_owned(), 1)],
+        "B's waiting receive gets the replayed order at once"
     );
     stop.cancel();
     dispatch.await.unwrap();

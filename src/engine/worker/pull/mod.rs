@@ -214,8 +214,8 @@ impl Puller {
 
     /// The longest a waiting receive goes without reading while every wake channel of the
     /// queue is heard (default 2 s, at least 250 ms, at most [`MAX_WAIT`]): the bound on
-    /// what no signal announces (a replay). Lower costs Redis reads while idle; higher,
-    /// longer waits for such entries.
+    /// what a lost signal costs. Lower costs Redis reads while idle; higher, a longer wait
+    /// after a lost signal.
     pub fn with_fallback_poll(mut self, every: Duration) -> Self {
         self.fallback_poll = every.clamp(wait::POLL_DEAF, MAX_WAIT);
         self

@@ -18,8 +18,8 @@
 //!   announced on the shard's wake channel (`retry.lua`), and heard as above;
 //! - this process resuming the queue or group;
 //! - the fallback poll ([`POLL_HEARD`] while the queue's wake channels are all subscribed,
-//!   or what [`Puller::with_fallback_poll`] set; else [`POLL_DEAF`]): what no signal
-//!   announces (a replay) waits at most that long;
+//!   or what [`Puller::with_fallback_poll`] set; else [`POLL_DEAF`]): a lost signal costs
+//!   at most that long (replays are announced too: `replay.lua`);
 //! - the deadline, or `cancel` (shutdown): then it answers what it has (nothing).
 
 use super::{PullDelivery, Puller};
