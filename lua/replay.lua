@@ -16,9 +16,9 @@
 -- the field "\2<group>\2<order id>" -> "<new entry id>:<due ms>" in the bucket of now
 -- redirects that group only; every other group keeps reporting the delivery it handled.
 -- The new entry starts again at attempt 1 and keeps the order's priority level. A replay
--- that appended anything announces "0" (look now) on the shard's wake channel (wake.lua),
--- so pull receives waiting in any process read at once (workers' blocking reads see the
--- new entries by themselves).
+-- that appended anything announces a group timer due now ("t0") on the shard's wake
+-- channel (wake.lua), so pull receives waiting in any process read at once (workers'
+-- blocking reads see the new entries by themselves; dispatchers ignore it).
 -- Why one script: the append and the delete go together, so an interrupted replay loses
 -- nothing and replays nothing twice. Cost: O(k) for k ids (XRANGE of one id, XADD, XDEL
 -- and one HSET each), O(1) for the announce. Redis >= 6.2.
@@ -75,5 +75,5 @@ if #hist > 0 then
   redis.call('HSET', KEYS[3], unpack(hist))
   redis.call('PEXPIREAT', KEYS[3], hist_at)
 end
-if n > 0 then announce(KEYS[2], 0) end
+if n > 0 then announce(KEYS[2], 't0') end
 return n

@@ -10,10 +10,10 @@
 -- ARGV[3]  entry id
 -- ARGV[4]  next attempt, unix ms
 -- ARGV[5]  the error (already redacted and bounded by the caller)
--- ARGV[6]  "wake": announce the retry's time on the shard's wake channel (wake.lua), so
---          the group's waiting pull receives in every process read then (a pull group's
---          hand-back); "" or absent: nothing is published (a worker's own reclaim loop
---          knows its retries)
+-- ARGV[6]  "wake": announce the retry's time on the shard's wake channel as a group timer
+--          (`t<ms>`, wake.lua), so the group's waiting pull receives in every process read
+--          then (a pull group's hand-back; dispatchers ignore it); "" or absent: nothing is
+--          published (a worker's own reclaim loop knows its retries)
 --
 -- Returns: 1 = scheduled; 0 = the entry is no longer this consumer's (acked, or reclaimed by
 -- another consumer after this one's lease ran out): nothing is changed.
@@ -34,5 +34,5 @@ local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
 if not p[1] or p[1][2] ~= ARGV[2] then return 0 end
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[3], p[1][4] .. ':' .. ARGV[5])
-if ARGV[6] == 'wake' then announce(KEYS[1], ARGV[4]) end
+if ARGV[6] == 'wake' then announce(KEYS[1], 't' .. ARGV[4]) end
 return 1

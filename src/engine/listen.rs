@@ -218,16 +218,25 @@ impl Shared {
         }
     }
 
-    /// A message: `channel`'s shard has an order due at `due_ms`.
-    fn message(&self, channel: &str, due_ms: i64) {
+    /// A message: `channel`'s shard has an order due at `due_ms` (`<ms>`), or a group's
+    /// timer due then (`t<ms>`: a pull consumer's retry or a replay, for waiting pull
+    /// receives only). Anything else is ignored.
+    fn message(&self, channel: &str, text: &str) {
+        let (timer, due) = match text.strip_prefix('t') {
+            Some(ms) => (true, ms.parse::<i64>()),
+            None => (false, text.parse::<i64>()),
+        };
+        let Ok(due_ms) = due else { return };
         let wake = {
             let c = lock(&self.channels);
             c.by_name
                 .get(channel)
                 .and_then(|e| e.wake.upgrade().map(|w| (w, e.shard)))
         };
-        if let Some((w, shard)) = wake {
-            w.pushed(shard, due_ms);
+        match wake {
+            Some((w, _)) if timer => w.timer_heard(due_ms),
+            Some((w, shard)) => w.pushed(shard, due_ms),
+            None => {}
         }
     }
 
@@ -292,10 +301,8 @@ fn on_push(shared: &Weak<Shared>, lost: &Notify, p: PushInfo) {
     };
     match p.kind {
         PushKind::SMessage | PushKind::Message => {
-            let channel = text(p.data.first());
-            let due = text(p.data.get(1)).and_then(|d| d.parse::<i64>().ok());
-            if let (Some(channel), Some(due)) = (channel, due) {
-                shared.message(&channel, due);
+            if let (Some(channel), Some(due)) = (text(p.data.first()), text(p.data.get(1))) {
+                shared.message(&channel, &due);
             }
         }
         PushKind::SSubscribe | PushKind::Subscribe => {
@@ -446,6 +453,11 @@ mod tests {
         );
         let p = wake.take_pushed();
         assert_eq!((p.len(), p.get(&1)), (1, Some(&1234)));
+        // A group's timer (`t<ms>`): heard by waiting pull receives, not a dispatcher's look.
+        on_push(&weak, &lost, push(PushKind::SMessage, &[&ch1, "t777"]));
+        on_push(&weak, &lost, push(PushKind::SMessage, &[&ch1, "tx"]));
+        assert!(wake.take_pushed().is_empty());
+        assert_eq!(wake.heard_ms.load(Ordering::SeqCst), 777);
         // The connection's end: nothing is confirmed any more.
         l.shared.lost_all();
         assert_eq!(wake.listening.load(Ordering::SeqCst), 0);

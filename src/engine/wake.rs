@@ -88,6 +88,14 @@ impl Wake {
         self.heard.notify_waiters();
     }
 
+    /// Another process set a group's timer (a pull consumer's retry, a replay: message
+    /// `t<ms>`) on one of the queue's shards, due at `due_ms`: waiting pull receives read
+    /// then. The dispatcher is not concerned (no order was scheduled).
+    pub(crate) fn timer_heard(&self, due_ms: i64) {
+        self.heard_ms.store(due_ms, Ordering::SeqCst);
+        self.heard.notify_waiters();
+    }
+
     /// The signal of `group`'s waiting pull receives; hold it while waiting.
     pub(crate) fn moved_signal(&self, group: &str) -> Arc<Notify> {
         let mut m = self.moved.lock().unwrap_or_else(|p| p.into_inner());

@@ -46,13 +46,16 @@ local function earliest(due)
   local f = redis.call('ZRANGE', due, 0, 0, 'WITHSCORES')
   return tonumber(f[2])
 end
--- Publishes `due_ms` on the wake channel of the shard whose hash tag `key` carries
--- (`{tag}:...` -> `{tag}:wake`). A refused publish (no SPUBLISH on 6.2; an ACL without the
--- channel) never fails the write: the listeners' fallback poll finds the work.
-local function announce(key, due_ms)
+-- Publishes `msg` on the wake channel of the shard whose hash tag `key` carries
+-- (`{tag}:...` -> `{tag}:wake`): an order's due time `<ms>` (for the dispatchers and the
+-- waiting pull receives), or `t<ms>`, a group's timer (a pull consumer's retry, a replay:
+-- for the waiting pull receives only; src/engine/listen.rs). A refused publish (no
+-- SPUBLISH on 6.2; an ACL without the channel) never fails the write: the listeners'
+-- fallback poll finds the work.
+local function announce(key, msg)
   local channel = string.match(key, '^({[^}]*})') .. ':wake'
-  local r = redis.pcall('SPUBLISH', channel, due_ms)
-  if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, due_ms) end
+  local r = redis.pcall('SPUBLISH', channel, msg)
+  if type(r) == 'table' and r.err then redis.pcall('PUBLISH', channel, msg) end
 end
 local function wake(due, before, due_ms)
   if due_ms and (not before or due_ms < before) then announce(due, due_ms) end
