@@ -62,13 +62,16 @@
 -- due orders; not looked for when every scheduled order is indexed). Each round takes one
 -- order of each participant, in due order within it; the stream then holds them
 -- interleaved, so a key with 200 due orders is served alongside one with 20,000, not after
--- it. A key served is scored on the ring by at least this call's now, so the keys not
--- served come first in the next call (when there are more keys than `limit`). An index
+-- it. A call takes at most ceil(limit / TURN) keys, so each has a turn of up to TURN
+-- orders (one index read then serves up to TURN orders, not one, when many keys are due).
+-- A key served is scored on the ring by at least this call's now, so the keys not
+-- served come first in the next call (when more keys are due than a call takes). An index
 -- member whose order is gone or was moved (its score in KEYS[1] is not its due time) is
 -- dropped, never dispatched. When no keyed order is left, the "" members and the mark go:
 -- the shard takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N)
--- for p participants (one ZRANGE BYLEX each per pass) and m orders moved, bounded by
--- ARGV[2]; the last keyed order's call also O(u) for the u unkeyed members it drops.
+-- for p participants (p <= ceil(m / TURN) + 1; one ZRANGE BYLEX each per pass) and m
+-- orders moved, bounded by ARGV[2]; the last keyed order's call also O(u) for the u
+-- unkeyed members it drops.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
@@ -106,6 +109,8 @@ end
 
 -- The due orders to move, round robin between the keys with due work and the unkeyed
 -- orders (see the header); removes them from the schedule and the key index.
+-- The least turn of a key in one call, in orders (see the header).
+local TURN = 8
 local function fair_share(now, limit)
   local kidx, kring = KEYS[12], KEYS[13]
   -- The unkeyed participant: the unkeyed orders among the first `limit` due ones. An order
@@ -132,7 +137,8 @@ local function fair_share(now, limit)
   -- A key's `list` holds its members read so far, in due order; `peek` the one after them
   -- (nil: none, the key has no more), so its next head is known without another read.
   local parts, keyed = {}, {}
-  for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, limit)) do
+  local takes = math.ceil(limit / TURN)
+  for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, takes)) do
     local part = { key = key, off = 0, more = true, list = {} }
     parts[#parts + 1] = part
     keyed[#keyed + 1] = part
@@ -214,17 +220,21 @@ local function fair_share(now, limit)
   for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
   local ring, empty = {}, {}
   for _, part in ipairs(keyed) do
-    local nexthead = part.peek
-    for _, e in ipairs(part.list) do
-      if not e.gone then nexthead = e.m; break end
-    end
+    -- The key's new head: its first member read and left, else the one after them (parsed
+    -- only then: a member read is parsed once).
+    local nexthead, headdue = part.peek, nil
     local changed = false
     for _, e in ipairs(part.list) do
-      if e.gone then changed = true; break end
+      if e.gone then
+        changed = true
+      elseif not headdue then
+        nexthead, headdue = e.m, e.due
+      end
     end
     if changed then
       if nexthead then
-        local _, due = key_parse(nexthead)
+        local due = headdue
+        if not due then due = select(2, key_parse(nexthead)) end
         if part.served and now > due then due = now end
         ring[#ring + 1] = due
         ring[#ring + 1] = part.key

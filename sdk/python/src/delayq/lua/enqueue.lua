@@ -382,7 +382,9 @@ if meta[5] and mode == 'upsert' then
     end
   end
 end
-local kold, knew = {}, {}
+-- Per id written: its old index member (false: none), its new one, and the new one's key
+-- and due time (so the member is never parsed back).
+local kold, knew, kat = {}, {}, {}
 -- Levels: "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
@@ -419,7 +421,9 @@ for k = 1, n do
     if kcol or meta[5] then
       -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
-      knew[id] = key_member(kcol and ARGV[a + kcol] or '', tonumber(due), id)
+      local key = kcol and ARGV[a + kcol] or ''
+      knew[id] = key_member(key, tonumber(due), id)
+      kat[id] = { key, tonumber(due) }
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
@@ -485,7 +489,7 @@ for id, new in pairs(knew) do
     if new then
       added[#added + 1] = 0
       added[#added + 1] = new
-      local key, due = key_parse(new)
+      local key, due = kat[id][1], kat[id][2]
       if not fresh[key] or due < fresh[key] then fresh[key] = due end
     end
   end
