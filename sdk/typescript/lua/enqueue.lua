@@ -384,7 +384,7 @@ if meta[5] and mode == 'upsert' then
 end
 -- Per id written: its old index member (false: none), its new one, and the new one's key
 -- and due time (so the member is never parsed back).
-local kold, knew, kat = {}, {}, {}
+local kold, knew, kkey, kdue = {}, {}, {}, {}
 -- Levels: "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
@@ -422,8 +422,9 @@ for k = 1, n do
       -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
       local key = kcol and ARGV[a + kcol] or ''
-      knew[id] = key_member(key, tonumber(due), id)
-      kat[id] = { key, tonumber(due) }
+      local d = tonumber(due)
+      knew[id] = key_member(key, d, id)
+      kkey[id], kdue[id] = key, d
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
@@ -489,7 +490,7 @@ for id, new in pairs(knew) do
     if new then
       added[#added + 1] = 0
       added[#added + 1] = new
-      local key, due = kat[id][1], kat[id][2]
+      local key, due = kkey[id], kdue[id]
       if not fresh[key] or due < fresh[key] then fresh[key] = due end
     end
   end
