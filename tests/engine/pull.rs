@@ -476,16 +476,31 @@ async fn extend_compares_each_pair_in_order_with_two_calls_per_chunk() {
     assert_eq!(gone, None);
 }
 
-/// Subscribers of `Q`'s wake channels, fewest first (`PUBSUB SHARDNUMSUB`).
+/// Subscribers of `Q`'s wake channels, fewest first (`PUBSUB SHARDNUMSUB`; `NUMSUB` on
+/// Redis 6.2, which has no sharded channels: its listeners `SUBSCRIBE`).
 async fn least_subscribed(client: &Client) -> i64 {
-    let mut args = vec!["PUBSUB".to_owned(), "SHARDNUMSUB".to_owned()];
-    args.extend((0..client.options().shards).map(|s| format!("{{dq:{Q}:{s}}}:wake")));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let flat: Vec<redis::Value> = raw(client, &args).await;
-    flat.chunks(2)
-        .map(|c| redis::from_redis_value::<i64>(c[1].clone()).unwrap())
-        .min()
-        .unwrap_or(0)
+    let channels: Vec<String> = (0..client.options().shards)
+        .map(|s| format!("{{dq:{Q}:{s}}}:wake"))
+        .collect();
+    let mut counts = Vec::new();
+    for sub in ["SHARDNUMSUB", "NUMSUB"] {
+        let flat: redis::RedisResult<Vec<redis::Value>> = redis::cmd("PUBSUB")
+            .arg(sub)
+            .arg(&channels)
+            .query_async(&mut client.connection())
+            .await;
+        let Ok(flat) = flat else { continue };
+        let n: Vec<i64> = flat
+            .chunks(2)
+            .map(|c| redis::from_redis_value::<i64>(c[1].clone()).unwrap())
+            .collect();
+        if counts.is_empty() {
+            counts = n;
+        } else {
+            counts.iter_mut().zip(n).for_each(|(a, b)| *a += b);
+        }
+    }
+    counts.into_iter().min().unwrap_or(0)
 }
 
 /// Another process of the group: a dispatcher that looks only when woken (its listener
