@@ -107,10 +107,11 @@ if meta[2] then
   return { 0, first[2] or false, 1, gone }
 end
 
--- The due orders to move, round robin between the keys with due work and the unkeyed
--- orders (see the header); removes them from the schedule and the key index.
 -- The least turn of a key in one call, in orders (see the header).
 local TURN = 8
+
+-- The due orders to move, round robin between the keys with due work and the unkeyed
+-- orders (see the header); removes them from the schedule and the key index.
 local function fair_share(now, limit)
   local kidx, kring = KEYS[12], KEYS[13]
   -- The unkeyed participant: the unkeyed orders among the first `limit` due ones. An order
