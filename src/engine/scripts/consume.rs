@@ -134,30 +134,37 @@ pub(crate) async fn reclaim<C: ConnectionLike>(
         .ctx("reclaiming due entries (reclaim.lua)")
 }
 
-/// Runs `retry.lua` (the next attempt at `at_ms`; `error` recorded for the history; with
-/// `announce`, `at_ms` is published on the shard's wake channel for waiting pull receives);
+/// What a retry records (`retry.lua`).
+pub(crate) struct RetryArgs<'a> {
+    pub group: &'a str,
+    pub consumer: &'a str,
+    pub entry_id: &'a str,
+    /// The next attempt, unix ms.
+    pub at_ms: i64,
+    /// The failed attempt's error, already redacted.
+    pub error: &'a str,
+    /// Publish `at_ms` on the shard's wake channel as a group timer, for waiting pull
+    /// receives in every process (a pull group's hand-back).
+    pub announce: bool,
+}
+
+/// Runs `retry.lua` (the next attempt at `a.at_ms`; the error recorded for the history);
 /// false when the entry is no longer this consumer's.
-#[allow(clippy::too_many_arguments)]
 pub(crate) async fn retry<C: ConnectionLike>(
     conn: &mut C,
     keys: &ShardKeys,
-    group: &str,
-    consumer: &str,
-    entry_id: &str,
-    at_ms: i64,
-    error: &str,
-    announce: bool,
+    a: &RetryArgs<'_>,
 ) -> Result<bool> {
     let n: i64 = RETRY
         .key(&keys.stream)
-        .key(keys.timers(group))
-        .key(keys.errors(group))
-        .arg(group)
-        .arg(consumer)
-        .arg(entry_id)
-        .arg(at_ms)
-        .arg(error)
-        .arg(if announce { "wake" } else { "" })
+        .key(keys.timers(a.group))
+        .key(keys.errors(a.group))
+        .arg(a.group)
+        .arg(a.consumer)
+        .arg(a.entry_id)
+        .arg(a.at_ms)
+        .arg(a.error)
+        .arg(if a.announce { "wake" } else { "" })
         .invoke_async(conn)
         .await
         .ctx("scheduling a retry (retry.lua)")?;

@@ -229,17 +229,19 @@ pub(super) async fn settle_retry<H>(
     });
     let keys = s.lane(d.shard, d.priority);
     let at = s.client.now_ms() + ms(delay);
-    let (group, consumer, entry_id) = (&s.group, &s.consumer, d.entry_id.as_str());
     let error = redact::error(message);
-    let error = error.as_str();
+    let args = scripts::RetryArgs {
+        group: &s.group,
+        consumer: &s.consumer,
+        entry_id: d.entry_id.as_str(),
+        at_ms: at,
+        error: error.as_str(),
+        announce: s.pull,
+    };
+    let args = &args;
     let r = with_retries("retry.lua", RetryPolicy::CALL, None, || {
         let mut conn = s.client.connection();
-        async move {
-            scripts::retry(
-                &mut conn, keys, group, consumer, entry_id, at, error, s.pull,
-            )
-            .await
-        }
+        async move { scripts::retry(&mut conn, keys, args).await }
     })
     .await;
     match r {
