@@ -566,19 +566,25 @@ async fn got_by_signal(task: tokio::task::JoinHandle<Vec<PullDelivery>>) -> Vec<
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
-    let (server, client) = start().await;
-    let (_other, b, stop, dispatch) = other_process(&server, &client).await;
-    // Process A holds the order, which B's dispatcher moved when it heard of it (so B's
-    // listener has taken its subscriptions' confirmations by then).
-    let a = puller(&client, "a", WorkerOptions::default());
+/// Process A (consumer `a` on `client`) holds order `o-0`, moved by another process's
+/// dispatcher when it heard of it (so that process's listener has taken its
+/// subscriptions' confirmations by then).
+async fn holds_one(client: &Client) -> (Puller, PullDelivery) {
+    let a = puller(client, "a", WorkerOptions::default());
     a.ensure_groups().await.unwrap();
     client
         .schedule(Q, "o-0", When::in_ms(0), json!({"n": 0}))
         .await
         .unwrap();
     let d = receive_one(&a, LONG).await;
+    (a, d)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
+    let (server, client) = start().await;
+    let (_other, b, stop, dispatch) = other_process(&server, &client).await;
+    let (a, d) = holds_one(&client).await;
     // B reads (finds nothing: A's lease ends in a minute) and waits.
     let task = waiting(b).await;
     let how = Nack::Retry {
@@ -599,13 +605,7 @@ async fn a_hand_back_in_one_process_wakes_a_receive_waiting_in_another() {
 async fn a_replay_wakes_a_receive_waiting_in_another_process() {
     let (server, client) = start().await;
     let (_other, b, stop, dispatch) = other_process(&server, &client).await;
-    let a = puller(&client, "a", WorkerOptions::default());
-    a.ensure_groups().await.unwrap();
-    client
-        .schedule(Q, "o-0", When::in_ms(0), json!({"n": 0}))
-        .await
-        .unwrap();
-    let d = receive_one(&a, LONG).await;
+    let (a, d) = holds_one(&client).await;
     let how = Nack::Dead {
         error: "card declined".into(),
     };
