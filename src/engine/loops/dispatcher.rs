@@ -368,7 +368,10 @@ impl Dispatcher {
             }
         }
         let n = self.sizer.size(self.opts.max_call, self.opts.batch);
-        let results = futures_util::future::try_join_all(call.iter().map(|&i| {
+        // Every call runs to its end (a failing shard never drops the others' calls, nor
+        // their results): the moved orders are counted, the failed shard is called again
+        // next pass, and the first error is returned after.
+        let results = futures_util::future::join_all(call.iter().map(|&i| {
             let mut conn = self.client.connection();
             let keys = &self.shards[i];
             let history = &history;
@@ -376,16 +379,18 @@ impl Dispatcher {
             async move { scripts::dequeue(&mut conn, keys, now, n, history, hgetdel).await }
         }))
         .await;
-        let results = match results {
-            Ok(r) => r,
-            Err(e) => {
-                self.forget();
-                return Err(e);
-            }
-        };
         let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
-        let gone = results.iter().any(|r| r.gone);
+        let gone = results.iter().any(|r| r.as_ref().is_ok_and(|r| r.gone));
+        let mut failed = None;
         for (&i, r) in call.iter().zip(results) {
+            let r = match r {
+                Ok(r) => r,
+                Err(e) => {
+                    views[i] = None;
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
             if r.paused {
                 // Paused: its orders wait; call it again after the idle sleep (or at once
                 // when this process resumes it).
@@ -425,7 +430,10 @@ impl Dispatcher {
             // (no Redis call); one that fills its batch wakes the next.
             self.wake.dispatched();
         }
-        Ok(pass)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(pass),
+        }
     }
 
     /// The longest idle sleep now: `idle_poll` while wake-ups are heard, else `max_idle`.
