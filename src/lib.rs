@@ -92,7 +92,7 @@ pub use engine::clock::{Clock, RedisClock};
 pub use engine::error::{Error, InvalidInput, Result};
 pub use engine::events::CancelRule;
 pub use engine::history::{Cancellation, CancelledBy};
-pub use engine::loops::dispatcher::{Dispatcher, DispatcherOptions, Pass};
+pub use engine::loops::dispatcher::{Dispatcher, DispatcherOptions, DispatcherStats, Pass};
 pub use engine::loops::housekeeping::{DeadLetterOptions, Housekeeper, HousekeepingOptions};
 pub use engine::loops::scheduler::Scheduler;
 pub use engine::loops::supervisor::{

@@ -280,7 +280,8 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         queues: usize,
         /// idle: `delayq serve` processes started (0: the supervisor and maintenance run in
-        /// the bench process).
+        /// the bench process); spread, storm: dispatchers, each on a client of its own
+        /// (splitting the shards through the dispatch roster).
         #[arg(long, default_value_t = 1)]
         processes: usize,
         /// A rate limit for the bench's handler group (e.g. 1000000/s), to measure its cost.
@@ -296,6 +297,9 @@ pub enum Command {
         /// order as soon as it is due).
         #[arg(long)]
         lateness_budget: Option<String>,
+        /// The dispatchers' takeover_after (e.g. 0s: every process calls every shard).
+        #[arg(long)]
+        takeover_after: Option<String>,
         /// Every order carries a W3C trace context (stored and decoded; nothing exported).
         #[arg(long)]
         traced: bool,

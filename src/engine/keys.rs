@@ -157,6 +157,12 @@ impl Keyspace {
         format!("{{{}}}:deleting", self.ns)
     }
 
+    /// ZSET: the dispatch roster, member `<queue>\x01<process id>` scored by its expiry (unix
+    /// ms): which processes dispatch which queue (see [`crate::engine::roster`]).
+    pub fn dispatchers(&self) -> String {
+        format!("{{{}}}:dispatchers", self.ns)
+    }
+
     /// STRING: a counter bumped by every change of the registry (a queue created, deleted
     /// or changed), so a supervisor sees a change with one `GET`.
     pub fn registry_version(&self) -> String {

@@ -60,6 +60,7 @@ pub mod priority;
 pub mod redact;
 pub(crate) mod reply;
 pub mod retry;
+pub mod roster;
 pub mod schedules;
 pub mod scripts;
 pub mod tags;

@@ -26,6 +26,7 @@ mod ownership;
 mod priorities;
 mod pull;
 mod registry;
+mod roster;
 mod schedules;
 mod shards;
 mod tags;

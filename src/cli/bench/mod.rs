@@ -7,6 +7,9 @@
 //!   pending order, Redis CPU per order.
 //! - `storm`: N orders all due at one instant; drain rate from that instant to the last one
 //!   handled (dispatched, handled, acked), and lateness.
+//! - `spread` and `storm` with `--processes P` > 1: P dispatchers, each on a client of its
+//!   own, splitting the shards through the dispatch roster (script calls per order beside
+//!   one process's).
 //! - `storm3`: `storm` with the orders spread over the three priority levels (order i is
 //!   high, normal, low for i mod 3 = 0, 1, 2), read strictly: the drain rate beside the
 //!   one-level storm's.
@@ -84,7 +87,8 @@ pub struct BenchOptions {
     pub shards: u16,
     /// idle: queues declared.
     pub queues: usize,
-    /// idle: `delayq serve` processes (0: in this process).
+    /// idle: `delayq serve` processes (0: in this process); spread, storm: dispatchers,
+    /// each on a client of its own.
     pub processes: usize,
     /// The handler group's rate limit, if any.
     pub rate_limit: Option<crate::engine::flow::RateLimit>,
@@ -94,6 +98,8 @@ pub struct BenchOptions {
     pub linger: Option<Duration>,
     /// The dispatcher's lateness budget (`None`: its default).
     pub lateness_budget: Option<Duration>,
+    /// The dispatchers' `takeover_after` (`None`: its default).
+    pub takeover_after: Option<Duration>,
     /// Every order carries a W3C trace context (as a traced producer's would), stored and
     /// decoded with it; no spans are exported.
     pub traced: bool,
@@ -112,6 +118,9 @@ fn dispatcher_options(opts: &BenchOptions) -> DispatcherOptions {
     }
     if let Some(b) = opts.lateness_budget {
         o = o.lateness_budget(b);
+    }
+    if let Some(t) = opts.takeover_after {
+        o = o.takeover_after(t);
     }
     o
 }
@@ -157,9 +166,9 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
         .set_history_retention(QUEUE, opts.history_retention)
         .await?;
     let result = match scenario {
-        "spread" => timed(&client, opts, false, false).await,
-        "storm" => timed(&client, opts, true, false).await,
-        "storm3" => timed(&client, opts, true, true).await,
+        "spread" => timed(&client, url, opts, false, false).await,
+        "storm" => timed(&client, url, opts, true, false).await,
+        "storm3" => timed(&client, url, opts, true, true).await,
         "enqueue" => rates::enqueue(&client, opts).await,
         "ceiling" => rates::ceiling(&client, opts).await,
         "dispatch" => rates::dispatch(&client, opts).await,
@@ -183,6 +192,7 @@ pub async fn run(url: &str, scenario: &str, opts: &BenchOptions) -> anyhow::Resu
 /// take the three priority levels in turn.
 async fn timed(
     client: &Client,
+    url: &str,
     opts: &BenchOptions,
     storm: bool,
     levels: bool,
@@ -222,12 +232,23 @@ async fn timed(
     let w = tokio::spawn(worker.run(stop.clone()));
     let d =
         tokio::spawn(Dispatcher::new(client, QUEUE, dispatcher_options(opts))?.run(stop.clone()));
+    // `--processes P` > 1: P − 1 more dispatchers, each on a client of its own (its own
+    // connections, listener and roster seat: another process as Redis sees it).
+    let mut others = Vec::new();
+    for _ in 1..opts.processes.max(1) {
+        let c = Client::connect_with(url, client.options().clone()).await?;
+        let d = Dispatcher::new(&c, QUEUE, dispatcher_options(opts))?;
+        others.push(tokio::spawn(d.run(stop.clone())));
+    }
     let limit = opts.lead + opts.window + Duration::from_secs(120);
     let timed_out = tokio::time::timeout(limit, rec.all_done.cancelled())
         .await
         .is_err();
     stop.cancel();
     d.await?;
+    for o in others {
+        o.await?;
+    }
     w.await??;
     let cpu1 = redis_cpu_s(client).await?;
     let own1 = process_cpu_s();
@@ -269,8 +290,9 @@ async fn timed(
         script_calls_per_order: Some(calls_per_order),
         timed_out,
         notes: format!(
-            "{} shard(s){}{}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
+            "{} shard(s), {} dispatching process(es){}{}, worker concurrency {}, payload ~{} B{}; lateness = handler start - due, Redis clock",
             opts.shards,
+            opts.processes.max(1),
             if levels {
                 ", 3 priority levels (strict)"
             } else {
@@ -371,6 +393,7 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         history_retention,
         linger,
         lateness_budget,
+        takeover_after,
         traced,
         tags,
         keys,
@@ -400,6 +423,10 @@ pub(super) async fn verb(g: &super::Global, c: super::Command) -> super::VerbRes
         lateness_budget: lateness_budget
             .as_deref()
             .map(|b| parse_duration("--lateness-budget", b))
+            .transpose()?,
+        takeover_after: takeover_after
+            .as_deref()
+            .map(|t| parse_duration("--takeover-after", t))
             .transpose()?,
         traced,
         tags,

@@ -60,6 +60,8 @@ struct Inner {
     wake: WakeRegistry,
     /// Hears other processes' wake-ups for this process's dispatchers (`engine::listen`).
     listener: crate::engine::listen::Listener,
+    /// Which process dispatches which shard (`engine::roster`).
+    roster: crate::engine::roster::Roster,
     /// What the server said it is at connect (`None`: it refused `INFO`).
     server: Option<crate::engine::version::ServerInfo>,
     /// The connections durable schedules use (`WAIT` blocks its connection, so they get
@@ -134,9 +136,14 @@ impl Client {
             opts.connect_timeout,
             server.is_none_or(|s| s.has_spublish()),
         );
+        let roster = crate::engine::roster::Roster::new(
+            keyspace.dispatchers(),
+            crate::engine::worker::default_consumer_name(),
+        );
         Ok(Client {
             durability,
             inner: Arc::new(Inner {
+                roster,
                 redis,
                 conn,
                 keyspace,
@@ -424,6 +431,10 @@ impl Client {
 
     pub(crate) fn listener(&self) -> &crate::engine::listen::Listener {
         &self.inner.listener
+    }
+
+    pub(crate) fn roster(&self) -> &crate::engine::roster::Roster {
+        &self.inner.roster
     }
 
     /// How many queues have an in-process wake-up signal (held by a dispatcher or reader

@@ -11,7 +11,9 @@
 //! time (capped by `max_idle`), and wakes early when this process schedules an earlier
 //! order. While orders come due steadily, passes are spaced by a share of the lateness
 //! budget so each call moves more of them (see [`DispatcherOptions::lateness_budget`]).
-//! The script is atomic, so any number of dispatchers may run on one queue at once.
+//! The script is atomic, so any number of dispatchers may run on one queue at once; while
+//! several processes run one, each shard is called by one of them and the others stand by
+//! for it (`takeover_after`; see [`crate::engine::roster`]).
 
 use crate::engine::client::Client;
 use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
@@ -75,6 +77,13 @@ pub struct DispatcherOptions {
     /// batches) it does not wait. The rest of the budget is the reader's and the handler's start.
     #[serde(with = "crate::engine::duration::human")]
     pub lateness_budget: Duration,
+    /// While several processes dispatch the queue, each shard is called by one of them (its
+    /// owner in the dispatch roster) and the others stand by: a standby takes a shard over
+    /// when its earliest order stays this long overdue (default `1s`; `0s`: no split, every
+    /// process calls every shard, as before 2026-11-28). A crashed owner's orders are then
+    /// about twice this late at most, once; see [`crate::engine::roster`].
+    #[serde(with = "crate::engine::duration::human")]
+    pub takeover_after: Duration,
 }
 
 /// The default [`DispatcherOptions::idle_poll`].
@@ -89,6 +98,9 @@ pub const MAX_CALL: Duration = Duration::from_secs(1);
 /// Longest lateness budget.
 pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
 
+/// Longest [`DispatcherOptions::takeover_after`].
+pub const MAX_TAKEOVER_AFTER: Duration = Duration::from_secs(60);
+
 impl Default for DispatcherOptions {
     fn default() -> Self {
         DispatcherOptions {
@@ -99,6 +111,7 @@ impl Default for DispatcherOptions {
             clock_sync_every: Duration::from_secs(30),
             linger: Duration::ZERO,
             lateness_budget: Duration::from_millis(5),
+            takeover_after: Duration::from_secs(1),
         }
     }
 }
@@ -140,6 +153,13 @@ impl DispatcherOptions {
         self
     }
 
+    /// Sets how long a shard owned by another process may stay overdue before this one
+    /// takes it over (zero: every process calls every shard).
+    pub fn takeover_after(mut self, d: Duration) -> Self {
+        self.takeover_after = d;
+        self
+    }
+
     /// Checks every option's range (the one place they are written).
     pub fn validate(&self) -> Result<(), InvalidInput> {
         if !(1..=MAX_DEQUEUE_BATCH).contains(&self.batch) {
@@ -178,6 +198,12 @@ impl DispatcherOptions {
                 reason: format!("must be at most {MAX_LATENESS_BUDGET:?}"),
             });
         }
+        if self.takeover_after > MAX_TAKEOVER_AFTER {
+            return Err(InvalidInput::Option {
+                name: "takeover_after",
+                reason: format!("must be at most {MAX_TAKEOVER_AFTER:?} (zero: off)"),
+            });
+        }
         if self.clock_sync_every.is_zero() {
             return Err(InvalidInput::Option {
                 name: "clock_sync_every",
@@ -195,7 +221,8 @@ pub struct Pass {
     pub moved: usize,
     /// True when some shard returned a full batch (more may be due right now).
     pub more: bool,
-    /// Earliest due time still scheduled, over all shards (not counting paused ones).
+    /// Earliest due time still scheduled, over all shards (not counting paused ones); for a
+    /// shard another process owns, when it is next looked at.
     pub next_due_ms: Option<i64>,
     /// True when the queue's dispatch is paused.
     pub paused: bool,
@@ -210,6 +237,96 @@ struct ShardView {
     at: Instant,
 }
 
+/// What a dispatcher did, readable while it runs ([`Dispatcher::stats`]).
+#[derive(Debug, Default)]
+pub struct DispatcherStats {
+    /// `dequeue.lua` calls per shard.
+    calls: Vec<std::sync::atomic::AtomicU64>,
+    /// Per shard, whether this dispatcher calls it now (owns it or took it over).
+    calling: std::sync::Mutex<Vec<bool>>,
+    /// Shards taken over from their owner in the roster.
+    takeovers: std::sync::atomic::AtomicU64,
+}
+
+impl DispatcherStats {
+    fn new(shards: usize) -> Self {
+        DispatcherStats {
+            calls: (0..shards).map(|_| Default::default()).collect(),
+            calling: std::sync::Mutex::new(vec![true; shards]),
+            takeovers: Default::default(),
+        }
+    }
+
+    /// `dequeue.lua` calls made so far, per shard.
+    pub fn calls(&self) -> Vec<u64> {
+        self.calls
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// Per shard, whether this dispatcher calls it now: it owns it in the dispatch roster
+    /// (every shard without one) or took it over.
+    pub fn calling(&self) -> Vec<bool> {
+        self.calling
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Shards taken over so far from an owner that left them overdue.
+    pub fn takeovers(&self) -> u64 {
+        self.takeovers.load(Ordering::Relaxed)
+    }
+}
+
+/// Per shard, what this dispatcher knows (under one lock, never held across a call).
+#[derive(Debug)]
+struct Shards {
+    /// What its last call or look said (`None` = never called or must be called).
+    views: Vec<Option<ShardView>>,
+    /// This process owns it in the roster (all, without a roster).
+    owned: Vec<bool>,
+    /// Not owned, but taken over (its owner left it overdue) until it has nothing due.
+    taken: Vec<bool>,
+    /// Not owned: its earliest order at the last look (the same one overdue at the next
+    /// look is a takeover).
+    heads: Vec<Option<String>>,
+    /// The roster version `owned` was computed from.
+    version: Option<u64>,
+}
+
+impl Shards {
+    fn new(n: usize) -> Self {
+        Shards {
+            views: vec![None; n],
+            owned: vec![true; n],
+            taken: vec![false; n],
+            heads: vec![None; n],
+            version: None,
+        }
+    }
+
+    /// Calls shard `i` itself: it owns it or took it over.
+    fn mine(&self, i: usize) -> bool {
+        self.owned[i] || self.taken[i]
+    }
+
+    /// Takes the roster's new assignment: a shard gained is called at once.
+    fn assign(&mut self, owned: Vec<bool>, version: u64) {
+        for (i, now) in owned.iter().enumerate() {
+            if *now && !self.owned[i] {
+                self.views[i] = None;
+            }
+            if !*now && self.owned[i] {
+                self.heads[i] = None;
+            }
+        }
+        self.owned = owned;
+        self.version = Some(version);
+    }
+}
+
 /// Moves due orders of one queue into its streams. See the module docs.
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -218,8 +335,12 @@ pub struct Dispatcher {
     shards: Vec<ShardKeys>,
     opts: DispatcherOptions,
     wake: Arc<Wake>,
-    /// Per shard, what its last call said (`None` = never called or must be called).
-    views: std::sync::Mutex<Vec<Option<ShardView>>>,
+    /// Per shard, what is known and who calls it.
+    state: std::sync::Mutex<Shards>,
+    /// What it did (shared with [`Dispatcher::stats`]'s callers).
+    stats: Arc<DispatcherStats>,
+    /// This process's seat in the dispatch roster, while running with a `takeover_after`.
+    seat: std::sync::Mutex<Option<crate::engine::roster::Seat>>,
     /// Set by [`Dispatcher::run`]: only a running dispatcher takes its queue's wake-ups (the
     /// safety sweep's, which only drains, shares the signal).
     runs: std::sync::atomic::AtomicBool,
@@ -266,7 +387,9 @@ impl Dispatcher {
         let shards = client.keyspace().shards(&queue, shards);
         Ok(Dispatcher {
             register,
-            views: std::sync::Mutex::new(vec![None; shards.len()]),
+            state: std::sync::Mutex::new(Shards::new(shards.len())),
+            seat: std::sync::Mutex::new(None),
+            stats: Arc::new(DispatcherStats::new(shards.len())),
             sizer: CallSizer::default(),
             runs: std::sync::atomic::AtomicBool::new(false),
             hgetdel: client.server().is_some_and(|s| s.has_hgetdel()),
@@ -307,8 +430,16 @@ impl Dispatcher {
         let mut call = Vec::with_capacity(self.shards.len());
         let mut probe = Vec::new();
         let idle = self.idle();
+        let grace = i64::try_from(self.opts.takeover_after.as_millis()).unwrap_or(1000);
+        let assignment = self.assignment();
         {
-            let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((owned, version)) = assignment {
+                st.assign(owned, version);
+            }
+            *self.stats.calling.lock().unwrap_or_else(|p| p.into_inner()) =
+                (0..self.shards.len()).map(|i| st.mine(i)).collect();
+            let st = &mut *st;
             // Wake-ups from other processes: the shard's earliest due time is that one.
             let pushed = if self.runs.load(Ordering::Relaxed) {
                 self.wake.take_pushed()
@@ -316,11 +447,11 @@ impl Dispatcher {
                 Default::default()
             };
             for (i, due) in pushed {
-                if let Some(Some(v)) = views.get_mut(i) {
+                if let Some(Some(v)) = st.views.get_mut(i) {
                     v.next_due_ms = min_opt(v.next_due_ms, Some(due));
                 }
             }
-            for (i, v) in views.iter().enumerate() {
+            for (i, v) in st.views.iter().enumerate() {
                 match v {
                     Some(v) if v.next_due_ms.is_none_or(|d| d > now) => {
                         if started.duration_since(v.at) < idle {
@@ -329,6 +460,23 @@ impl Dispatcher {
                             probe.push(i);
                         }
                     }
+                    // Another process's shard with an order due: looked at once it is
+                    // `takeover_after` overdue, and no sooner than that after the last look.
+                    Some(v) if !st.mine(i) => {
+                        let since = i64::try_from(started.duration_since(v.at).as_millis())
+                            .unwrap_or(i64::MAX);
+                        let look = v
+                            .next_due_ms
+                            .unwrap_or(now)
+                            .max(now.saturating_sub(since))
+                            .saturating_add(grace);
+                        if look <= now {
+                            probe.push(i);
+                        } else {
+                            pass.next_due_ms = min_opt(pass.next_due_ms, Some(look));
+                        }
+                    }
+                    None if !st.mine(i) => probe.push(i),
                     _ => call.push(i),
                 }
             }
@@ -351,23 +499,49 @@ impl Dispatcher {
                 }
             }))
             .await?;
-            let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             for (&i, head) in probe.iter().zip(heads) {
-                let next = head
-                    .first()
-                    .map(|(_, score)| crate::engine::reply::score_to_ms(*score));
-                if next.is_some_and(|d| d <= now) {
+                let (id, next) = match head.into_iter().next() {
+                    Some((id, score)) => (Some(id), Some(crate::engine::reply::score_to_ms(score))),
+                    None => (None, None),
+                };
+                if st.mine(i) {
+                    if next.is_some_and(|d| d <= now) {
+                        call.push(i);
+                        continue;
+                    }
+                } else if next.is_some_and(|d| d.saturating_add(grace) <= now)
+                    && id.is_some()
+                    && st.heads[i] == id
+                {
+                    // The same order is still there, `takeover_after` overdue, a look
+                    // later: its owner does not dispatch this shard. Call it here until
+                    // it has nothing due.
+                    tracing::info!(queue = %self.queue, shard = i, "taking over a shard its owner left overdue");
+                    telemetry::dispatch_takeover(self.queue.as_str());
+                    st.taken[i] = true;
+                    st.heads[i] = None;
+                    self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
                     call.push(i);
+                    continue;
                 } else {
-                    views[i] = Some(ShardView {
-                        next_due_ms: next,
-                        at: started,
-                    });
-                    pass.next_due_ms = min_opt(pass.next_due_ms, next);
+                    st.heads[i] = id;
                 }
+                st.views[i] = Some(ShardView {
+                    next_due_ms: next,
+                    at: started,
+                });
+                let look = match next {
+                    Some(d) if d <= now && !st.mine(i) => Some(now.saturating_add(grace)),
+                    other => other,
+                };
+                pass.next_due_ms = min_opt(pass.next_due_ms, look);
             }
         }
         let n = self.sizer.size(self.opts.max_call, self.opts.batch);
+        for &i in &call {
+            self.stats.calls[i].fetch_add(1, Ordering::Relaxed);
+        }
         // Every call runs to its end (a failing shard never drops the others' calls, nor
         // their results): the moved orders are counted, the failed shard is called again
         // next pass, and the first error is returned after.
@@ -379,7 +553,9 @@ impl Dispatcher {
             async move { scripts::dequeue(&mut conn, keys, now, n, history, hgetdel).await }
         }))
         .await;
-        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *st;
+        let views = &mut st.views;
         let gone = results.iter().any(|r| r.as_ref().is_ok_and(|r| r.gone));
         let mut failed = None;
         for (&i, r) in call.iter().zip(results) {
@@ -395,6 +571,7 @@ impl Dispatcher {
                 // Paused: its orders wait; call it again after the idle sleep (or at once
                 // when this process resumes it).
                 pass.paused = true;
+                st.taken[i] = false;
                 views[i] = Some(ShardView {
                     next_due_ms: None,
                     at: started,
@@ -407,6 +584,10 @@ impl Dispatcher {
                 self.client.touched().mark(&self.shards[i]);
             }
             let full = r.moved >= n;
+            if !full && r.next_due_ms.is_none_or(|d| d > now) {
+                // Caught up: a shard taken over goes back to its owner.
+                st.taken[i] = false;
+            }
             pass.more |= full;
             pass.next_due_ms = min_opt(pass.next_due_ms, r.next_due_ms);
             // A full shard has more due now: call it again next pass.
@@ -415,7 +596,6 @@ impl Dispatcher {
                 at: started,
             });
         }
-        drop(views);
         self.sizer.measure(started.elapsed(), pass.moved, n);
         if gone && self.register {
             // The queue vanished under a dispatcher the application made (deleted, or Redis
@@ -445,11 +625,31 @@ impl Dispatcher {
         }
     }
 
-    /// Forgets what the shards said: the next pass calls every shard (after a wake-up by a
-    /// producer in this process, or an error).
+    /// Forgets what the shards said: the next pass calls every shard it owns and looks at
+    /// the others (after a wake-up by a producer in this process, or an error).
     fn forget(&self) {
-        let mut views = self.views.lock().unwrap_or_else(|p| p.into_inner());
-        views.iter_mut().for_each(|v| *v = None);
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.views.iter_mut().for_each(|v| *v = None);
+    }
+
+    /// The roster's assignment of the shards, when it moved since the last pass: which ones
+    /// this process owns (all of them while it holds no seat: not running, or
+    /// `takeover_after` is zero), and the roster version.
+    fn assignment(&self) -> Option<(Vec<bool>, u64)> {
+        let known = self.state.lock().unwrap_or_else(|p| p.into_inner()).version;
+        let seat = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        match seat.as_ref() {
+            Some(seat) => {
+                let v = seat.version();
+                (known != Some(v)).then(|| (seat.owned(self.shards.len()), v))
+            }
+            None => known.is_some().then(|| (vec![true; self.shards.len()], 0)),
+        }
+    }
+
+    /// What this dispatcher did, readable while it runs.
+    pub fn stats(&self) -> Arc<DispatcherStats> {
+        self.stats.clone()
     }
 
     /// Passes until no shard returns a full batch; returns the orders moved and the next
@@ -488,6 +688,12 @@ impl Dispatcher {
         let mut rate = ArrivalRate::default();
         // Hear other processes' wake-ups for this queue while running.
         let _watch = self.client.listener().watch(&self.wake, &self.shards);
+        // Take a seat in the dispatch roster: the shards are split with the queue's other
+        // dispatching processes.
+        if !self.opts.takeover_after.is_zero() {
+            let seat = self.client.roster().join(&self.client, self.queue.as_str());
+            *self.seat.lock().unwrap_or_else(|p| p.into_inner()) = Some(seat);
+        }
         self.runs.store(true, Ordering::Relaxed);
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
         loop {
@@ -578,6 +784,8 @@ impl Dispatcher {
                 _ = cancel.cancelled() => break,
             }
         }
+        // Give up the seat: the others own its shards from their next roster read.
+        self.seat.lock().unwrap_or_else(|p| p.into_inner()).take();
         tracing::info!(queue = %self.queue, "dispatcher stopped");
     }
 }

@@ -31,6 +31,8 @@
 //! | `delayq_supervised_queues` | gauge | (none): queues a supervisor dispatches in this process |
 //! | `delayq_dispatcher_restarts_total` | counter | queue: dispatchers a supervisor started again after they stopped on their own (a panic, a refusal) |
 //! | `delayq_wake_channels` | gauge | (none): wake channels this process's listener holds (one per shard of each queue a dispatcher here runs) |
+//! | `delayq_dispatch_roster` | gauge | (none): members of the namespace's dispatch roster as this process last read it (one per queue per running dispatching process; see [`crate::engine::roster`]) |
+//! | `delayq_dispatch_takeovers_total` | counter | queue: shards this process took over from their owner in the roster (their earliest order stayed overdue by `takeover_after`: the owner crashed, stopped or stalls) |
 //! | `delayq_wake_reconnects_total` | counter | (none): times the wake-up listener's connection ended and was opened again |
 //! | `delayq_metric_series` | gauge | (none): label sets of per-queue counters and histograms the service holds (those of a queue the registry no longer lists go at the second refresh) |
 //! | `delayq_history_count_cache_buckets` | gauge | (none): sealed history buckets whose length this process caches for the stats (bounded; see [`crate::engine::history_counts`]) |
@@ -383,6 +385,17 @@ pub fn dispatcher_restarted(queue: &str) {
 #[allow(clippy::cast_precision_loss)]
 pub fn wake_channels(n: usize) {
     metrics::gauge!("delayq_wake_channels").set(n as f64);
+}
+
+/// How many members the dispatch roster had at this process's last read.
+#[allow(clippy::cast_precision_loss)]
+pub fn dispatch_roster(n: usize) {
+    metrics::gauge!("delayq_dispatch_roster").set(n as f64);
+}
+
+/// This process took over a shard of `queue` from its owner in the roster.
+pub fn dispatch_takeover(queue: &str) {
+    metrics::counter!("delayq_dispatch_takeovers_total", "queue" => queue.to_owned()).increment(1);
 }
 
 /// The wake-up listener's connection ended (it opens a new one).

@@ -160,7 +160,7 @@ pub(super) fn parse_delivery(
 }
 
 /// `<host>-<pid>-<random hex>`: unique per process start.
-pub(super) fn default_consumer_name() -> String {
+pub(crate) fn default_consumer_name() -> String {
     let host = std::fs::read_to_string("/etc/hostname")
         .ok()
         .map(|s| s.trim().to_owned())
