@@ -81,7 +81,7 @@ pub struct DispatcherOptions {
     /// owner in the dispatch roster) and the others stand by: a standby takes a shard over
     /// when its earliest order stays this long overdue (default `1s`; `0s`: no split, every
     /// process calls every shard, as before 2026-11-28). A crashed owner's orders are then
-    /// about twice this late at most, once; see [`crate::engine::roster`].
+    /// about twice this late at most, once (ARCHITECTURE.md, "Several dispatching processes").
     #[serde(with = "crate::engine::duration::human")]
     pub takeover_after: Duration,
 }
