@@ -29,7 +29,8 @@
 //!
 //! No lock is held across a Redis call; the roster's task runs while a seat is held.
 
-use crate::engine::client::Client;
+use crate::engine::clock::Clock;
+use crate::engine::conn::Conn;
 use crate::engine::error::RedisContext;
 use crate::engine::telemetry;
 use std::collections::HashMap;
@@ -45,6 +46,22 @@ pub const ROSTER_REFRESH: Duration = Duration::from_secs(5);
 /// How long a seat lives without renewal (a crashed process's seats go after this); a roster
 /// read longer ago than this is not trusted (the process then owns every shard).
 pub const ROSTER_TTL: Duration = Duration::from_secs(15);
+
+/// `<host>-<pid>-<random hex>`: unique per process start (a client's id in the roster, and a
+/// worker's default consumer name).
+pub(crate) fn process_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty() && s.len() <= 64 && !s.chars().any(char::is_control))
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "host".into());
+    let rand = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("{host}-{}-{:06x}", std::process::id(), rand & 0xff_ffff)
+}
 
 /// Separates the queue from the process id in a roster member.
 const SEP: char = '\u{1}';
@@ -148,10 +165,10 @@ impl Roster {
         }
     }
 
-    /// Seats this process at `queue` until the seat drops; starts the roster's task (through
-    /// `client`) when it is not running. Outside a tokio runtime there is no task: the
-    /// roster is never read and the process owns every shard.
-    pub(crate) fn join(&self, client: &Client, queue: &str) -> Seat {
+    /// Seats this process at `queue` until the seat drops; starts the roster's task (on
+    /// `conn`, timed by `clock`: the client's) when it is not running. Outside a tokio
+    /// runtime there is no task: the roster is never read and the process owns every shard.
+    pub(crate) fn join(&self, conn: &Conn, clock: &Arc<dyn Clock>, queue: &str) -> Seat {
         let start = {
             let mut s = lock(&self.shared.state);
             *s.seats.entry(queue.to_owned()).or_default() += 1;
@@ -161,7 +178,7 @@ impl Roster {
             start
         };
         if start {
-            tokio::spawn(run(self.shared.clone(), client.clone()));
+            tokio::spawn(run(self.shared.clone(), conn.clone(), clock.clone()));
         }
         self.shared.changed.notify_one();
         Seat {
@@ -213,7 +230,7 @@ fn member(queue: &str, id: &str) -> String {
 
 /// The roster's task: renews this process's seats, removes those given up, reads the live
 /// members; ends (removing what is left) when no seat is held.
-async fn run(shared: Arc<Shared>, client: Client) {
+async fn run(shared: Arc<Shared>, conn: Conn, clock: Arc<dyn Clock>) {
     loop {
         let (seated, left) = {
             let mut s = lock(&shared.state);
@@ -227,14 +244,14 @@ async fn run(shared: Arc<Shared>, client: Client) {
         };
         if seated.is_empty() {
             if !left.is_empty()
-                && let Err(e) = round(&shared, &client, &[], &left).await
+                && let Err(e) = round(&shared, &conn, clock.now_ms(), &[], &left).await
             {
                 // Its seats expire after ROSTER_TTL; the others take over meanwhile.
                 tracing::debug!(error = %e, "leaving the dispatch roster failed");
             }
             return;
         }
-        match round(&shared, &client, &seated, &left).await {
+        match round(&shared, &conn, clock.now_ms(), &seated, &left).await {
             Ok(live) => {
                 let n: usize = live.values().map(Vec::len).sum();
                 telemetry::dispatch_roster(n);
@@ -261,11 +278,11 @@ async fn run(shared: Arc<Shared>, client: Client) {
 /// every expired member, and reads the live ones (process ids by queue).
 async fn round(
     shared: &Shared,
-    client: &Client,
+    conn: &Conn,
+    now: i64,
     seated: &[String],
     left: &[String],
 ) -> crate::engine::error::Result<HashMap<String, Vec<String>>> {
-    let now = client.now_ms();
     let until = now + i64::try_from(ROSTER_TTL.as_millis()).unwrap_or(15_000);
     let mut pipe = redis::pipe();
     if !seated.is_empty() {
@@ -288,7 +305,7 @@ async fn round(
         .arg(format!("({now}"))
         .ignore();
     if seated.is_empty() {
-        let mut conn = client.connection();
+        let mut conn = conn.clone();
         pipe.query_async::<()>(&mut conn)
             .await
             .ctx("leaving the dispatch roster")?;
@@ -299,7 +316,7 @@ async fn round(
         .arg(now)
         .arg("+inf")
         .arg("BYSCORE");
-    let mut conn = client.connection();
+    let mut conn = conn.clone();
     let (members,): (Vec<String>,) = pipe
         .query_async(&mut conn)
         .await

@@ -138,7 +138,7 @@ impl Client {
         );
         let roster = crate::engine::roster::Roster::new(
             keyspace.dispatchers(),
-            crate::engine::worker::default_consumer_name(),
+            crate::engine::roster::process_name(),
         );
         Ok(Client {
             durability,

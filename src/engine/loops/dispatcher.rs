@@ -691,7 +691,11 @@ impl Dispatcher {
         // Take a seat in the dispatch roster: the shards are split with the queue's other
         // dispatching processes.
         if !self.opts.takeover_after.is_zero() {
-            let seat = self.client.roster().join(&self.client, self.queue.as_str());
+            let seat = self.client.roster().join(
+                &self.client.connection(),
+                self.client.clock(),
+                self.queue.as_str(),
+            );
             *self.seat.lock().unwrap_or_else(|p| p.into_inner()) = Some(seat);
         }
         self.runs.store(true, Ordering::Relaxed);

@@ -22,7 +22,6 @@ use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::scripts;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio_util::sync::CancellationToken;
 
@@ -160,17 +159,8 @@ pub(super) fn parse_delivery(
 }
 
 /// `<host>-<pid>-<random hex>`: unique per process start.
-pub(crate) fn default_consumer_name() -> String {
-    let host = std::fs::read_to_string("/etc/hostname")
-        .ok()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty() && s.len() <= 64 && !s.chars().any(char::is_control))
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "host".into());
-    let rand = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    format!("{host}-{}-{:06x}", std::process::id(), rand & 0xff_ffff)
+pub(super) fn default_consumer_name() -> String {
+    crate::engine::roster::process_name()
 }
 
 /// Turns a raw entry, leased until `lease_until`, into a [`Taken`] owned by this worker. An

@@ -49,7 +49,7 @@ use crate::engine::error::{Error, Result};
 use crate::engine::keys::{QueueName, ShardKeys, validate_member_name};
 use crate::engine::priority::Priority;
 use crate::engine::retry::{Pacer, RetryPolicy, until_ok};
-pub(crate) use entry::default_consumer_name;
+use entry::default_consumer_name;
 use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
