@@ -203,3 +203,51 @@ async fn without_takeover_every_process_calls_every_shard() {
     assert!(sa.calling().iter().all(|m| *m) && sb.calling().iter().all(|m| *m));
     cancel.cancel();
 }
+
+#[tokio::test]
+async fn a_paused_queue_is_never_taken_over() {
+    let (_server, a) = start_with(opts()).await;
+    let cancel = CancellationToken::new();
+    let until = (a.now_ms() + 3_600_000).to_string();
+    for ghost in ["ghost-1", "ghost-2", "ghost-3"] {
+        let member = format!("{Q}\u{1}{ghost}");
+        let _: i64 = raw(&a, &["ZADD", "{dq}:dispatchers", &until, &member]).await;
+    }
+    // Short looks: A calls its own paused shards every 300 ms, and looks at the ghosts'
+    // every 200 ms once their orders are overdue.
+    let o = DispatcherOptions::default()
+        .takeover_after(Duration::from_millis(200))
+        .max_idle(Duration::from_millis(300))
+        .idle_poll(Duration::from_millis(300));
+    let (sa, _) = dispatch(&a, o, &cancel);
+    let rec = worker(&a, &cancel).await;
+    wait_for("A to see the ghosts' seats", WAIT, || {
+        let sa = sa.clone();
+        async move { sa.calling().iter().any(|m| !*m) }
+    })
+    .await;
+    a.admin().set_paused(Q, None, true).await.unwrap();
+    let ids = schedule_due(&a, "held", 80).await;
+    let mine = sa.calling();
+    let before = sa.calls();
+    // A's own shards answer "paused" call after call; meanwhile the ghosts' shards stay
+    // overdue, which is no reason to take them over.
+    wait_for("A to call its paused shards again and again", WAIT, || {
+        let sa = sa.clone();
+        let (mine, before) = (mine.clone(), before.clone());
+        async move {
+            let now = sa.calls();
+            (0..mine.len()).all(|s| !mine[s] || now[s] >= before[s] + 4)
+        }
+    })
+    .await;
+    assert_eq!(sa.takeovers(), 0, "a paused queue's shards were taken over");
+    assert_eq!(rec.len(), 0, "nothing is dispatched while paused");
+    a.admin().set_paused(Q, None, false).await.unwrap();
+    rec.wait_len(ids.len(), WAIT).await;
+    assert!(
+        sa.takeovers() > 0,
+        "the ghosts' shards were dispatched without a takeover"
+    );
+    cancel.cancel();
+}

@@ -414,7 +414,8 @@ impl Dispatcher {
             self.client.register(&self.queue).await?;
         }
         // A pause is checked by dequeue.lua itself, so it holds from the moment it is set.
-        let history = self.watch.flags(&self.client).await?.history;
+        let flags = self.watch.flags(&self.client).await?;
+        let history = flags.history;
         let now = self.client.now_ms();
         let started = Instant::now();
         let mut pass = Pass::default();
@@ -429,6 +430,8 @@ impl Dispatcher {
         // Which shards to call, and the known next due time of those skipped.
         let mut call = Vec::with_capacity(self.shards.len());
         let mut probe = Vec::new();
+        // Shards taken over from their owner in this pass.
+        let mut took = Vec::new();
         let idle = self.idle();
         let grace = i64::try_from(self.opts.takeover_after.as_millis()).unwrap_or(1000);
         let assignment = self.assignment();
@@ -511,17 +514,17 @@ impl Dispatcher {
                         continue;
                     }
                 } else if next.is_some_and(|d| d.saturating_add(grace) <= now)
+                    && !flags.paused
                     && id.is_some()
                     && st.heads[i] == id
                 {
                     // The same order is still there, `takeover_after` overdue, a look
-                    // later: its owner does not dispatch this shard. Call it here until
-                    // it has nothing due.
-                    tracing::info!(queue = %self.queue, shard = i, "taking over a shard its owner left overdue");
-                    telemetry::dispatch_takeover(self.queue.as_str());
+                    // later, and the queue is not paused (as last read): its owner does
+                    // not dispatch this shard. Call it here until it has nothing due (a
+                    // takeover once the call did not find the shard paused).
                     st.taken[i] = true;
                     st.heads[i] = None;
-                    self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
+                    took.push(i);
                     call.push(i);
                     continue;
                 } else {
@@ -563,6 +566,7 @@ impl Dispatcher {
                 Ok(r) => r,
                 Err(e) => {
                     views[i] = None;
+                    took.retain(|t| *t != i);
                     failed.get_or_insert(e);
                     continue;
                 }
@@ -572,6 +576,7 @@ impl Dispatcher {
                 // when this process resumes it).
                 pass.paused = true;
                 st.taken[i] = false;
+                took.retain(|t| *t != i);
                 views[i] = Some(ShardView {
                     next_due_ms: None,
                     at: started,
@@ -595,6 +600,11 @@ impl Dispatcher {
                 next_due_ms: r.next_due_ms,
                 at: started,
             });
+        }
+        for &i in &took {
+            tracing::info!(queue = %self.queue, shard = i, "took over a shard its owner left overdue");
+            telemetry::dispatch_takeover(self.queue.as_str());
+            self.stats.takeovers.fetch_add(1, Ordering::Relaxed);
         }
         self.sizer.measure(started.elapsed(), pass.moved, n);
         if gone && self.register {
