@@ -221,7 +221,8 @@ mod tests {
                 "idle_poll",
                 "max_call",
                 "linger",
-                "lateness_budget"
+                "lateness_budget",
+                "takeover_after"
             ][..]
         );
     }
