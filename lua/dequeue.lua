@@ -69,7 +69,9 @@
 -- member whose order is gone or was moved (its score in KEYS[1] is not its due time) is
 -- dropped, never dispatched. When no keyed order is left, the "" members and the mark go:
 -- the shard takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N)
--- for p participants (p <= ceil(m / TURN) + 1; one ZRANGE BYLEX each per pass) and m
+-- for p participants (p <= ceil(m / TURN) + 1; one ZRANGE BYLEX each per pass, bounded to
+-- the key's due members, so a key's later orders are never read; plus one read of its
+-- first member for a key whose due orders were all taken: its next ring score) and m
 -- orders moved, bounded by ARGV[2]; the last keyed order's call also O(u) for the u
 -- unkeyed members it drops.
 -- Every argument is checked before the first write.
@@ -139,6 +141,9 @@ local function fair_share(now, limit)
   -- (nil: none, the key has no more), so its next head is known without another read.
   local parts, keyed = {}, {}
   local takes = math.ceil(limit / TURN)
+  -- A key's members due by now sort before this bound (the due time is fixed-width), so a
+  -- read returns only due orders, never the key's later ones.
+  local due_bound = string.format('%016d', now + 1)
   for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, takes)) do
     local part = { key = key, off = 0, more = true, list = {} }
     parts[#parts + 1] = part
@@ -154,7 +159,8 @@ local function fair_share(now, limit)
     for p, part in ipairs(parts) do
       local buf = {}
       if part.key then
-        local got = key_orders(kidx, part.key, part.off, q + 1)
+        local got = redis.call('ZRANGE', kidx, '[' .. part.key .. '\31',
+          '(' .. part.key .. '\31' .. due_bound, 'BYLEX', 'LIMIT', part.off, q + 1)
         part.peek = got[q + 1]
         part.more = #got > q
         for j = 1, math.min(#got, q) do
@@ -231,6 +237,11 @@ local function fair_share(now, limit)
       elseif not headdue then
         nexthead, headdue = e.m, e.due
       end
+    end
+    if changed and not nexthead then
+      -- Its due orders were all taken: its next (later) one, if any, is the index's first
+      -- member of the key now (read after the ZREM above).
+      nexthead = key_orders(kidx, part.key, 0, 1)[1]
     end
     if changed then
       if nexthead then
