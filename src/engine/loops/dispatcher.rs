@@ -556,8 +556,8 @@ impl Dispatcher {
             async move { scripts::dequeue(&mut conn, keys, now, n, history, hgetdel).await }
         }))
         .await;
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let st = &mut *st;
+        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let st = &mut *guard;
         let views = &mut st.views;
         let gone = results.iter().any(|r| r.as_ref().is_ok_and(|r| r.gone));
         let mut failed = None;
@@ -601,6 +601,7 @@ impl Dispatcher {
                 at: started,
             });
         }
+        drop(guard);
         for &i in &took {
             tracing::info!(queue = %self.queue, shard = i, "took over a shard its owner left overdue");
             telemetry::dispatch_takeover(self.queue.as_str());
