@@ -62,8 +62,12 @@
 -- due orders; not looked for when every scheduled order is indexed). Each round takes one
 -- order of each participant, in due order within it; the stream then holds them
 -- interleaved, so a key with 200 due orders is served alongside one with 20,000, not after
--- it. A call takes at most ceil(limit / TURN) keys, so each has a turn of up to TURN
--- orders (one index read then serves up to TURN orders, not one, when many keys are due).
+-- it. When every due order fits the call (ZCOUNT <= limit: a steady flow, or a backlog's
+-- last call) they are popped as on the plain path and put round robin from their values'
+-- keys, with one read per key for its next ring score (take_all): no index read before the
+-- pop, no member checked against the schedule. A larger backlog: a call takes at most
+-- ceil(limit / TURN) keys, so each has a turn of up to TURN orders (one index read then
+-- serves up to TURN orders, not one, when many keys are due).
 -- A key served is scored on the ring by at least this call's now, so the keys not
 -- served come first in the next call (when more keys are due than a call takes). An index
 -- member whose order is gone or was moved (its score in KEYS[1] is not its due time) is
@@ -111,6 +115,18 @@ end
 
 -- The least turn of a key in one call, in orders (see the header).
 local TURN = 8
+
+-- No keyed order left (the ring empty, or holding only the unkeyed participant ""): the
+-- unkeyed members go, and the mark, so the shard takes the plain path again.
+local function unmark_when_done()
+  local kidx, kring = KEYS[12], KEYS[13]
+  local left_keys = redis.call('ZCARD', kring)
+  if left_keys == 0 or (left_keys == 1 and redis.call('ZSCORE', kring, '')) then
+    redis.call('ZREMRANGEBYLEX', kidx, '[\31', '(\32')
+    redis.call('ZREM', kring, '')
+    redis.call('HDEL', KEYS[5], 'keys')
+  end
+end
 
 -- The due orders to move, round robin between the keys with due work and the unkeyed
 -- orders (see the header); removes them from the schedule and the key index.
@@ -257,22 +273,86 @@ local function fair_share(now, limit)
   end
   for s = 1, #ring, 1000 do redis.call('ZADD', kring, unpack(ring, s, math.min(s + 999, #ring))) end
   for s = 1, #empty, 1000 do redis.call('ZREM', kring, unpack(empty, s, math.min(s + 999, #empty))) end
-  -- No keyed order left (the ring empty, or holding only the unkeyed participant ""): the
-  -- unkeyed members go, and the mark, so the shard takes the plain path again.
-  local left_keys = redis.call('ZCARD', kring)
-  if left_keys == 0 or (left_keys == 1 and redis.call('ZSCORE', kring, '')) then
-    redis.call('ZREMRANGEBYLEX', kidx, '[\31', '(\32')
-    redis.call('ZREM', kring, '')
-    redis.call('HDEL', KEYS[5], 'keys')
-  end
+  unmark_when_done()
   return ids, dues
 end
 
+-- Reads and deletes the payloads of `ids` (one HGETDEL, or HMGET + HDEL).
+local function take_values(ids)
+  if getdel then
+    return redis.call('HGETDEL', KEYS[2], 'FIELDS', #ids, unpack(ids))
+  end
+  local vals = redis.call('HMGET', KEYS[2], unpack(ids))
+  redis.call('HDEL', KEYS[2], unpack(ids))
+  return vals
+end
+
+-- Every due order fits this call (`n` of them, n <= limit): there is nothing to share
+-- between calls, only within this one. They are popped earliest first, their payloads read
+-- (once, for the stream too) and their keys taken from them; the stream gets them round
+-- robin between the keys, one order of each key per round in due order within a key (the
+-- order fair_share writes), the unkeyed ones one participant. Their index members go in one
+-- ZREM, and each key's ring score becomes its next member's due time (one read per key) or
+-- the key leaves the ring. No key is read before the pop and no member is checked against
+-- the schedule: the orders come from it. Returns ids, dues and values in stream order.
+local function take_all(n)
+  local kidx, kring = KEYS[12], KEYS[13]
+  local popped = redis.call('ZPOPMIN', KEYS[1], n)
+  local pid, pdue = {}, {}
+  for i = 1, n do pid[i] = popped[2 * i - 1]; pdue[i] = popped[2 * i] end
+  local pv = take_values(pid)
+  local rank, count, rounds, members = {}, {}, 1, {}
+  for i = 1, n do
+    local k = stored_key(pv[i]) or ''
+    local c = (count[k] or 0) + 1
+    count[k] = c
+    rank[i] = c
+    if c > rounds then rounds = c end
+    members[i] = key_member(k, tonumber(pdue[i]), pid[i])
+  end
+  redis.call('ZREM', kidx, unpack(members))
+  local ring, empty = {}, {}
+  for k in pairs(count) do
+    local head = key_orders(kidx, k, 0, 1)[1]
+    if head then
+      ring[#ring + 1] = select(2, key_parse(head))
+      ring[#ring + 1] = k
+    else
+      empty[#empty + 1] = k
+    end
+  end
+  if #ring > 0 then redis.call('ZADD', kring, unpack(ring)) end
+  if #empty > 0 then redis.call('ZREM', kring, unpack(empty)) end
+  unmark_when_done()
+  if rounds == 1 then return pid, pdue, pv end
+  local by = {}
+  for r = 1, rounds do by[r] = {} end
+  for i = 1, n do
+    local b = by[rank[i]]
+    b[#b + 1] = i
+  end
+  local ids, dues, vals, j = {}, {}, {}, 0
+  for r = 1, rounds do
+    for _, i in ipairs(by[r]) do
+      j = j + 1
+      ids[j], dues[j], vals[j] = pid[i], pdue[i], pv[i]
+    end
+  end
+  return ids, dues, vals
+end
+
 -- ids[i], dues[i]: the orders moved, in stream order.
-local ids, dues, n = {}, {}, 0
+local ids, dues, n, vals = {}, {}, 0, nil
 if meta[6] then
-  ids, dues = fair_share(now, limit)
-  n = #ids
+  -- A backlog larger than the call is shared between calls (fair_share); one the call takes
+  -- whole needs no key read before the pop (take_all).
+  n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
+  if n > limit then
+    ids, dues = fair_share(now, limit)
+    n = #ids
+  elseif n > 0 then
+    ids, dues, vals = take_all(n)
+  end
 else
   n = redis.call('ZCOUNT', KEYS[1], '-inf', now)
   if n > limit then n = limit end
@@ -282,13 +362,7 @@ else
   end
 end
 if n > 0 then
-  local vals
-  if getdel then
-    vals = redis.call('HGETDEL', KEYS[2], 'FIELDS', n, unpack(ids))
-  else
-    vals = redis.call('HMGET', KEYS[2], unpack(ids))
-    redis.call('HDEL', KEYS[2], unpack(ids))
-  end
+  if not vals then vals = take_values(ids) end
   local levels = nil
   if redis.call('EXISTS', KEYS[6]) == 1 then
     levels = redis.call('HMGET', KEYS[6], unpack(ids))

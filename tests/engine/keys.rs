@@ -483,6 +483,82 @@ async fn unkeyed_orders_are_one_participant() {
     assert!(!marked(&client).await);
 }
 
+/// A backlog that one dispatch call takes whole (fewer due orders than its limit) is still
+/// shared between the keys (round robin in the stream, not key A's 30 before key B's 5), and
+/// a call that moves only the due orders of keys that have later ones leaves the key index
+/// and ring exact: each key's remaining members, scored by its earliest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_takes_every_due_order_still_shares_and_keeps_the_index_exact() {
+    let (_s, client) = start().await;
+    let now = client.now_ms();
+    let mut orders = Vec::new();
+    // Due now: A's 30 (earliest), then B's 5, then 3 unkeyed; later: 2 of each key, 1 unkeyed.
+    for i in 0..30 {
+        orders.push(
+            NewOrder::new(format!("a-{i:02}"), When::at_ms(now - 100 + i), json!(i)).with_key("A"),
+        );
+    }
+    for i in 0..5 {
+        orders.push(
+            NewOrder::new(format!("b-{i:02}"), When::at_ms(now - 50 + i), json!(i)).with_key("B"),
+        );
+    }
+    for i in 0..3 {
+        orders.push(NewOrder::new(
+            format!("u-{i:02}"),
+            When::at_ms(now - 40 + i),
+            json!(i),
+        ));
+    }
+    let later = |s: i64| now + 600_000 + s;
+    let mut rest: Vec<(String, Option<&str>, i64)> = Vec::new();
+    for (k, key) in [(0, "A"), (10, "B")] {
+        for j in 0..2 {
+            let id = format!("{}-later-{j}", key.to_lowercase());
+            orders
+                .push(NewOrder::new(id.clone(), When::at_ms(later(k + j)), json!(j)).with_key(key));
+            rest.push((id, Some(key), later(k + j)));
+        }
+    }
+    orders.push(NewOrder::new("u-later", When::at_ms(later(20)), json!(0)));
+    rest.push(("u-later".into(), Some(""), later(20)));
+    client
+        .schedule_many(Q, &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    let d = Dispatcher::new(&client, Q, DispatcherOptions::default()).unwrap();
+    d.drain().await.unwrap();
+
+    let q = delayq::engine::keys::QueueName::new(Q).unwrap();
+    let shard = client.keyspace().shards(&q, 1).remove(0);
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        raw(&client, &["XRANGE", &shard.stream, "-", "+"]).await;
+    let ids: Vec<String> = entries
+        .iter()
+        .filter_map(|(_, f)| f.iter().find(|(k, _)| k == "id").map(|(_, v)| v.clone()))
+        .collect();
+    assert_eq!(
+        ids.len(),
+        38,
+        "every due order moved, nothing else: {ids:?}"
+    );
+    let last_b = ids.iter().rposition(|i| i.starts_with("b-")).unwrap();
+    let last_u = ids.iter().rposition(|i| i.starts_with("u-")).unwrap();
+    // Round robin between A, B and the unkeyed orders: B's 5th and the 3rd unkeyed within
+    // the first 5 rounds of 3.
+    assert!(last_b < 15 && last_u < 15, "not shared: {ids:?}");
+    // Within a key, due order.
+    let a: Vec<&String> = ids.iter().filter(|i| i.starts_with("a-")).collect();
+    assert!(
+        a.windows(2).all(|w| w[0] < w[1]),
+        "A out of due order: {a:?}"
+    );
+    let refs: Vec<(&str, Option<&str>, i64)> =
+        rest.iter().map(|(i, k, d)| (i.as_str(), *k, *d)).collect();
+    assert_eq!(index_of(&client).await, expected(&refs));
+    assert!(marked(&client).await);
+}
+
 /// On a Redis Cluster (every script's keys under its shard's hash tag, the key index
 /// included): keyed orders over four shards are scheduled, upserted, cancelled and
 /// rescheduled, then each is delivered exactly once with its key, and the index is empty.
