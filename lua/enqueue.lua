@@ -294,9 +294,8 @@ for k = 1, n do
       -- Indexed, an unkeyed order under "" (see keyed.lua).
       if kold[id] == nil then kold[id] = kmember[id] or false end
       local key = kcol and ARGV[a + kcol] or ''
-      local d = tonumber(due)
-      knew[id] = key_member(key, d, id)
-      kkey[id], kdue[id] = key, d
+      knew[id] = key_member(key, tonumber(due), id)
+      kkey[id], kdue[id] = key, due
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
@@ -350,8 +349,11 @@ if tagged or meta[4] then
   for s = 1, #zs, 1000 do redis.call('ZADD', KEYS[6], unpack(zs, s, math.min(s + 999, #zs))) end
   if #zs > 0 and not meta[4] then redis.call('HSET', KEYS[3], 'tags', '1') end
 end
--- Keys: each written order's old member out, its new one in; the ring follows.
-local gone, added, fresh = {}, {}, {}
+-- Keys: each written order's old member out, its new one in; the ring follows: one
+-- (due, key) pair per new member in a ZADD LT, which keeps each key's earliest (Redis
+-- does that per pair for less than a Lua table by key would cost; the due times stay the
+-- caller's strings), then the keys that lost a member are scored afresh.
+local gone, added, lower = {}, {}, {}
 for id, new in pairs(knew) do
   local was = kold[id]
   if was ~= new then
@@ -362,16 +364,12 @@ for id, new in pairs(knew) do
     if new then
       added[#added + 1] = 0
       added[#added + 1] = new
-      local key, due = kkey[id], kdue[id]
-      if not fresh[key] or due < fresh[key] then fresh[key] = due end
+      lower[#lower + 1] = kdue[id]
+      lower[#lower + 1] = kkey[id]
     end
   end
 end
 for s = 1, #added, 1000 do redis.call('ZADD', KEYS[8], unpack(added, s, math.min(s + 999, #added))) end
-local lower = {}
-for key, due in pairs(fresh) do
-  if not gone[key] then lower[#lower + 1] = due; lower[#lower + 1] = key end
-end
 for s = 1, #lower, 1000 do redis.call('ZADD', KEYS[9], 'LT', unpack(lower, s, math.min(s + 999, #lower))) end
 for key in pairs(gone) do key_refresh(KEYS[8], KEYS[9], key) end
 if #added > 0 and not meta[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
