@@ -76,8 +76,9 @@
 -- for p participants (p <= ceil(m / TURN) + 1; one ZRANGE BYLEX each per pass, bounded to
 -- the key's due members, so a key's later orders are never read; plus one read of its
 -- first member for a key whose due orders were all taken: its next ring score) and m
--- orders moved, bounded by ARGV[2]; the last keyed order's call also O(u) for the u
--- unkeyed members it drops.
+-- orders moved, bounded by ARGV[2]; a call that takes every due order (take_all) O(m log N)
+-- for its ZPOPMIN and ZREM plus one O(log N) read per distinct key among the m (at most
+-- ARGV[2] reads); the last keyed order's call also O(u) for the u unkeyed members it drops.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).

@@ -25,12 +25,13 @@
 use crate::engine::conn::{PubSubConn, Push, RedisTarget};
 use crate::engine::keys::ShardKeys;
 use crate::engine::retry::{Pacer, RetryPolicy};
+use crate::engine::sync::lock;
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
 use redis::{PushInfo, PushKind, Value};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -99,10 +100,6 @@ impl std::fmt::Debug for Shared {
             .field("sharded", &self.sharded)
             .finish_non_exhaustive()
     }
-}
-
-fn lock(m: &Mutex<Channels>) -> MutexGuard<'_, Channels> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A client's wake-up listener (see the module docs).

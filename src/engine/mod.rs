@@ -63,6 +63,7 @@ pub mod retry;
 pub mod roster;
 pub mod schedules;
 pub mod scripts;
+pub(crate) mod sync;
 pub mod tags;
 pub mod telemetry;
 pub mod time_rules;

@@ -32,10 +32,11 @@
 use crate::engine::clock::Clock;
 use crate::engine::conn::Conn;
 use crate::engine::error::RedisContext;
+use crate::engine::sync::lock;
 use crate::engine::telemetry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -132,10 +133,6 @@ struct Shared {
     id: String,
     /// The roster's key.
     key: String,
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A client's view of the dispatch roster (see the module docs).

@@ -5,9 +5,10 @@
 //! reader of the queue holds its signal, and is removed when the last one drops it, so the
 //! registry never grows with queue names seen once (deleted queues, one-off producers).
 
+use crate::engine::sync::lock;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::Notify;
 
 /// The signals by queue, held weakly.
@@ -76,7 +77,7 @@ impl Wake {
     /// (see [`WakeRegistry::scheduled`]).
     pub(crate) fn pushed(&self, shard: usize, due_ms: i64) {
         {
-            let mut p = self.pushed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut p = lock(&self.pushed);
             let e = p.entry(shard).or_insert(due_ms);
             *e = (*e).min(due_ms);
         }
@@ -98,7 +99,7 @@ impl Wake {
 
     /// The signal of `group`'s waiting pull receives; hold it while waiting.
     pub(crate) fn moved_signal(&self, group: &str) -> Arc<Notify> {
-        let mut m = self.moved.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = lock(&self.moved);
         if let Some(n) = m.get(group).and_then(Weak::upgrade) {
             return n;
         }
@@ -113,7 +114,7 @@ impl Wake {
     /// all busy reading keeps the wake-up for its next waiter.
     pub(crate) fn dispatched(&self) {
         let live: Vec<Arc<Notify>> = {
-            let mut m = self.moved.lock().unwrap_or_else(|p| p.into_inner());
+            let mut m = lock(&self.moved);
             m.retain(|_, w| w.strong_count() > 0);
             m.values().filter_map(Weak::upgrade).collect()
         };
@@ -126,12 +127,8 @@ impl Wake {
     /// Takes the wake-ups heard since the last call.
     pub(crate) fn take_pushed(&self) -> HashMap<usize, i64> {
         self.pushed_ms.store(i64::MAX, Ordering::SeqCst);
-        std::mem::take(&mut *self.pushed.lock().unwrap_or_else(|p| p.into_inner()))
+        std::mem::take(&mut *lock(&self.pushed))
     }
-}
-
-fn lock(map: &Map) -> MutexGuard<'_, HashMap<String, Weak<Wake>>> {
-    map.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// The wake-up signals of the dispatchers in this process, by queue.

@@ -71,6 +71,43 @@ fn split(all: &[&Arc<DispatcherStats>]) -> bool {
     (0..usize::from(SHARDS)).all(|s| all.iter().filter(|d| d.calling()[s]).count() == 1)
 }
 
+/// Waits until the two dispatchers' rosters split the shards.
+async fn wait_split(sa: &Arc<DispatcherStats>, sb: &Arc<DispatcherStats>) {
+    wait_for("both processes' rosters to split the shards", WAIT, || {
+        let (sa, sb) = (sa.clone(), sb.clone());
+        async move { split(&[&sa, &sb]) }
+    })
+    .await;
+}
+
+/// The roster's seats (members), read raw.
+async fn seats(client: &Client) -> Vec<String> {
+    raw(
+        client,
+        &["ZRANGE", &client.keyspace().dispatchers(), "0", "-1"],
+    )
+    .await
+}
+
+/// Seats three processes that died with their seats in the roster for an hour.
+async fn seat_ghosts(client: &Client) {
+    let until = (client.now_ms() + 3_600_000).to_string();
+    let key = client.keyspace().dispatchers();
+    for ghost in ["ghost-1", "ghost-2", "ghost-3"] {
+        let member = format!("{Q}\u{1}{ghost}");
+        let _: i64 = raw(client, &["ZADD", &key, &until, &member]).await;
+    }
+}
+
+/// Waits until the dispatcher behind `stats` sees other seats (it owns only some shards).
+async fn wait_sees_ghosts(stats: &Arc<DispatcherStats>) {
+    wait_for("the dispatcher to see the ghosts' seats", WAIT, || {
+        let stats = stats.clone();
+        async move { stats.calling().iter().any(|m| !*m) }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn two_processes_split_the_shards_and_each_shard_is_called_by_one() {
     let (server, a) = start_with(opts()).await;
@@ -82,12 +119,8 @@ async fn two_processes_split_the_shards_and_each_shard_is_called_by_one() {
     let (sa, _) = dispatch(&a, o.clone(), &cancel);
     let (sb, _) = dispatch(&b, o, &cancel);
     let rec = worker(&producer, &cancel).await;
-    wait_for("both processes' rosters to split the shards", WAIT, || {
-        let (sa, sb) = (sa.clone(), sb.clone());
-        async move { split(&[&sa, &sb]) }
-    })
-    .await;
-    let members: Vec<String> = raw(&a, &["ZRANGE", "{dq}:dispatchers", "0", "-1"]).await;
+    wait_split(&sa, &sb).await;
+    let members = seats(&a).await;
     assert_eq!(members.len(), 2, "one seat per process: {members:?}");
     let (ca, cb) = (sa.calls(), sb.calls());
     let mine_a = sa.calling();
@@ -134,11 +167,7 @@ async fn a_stopping_process_hands_its_shards_to_the_others() {
     let (sa, _) = dispatch(&a, o.clone(), &cancel);
     let (sb, hb) = dispatch(&b, o, &stop_b);
     let rec = worker(&a, &cancel).await;
-    wait_for("the shards split", WAIT, || {
-        let (sa, sb) = (sa.clone(), sb.clone());
-        async move { split(&[&sa, &sb]) }
-    })
-    .await;
+    wait_split(&sa, &sb).await;
     stop_b.cancel();
     hb.await.unwrap();
     // B left its seat: A owns every shard again (no takeover needed).
@@ -147,7 +176,7 @@ async fn a_stopping_process_hands_its_shards_to_the_others() {
         async move { sa.calling().iter().all(|m| *m) }
     })
     .await;
-    let members: Vec<String> = raw(&a, &["ZRANGE", "{dq}:dispatchers", "0", "-1"]).await;
+    let members = seats(&a).await;
     assert_eq!(members.len(), 1, "B's seat is gone: {members:?}");
     let ids = schedule_due(&b, "after", 200).await;
     rec.wait_len(ids.len(), WAIT).await;
@@ -160,19 +189,11 @@ async fn a_crashed_processes_shards_are_taken_over() {
     let (_server, a) = start_with(opts()).await;
     let cancel = CancellationToken::new();
     // Three processes that died with their seats still in the roster for an hour.
-    let until = (a.now_ms() + 3_600_000).to_string();
-    for ghost in ["ghost-1", "ghost-2", "ghost-3"] {
-        let member = format!("{Q}\u{1}{ghost}");
-        let _: i64 = raw(&a, &["ZADD", "{dq}:dispatchers", &until, &member]).await;
-    }
+    seat_ghosts(&a).await;
     let o = DispatcherOptions::default().takeover_after(Duration::from_millis(200));
     let (sa, _) = dispatch(&a, o, &cancel);
     let rec = worker(&a, &cancel).await;
-    wait_for("A to see the ghosts' seats", WAIT, || {
-        let sa = sa.clone();
-        async move { sa.calling().iter().any(|m| !*m) }
-    })
-    .await;
+    wait_sees_ghosts(&sa).await;
     let ids = schedule_due(&a, "orphan", 200).await;
     rec.wait_len(ids.len(), WAIT).await;
     let counts = rec.counts();
@@ -198,7 +219,7 @@ async fn without_takeover_every_process_calls_every_shard() {
     let ids = schedule_due(&b, "all", 50).await;
     rec.wait_len(ids.len(), WAIT).await;
     // Neither took a seat: both call every shard.
-    let members: Vec<String> = raw(&a, &["ZRANGE", "{dq}:dispatchers", "0", "-1"]).await;
+    let members = seats(&a).await;
     assert!(members.is_empty(), "{members:?}");
     assert!(sa.calling().iter().all(|m| *m) && sb.calling().iter().all(|m| *m));
     cancel.cancel();
@@ -208,11 +229,7 @@ async fn without_takeover_every_process_calls_every_shard() {
 async fn a_paused_queue_is_never_taken_over() {
     let (_server, a) = start_with(opts()).await;
     let cancel = CancellationToken::new();
-    let until = (a.now_ms() + 3_600_000).to_string();
-    for ghost in ["ghost-1", "ghost-2", "ghost-3"] {
-        let member = format!("{Q}\u{1}{ghost}");
-        let _: i64 = raw(&a, &["ZADD", "{dq}:dispatchers", &until, &member]).await;
-    }
+    seat_ghosts(&a).await;
     // Short looks: A calls its own paused shards every 300 ms, and looks at the ghosts'
     // every 200 ms once their orders are overdue.
     let o = DispatcherOptions::default()
@@ -221,11 +238,7 @@ async fn a_paused_queue_is_never_taken_over() {
         .idle_poll(Duration::from_millis(300));
     let (sa, _) = dispatch(&a, o, &cancel);
     let rec = worker(&a, &cancel).await;
-    wait_for("A to see the ghosts' seats", WAIT, || {
-        let sa = sa.clone();
-        async move { sa.calling().iter().any(|m| !*m) }
-    })
-    .await;
+    wait_sees_ghosts(&sa).await;
     a.admin().set_paused(Q, None, true).await.unwrap();
     let ids = schedule_due(&a, "held", 80).await;
     let mine = sa.calling();

@@ -16,13 +16,14 @@
 //! for it (`takeover_after`; see [`crate::engine::roster`]).
 
 use crate::engine::client::Client;
-use crate::engine::error::{Error, InvalidInput, RedisContext, Result};
+use crate::engine::error::{Error, RedisContext, Result};
 use crate::engine::flow::QueueWatch;
 use crate::engine::keys::{QueueName, ShardKeys};
 use crate::engine::loops::pacing::{ArrivalRate, CallSizer};
 pub use crate::engine::loops::pacing::{BUDGET_SPACING, MIN_CALL_BATCH};
 use crate::engine::retry::{Pacer, RetryPolicy};
-use crate::engine::scripts::{self, MAX_DEQUEUE_BATCH};
+use crate::engine::scripts;
+use crate::engine::sync::lock;
 use crate::engine::telemetry;
 use crate::engine::wake::Wake;
 use std::sync::Arc;
@@ -31,188 +32,15 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Options of a [`Dispatcher`]; `[dispatcher]` in `serve`'s configuration (durations
-/// written `250ms`, `30s`; unset keys keep the defaults).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default, deny_unknown_fields)]
-#[non_exhaustive]
-pub struct DispatcherOptions {
-    /// Most orders moved per script call, 1..=1000 (default 1000); `max_call` may make
-    /// calls smaller.
-    pub batch: usize,
-    /// Longest idle sleep while other processes' wake-ups are not heard (default `250ms`:
-    /// before the listener's subscriptions are confirmed, after its connection broke).
-    #[serde(with = "crate::engine::duration::human")]
-    pub max_idle: Duration,
-    /// Longest idle sleep while every shard's wake-ups are heard (default `30s`, never less
-    /// than `max_idle`): the look at an idle shard in case a wake-up was lost, one script
-    /// call per shard per `idle_poll` per process.
-    #[serde(with = "crate::engine::duration::human")]
-    pub idle_poll: Duration,
-    /// How long one dispatch call should hold Redis at most (default `4ms`; `0s`: off,
-    /// every call takes up to `batch`): every other client waits behind a script. Calls are
-    /// sized to fit at the time per order measured over full passes, from
-    /// [`MIN_CALL_BATCH`] (64) up to `batch`.
-    #[serde(with = "crate::engine::duration::human")]
-    pub max_call: Duration,
-    /// How often the Redis clock is re-read to bound drift (default 30 s; not a
-    /// configuration key).
-    #[serde(skip)]
-    pub clock_sync_every: Duration,
-    /// After a pass that moved a few orders (a steady trickle, not a backlog), the next pass
-    /// waits at least this long (default `0s`: off). With 2 ms, one call moves a couple of
-    /// milliseconds' worth instead of one millisecond's: about a third of the calls (and of
-    /// the readers' wake-ups and reads behind them) for up to this much more lateness. A pass
-    /// that found nothing does not wait: the first order after a quiet spell goes out at once.
-    /// Off by default: [`lateness_budget`](DispatcherOptions::lateness_budget) spaces passes
-    /// by itself, from the arrival rate; a linger set here replaces that with a fixed wait.
-    #[serde(with = "crate::engine::duration::human")]
-    pub linger: Duration,
-    /// How late the dispatcher may let a due order be, to move more orders per call
-    /// (default `5ms`; `0s`: each order as soon as it is due, the behaviour before budgets).
-    /// While orders come due faster than one per [`BUDGET_SPACING`] (a third) of the
-    /// budget, a pass that moved some (not a full batch) is followed by the next no sooner
-    /// than that share of the budget after it started, so each call moves that much time's
-    /// worth; under a trickle (less than one order expected in that time) or a backlog (full
-    /// batches) it does not wait. The rest of the budget is the reader's and the handler's start.
-    #[serde(with = "crate::engine::duration::human")]
-    pub lateness_budget: Duration,
-    /// While several processes dispatch the queue, each shard is called by one of them (its
-    /// owner in the dispatch roster) and the others stand by: a standby takes a shard over
-    /// when its earliest order stays this long overdue (default `1s`; `0s`: no split, every
-    /// process calls every shard, as before 2026-11-28). A crashed owner's orders are then
-    /// about twice this late at most, once (ARCHITECTURE.md, "Several dispatching processes").
-    #[serde(with = "crate::engine::duration::human")]
-    pub takeover_after: Duration,
-}
+mod options;
+mod shards;
 
-/// The default [`DispatcherOptions::idle_poll`].
-pub const DEFAULT_IDLE_POLL: Duration = Duration::from_secs(30);
-
-/// Longest [`DispatcherOptions::idle_poll`].
-pub const MAX_IDLE_POLL: Duration = Duration::from_secs(86_400);
-
-/// Longest [`DispatcherOptions::max_call`].
-pub const MAX_CALL: Duration = Duration::from_secs(1);
-
-/// Longest lateness budget.
-pub const MAX_LATENESS_BUDGET: Duration = Duration::from_secs(1);
-
-/// Longest [`DispatcherOptions::takeover_after`].
-pub const MAX_TAKEOVER_AFTER: Duration = Duration::from_secs(60);
-
-impl Default for DispatcherOptions {
-    fn default() -> Self {
-        DispatcherOptions {
-            batch: MAX_DEQUEUE_BATCH,
-            max_idle: Duration::from_millis(250),
-            idle_poll: DEFAULT_IDLE_POLL,
-            max_call: Duration::from_millis(4),
-            clock_sync_every: Duration::from_secs(30),
-            linger: Duration::ZERO,
-            lateness_budget: Duration::from_millis(5),
-            takeover_after: Duration::from_secs(1),
-        }
-    }
-}
-
-impl DispatcherOptions {
-    /// Sets the batch size.
-    pub fn batch(mut self, batch: usize) -> Self {
-        self.batch = batch;
-        self
-    }
-
-    /// Sets the longest idle sleep.
-    pub fn max_idle(mut self, d: Duration) -> Self {
-        self.max_idle = d;
-        self
-    }
-
-    /// Sets the idle look while wake-ups are heard.
-    pub fn idle_poll(mut self, d: Duration) -> Self {
-        self.idle_poll = d;
-        self
-    }
-
-    /// Sets the longest time one dispatch call should hold Redis (zero: off).
-    pub fn max_call(mut self, d: Duration) -> Self {
-        self.max_call = d;
-        self
-    }
-
-    /// Sets the linger between small passes.
-    pub fn linger(mut self, d: Duration) -> Self {
-        self.linger = d;
-        self
-    }
-
-    /// Sets the lateness budget.
-    pub fn lateness_budget(mut self, d: Duration) -> Self {
-        self.lateness_budget = d;
-        self
-    }
-
-    /// Sets how long a shard owned by another process may stay overdue before this one
-    /// takes it over (zero: every process calls every shard).
-    pub fn takeover_after(mut self, d: Duration) -> Self {
-        self.takeover_after = d;
-        self
-    }
-
-    /// Checks every option's range (the one place they are written).
-    pub fn validate(&self) -> Result<(), InvalidInput> {
-        if !(1..=MAX_DEQUEUE_BATCH).contains(&self.batch) {
-            return Err(InvalidInput::Option {
-                name: "batch",
-                reason: format!("must be 1..={MAX_DEQUEUE_BATCH}, got {}", self.batch),
-            });
-        }
-        if self.max_idle.is_zero() {
-            return Err(InvalidInput::Option {
-                name: "max_idle",
-                reason: "must be more than zero".into(),
-            });
-        }
-        if self.idle_poll.is_zero() || self.idle_poll > MAX_IDLE_POLL {
-            return Err(InvalidInput::Option {
-                name: "idle_poll",
-                reason: format!("must be more than zero and at most {MAX_IDLE_POLL:?}"),
-            });
-        }
-        if self.max_call > MAX_CALL {
-            return Err(InvalidInput::Option {
-                name: "max_call",
-                reason: format!("must be at most {MAX_CALL:?} (zero: off)"),
-            });
-        }
-        if self.linger > Duration::from_millis(50) || self.linger > self.max_idle {
-            return Err(InvalidInput::Option {
-                name: "linger",
-                reason: "must be at most 50ms and at most max_idle".into(),
-            });
-        }
-        if self.lateness_budget > MAX_LATENESS_BUDGET {
-            return Err(InvalidInput::Option {
-                name: "lateness_budget",
-                reason: format!("must be at most {MAX_LATENESS_BUDGET:?}"),
-            });
-        }
-        if self.takeover_after > MAX_TAKEOVER_AFTER {
-            return Err(InvalidInput::Option {
-                name: "takeover_after",
-                reason: format!("must be at most {MAX_TAKEOVER_AFTER:?} (zero: off)"),
-            });
-        }
-        if self.clock_sync_every.is_zero() {
-            return Err(InvalidInput::Option {
-                name: "clock_sync_every",
-                reason: "must be more than zero".into(),
-            });
-        }
-        Ok(())
-    }
-}
+pub use options::{
+    DEFAULT_IDLE_POLL, DispatcherOptions, MAX_CALL, MAX_IDLE_POLL, MAX_LATENESS_BUDGET,
+    MAX_TAKEOVER_AFTER,
+};
+pub use shards::DispatcherStats;
+use shards::{ShardView, Shards};
 
 /// What one pass over all shards did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -226,105 +54,6 @@ pub struct Pass {
     pub next_due_ms: Option<i64>,
     /// True when the queue's dispatch is paused.
     pub paused: bool,
-}
-
-/// What the last call on a shard said.
-#[derive(Debug, Clone, Copy)]
-struct ShardView {
-    /// Its earliest remaining due time (`None` = empty), as of `at`.
-    next_due_ms: Option<i64>,
-    /// When it was last called (host monotonic clock; only compared with itself).
-    at: Instant,
-}
-
-/// What a dispatcher did, readable while it runs ([`Dispatcher::stats`]).
-#[derive(Debug, Default)]
-pub struct DispatcherStats {
-    /// `dequeue.lua` calls per shard.
-    calls: Vec<std::sync::atomic::AtomicU64>,
-    /// Per shard, whether this dispatcher calls it now (owns it or took it over).
-    calling: std::sync::Mutex<Vec<bool>>,
-    /// Shards taken over from their owner in the roster.
-    takeovers: std::sync::atomic::AtomicU64,
-}
-
-impl DispatcherStats {
-    fn new(shards: usize) -> Self {
-        DispatcherStats {
-            calls: (0..shards).map(|_| Default::default()).collect(),
-            calling: std::sync::Mutex::new(vec![true; shards]),
-            takeovers: Default::default(),
-        }
-    }
-
-    /// `dequeue.lua` calls made so far, per shard.
-    pub fn calls(&self) -> Vec<u64> {
-        self.calls
-            .iter()
-            .map(|c| c.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// Per shard, whether this dispatcher calls it now: it owns it in the dispatch roster
-    /// (every shard without one) or took it over.
-    pub fn calling(&self) -> Vec<bool> {
-        self.calling
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Shards taken over so far from an owner that left them overdue.
-    pub fn takeovers(&self) -> u64 {
-        self.takeovers.load(Ordering::Relaxed)
-    }
-}
-
-/// Per shard, what this dispatcher knows (under one lock, never held across a call).
-#[derive(Debug)]
-struct Shards {
-    /// What its last call or look said (`None` = never called or must be called).
-    views: Vec<Option<ShardView>>,
-    /// This process owns it in the roster (all, without a roster).
-    owned: Vec<bool>,
-    /// Not owned, but taken over (its owner left it overdue) until it has nothing due.
-    taken: Vec<bool>,
-    /// Not owned: its earliest order at the last look (the same one overdue at the next
-    /// look is a takeover).
-    heads: Vec<Option<String>>,
-    /// The roster version `owned` was computed from.
-    version: Option<u64>,
-}
-
-impl Shards {
-    fn new(n: usize) -> Self {
-        Shards {
-            views: vec![None; n],
-            owned: vec![true; n],
-            taken: vec![false; n],
-            heads: vec![None; n],
-            version: None,
-        }
-    }
-
-    /// Calls shard `i` itself: it owns it or took it over.
-    fn mine(&self, i: usize) -> bool {
-        self.owned[i] || self.taken[i]
-    }
-
-    /// Takes the roster's new assignment: a shard gained is called at once.
-    fn assign(&mut self, owned: Vec<bool>, version: u64) {
-        for (i, now) in owned.iter().enumerate() {
-            if *now && !self.owned[i] {
-                self.views[i] = None;
-            }
-            if !*now && self.owned[i] {
-                self.heads[i] = None;
-            }
-        }
-        self.owned = owned;
-        self.version = Some(version);
-    }
 }
 
 /// Moves due orders of one queue into its streams. See the module docs.
@@ -436,12 +165,11 @@ impl Dispatcher {
         let grace = i64::try_from(self.opts.takeover_after.as_millis()).unwrap_or(1000);
         let assignment = self.assignment();
         {
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = lock(&self.state);
             if let Some((owned, version)) = assignment {
                 st.assign(owned, version);
             }
-            *self.stats.calling.lock().unwrap_or_else(|p| p.into_inner()) =
-                (0..self.shards.len()).map(|i| st.mine(i)).collect();
+            *lock(&self.stats.calling) = (0..self.shards.len()).map(|i| st.mine(i)).collect();
             let st = &mut *st;
             // Wake-ups from other processes: the shard's earliest due time is that one.
             let pushed = if self.runs.load(Ordering::Relaxed) {
@@ -502,7 +230,7 @@ impl Dispatcher {
                 }
             }))
             .await?;
-            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let mut st = lock(&self.state);
             for (&i, head) in probe.iter().zip(heads) {
                 let (id, next) = match head.into_iter().next() {
                     Some((id, score)) => (Some(id), Some(crate::engine::reply::score_to_ms(score))),
@@ -556,7 +284,7 @@ impl Dispatcher {
             async move { scripts::dequeue(&mut conn, keys, now, n, history, hgetdel).await }
         }))
         .await;
-        let mut guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = lock(&self.state);
         let st = &mut *guard;
         let views = &mut st.views;
         let gone = results.iter().any(|r| r.as_ref().is_ok_and(|r| r.gone));
@@ -639,7 +367,7 @@ impl Dispatcher {
     /// Forgets what the shards said: the next pass calls every shard it owns and looks at
     /// the others (after a wake-up by a producer in this process, or an error).
     fn forget(&self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = lock(&self.state);
         st.views.iter_mut().for_each(|v| *v = None);
     }
 
@@ -647,8 +375,8 @@ impl Dispatcher {
     /// this process owns (all of them while it holds no seat: not running, or
     /// `takeover_after` is zero), and the roster version.
     fn assignment(&self) -> Option<(Vec<bool>, u64)> {
-        let known = self.state.lock().unwrap_or_else(|p| p.into_inner()).version;
-        let seat = self.seat.lock().unwrap_or_else(|p| p.into_inner());
+        let known = lock(&self.state).version;
+        let seat = lock(&self.seat);
         match seat.as_ref() {
             Some(seat) => {
                 let v = seat.version();
@@ -707,7 +435,7 @@ impl Dispatcher {
                 self.client.clock(),
                 self.queue.as_str(),
             );
-            *self.seat.lock().unwrap_or_else(|p| p.into_inner()) = Some(seat);
+            *lock(&self.seat) = Some(seat);
         }
         self.runs.store(true, Ordering::Relaxed);
         tracing::info!(queue = %self.queue, shards = self.shards.len(), "dispatcher started");
@@ -800,7 +528,7 @@ impl Dispatcher {
             }
         }
         // Give up the seat: the others own its shards from their next roster read.
-        self.seat.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.seat).take();
         tracing::info!(queue = %self.queue, "dispatcher stopped");
     }
 }
