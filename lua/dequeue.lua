@@ -74,11 +74,13 @@
 -- dropped, never dispatched. When no keyed order is left, the "" members and the mark go:
 -- the shard takes the plain path again, at no extra cost. Cost with keys: O((p + m) log N)
 -- for p participants (p <= ceil(m / TURN) + 1; one ZRANGE BYLEX each per pass, bounded to
--- the key's due members, so a key's later orders are never read; plus one read of its
--- first member for a key whose due orders were all taken: its next ring score) and m
--- orders moved, bounded by ARGV[2]; a call that takes every due order (take_all) O(m log N)
--- for its ZPOPMIN and ZREM plus one O(log N) read per distinct key among the m (at most
--- ARGV[2] reads); the last keyed order's call also O(u) for the u unkeyed members it drops.
+-- the key's due members, so a key's later orders are never read; one ZREMRANGEBYLEX per
+-- key for the members it took; plus one read of its first member for a key whose due
+-- orders were all taken: its next ring score) and m orders moved, bounded by ARGV[2]; a
+-- call that takes every due order (take_all) O(m log N) for its ZPOPMIN and ZREM (or one
+-- ZREMRANGEBYLEX per key with several of the m) plus one O(log N) read per distinct key
+-- among the m (at most ARGV[2] reads); the last keyed order's call also O(u) for the u
+-- unkeyed members it drops.
 -- Every argument is checked before the first write.
 -- Cost: O(m log n) for m orders moved out of a schedule of n (ZPOPMIN, the payloads' HMGET
 -- and HDEL, one XADD and one history HSET each), bounded by ARGV[2]; nothing due: O(log n).
@@ -150,7 +152,7 @@ local function fair_share(now, limit)
     local vals = redis.call('HMGET', KEYS[2], unpack(hid))
     local members = {}
     for j = 1, #hid do
-      members[j] = key_member(stored_key(vals[j]) or '', tonumber(head[2 * j]), hid[j])
+      members[j] = key_member(stored_key(vals[j]) or '', head[2 * j], hid[j])
     end
     local there = redis.call('ZMSCORE', kidx, unpack(members))
     for j = 1, #members do
@@ -158,123 +160,155 @@ local function fair_share(now, limit)
     end
   end
   -- The participants: the keys with due work, earliest first, then the unkeyed orders.
-  -- A key's `list` holds its members read so far, in due order; `peek` the one after them
-  -- (nil: none, the key has no more), so its next head is known without another read.
+  -- A participant's orders read so far are its arrays `id`, `ds` (due, canonical digits)
+  -- and, for a key, `m` (its index members, the first of its range, in due order), `n` of
+  -- them; `cut` of them are consumed (taken, or stale and skipped: a prefix, taken round
+  -- by round), `stale` marks the stale ones; `peek` is the member after them (nil: none,
+  -- the key has no more due), so its next head is known without another read. Plain
+  -- arrays and counters, not a table per order: the Lua here is most of a keyed order's
+  -- cost.
   local parts, keyed = {}, {}
   local takes = math.ceil(limit / TURN)
   -- A key's members due by now sort before this bound (the due time is fixed-width), so a
   -- read returns only due orders, never the key's later ones.
   local due_bound = string.format('%016d', now + 1)
   for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, takes)) do
-    local part = { key = key, off = 0, more = true, list = {} }
+    local part = { key = key, kl = #key, n = 0, cut = 0, more = true, id = {}, ds = {}, m = {}, stale = {} }
     parts[#parts + 1] = part
     keyed[#keyed + 1] = part
   end
-  if #plain > 0 then parts[#parts + 1] = { off = 0, more = true } end
-  local ids, dues, rm = {}, {}, {}
+  if #plain > 0 then
+    parts[#parts + 1] = { n = 0, cut = 0, more = true, id = {}, ds = {}, stale = {} }
+  end
+  -- The canonical digits of each fixed-width due time met (a storm's orders share few).
+  local ids, dues, ni, canon = {}, {}, 0, {}
   local left = limit
   while left > 0 and #parts > 0 do
     -- Each participant's next `q` due orders (a key's read with one more, its peek).
     local q = math.ceil(left / #parts)
-    local bufs, cand, cat = {}, {}, {}
+    local base, cand, cpart, cj, nc = {}, {}, {}, {}, 0
     for p, part in ipairs(parts) do
-      local buf = {}
+      local n, pid, pds = part.n, part.id, part.ds
+      base[p] = n
       if part.key then
         local got = redis.call('ZRANGE', kidx, '[' .. part.key .. '\31',
-          '(' .. part.key .. '\31' .. due_bound, 'BYLEX', 'LIMIT', part.off, q + 1)
+          '(' .. part.key .. '\31' .. due_bound, 'BYLEX', 'LIMIT', n, q + 1)
+        local g = #got
         part.peek = got[q + 1]
-        part.more = #got > q
-        for j = 1, math.min(#got, q) do
-          local ds, id = string.match(got[j], DUE_ID)
-          local due = tonumber(ds)
-          if due > now then
-            part.more = false
-            part.peek = got[j]
-            break
+        part.more = g > q
+        if g > q then g = q end
+        -- A member is "<key>\31<due, 16 digits>\31<id>": cut at the key's length, not
+        -- matched (a malformed due gets "", which no score equals: dropped as stale).
+        local kl, pm = part.kl, part.m
+        for j = 1, g do
+          local m = got[j]
+          local d16 = string.sub(m, kl + 2, kl + 17)
+          local ds = canon[d16]
+          if not ds then
+            ds = string.match(d16, '^0*(%d+)$') or ''
+            canon[d16] = ds
           end
-          local e = { m = got[j], due = due, ds = ds, id = id, part = part }
-          part.off = part.off + 1
-          part.list[#part.list + 1] = e
-          buf[#buf + 1] = e
-          cand[#cand + 1] = id
-          cat[#cand] = e
+          local id = string.sub(m, kl + 19)
+          n = n + 1
+          pm[n], pid[n], pds[n] = m, id, ds
+          nc = nc + 1
+          cand[nc], cpart[nc], cj[nc] = id, part, n
         end
       else
-        for j = part.off + 1, math.min(part.off + q, #plain) do
+        for j = n + 1, math.min(n + q, #plain) do
           local h = plain[j]
-          buf[#buf + 1] = { id = head[2 * h - 1], due = tonumber(head[2 * h]), ds = head[2 * h] }
+          pid[j], pds[j] = head[2 * h - 1], head[2 * h]
         end
-        part.off = part.off + #buf
-        part.more = part.off < #plain
+        n = math.min(n + q, #plain)
+        part.more = n < #plain
       end
-      bufs[p] = buf
+      part.n = n
     end
     -- The keyed candidates checked against the schedule in one call: a member whose order
     -- is gone or was moved is stale, dropped, never dispatched.
-    for s = 1, #cand, 1000 do
-      local sc = redis.call('ZMSCORE', KEYS[1], unpack(cand, s, math.min(s + 999, #cand)))
+    for s = 1, nc, 1000 do
+      local sc = redis.call('ZMSCORE', KEYS[1], unpack(cand, s, math.min(s + 999, nc)))
       for j = 1, #sc do
-        local e = cat[s + j - 1]
-        if not (sc[j] and tonumber(sc[j]) == e.due) then
-          e.stale = true
-          e.gone = true
-          rm[#rm + 1] = e.m
-        end
+        local c = s + j - 1
+        local part = cpart[c]
+        -- Both canonical digits (Redis formats an integral score so).
+        if sc[j] ~= part.ds[cj[c]] then part.stale[cj[c]] = true end
       end
     end
     for r = 1, q do
       for p = 1, #parts do
-        local e = bufs[p][r]
-        if e and not e.stale and left > 0 then
-          ids[#ids + 1] = e.id; dues[#dues + 1] = e.ds
-          left = left - 1
-          if e.m then
-            e.gone = true
-            e.part.served = true
-            rm[#rm + 1] = e.m
+        local part = parts[p]
+        local j = base[p] + r
+        if j <= part.n and left > 0 then
+          part.cut = j
+          if not part.stale[j] then
+            ni = ni + 1
+            ids[ni], dues[ni] = part.id[j], part.ds[j]
+            left = left - 1
+            part.served = true
           end
         end
       end
     end
     local still = {}
     for p, part in ipairs(parts) do
-      if part.more and #bufs[p] > 0 then still[#still + 1] = part end
+      if part.more and part.n > base[p] then still[#still + 1] = part end
     end
     parts = still
   end
   -- Out of the schedule and the index: what is moved, and the stale members (a member
-  -- read but not moved, past the limit, stays). Each key read gets its new head's due time
-  -- on the ring (at least now when it was served), in one ZADD; a key left empty leaves it.
-  for s = 1, #ids, 1000 do redis.call('ZREM', KEYS[1], unpack(ids, s, math.min(s + 999, #ids))) end
-  for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
-  local ring, empty = {}, {}
+  -- read but not moved, past the limit, stays). What goes of a key's members read is a
+  -- prefix of them plus any stale one after it: the prefix goes in one ZREMRANGEBYLEX (one
+  -- search of the index, not one per member), the rest by ZREM. Each key read gets its new
+  -- head's due time on the ring (now when it was served), in one ZADD; a key left empty
+  -- leaves it.
+  for s = 1, ni, 1000 do redis.call('ZREM', KEYS[1], unpack(ids, s, math.min(s + 999, ni))) end
+  local rm, ring, empty, unread = {}, {}, {}, {}
   for _, part in ipairs(keyed) do
-    -- The key's new head: its first member read and left, else the one after them (parsed
-    -- only then: a member read is parsed once).
-    local nexthead, headdue = part.peek, nil
-    local changed = false
-    for _, e in ipairs(part.list) do
-      if e.gone then
-        changed = true
-      elseif not headdue then
-        nexthead, headdue = e.m, e.due
-      end
+    local cut, n, stale, pm = part.cut, part.n, part.stale, part.m
+    while cut < n and stale[cut + 1] do cut = cut + 1 end
+    if cut == 1 then
+      rm[#rm + 1] = pm[1]
+    elseif cut > 1 then
+      redis.call('ZREMRANGEBYLEX', kidx, '[' .. part.key .. '\31', '[' .. pm[cut])
     end
-    if changed and not nexthead then
-      -- Its due orders were all taken: its next (later) one, if any, is the index's first
-      -- member of the key now (read after the ZREM above).
-      nexthead = key_orders(kidx, part.key, 0, 1)[1]
+    -- The key's new head: its first member read and left, else the one after them; both
+    -- are due by now (read under the bound), so a key served is scored now.
+    local nexthead, due, changed = part.peek, nil, cut > 0
+    for j = cut + 1, n do
+      if stale[j] then
+        changed = true
+        rm[#rm + 1] = pm[j]
+      elseif not due then
+        nexthead, due = pm[j], part.ds[j]
+      end
     end
     if changed then
-      if nexthead then
-        local due = headdue
-        if not due then due = select(2, key_parse(nexthead)) end
-        if part.served and now > due then due = now end
+      if not nexthead then
+        unread[#unread + 1] = part
+      else
+        if part.served then
+          due = ARGV[1]
+        elseif not due then
+          due = select(2, key_parse(nexthead))
+        end
         ring[#ring + 1] = due
         ring[#ring + 1] = part.key
-      else
-        empty[#empty + 1] = part.key
       end
+    end
+  end
+  for s = 1, #rm, 1000 do redis.call('ZREM', kidx, unpack(rm, s, math.min(s + 999, #rm))) end
+  -- A key whose due orders were all taken: its next (later) one, if any, is the index's
+  -- first member of the key now (read after the removals above).
+  for _, part in ipairs(unread) do
+    local nexthead = key_orders(kidx, part.key, 0, 1)[1]
+    if nexthead then
+      local due = select(2, key_parse(nexthead))
+      if part.served and now > due then due = now end
+      ring[#ring + 1] = due
+      ring[#ring + 1] = part.key
+    else
+      empty[#empty + 1] = part.key
     end
   end
   for s = 1, #ring, 1000 do redis.call('ZADD', kring, unpack(ring, s, math.min(s + 999, #ring))) end
@@ -297,26 +331,41 @@ end
 -- between calls, only within this one. They are popped earliest first, their payloads read
 -- (once, for the stream too) and their keys taken from them; the stream gets them round
 -- robin between the keys, one order of each key per round in due order within a key (the
--- order fair_share writes), the unkeyed ones one participant. Their index members go in one
--- ZREM, and each key's ring score becomes its next member's due time (one read per key) or
+-- order fair_share writes), the unkeyed ones one participant. Their index members go by name
+-- in one ZREM (a key with several here: by its due range), and each key's ring score
+-- becomes its next member's due time (one read per key) or
 -- the key leaves the ring. No key is read before the pop and no member is checked against
 -- the schedule: the orders come from it. Returns ids, dues and values in stream order.
-local function take_all(n)
+local function take_all(n, now)
   local kidx, kring = KEYS[12], KEYS[13]
   local popped = redis.call('ZPOPMIN', KEYS[1], n)
   local pid, pdue = {}, {}
   for i = 1, n do pid[i] = popped[2 * i - 1]; pdue[i] = popped[2 * i] end
   local pv = take_values(pid)
-  local rank, count, rounds, members = {}, {}, 1, {}
+  local rank, count, rounds, pk = {}, {}, 1, {}
   for i = 1, n do
     local k = stored_key(pv[i]) or ''
     local c = (count[k] or 0) + 1
     count[k] = c
     rank[i] = c
+    pk[i] = k
     if c > rounds then rounds = c end
-    members[i] = key_member(k, tonumber(pdue[i]), pid[i])
   end
-  redis.call('ZREM', kidx, unpack(members))
+  -- A key with one order here loses its member by name; one with more loses its due range
+  -- (every order due by now was popped: each of its members due by now goes, a stale one
+  -- with them), one search of the index instead of one per member.
+  local members, cleared, due_bound = {}, {}, nil
+  for i = 1, n do
+    local k = pk[i]
+    if count[k] == 1 then
+      members[#members + 1] = key_member(k, pdue[i], pid[i])
+    elseif not cleared[k] then
+      cleared[k] = true
+      due_bound = due_bound or string.format('%016d', now + 1)
+      redis.call('ZREMRANGEBYLEX', kidx, '[' .. k .. '\31', '(' .. k .. '\31' .. due_bound)
+    end
+  end
+  if #members > 0 then redis.call('ZREM', kidx, unpack(members)) end
   local ring, empty = {}, {}
   for k in pairs(count) do
     local head = key_orders(kidx, k, 0, 1)[1]
@@ -357,7 +406,7 @@ if meta[6] then
     ids, dues = fair_share(now, limit)
     n = #ids
   elseif n > 0 then
-    ids, dues, vals = take_all(n)
+    ids, dues, vals = take_all(n, now)
   end
 else
   n = redis.call('ZCOUNT', KEYS[1], '-inf', now)

@@ -239,10 +239,10 @@ if meta[5] and mode == 'upsert' then
     if known[k] and not dup[k] then
       local key = stored_key(old[k])
       if key then
-        kmember[ids[k]] = key_member(key, tonumber(known[k]), ids[k])
+        kmember[ids[k]] = key_member(key, known[k], ids[k])
       else
         -- Unkeyed: indexed under "" when it was written while the shard was marked.
-        maybe[#maybe + 1] = key_member('', tonumber(known[k]), ids[k]); mat[#maybe] = ids[k]
+        maybe[#maybe + 1] = key_member('', known[k], ids[k]); mat[#maybe] = ids[k]
       end
     end
   end
@@ -254,9 +254,11 @@ if meta[5] and mode == 'upsert' then
     end
   end
 end
--- Per id written: its old index member (false: none), its new one, and the new one's key
--- and due time (so the member is never parsed back).
-local kold, knew, kkey, kdue = {}, {}, {}, {}
+-- Keys: the index members to add ('0', member pairs) and the ring's (due, key) pairs, at
+-- the same positions (`na` of each); the members they replace. An id's position is kept
+-- in `seen` (a number), so an id written again in this call replaces its pair in place:
+-- a new order costs its member and four stores, no table keyed by id.
+local added, lower, na, replaced = {}, {}, 0, {}
 -- Levels: "high"/"low" set in the levels HASH, normal ones removed from
 -- it (the last one given wins, as for the payload); a queue that never used a level has no
 -- levels HASH and pays one EXISTS per call.
@@ -277,13 +279,14 @@ for k = 1, n do
     out[k] = 0
   else
     if exists then out[k] = 2 else out[k] = 1 end
+    local prior = seen[id]
     seen[id] = true
     local due = ARGV[a + 1]
     local max_wait = rcol and ARGV[a + rcol] ~= '' and string.match(ARGV[a + rcol], '%d+')
     if max_wait then
       local r = deb[id] or (exists and rec[k]) or nil
       local first, cap = string.match(r or '', '^(%d+):(%d+)$')
-      if not first then first, cap = now, tostring(tonumber(now) + tonumber(max_wait)) end
+      if not first then first, cap = now, string.format('%d', tonumber(now) + tonumber(max_wait)) end
       if tonumber(due) > tonumber(cap) then due = cap end
       deb[id] = first .. ':' .. cap
       out[k] = { out[k], tonumber(due) }
@@ -292,10 +295,22 @@ for k = 1, n do
     z[#z + 1] = id
     if kcol or meta[5] then
       -- Indexed, an unkeyed order under "" (see keyed.lua).
-      if kold[id] == nil then kold[id] = kmember[id] or false end
       local key = kcol and ARGV[a + kcol] or ''
-      knew[id] = key_member(key, tonumber(due), id)
-      kkey[id], kdue[id] = key, due
+      local new = key_member(key, due, id)
+      if type(prior) == 'number' then
+        -- Written earlier in this call: that member never reached the index.
+        added[prior], lower[prior - 1], lower[prior] = new, due, key
+        seen[id] = prior
+      else
+        -- Its member before the call (a known id's), unless it stays the same.
+        local was = kmember[id]
+        if was ~= new then
+          if was then replaced[#replaced + 1] = was end
+          na = na + 2
+          added[na - 1], added[na], lower[na - 1], lower[na] = '0', new, due, key
+          seen[id] = na
+        end
+      end
     end
     h[#h + 1] = id
     h[#h + 1] = now .. ':' .. ARGV[a + 2]
@@ -343,7 +358,7 @@ end
 if tagged or meta[4] then
   local rm, zs = {}, {}
   for m, keep in pairs(fate) do
-    if keep then zs[#zs + 1] = 0; zs[#zs + 1] = m else rm[#rm + 1] = m end
+    if keep then zs[#zs + 1] = '0'; zs[#zs + 1] = m else rm[#rm + 1] = m end
   end
   for s = 1, #rm, 1000 do redis.call('ZREM', KEYS[6], unpack(rm, s, math.min(s + 999, #rm))) end
   for s = 1, #zs, 1000 do redis.call('ZADD', KEYS[6], unpack(zs, s, math.min(s + 999, #zs))) end
@@ -353,25 +368,14 @@ end
 -- (due, key) pair per new member in a ZADD LT, which keeps each key's earliest (Redis
 -- does that per pair for less than a Lua table by key would cost; the due times stay the
 -- caller's strings), then the keys that lost a member are scored afresh.
-local gone, added, lower = {}, {}, {}
-for id, new in pairs(knew) do
-  local was = kold[id]
-  if was ~= new then
-    if was then
-      redis.call('ZREM', KEYS[8], was)
-      gone[key_parse(was)] = true
-    end
-    if new then
-      added[#added + 1] = 0
-      added[#added + 1] = new
-      lower[#lower + 1] = kdue[id]
-      lower[#lower + 1] = kkey[id]
-    end
-  end
+local gone = {}
+for s = 1, #replaced, 1000 do
+  redis.call('ZREM', KEYS[8], unpack(replaced, s, math.min(s + 999, #replaced)))
 end
-for s = 1, #added, 1000 do redis.call('ZADD', KEYS[8], unpack(added, s, math.min(s + 999, #added))) end
-for s = 1, #lower, 1000 do redis.call('ZADD', KEYS[9], 'LT', unpack(lower, s, math.min(s + 999, #lower))) end
+for _, was in ipairs(replaced) do gone[key_parse(was)] = true end
+for s = 1, na, 1000 do redis.call('ZADD', KEYS[8], unpack(added, s, math.min(s + 999, na))) end
+for s = 1, na, 1000 do redis.call('ZADD', KEYS[9], 'LT', unpack(lower, s, math.min(s + 999, na))) end
 for key in pairs(gone) do key_refresh(KEYS[8], KEYS[9], key) end
-if #added > 0 and not meta[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
+if na > 0 and not meta[5] then redis.call('HSET', KEYS[3], 'keys', '1') end
 wake(KEYS[1], before, first)
 return out

@@ -227,6 +227,9 @@ async fn the_key_index_stays_exact() {
                 NewOrder::new("o-1", When::at_ms(t(1)), json!(1)),
                 NewOrder::new("n-1", When::at_ms(t(50)), json!(1)).with_key("a"),
                 NewOrder::new("n-1", When::at_ms(t(40)), json!(1)).with_key("b"),
+                // Moved away and back in one call: it keeps its member.
+                NewOrder::new("o-5", When::at_ms(t(60)), json!(5)).with_key("y"),
+                NewOrder::new("o-5", When::at_ms(t(5)), json!(5)).with_key("c"),
             ],
             Mode::Upsert,
         )
@@ -268,6 +271,10 @@ async fn the_key_index_stays_exact() {
         .collect();
     assert_eq!(refs.iter().find(|o| o.0 == "o-4").unwrap().1, Some("b"));
     assert_eq!(refs.iter().find(|o| o.0 == "n-1").unwrap().1, Some("b"));
+    assert_eq!(
+        refs.iter().find(|o| o.0 == "o-5").map(|o| (o.1, o.2)),
+        Some((Some("c"), t(5)))
+    );
     assert!(!refs.iter().any(|o| o.0 == "o-3"));
     assert_eq!(index_of(&client).await, expected(&refs));
 
@@ -557,6 +564,116 @@ async fn a_call_that_takes_every_due_order_still_shares_and_keeps_the_index_exac
         rest.iter().map(|(i, k, d)| (i.as_str(), *k, *d)).collect();
     assert_eq!(index_of(&client).await, expected(&refs));
     assert!(marked(&client).await);
+}
+
+/// The backlog path (more due orders than a call takes) keeps the index exact after every
+/// call: the moved orders' members go (a key's taken members by range), a member whose
+/// order does not exist or was moved behind the index's back is dropped and never
+/// dispatched, and every other due order is moved exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_backlog_call_keeps_the_index_exact_and_drops_stale_members() {
+    let (_s, client) = start().await;
+    let now = client.now_ms();
+    let later = |s: i64| now + 600_000 + s;
+    let mut orders = Vec::new();
+    let mut due_ids = Vec::new();
+    // Due now: A 25, B 9, C 1 and 4 unkeyed; later: 2 of A and 1 of B.
+    for (key, n, at) in [
+        (Some("A"), 25, -300),
+        (Some("B"), 9, -90),
+        (Some("C"), 1, -80),
+        (None, 4, -70),
+    ] {
+        for i in 0..n {
+            let id = format!("{}-{i:02}", key.unwrap_or("u").to_lowercase());
+            let o = NewOrder::new(id.clone(), When::at_ms(now + at + i), json!(i));
+            orders.push(match key {
+                Some(k) => o.with_key(k),
+                None => o,
+            });
+            due_ids.push(id);
+        }
+    }
+    for (id, key, at) in [
+        ("a-later-0", "A", 0),
+        ("a-later-1", "A", 1),
+        ("b-later", "B", 2),
+    ] {
+        orders.push(NewOrder::new(id, When::at_ms(later(at)), json!(0)).with_key(key));
+    }
+    client
+        .schedule_many(Q, &orders, Mode::Upsert)
+        .await
+        .unwrap();
+    // Behind the index's back: a member of A whose order does not exist (A's earliest), and
+    // b-00 moved later by a raw ZADD (its member keeps the old due time).
+    let q = delayq::engine::keys::QueueName::new(Q).unwrap();
+    let shard = client.keyspace().shards(&q, 1).remove(0);
+    let ghost = format!("A\u{1f}{:016}\u{1f}ghost", now - 500);
+    let _: i64 = raw(&client, &["ZADD", &shard.keyed, "0", &ghost]).await;
+    let moved_to = later(50).to_string();
+    let _: i64 = raw(&client, &["ZADD", &shard.due, &moved_to, "b-00"]).await;
+    due_ids.retain(|i| i != "b-00");
+    let stale_b = format!("B\u{1f}{:016}\u{1f}b-00", now - 90);
+
+    let d = Dispatcher::new(&client, Q, DispatcherOptions::default().batch(7)).unwrap();
+    let mut calls = 0;
+    loop {
+        let pass = d.pass().await.unwrap();
+        calls += 1;
+        // After every call, the index holds exactly the scheduled orders' members (b-00's
+        // stale one aside, until a call drops it) and the ghost only until a call drops it.
+        let scheduled: Vec<(String, f64)> =
+            raw(&client, &["ZRANGE", &shard.due, "0", "-1", "WITHSCORES"]).await;
+        let mut want = Vec::new();
+        for (id, _) in scheduled.iter().filter(|(i, _)| i != "b-00") {
+            let o = client.get(Q, id).await.unwrap().unwrap();
+            want.push((id.clone(), Some(o.key.unwrap_or_default()), o.due_at_ms));
+        }
+        let refs: Vec<(&str, Option<&str>, i64)> = want
+            .iter()
+            .map(|(i, k, d)| (i.as_str(), k.as_deref(), *d))
+            .collect();
+        let (mut members, ring) = index_of(&client).await;
+        members.remove(&ghost);
+        members.remove(&stale_b);
+        assert_eq!(members, expected(&refs).0, "after call {calls}");
+        // Every key with scheduled orders is on the ring (its score: at most its earliest
+        // member's due time, or the call's now when it was just served).
+        for key in expected(&refs).1.keys() {
+            assert!(ring.contains_key(key), "after call {calls}: {key} {ring:?}");
+        }
+        if pass.moved == 0 && !pass.more {
+            break;
+        }
+        assert!(calls < 100, "the backlog never drained");
+    }
+    assert!(
+        calls > 5,
+        "the backlog was not taken over several calls ({calls})"
+    );
+    let entries: Vec<(String, Vec<(String, String)>)> =
+        raw(&client, &["XRANGE", &shard.stream, "-", "+"]).await;
+    let mut ids: Vec<String> = entries
+        .iter()
+        .filter_map(|(_, f)| f.iter().find(|(k, _)| k == "id").map(|(_, v)| v.clone()))
+        .collect();
+    ids.sort();
+    due_ids.sort();
+    assert_eq!(
+        ids, due_ids,
+        "every due order once; no ghost, b-00 not early"
+    );
+    let b00: Option<f64> = raw(&client, &["ZSCORE", &shard.due, "b-00"]).await;
+    assert_eq!(b00, Some(later(50) as f64));
+    let (members, ring) = index_of(&client).await;
+    let rest = [
+        ("a-later-0", Some("A"), later(0)),
+        ("a-later-1", Some("A"), later(1)),
+        ("b-later", Some("B"), later(2)),
+    ];
+    assert_eq!(members, expected(&rest).0);
+    assert_eq!(ring.keys().collect::<Vec<_>>(), vec!["A", "B"]);
 }
 
 /// On a Redis Cluster (every script's keys under its shard's hash tag, the key index
