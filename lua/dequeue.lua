@@ -169,11 +169,11 @@ local function fair_share(now, limit)
   -- cost.
   local parts, keyed = {}, {}
   local takes = math.ceil(limit / TURN)
-  -- A key's members due by now sort before this bound (the due time is fixed-width), so a
-  -- read returns only due orders, never the key's later ones.
-  local due_bound = string.format('%016d', now + 1)
+  -- A key's read is bounded to its members due by now, never its later ones.
+  local due_bound = key_due_bound(now)
   for _, key in ipairs(redis.call('ZRANGE', kring, '-inf', now, 'BYSCORE', 'LIMIT', 0, takes)) do
-    local part = { key = key, kl = #key, n = 0, cut = 0, more = true, id = {}, ds = {}, m = {}, stale = {} }
+    local lo, hi = key_range(key, due_bound)
+    local part = { key = key, kl = #key, lo = lo, hi = hi, n = 0, cut = 0, more = true, id = {}, ds = {}, m = {}, stale = {} }
     parts[#parts + 1] = part
     keyed[#keyed + 1] = part
   end
@@ -191,24 +191,21 @@ local function fair_share(now, limit)
       local n, pid, pds = part.n, part.id, part.ds
       base[p] = n
       if part.key then
-        local got = redis.call('ZRANGE', kidx, '[' .. part.key .. '\31',
-          '(' .. part.key .. '\31' .. due_bound, 'BYLEX', 'LIMIT', n, q + 1)
+        local got = redis.call('ZRANGE', kidx, part.lo, part.hi, 'BYLEX', 'LIMIT', n, q + 1)
         local g = #got
         part.peek = got[q + 1]
         part.more = g > q
         if g > q then g = q end
-        -- A member is "<key>\31<due, 16 digits>\31<id>": cut at the key's length, not
-        -- matched (a malformed due gets "", which no score equals: dropped as stale).
+        -- A malformed due time gets "", which no score equals: dropped as stale.
         local kl, pm = part.kl, part.m
         for j = 1, g do
           local m = got[j]
-          local d16 = string.sub(m, kl + 2, kl + 17)
+          local d16, id = key_cut(m, kl)
           local ds = canon[d16]
           if not ds then
             ds = string.match(d16, '^0*(%d+)$') or ''
             canon[d16] = ds
           end
-          local id = string.sub(m, kl + 19)
           n = n + 1
           pm[n], pid[n], pds[n] = m, id, ds
           nc = nc + 1
@@ -270,7 +267,7 @@ local function fair_share(now, limit)
     if cut == 1 then
       rm[#rm + 1] = pm[1]
     elseif cut > 1 then
-      redis.call('ZREMRANGEBYLEX', kidx, '[' .. part.key .. '\31', '[' .. pm[cut])
+      redis.call('ZREMRANGEBYLEX', kidx, part.lo, '[' .. pm[cut])
     end
     -- The key's new head: its first member read and left, else the one after them; both
     -- are due by now (read under the bound), so a key served is scored now.
@@ -303,9 +300,8 @@ local function fair_share(now, limit)
   for _, part in ipairs(unread) do
     local nexthead = key_orders(kidx, part.key, 0, 1)[1]
     if nexthead then
-      local due = select(2, key_parse(nexthead))
-      if part.served and now > due then due = now end
-      ring[#ring + 1] = due
+      -- Due after now: every member due by now was read and is gone.
+      ring[#ring + 1] = select(2, key_parse(nexthead))
       ring[#ring + 1] = part.key
     else
       empty[#empty + 1] = part.key
@@ -361,8 +357,8 @@ local function take_all(n, now)
       members[#members + 1] = key_member(k, pdue[i], pid[i])
     elseif not cleared[k] then
       cleared[k] = true
-      due_bound = due_bound or string.format('%016d', now + 1)
-      redis.call('ZREMRANGEBYLEX', kidx, '[' .. k .. '\31', '(' .. k .. '\31' .. due_bound)
+      due_bound = due_bound or key_due_bound(now)
+      redis.call('ZREMRANGEBYLEX', kidx, key_range(k, due_bound))
     end
   end
   if #members > 0 then redis.call('ZREM', kidx, unpack(members)) end

@@ -173,6 +173,26 @@ local function key_member(key, due, id)
   return key .. '\31' .. string.format('%016d', due) .. '\31' .. id
 end
 
+-- The bound `key_range` takes for the members due by `now`: the member's fixed-width due
+-- time of now + 1.
+local function key_due_bound(now)
+  return string.format('%016d', now + 1)
+end
+
+-- The lex bounds of `key`'s members: those due before `bound` (a `key_due_bound`), or all
+-- of them when `bound` is nil. Keys hold no control character, so no other key's member
+-- falls between them.
+local function key_range(key, bound)
+  if bound then return '[' .. key .. '\31', '(' .. key .. '\31' .. bound end
+  return '[' .. key .. '\31', '(' .. key .. '\32'
+end
+
+-- A member's fixed-width due time and its order id, cut at its key's length `kl` (no
+-- pattern: the dispatcher's loop over a backlog's members).
+local function key_cut(m, kl)
+  return string.sub(m, kl + 2, kl + 17), string.sub(m, kl + 19)
+end
+
 -- A member's key, due time and order id.
 local function key_parse(m)
   local k, d, id = string.match(m, '^([^\31]*)\31(%d+)\31(.*)$')
@@ -187,7 +207,8 @@ end
 
 -- One key's index members in due order, from `offset`, at most `count`.
 local function key_orders(kidx, key, offset, count)
-  return redis.call('ZRANGE', kidx, '[' .. key .. '\31', '(' .. key .. '\32', 'BYLEX', 'LIMIT', offset, count)
+  local lo, hi = key_range(key)
+  return redis.call('ZRANGE', kidx, lo, hi, 'BYLEX', 'LIMIT', offset, count)
 end
 
 -- Sets `key`'s ring score to its earliest indexed order's due time (at least `floor` when
